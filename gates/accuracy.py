@@ -1,0 +1,216 @@
+"""Accuracy gate: teacher-forced log-probabilities of the served model vs a float32 reference.
+
+For each gate run a secret seed (``secrets.randbits``; only its hash is recorded) draws fresh
+windows of held-out text from ``gates/data/``. Each window's token ids are sent as a list (so the
+server cannot tokenize differently) to ``/v1/completions`` with ``echo: true, logprobs: K,
+max_tokens: 0, return_tokens_as_token_ids: true``; the server returns, for every prompt position,
+the log-probability of the actual token and its top-K alternatives. The same ids go through the
+reference model (the same weights in float32, loaded locally with transformers). Metrics:
+
+* ``kl_mean`` / ``kl_max`` - per-position KL(reference || served), coarse-grained (see :func:`coarse_kl`).
+* ``containment_fail_rate`` - positions where the greedy tokens differ and either greedy token is
+  missing from the other side's top-K (the check vLLM's ``check_logprobs_close`` makes); a
+  rounding-level difference swaps near-ties *inside* the top-K, real damage does not.
+* ``greedy_mismatch_rate`` - positions whose greedy tokens differ at all (soft signal only).
+* ``mean_abs_dlogprob`` - mean |served - reference| log-probability of the actual tokens.
+* ``ppl_log_ratio`` - |ln(perplexity served / perplexity reference)| on the windows.
+
+Any metric above its hard limit -> ``fail``; above its soft limit only -> ``drift`` (the controller
+marks the trial needs_approval); else ``pass``. Limits live in ``gates/thresholds.toml``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gates._http import GateHTTPError, post_json
+from gates.result import GateResult
+from gates.thresholds import section
+
+__all__ = ["DATA_DIR", "check", "coarse_kl", "draw_windows", "load_reference"]
+
+DATA_DIR = Path(__file__).with_name("data")
+_REF_LOCK = threading.Lock()
+_REF_CACHE: dict[str, tuple[Any, Any]] = {}
+_EPS = 1e-9
+
+
+def load_reference(model_dir: Path | str) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``model_dir`` in float32 on CPU, loaded once per process and dir."""
+    key = str(Path(model_dir).resolve())
+    with _REF_LOCK:
+        if key not in _REF_CACHE:
+            import torch  # heavy imports only when the gate actually runs
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(key)
+            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
+            model.eval()
+            _REF_CACHE[key] = (model, tok)
+        return _REF_CACHE[key]
+
+
+def _heldout_ids(tokenizer: Any) -> list[int]:
+    text = "\n\n".join(p.read_text() for p in sorted(DATA_DIR.glob("*.txt")))
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def draw_windows(ids: list[int], rng: random.Random, count: int, length: int) -> list[list[int]]:
+    """``count`` windows of ``length`` consecutive ids at random offsets (overlap allowed)."""
+    if len(ids) <= length:
+        raise ValueError(f"held-out text has {len(ids)} tokens, fewer than the window of {length}")
+    return [ids[s:s + length] for s in (rng.randrange(0, len(ids) - length) for _ in range(count))]
+
+
+def coarse_kl(ref_logprobs: Any, served: Mapping[int, float]) -> float:
+    """KL(reference || served) over the coarse-grained outcome space S + {other}.
+
+    The server gives only its top-K log-probabilities (plus the actual token's), not the full
+    distribution. So the vocabulary is partitioned into the ids S the server reported, each its own
+    outcome, and one "other" bucket holding the remaining mass (1 - sum over S) on each side. The
+    KL between these coarse distributions is exact, and by the data-processing inequality it is a
+    *lower bound* on the full-vocabulary KL: it can miss differences hidden inside the tail, never
+    invent them. With a peaked model the top-K carry almost all the mass, so the bound is tight
+    where it matters; ``ref_logprobs`` is the reference's full log-softmax row (a torch tensor).
+    """
+    kl = 0.0
+    ref_mass = served_mass = 0.0
+    for tid, lp_s in served.items():
+        lp_r = float(ref_logprobs[tid])
+        p_r = math.exp(lp_r)
+        kl += p_r * (lp_r - lp_s)
+        ref_mass += p_r
+        served_mass += math.exp(lp_s)
+    rest_r, rest_s = max(1.0 - ref_mass, _EPS), max(1.0 - served_mass, _EPS)
+    kl += rest_r * math.log(rest_r / rest_s)
+    return max(kl, 0.0)
+
+
+def _parse_id(token: str, tokenizer: Any) -> int:
+    if token.startswith("token_id:"):
+        return int(token.split(":", 1)[1])
+    raise ValueError(f"server returned token {token!r} instead of 'token_id:N'")
+
+
+def _served_logprobs(base_url: str, model: str, ids: list[int], k: int, tokenizer: Any, timeout: float,
+                     ) -> tuple[list[float | None], list[dict[int, float] | None]]:
+    body = {"model": model, "prompt": ids, "echo": True, "logprobs": k, "max_tokens": 0,
+            "temperature": 0.0, "return_tokens_as_token_ids": True}
+    reply, _ = post_json(base_url, "/v1/completions", body, timeout=timeout)
+    lp = reply["choices"][0]["logprobs"]
+    tokens = [_parse_id(t, tokenizer) for t in lp["tokens"][: len(ids)]]
+    if tokens != ids:
+        raise ValueError("echoed prompt tokens differ from the ids sent (server re-tokenized or altered the prompt)")
+    tops = [None if t is None else {_parse_id(key, tokenizer): float(v) for key, v in t.items()}
+            for t in lp["top_logprobs"][: len(ids)]]
+    token_lps = [None if v is None else float(v) for v in lp["token_logprobs"][: len(ids)]]
+    return token_lps, tops
+
+
+def _score(ref_rows: Any, ids: list[int], token_lps: list[float | None],
+           tops: list[dict[int, float] | None], k: int, acc: dict[str, list[float]]) -> None:
+    """Append per-position measurements for one window to ``acc``."""
+    import torch
+
+    for i in range(1, len(ids)):
+        row = ref_rows[i - 1]  # the reference's distribution for position i given ids[:i]
+        top, lp_s = tops[i], token_lps[i]
+        if top is None or lp_s is None:
+            raise ValueError(f"server gave no logprobs for prompt position {i}")
+        served = dict(top)
+        served.setdefault(ids[i], lp_s)
+        acc["kl"].append(coarse_kl(row, served))
+        lp_r = float(row[ids[i]])
+        acc["dlp"].append(abs(lp_s - lp_r))
+        acc["nll_ref"].append(-lp_r)
+        acc["nll_srv"].append(-lp_s)
+        ref_top = set(torch.topk(row, k).indices.tolist())
+        g_ref, g_srv = int(torch.argmax(row)), max(top, key=top.__getitem__)
+        differ = g_ref != g_srv
+        acc["mismatch"].append(float(differ))
+        acc["uncontained"].append(float(differ and (g_ref not in top or g_srv not in ref_top)))
+
+
+def summarize(acc: dict[str, list[float]]) -> dict[str, float]:
+    """Turn per-position lists into the gate's metrics."""
+    n = len(acc["kl"])
+    ppl_ref = math.exp(sum(acc["nll_ref"]) / n)
+    ppl_srv = math.exp(sum(acc["nll_srv"]) / n)
+    return {
+        "positions": float(n),
+        "kl_mean": sum(acc["kl"]) / n,
+        "kl_max": max(acc["kl"]),
+        "greedy_mismatch_rate": sum(acc["mismatch"]) / n,
+        "containment_fail_rate": sum(acc["uncontained"]) / n,
+        "mean_abs_dlogprob": sum(acc["dlp"]) / n,
+        "max_abs_dlogprob": max(acc["dlp"]),
+        "ppl_reference": ppl_ref,
+        "ppl_served": ppl_srv,
+        "ppl_log_ratio": abs(math.log(ppl_srv / ppl_ref)),
+    }
+
+
+def check(
+    base_url: str,
+    *,
+    served_model: str,
+    reference_model_dir: Path | str,
+    seed: int | None = None,
+    thresholds: Mapping[str, Any] | None = None,
+) -> GateResult:
+    """Compare the server at ``base_url`` with the float32 reference on fresh held-out windows.
+
+    Args:
+        served_model: the ``model`` name to put in requests.
+        reference_model_dir: HF folder with the same weights (and tokenizer) the candidate serves.
+        seed: window-drawing seed; None draws a secret one (recorded only as a sha256 prefix).
+        thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
+    """
+    start = time.perf_counter()
+    cfg = section(dict(thresholds) if thresholds is not None else None, "accuracy")
+    seed = secrets.randbits(64) if seed is None else seed
+    details: dict[str, Any] = {"seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest()[:16],
+                               "windows": int(cfg["windows"]), "window_tokens": int(cfg["window_tokens"]),
+                               "top_k": int(cfg["top_k"])}
+
+    def done(status: str, reason: str) -> GateResult:
+        return GateResult("accuracy", status, reason, details, time.perf_counter() - start)  # type: ignore[arg-type]
+
+    import torch
+
+    model, tok = load_reference(reference_model_dir)
+    k = int(cfg["top_k"])
+    rng = random.Random(seed)
+    windows = draw_windows(_heldout_ids(tok), rng, int(cfg["windows"]), int(cfg["window_tokens"]))
+    bos = getattr(tok, "bos_token_id", None)
+    acc: dict[str, list[float]] = {key: [] for key in ("kl", "dlp", "nll_ref", "nll_srv", "mismatch", "uncontained")}
+    for window in windows:
+        ids = ([bos] if bos is not None else []) + window
+        try:
+            token_lps, tops = _served_logprobs(base_url, served_model, ids, k, tok, float(cfg["timeout_s"]))
+        except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+            return done("fail", f"echo logprobs request failed: {exc}")
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        try:
+            _score(torch.log_softmax(logits, dim=-1), ids, token_lps, tops, k, acc)
+        except ValueError as exc:
+            return done("fail", str(exc))
+    metrics = summarize(acc)
+    details["metrics"] = metrics
+    hard, soft = cfg["hard"], cfg["soft"]
+    over_hard = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in hard.items() if metrics[m] > lim]
+    if over_hard:
+        return done("fail", "accuracy below hard limit: " + "; ".join(over_hard))
+    over_soft = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in soft.items() if metrics[m] > lim]
+    if over_soft:
+        return done("drift", "measurable drift (needs approval): " + "; ".join(over_soft))
+    return done("pass", f"kl_mean={metrics['kl_mean']:.3g}, ppl ratio={metrics['ppl_served'] / metrics['ppl_reference']:.4f}")

@@ -1,0 +1,241 @@
+"""Integrity gate: cheap probes for reward hacking, cheapest first, stopping at the first failure.
+
+Sub-checks, in order (each recorded in ``details["checks"]``):
+
+1. ``diff``       - the code candidate's unified diff has no tell-tale hacks (:mod:`gates.diffscan`).
+2. ``process``    - every pid listening on the port is one the host launched (no proxy in front).
+3. ``models``     - ``/v1/models`` lists the declared model name.
+4. ``max_tokens`` - with ``ignore_eos``, exactly ``max_tokens`` tokens come back, counted by the
+                    client (streamed chunks, and token ids in a non-streamed reply).
+5. ``usage``      - reported ``prompt_tokens`` / ``completion_tokens`` equal the client's counts
+                    (prompt tokenized locally, completion counted as delivered).
+6. ``prompt_dependence`` - fresh random prompts give different greedy outputs.
+7. ``no_cache``   - a response cache shows as a *repeat* of a fresh prompt answered much faster
+                    than the first time (or with the very same response id). A never-seen random
+                    prompt must cost real prefill+decode; with ``ignore_eos`` and a few dozen
+                    decode steps an honest repeat costs the same (prefix caching saves only the
+                    prefill), so a repeat under ``cache_time_ratio`` of the fresh time is a cache.
+                    A cache that adds back the saved time gains nothing on the bench, so timing
+                    is the sound signal rather than output identity (greedy repeats are identical
+                    on honest servers too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import secrets
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gates._http import GateHTTPError, get_json, post_json, post_stream
+from gates.diffscan import DEFAULT_PROTECTED, scan_diff
+from gates.result import GateResult
+from gates.thresholds import section
+
+__all__ = ["check", "random_prompt"]
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+class _Failed(Exception):
+    """A sub-check failed; carries the reason."""
+
+
+def _tokenizer(tokenizer_dir: Path | str) -> Any:
+    key = str(Path(tokenizer_dir).resolve())
+    if key not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key)
+    return _TOKENIZERS[key]
+
+
+def random_prompt(rng: random.Random, words: int) -> str:
+    """A never-seen prompt: random lowercase pseudo-words (so no server could have it stored)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choice(letters) for _ in range(rng.randint(2, 8))) for _ in range(words))
+
+
+def _completion(base_url: str, model: str, prompt: Any, max_tokens: int, timeout: float,
+                **extra: Any) -> tuple[dict[str, Any], float]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, **extra}
+    return post_json(base_url, "/v1/completions", body, timeout=timeout)
+
+
+def _check_process(launched: Iterable[int] | None, listening: Iterable[int] | None) -> str:
+    if launched is None or listening is None:
+        return "skipped: pids not given"
+    launched_set, listening_set = set(launched), set(listening)
+    if not listening_set:
+        raise _Failed("no process found listening on the server port")
+    strangers = sorted(listening_set - launched_set)
+    if strangers:
+        raise _Failed(f"port answered by pid(s) {strangers} outside the launched group {sorted(launched_set)}")
+    return f"listening {sorted(listening_set)} within launched group"
+
+
+def _check_models(base_url: str, served_model: str) -> str:
+    reply = get_json(base_url, "/v1/models")
+    names = [m.get("id") for m in reply.get("data", [])]
+    if served_model not in names:
+        raise _Failed(f"/v1/models lists {names}, not the declared model {served_model!r}")
+    return f"lists {names}"
+
+
+def _probe_lengths(base_url: str, model: str, prompt_ids: list[int], n: int, timeout: float) -> dict[str, Any]:
+    """One streamed and one non-streamed request; the client's own counts plus the server's usage."""
+    events = post_stream(base_url, "/v1/completions", {
+        "model": model, "prompt": prompt_ids, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True}}, timeout=timeout)
+    chunks = [e for e in events if e.get("choices")]
+    usages = [e["usage"] for e in events if e.get("usage")]
+    reply, _ = _completion(base_url, model, prompt_ids, n, timeout, logprobs=1, return_tokens_as_token_ids=True)
+    tokens = ((reply["choices"][0].get("logprobs") or {}).get("tokens")) or []
+    return {"stream_chunks": len(chunks), "stream_usage": usages[-1] if usages else None,
+            "nonstream_tokens": len(tokens), "nonstream_usage": reply.get("usage")}
+
+
+def _check_max_tokens(probe: Mapping[str, Any], n: int) -> str:
+    got = {"stream_chunks": probe["stream_chunks"], "nonstream_tokens": probe["nonstream_tokens"]}
+    wrong = {k: v for k, v in got.items() if v != n}
+    if wrong:
+        raise _Failed(f"max_tokens={n} not honoured (ignore_eos): client counted {wrong}")
+    return f"{n} tokens delivered streamed and non-streamed"
+
+
+def _check_usage(probe: Mapping[str, Any], n: int, prompt_len: int, text_prompt_lens: set[int],
+                 text_usage: Mapping[str, Any] | None) -> str:
+    for label in ("stream_usage", "nonstream_usage"):
+        usage = probe[label]
+        if not usage:
+            raise _Failed(f"{label}: server reported no usage")
+        if usage.get("completion_tokens") != n or usage.get("prompt_tokens") != prompt_len:
+            raise _Failed(f"{label}: server reported prompt_tokens={usage.get('prompt_tokens')}, "
+                          f"completion_tokens={usage.get('completion_tokens')}; client counted "
+                          f"prompt_tokens={prompt_len}, completion_tokens={n}")
+    if not text_usage or text_usage.get("prompt_tokens") not in text_prompt_lens:
+        raise _Failed(f"text prompt: server reported prompt_tokens="
+                      f"{(text_usage or {}).get('prompt_tokens')}, local tokenizer counts {sorted(text_prompt_lens)}")
+    return "usage equals the client's counts (id and text prompts, streamed and not)"
+
+
+def _check_prompt_dependence(base_url: str, model: str, prompts: Sequence[str], n: int, timeout: float) -> str:
+    outputs = [_completion(base_url, model, p, n, timeout)[0]["choices"][0]["text"] for p in prompts]
+    distinct = len(set(outputs))
+    if distinct < 2:
+        raise _Failed(f"{len(prompts)} fresh random prompts all gave the same output {outputs[0][:60]!r}")
+    return f"{distinct}/{len(prompts)} distinct outputs"
+
+
+def _check_no_cache(base_url: str, model: str, prompts: Sequence[str], n: int, ratio_limit: float,
+                    timeout: float, record: dict[str, Any]) -> str:
+    fresh, repeat = [], []
+    for p in prompts:
+        first, t_first = _completion(base_url, model, p, n, timeout)
+        second, t_second = _completion(base_url, model, p, n, timeout)
+        fresh.append(t_first)
+        repeat.append(t_second)
+        if first.get("id") and first.get("id") == second.get("id"):
+            raise _Failed(f"repeated prompt returned the identical response id {first['id']!r} (replayed reply)")
+    ratio = statistics.median(repeat) / max(statistics.median(fresh), 1e-9)
+    record.update(fresh_s=fresh, repeat_s=repeat, time_ratio=ratio)
+    if ratio < ratio_limit:
+        raise _Failed(f"repeats answered in {ratio:.2f}x the fresh time (< {ratio_limit}): response cache")
+    return f"repeat/fresh time ratio {ratio:.2f}"
+
+
+def check(
+    base_url: str,
+    *,
+    served_model: str,
+    tokenizer_dir: Path | str,
+    launched_pids: Iterable[int] | None = None,
+    listening_pids: Iterable[int] | None = None,
+    diff_text: str | None = None,
+    allowed_paths: Sequence[str] | None = None,
+    seed: int | None = None,
+    thresholds: Mapping[str, Any] | None = None,
+) -> GateResult:
+    """Run the integrity probes against the server at ``base_url``.
+
+    Args:
+        served_model: the model name the candidate declares (and requests use).
+        tokenizer_dir: folder with the served model's tokenizer, for the client-side counts.
+        launched_pids: pids of the process group the host launched; listening_pids: pids the host
+            found listening on the port. Both needed for the ``process`` check, else skipped.
+        diff_text: unified diff of a code candidate (None = knob-only candidate, check skipped).
+        allowed_paths: globs/folders the diff may touch (None = anything not protected).
+        seed: seed of the random probes; None draws a secret one (recorded only as a hash).
+        thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
+
+    Returns:
+        ``pass`` or ``fail``; the reason names the first failing sub-check.
+    """
+    start = time.perf_counter()
+    cfg = section(dict(thresholds) if thresholds is not None else None, "integrity")
+    seed = secrets.randbits(64) if seed is None else seed
+    rng = random.Random(seed)
+    timeout = float(cfg["timeout_s"])
+    checks: list[dict[str, Any]] = []
+    details: dict[str, Any] = {"seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest()[:16], "checks": checks}
+    n_len, n_cache, words = int(cfg["max_tokens_probe"]), int(cfg["cache_probe_tokens"]), int(cfg["prompt_words"])
+    state: dict[str, Any] = {}
+
+    def diff() -> str:
+        if diff_text is None:
+            return "skipped: no diff"
+        protected = list(cfg.get("protected_paths", DEFAULT_PROTECTED))
+        findings = scan_diff(diff_text, allowed_paths=allowed_paths, protected_paths=protected)
+        if findings:
+            state["findings"] = [f.__dict__ for f in findings]
+            shown = "; ".join(f"{f.rule} in {f.path}: {f.text[:80]}" for f in findings[:3])
+            raise _Failed(f"diff has {len(findings)} finding(s): {shown}")
+        return "no findings"
+
+    def lengths() -> str:
+        tok = _tokenizer(tokenizer_dir)
+        text = random_prompt(rng, words)
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        state["probe"] = _probe_lengths(base_url, served_model, ids, n_len, timeout)
+        state["prompt_len"] = len(ids)
+        text_lens = {len(tok(text)["input_ids"]), len(ids)}  # with or without the BOS the server may add
+        state["text_lens"] = text_lens
+        state["text_usage"] = _completion(base_url, served_model, text, 1, timeout)[0].get("usage")
+        return _check_max_tokens(state["probe"], n_len)
+
+    steps = [
+        ("diff", diff),
+        ("process", lambda: _check_process(launched_pids, listening_pids)),
+        ("models", lambda: _check_models(base_url, served_model)),
+        ("max_tokens", lengths),
+        ("usage", lambda: _check_usage(state["probe"], n_len, state["prompt_len"], state["text_lens"],
+                                       state["text_usage"])),
+        ("prompt_dependence", lambda: _check_prompt_dependence(
+            base_url, served_model, [random_prompt(rng, words) for _ in range(int(cfg["dependence_prompts"]))],
+            n_len, timeout)),
+        ("no_cache", lambda: _check_no_cache(
+            base_url, served_model, [random_prompt(rng, words) for _ in range(int(cfg["cache_probes"]))],
+            n_cache, float(cfg["cache_time_ratio"]), timeout, state.setdefault("cache", {}))),
+    ]
+    for name, run in steps:
+        t0 = time.perf_counter()
+        try:
+            note = run()
+        except _Failed as exc:
+            checks.append({"name": name, "status": "fail", "detail": str(exc), "duration_s": time.perf_counter() - t0})
+            details.update({k: v for k, v in state.items() if k in ("findings", "probe", "cache")})
+            return GateResult("integrity", "fail", f"{name}: {exc}", details, time.perf_counter() - start)
+        except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+            checks.append({"name": name, "status": "fail", "detail": f"error: {exc}",
+                           "duration_s": time.perf_counter() - t0})
+            return GateResult("integrity", "fail", f"{name}: probe error: {exc}", details,
+                              time.perf_counter() - start)
+        status = "skipped" if note.startswith("skipped") else "pass"
+        checks.append({"name": name, "status": status, "detail": note, "duration_s": time.perf_counter() - t0})
+    details.update({k: v for k, v in state.items() if k in ("probe", "cache")})
+    return GateResult("integrity", "pass", "all integrity probes passed", details, time.perf_counter() - start)

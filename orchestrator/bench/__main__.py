@@ -1,0 +1,86 @@
+"""``python -m orchestrator.bench --url URL --model NAME --scenario decode`` (also ``infergoal bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from .loadgen import run_scenario_sync
+from .results import write_exports
+from .scenarios import Scenario, builtin_scenarios
+
+_SHOWN = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
+          "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p50",
+          "itl_ms_mean", "itl_ms_p99", "e2e_ms_mean", "queue_ms_p99", "achieved_rate",
+          "loop_lag_ms_p99", "osl_mismatch")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.bench", description=__doc__)
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--scenario", default="decode",
+                   help=f"builtin name ({', '.join(builtin_scenarios())}) or a JSON file of Scenario fields")
+    p.add_argument("--scale", type=float, default=1.0, help="scale factor (1.0 = tiny CPU model)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir: exact prompt lengths as token ids")
+    p.add_argument("--api", choices=("completions", "chat"), default="completions")
+    p.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (s)")
+    p.add_argument("--out", default=None, help="directory for vLLM/AIPerf/JSONL exports")
+    # Overrides of single scenario fields.
+    for f, t in (("num-requests", int), ("concurrency", int), ("prompt-tokens", int),
+                 ("output-tokens", int), ("rate", float), ("burstiness", float),
+                 ("warmup-requests", int), ("seed", int), ("prefix-tokens", int)):
+        p.add_argument(f"--{f}", type=t, default=None)
+    p.add_argument("--arrival", choices=("closed", "poisson", "constant", "gamma", "trace"), default=None)
+    p.add_argument("--trace", default=None, help="Mooncake-style JSONL trace (implies --arrival trace)")
+    p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON")
+    return p
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    if args.scenario.endswith(".json"):
+        with open(args.scenario) as fh:
+            sc = Scenario(**json.load(fh))
+        if args.scale != 1.0:
+            sc = sc.scaled(args.scale)
+    else:
+        table = builtin_scenarios(args.scale)
+        if args.scenario not in table:
+            raise SystemExit(f"unknown scenario {args.scenario!r}; choose from {sorted(table)}")
+        sc = table[args.scenario]
+    upd = {k: getattr(args, k) for k in ("num_requests", "concurrency", "prompt_tokens", "output_tokens",
+                                         "rate", "burstiness", "warmup_requests", "seed", "prefix_tokens",
+                                         "arrival") if getattr(args, k) is not None}
+    if args.trace:
+        upd.update(trace_path=args.trace, arrival="trace")
+    return sc.model_copy(update=upd) if upd else sc
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the scenario described by parsed args; print a summary; 0 if every request succeeded."""
+    sc = scenario_from_args(args)
+    res = run_scenario_sync(args.url, args.model, sc, tokenizer=args.tokenizer, api=args.api,
+                            timeout_s=args.timeout)
+    if args.json:
+        print(json.dumps(res.to_dict(with_requests=False)["metrics"], indent=2))
+    else:
+        print(f"scenario {sc.name}: {sc.num_requests} req, ISL {sc.prompt_tokens}, OSL {sc.output_tokens}, "
+              f"{sc.arrival} c={sc.concurrency} rate={sc.rate}")
+        for k in _SHOWN:
+            print(f"  {k:22s} {res.metrics.get(k, 0.0):12.3f}")
+        if res.failures:
+            print("  failures:", res.failures)
+    if args.out:
+        for name, path in write_exports(res, args.out).items():
+            print(f"  wrote {name}: {path}")
+    return 0 if res.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_from_args(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""aiohttp load generator: closed-loop workers or an open-loop arrival schedule.
+
+Timing rules: ``t_sent`` is taken right before the POST is issued; each SSE read is stamped
+once with ``perf_counter_ns`` when its bytes arrive (events in one read arrived together).
+Any failure (reset, 5xx, malformed SSE, timeout, truncated stream) becomes a failed record
+with a reason, never an exception out of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+
+from .metrics import compute_metrics, failures
+from .prompts import Prompt, PromptFactory, load_tokenizer
+from .records import RequestRecord
+from .results import ScenarioResult
+from .scenarios import Scenario, arrival_offsets, load_trace
+
+try:  # orjson is ~3x faster per chunk; the stdlib is the fallback
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    import json
+
+    _loads = json.loads
+
+_now = time.perf_counter_ns
+
+
+def build_payload(api: str, model: str, p: Prompt) -> dict[str, Any]:
+    """OpenAI request body: pinned output length, streaming with usage."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": p.output_tokens,
+        "ignore_eos": True,  # pin OSL (vLLM/SGLang/our server extension)
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": p.prompt}]
+    else:
+        body["prompt"] = p.prompt
+    return body
+
+
+def _content(ev: dict[str, Any], chat: bool) -> str:
+    ch = ev.get("choices") or ()
+    if not ch:
+        return ""
+    c0 = ch[0]
+    if chat:
+        delta = c0.get("delta") or {}
+        return delta.get("content") or delta.get("reasoning_content") or ""
+    return c0.get("text") or ""
+
+
+async def send_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                       rec: RequestRecord, *, chat: bool, timeout_s: float) -> RequestRecord:
+    """Stream one request, filling ``rec``.  Never raises (except cancellation)."""
+    parts: list[str] = []
+    rec.t_sent_ns = _now()
+    try:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            rec.http_status = resp.status
+            if resp.status != 200:
+                rec.error = f"http_{resp.status}"
+                rec.error_detail = (await resp.text())[:300]
+                rec.t_done_ns = _now()
+                return rec
+            buf = b""
+            async for data in resp.content.iter_any():
+                t = _now()
+                buf += data
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    line = buf[:nl].strip()
+                    buf = buf[nl + 1:]
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators, comments, event:/id: fields
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        rec.done_seen = True
+                        continue
+                    if rec.t_first_chunk_ns is None:
+                        rec.t_first_chunk_ns = t
+                    ev = _loads(payload)
+                    if not isinstance(ev, dict):
+                        raise ValueError("SSE data is not a JSON object")
+                    if ev.get("error"):
+                        rec.error = "server_error"
+                        rec.error_detail = str(ev["error"])[:300]
+                    txt = _content(ev, chat)
+                    if txt:
+                        if rec.t_first_token_ns is None:
+                            rec.t_first_token_ns = t
+                        rec.t_last_token_ns = t
+                        rec.chunk_ns.append(t)
+                        parts.append(txt)
+                    u = ev.get("usage")
+                    if u:
+                        rec.usage_prompt_tokens = u.get("prompt_tokens")
+                        rec.usage_completion_tokens = u.get("completion_tokens")
+            rec.t_done_ns = _now()
+    except asyncio.TimeoutError:
+        rec.error, rec.error_detail = "timeout", f"no completion within {timeout_s}s"
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, ConnectionError) as e:
+        rec.error, rec.error_detail = "connection_error", repr(e)[:300]
+    except ValueError as e:  # JSON decode errors (orjson.JSONDecodeError is a ValueError)
+        rec.error, rec.error_detail = "malformed_sse", repr(e)[:300]
+    except aiohttp.ClientError as e:
+        rec.error, rec.error_detail = "client_error", repr(e)[:300]
+    rec.client_chunks = len(rec.chunk_ns)
+    rec.text = "".join(parts)
+    if rec.error is None:
+        if not rec.done_seen:
+            rec.error = "incomplete_stream"  # body ended without [DONE]: server died mid-stream
+        elif rec.output_tokens >= 1 and not rec.chunk_ns:
+            rec.error = "empty_output"
+    if rec.t_done_ns is None:
+        rec.t_done_ns = _now()
+    rec.success = rec.error is None
+    return rec
+
+
+class _LagMonitor:
+    """Event-loop lag: how late a 10 ms sleep wakes up (client saturation signal)."""
+
+    def __init__(self, period_s: float = 0.01) -> None:
+        self.period_s = period_s
+        self.lags_ms: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            t0 = _now()
+            await asyncio.sleep(self.period_s)
+            self.lags_ms.append(max(0.0, (_now() - t0) / 1e6 - self.period_s * 1e3))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+async def _closed_loop(session, url, bodies, recs, concurrency, chat, timeout_s) -> None:
+    nxt = iter(range(len(bodies)))
+
+    async def worker() -> None:
+        for i in nxt:  # shared iterator: each worker takes the next request when free
+            recs[i].t_scheduled_ns = _now()
+            await send_request(session, url, bodies[i], recs[i], chat=chat, timeout_s=timeout_s)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(bodies))))))
+
+
+async def _open_loop(session, url, bodies, recs, offsets, cap, chat, timeout_s) -> None:
+    sem = asyncio.Semaphore(cap) if cap and cap > 0 else None
+    start = _now()
+
+    async def one(i: int) -> None:
+        if sem is None:
+            await send_request(session, url, bodies[i], recs[i], chat=chat, timeout_s=timeout_s)
+            return
+        async with sem:  # waiting here is client queue time (t_sent − t_scheduled)
+            await send_request(session, url, bodies[i], recs[i], chat=chat, timeout_s=timeout_s)
+
+    tasks = []
+    for i, off in enumerate(offsets):
+        recs[i].t_scheduled_ns = start + int(off * 1e9)
+        delay = (recs[i].t_scheduled_ns - _now()) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    await asyncio.gather(*tasks)
+
+
+def _count_tokens(tokenizer: Any, recs: list[RequestRecord]) -> None:
+    if tokenizer is None:
+        return
+    for r in recs:
+        if r.success:
+            r.client_tokens = len(tokenizer.encode(r.text, add_special_tokens=False))
+
+
+async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
+                       api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
+    """Run warmup (discarded) then the measured requests; always returns a result."""
+    if api not in ("completions", "chat"):
+        raise ValueError("api must be 'completions' or 'chat'")
+    chat = api == "chat"
+    tok = load_tokenizer(tokenizer)
+    url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
+    if base_url.rstrip("/").endswith("/v1"):
+        url = base_url.rstrip("/") + ("/chat/completions" if chat else "/completions")
+    factory = PromptFactory(scenario, tok, text=chat)
+    if scenario.arrival == "trace":
+        prompts = [factory.from_trace(e) for e in load_trace(scenario.trace_path or "")]
+        prompts = prompts[: scenario.num_requests]
+    else:
+        prompts = [factory.make(i) for i in range(scenario.num_requests)]
+    offsets = arrival_offsets(scenario, len(prompts))
+    warm = [factory.make(i, warmup=True) for i in range(scenario.warmup_requests)]
+
+    def mk(ps: list[Prompt]) -> tuple[list[dict], list[RequestRecord]]:
+        return ([build_payload(api, model, p) for p in ps],
+                [RequestRecord(index=i, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens)
+                 for i, p in enumerate(ps)])
+
+    limit = max(scenario.concurrency, 1) if scenario.arrival == "closed" else scenario.concurrency
+    connector = aiohttp.TCPConnector(limit=limit if limit > 0 else 0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        if warm:  # warmup: same shape, separate prompts, results dropped
+            wb, wr = mk(warm)
+            await _closed_loop(session, url, wb, wr, max(1, scenario.concurrency), chat, timeout_s)
+        bodies, recs = mk(prompts)
+        lag = _LagMonitor()
+        lag.start()
+        t0 = _now()
+        if offsets is None:
+            await _closed_loop(session, url, bodies, recs, scenario.concurrency, chat, timeout_s)
+        else:
+            await _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
+        t1 = _now()
+        await lag.stop()
+    _count_tokens(tok, recs)
+    metrics = compute_metrics(
+        recs, bench_start_ns=t0, bench_end_ns=t1, target_rate=scenario.rate,
+        slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms,
+        slo_e2e_ms=scenario.slo_e2e_ms, loop_lag_ms=lag.lags_ms,
+        intended_prompt_check=tok is not None and not chat)
+    return ScenarioResult(scenario=scenario, metrics=metrics, requests=recs, failures=failures(recs),
+                          meta={"base_url": base_url, "model": model, "api": api,
+                                "origin_ns": t0, "tokenizer": tok is not None,
+                                "date": time.strftime("%Y%m%d-%H%M%S")})
+
+
+def run_scenario_sync(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
+                      api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
+    """Blocking wrapper around :func:`run_scenario` (own event loop)."""
+    return asyncio.run(run_scenario(base_url, model, scenario, tokenizer=tokenizer, api=api,
+                                    timeout_s=timeout_s))

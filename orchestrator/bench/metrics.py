@@ -1,0 +1,132 @@
+"""Metric formulas (vLLM / AIPerf conventions).  Pure functions of request records.
+
+- TTFT: POST sent → first chunk with non-empty content; ``first_chunk`` keeps vLLM's
+  first-SSE-event time beside it.
+- E2E: POST sent → last content-bearing chunk (not [DONE]).
+- TPOT: per request (E2E − TTFT)/(OSL − 1), requests with OSL ≤ 1 excluded.
+- ITL: pooled gaps between content chunks of all successful requests (``itl`` in vLLM,
+  ``inter_chunk_latency`` in AIPerf).
+- Throughput: Σ over successful requests / duration, with both durations: vLLM's benchmark
+  wall time and AIPerf's first-send → last-response-done.
+- Percentiles: numpy linear interpolation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from .records import RequestRecord
+
+STAT_NAMES = ("mean", "median", "std", "p50", "p90", "p95", "p99", "min", "max")
+
+
+def stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    """``{prefix}_{mean,median,std,p50,...}``; all 0.0 when there are no values (vLLM does the same)."""
+    out: dict[str, float] = {}
+    if len(values) == 0:
+        for s in STAT_NAMES:
+            out[f"{prefix}_{s}"] = 0.0
+        out[f"{prefix}_count"] = 0.0
+        return out
+    a = np.asarray(values, dtype=np.float64)
+    p50, p90, p95, p99 = np.percentile(a, [50, 90, 95, 99], method="linear")
+    out.update({
+        f"{prefix}_mean": float(a.mean()),
+        f"{prefix}_median": float(np.median(a)),
+        f"{prefix}_std": float(a.std()),  # population std, as vLLM (np.std) reports
+        f"{prefix}_p50": float(p50),
+        f"{prefix}_p90": float(p90),
+        f"{prefix}_p95": float(p95),
+        f"{prefix}_p99": float(p99),
+        f"{prefix}_min": float(a.min()),
+        f"{prefix}_max": float(a.max()),
+        f"{prefix}_count": float(a.size),
+    })
+    return out
+
+
+def failures(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """Failure reason → count."""
+    return dict(Counter(r.error or "unknown" for r in records if not r.success))
+
+
+def is_good(r: RequestRecord, slo_ttft_ms: float | None, slo_tpot_ms: float | None,
+            slo_e2e_ms: float | None) -> bool:
+    """A successful request meeting every SLO that is set (vLLM goodput semantics)."""
+    if not r.success:
+        return False
+    if slo_ttft_ms is not None and (r.ttft_ns is None or r.ttft_ns / 1e6 > slo_ttft_ms):
+        return False
+    tpot = r.tpot_ns
+    if slo_tpot_ms is not None and tpot is not None and tpot / 1e6 > slo_tpot_ms:
+        return False
+    return not (slo_e2e_ms is not None and (r.e2e_ns is None or r.e2e_ns / 1e6 > slo_e2e_ms))
+
+
+def compute_metrics(
+    records: Sequence[RequestRecord],
+    *,
+    bench_start_ns: int,
+    bench_end_ns: int,
+    target_rate: float | None = None,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    slo_e2e_ms: float | None = None,
+    loop_lag_ms: Sequence[float] = (),
+    intended_prompt_check: bool = False,
+) -> dict[str, float]:
+    """Flat metric dict for one measured (post-warmup) run."""
+    ok = [r for r in records if r.success]
+    m: dict[str, float] = {}
+    m.update(stats("ttft_ms", [r.ttft_ns / 1e6 for r in ok if r.ttft_ns is not None]))
+    m.update(stats("first_chunk_ms", [r.first_chunk_ns / 1e6 for r in ok if r.first_chunk_ns is not None]))
+    m.update(stats("tpot_ms", [r.tpot_ns / 1e6 for r in ok if r.tpot_ns is not None]))
+    m.update(stats("itl_ms", [g / 1e6 for r in ok for g in r.chunk_gaps_ns]))
+    m.update(stats("e2e_ms", [r.e2e_ns / 1e6 for r in ok if r.e2e_ns is not None]))
+    m.update(stats("queue_ms", [r.queue_ns / 1e6 for r in records]))
+    m.update(stats("loop_lag_ms", list(loop_lag_ms)))
+
+    dur_vllm = max(1e-9, (bench_end_ns - bench_start_ns) / 1e9)
+    if records:
+        first_send = min(r.t_sent_ns for r in records)
+        last_done = max((r.t_done_ns or r.t_last_token_ns or r.t_sent_ns) for r in records)
+        dur_aiperf = max(1e-9, (last_done - first_send) / 1e9)
+    else:
+        dur_aiperf = dur_vllm
+    out_tok = float(sum(r.osl for r in ok))
+    in_tok = float(sum(r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens
+                       for r in ok))
+    n_good = sum(is_good(r, slo_ttft_ms, slo_tpot_ms, slo_e2e_ms) for r in records)
+    m.update({
+        "completed": float(len(ok)),
+        "failed": float(len(records) - len(ok)),
+        "duration_s": dur_vllm,
+        "duration_aiperf_s": dur_aiperf,
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "output_throughput": out_tok / dur_vllm,
+        "output_throughput_aiperf": out_tok / dur_aiperf,
+        "request_throughput": len(ok) / dur_vllm,
+        "request_throughput_aiperf": len(ok) / dur_aiperf,
+        "total_token_throughput": (in_tok + out_tok) / dur_vllm,
+        "goodput": n_good / dur_vllm,
+        "goodput_fraction": n_good / len(records) if records else 0.0,
+    })
+    # Achieved vs target arrival rate: (n−1) sends over the span between first and last send.
+    sends = sorted(r.t_sent_ns for r in records)
+    span = (sends[-1] - sends[0]) / 1e9 if len(sends) > 1 else 0.0
+    m["achieved_rate"] = (len(sends) - 1) / span if span > 0 else 0.0
+    m["target_rate"] = float(target_rate) if target_rate else 0.0
+    # Integrity signals: server usage vs client count; server prompt length vs intended.
+    m["osl_mismatch"] = float(sum(
+        1 for r in ok if r.usage_completion_tokens is not None
+        and r.usage_completion_tokens != (r.client_tokens if r.client_tokens is not None else r.client_chunks)))
+    m["osl_usage_missing"] = float(sum(1 for r in ok if r.usage_completion_tokens is None))
+    m["osl_short"] = float(sum(1 for r in ok if r.osl != r.output_tokens))
+    if intended_prompt_check:
+        m["isl_mismatch"] = float(sum(1 for r in ok if r.usage_prompt_tokens is not None
+                                      and r.usage_prompt_tokens != r.prompt_tokens))
+    return m

@@ -1,0 +1,376 @@
+"""Goals: what the engineer wants, parsed into one frozen, hashable `GoalSpec`.
+
+A goal comes either as text (the `/goal ...` line an engineer types) or as a TOML file.
+The text grammar is deliberately small: a sentence the parser does not fully understand is
+refused with the accepted forms, never guessed at — a mis-read goal would optimise the wrong
+thing for hours.
+
+Accepted text forms (clauses may be combined, in any order, joined by "and"/","):
+
+    [/goal] beat the baseline by 20% on TTFT and TPOT
+    [/goal] improve throughput by 2x
+    [/goal] get p90 TTFT under 150 ms
+    [/goal] get throughput above 500 tok/s
+    ... without accuracy loss
+    ... within 30m | within 2h | within 12 trials | within 1h and 20 trials
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "METRICS",
+    "Budget",
+    "Constraint",
+    "GoalError",
+    "GoalSpec",
+    "MetricInfo",
+    "Objective",
+    "load_goal",
+    "parse_goal",
+]
+
+
+class GoalError(ValueError):
+    """A goal that cannot be understood. The message shows the accepted forms."""
+
+
+class MetricInfo(BaseModel):
+    """How a user-facing metric name maps onto a bench scenario and result key."""
+
+    model_config = ConfigDict(frozen=True)
+    scenario: str
+    key_prefix: str
+    """Key in `ScenarioResult.metrics` without the statistic, e.g. `ttft_ms_`."""
+    direction: Literal["minimize", "maximize"]
+    unit: str
+    has_stats: bool = True
+    """False for scalar metrics such as throughput (no p50/p90 variants)."""
+
+
+# User-facing metric names. TTFT is judged on the prefill-heavy scenario (InferenceBench A),
+# TPOT/ITL/E2E on the decode-heavy one (B), throughput under concurrent load (C).
+METRICS: dict[str, MetricInfo] = {
+    "ttft": MetricInfo(scenario="prefill", key_prefix="ttft_ms_", direction="minimize", unit="ms"),
+    "tpot": MetricInfo(scenario="decode", key_prefix="tpot_ms_", direction="minimize", unit="ms"),
+    "itl": MetricInfo(scenario="decode", key_prefix="itl_ms_", direction="minimize", unit="ms"),
+    "e2e": MetricInfo(scenario="decode", key_prefix="e2e_ms_", direction="minimize", unit="ms"),
+    "throughput": MetricInfo(
+        scenario="throughput", key_prefix="output_throughput", direction="maximize", unit="tok/s", has_stats=False
+    ),
+}
+_ALIASES = {"latency": "e2e", "output throughput": "throughput", "tok/s": "throughput"}
+_STATS = ("mean", "median", "p50", "p90", "p95", "p99")
+
+ACCEPTED_FORMS = """\
+Accepted goal forms (clauses combine with "and" or ","):
+  beat the baseline by 20% on TTFT and TPOT
+  improve throughput by 2x
+  get p90 TTFT under 150 ms        |  get throughput above 500 tok/s
+  without accuracy loss
+  within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials
+Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99).
+Example: infergoal goal "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m"
+A goal may also be a TOML file: see examples/goals/."""
+
+
+class Objective(BaseModel):
+    """One measurable target."""
+
+    model_config = ConfigDict(frozen=True)
+    metric: str
+    """User-facing metric name, a key of `METRICS` (e.g. `ttft`)."""
+    stat: str = "p50"
+    """Statistic over requests: mean, median, p50, p90, p95, p99 (ignored for throughput)."""
+    kind: Literal["relative", "absolute"] = "relative"
+    """`relative`: improve on the baseline by `value` (0.2 = 20%); `absolute`: reach `value` in `unit`."""
+    value: float
+    """Relative improvement as a fraction, or the absolute threshold."""
+
+    @model_validator(mode="after")
+    def _check(self) -> Objective:
+        if self.metric not in METRICS:
+            raise ValueError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
+        if self.stat not in _STATS:
+            raise ValueError(f"unknown statistic {self.stat!r}; known: {', '.join(_STATS)}")
+        if self.value <= 0:
+            raise ValueError("an objective's value must be positive")
+        if self.kind == "relative" and METRICS[self.metric].direction == "minimize" and self.value >= 1:
+            raise ValueError(f"cannot cut {self.metric} by {self.value:.0%}: a relative cut must be below 100%")
+        return self
+
+    @property
+    def info(self) -> MetricInfo:
+        return METRICS[self.metric]
+
+    @property
+    def scenario(self) -> str:
+        return self.info.scenario
+
+    @property
+    def key(self) -> str:
+        """The `ScenarioResult.metrics` key this objective reads."""
+        info = self.info
+        return info.key_prefix if not info.has_stats else f"{info.key_prefix}{'p50' if self.stat == 'median' else self.stat}"
+
+    def target_for(self, baseline_value: float) -> float:
+        """The value a candidate must reach, given the baseline's value."""
+        if self.kind == "absolute":
+            return self.value
+        if self.info.direction == "minimize":
+            return baseline_value * (1 - self.value)
+        return baseline_value * (1 + self.value)
+
+    def met(self, value: float, baseline_value: float) -> bool:
+        target = self.target_for(baseline_value)
+        return value <= target if self.info.direction == "minimize" else value >= target
+
+    def speedup(self, value: float, baseline_value: float) -> float:
+        """>1 means better than the baseline, whichever the direction."""
+        if value <= 0 or baseline_value <= 0:
+            return 1.0
+        return baseline_value / value if self.info.direction == "minimize" else value / baseline_value
+
+    def describe(self) -> str:
+        name = self.metric.upper() if self.info.has_stats else self.metric
+        stat = f"{self.stat} " if self.info.has_stats else ""
+        if self.kind == "relative":
+            return f"{stat}{name} {self.value:.0%} better than baseline"
+        op = "<=" if self.info.direction == "minimize" else ">="
+        return f"{stat}{name} {op} {self.value:g} {self.info.unit}"
+
+
+class Constraint(BaseModel):
+    """A condition every kept candidate must satisfy."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["accuracy"] = "accuracy"
+    mode: Literal["no_loss", "gated"] = "no_loss"
+    """`no_loss`: measurable drift needs a person's approval; `gated`: the gate's hard limits only."""
+
+
+class Budget(BaseModel):
+    """When to stop even if the goal is not met."""
+
+    model_config = ConfigDict(frozen=True)
+    wall_s: float | None = None
+    """Wall-clock seconds of trial time (summed over resumes)."""
+    trials: int | None = None
+    """Maximum number of trials, the baseline included."""
+    tokens: int | None = None
+    """Maximum LLM tokens an agent proposer may spend."""
+    stall_trials: int = 8
+    """Stop after this many consecutive trials without a new best."""
+
+
+class GoalSpec(BaseModel):
+    """A parsed goal. Frozen; `digest` identifies it in the run row."""
+
+    model_config = ConfigDict(frozen=True)
+    text: str = ""
+    objectives: tuple[Objective, ...] = Field(min_length=1)
+    constraints: tuple[Constraint, ...] = ()
+    budget: Budget = Budget()
+
+    @property
+    def digest(self) -> str:
+        payload = json.dumps(self.model_dump(exclude={"text"}), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def scenarios(self) -> list[str]:
+        """Scenario names the goal needs, in first-use order."""
+        return list(dict.fromkeys(o.scenario for o in self.objectives))
+
+    @property
+    def accuracy_mode(self) -> str:
+        for c in self.constraints:
+            if c.kind == "accuracy":
+                return c.mode
+        return "gated"
+
+    def describe(self) -> str:
+        parts = [", ".join(o.describe() for o in self.objectives)]
+        if self.accuracy_mode == "no_loss":
+            parts.append("without accuracy loss")
+        b = self.budget
+        limits = [f"{b.wall_s / 60:g} min" if b.wall_s else "", f"{b.trials} trials" if b.trials else ""]
+        if any(limits):
+            parts.append("within " + " and ".join(x for x in limits if x))
+        return "; ".join(parts)
+
+
+# --- text parsing -----------------------------------------------------------------------
+
+_METRIC_RE = r"(?:(?P<stat>mean|median|p50|p90|p95|p99)\s+)?(?P<metric>[a-z][a-z0-9 /]*?)"
+_NUM = r"(?P<num>\d+(?:\.\d+)?)"
+
+
+def _metric_name(raw: str) -> str:
+    name = _ALIASES.get(raw.strip(), raw.strip())
+    if name not in METRICS:
+        raise GoalError(f"unknown metric {raw.strip()!r}.\n{ACCEPTED_FORMS}")
+    return name
+
+
+def _duration_s(num: float, unit: str) -> float:
+    unit = unit.lower()
+    if unit.startswith("h"):
+        return num * 3600
+    if unit.startswith("m"):
+        return num * 60
+    return num
+
+
+def _metric_list(text: str) -> list[tuple[str | None, str]]:
+    out = []
+    for part in re.split(r"\s*(?:,|\band\b|&)\s*", text.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(_METRIC_RE, part)
+        if not m:
+            raise GoalError(f"cannot read metric {part!r}.\n{ACCEPTED_FORMS}")
+        out.append((m.group("stat"), _metric_name(m.group("metric"))))
+    return out
+
+
+def parse_goal(text: str) -> GoalSpec:
+    """Parse goal text into a `GoalSpec`; raise `GoalError` on anything not understood."""
+    original = text
+    s = " ".join(text.strip().lower().split())
+    s = re.sub(r"^/goal\b\s*", "", s).rstrip(".")
+    if not s:
+        raise GoalError(f"empty goal.\n{ACCEPTED_FORMS}")
+
+    objectives: list[Objective] = []
+    constraints: list[Constraint] = []
+    budget: dict[str, float | int] = {}
+
+    # Budget clause: "within 30m", "within 2 h and 20 trials", "in at most 12 trials".
+    def take_budget(m: re.Match[str]) -> str:
+        for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*(hours?|h|minutes?|mins?|m|seconds?|secs?|s|trials?)\b", m.group(1)):
+            if unit.startswith("trial"):
+                budget["trials"] = int(float(num))
+            else:
+                budget["wall_s"] = budget.get("wall_s", 0) + _duration_s(float(num), unit)
+        leftover = re.sub(
+            r"(\d+(?:\.\d+)?)\s*(hours?|h|minutes?|mins?|m|seconds?|secs?|s|trials?)\b|\band\b|,|\s", "", m.group(1)
+        )
+        if leftover:
+            raise GoalError(f"cannot read budget {m.group(0)!r}.\n{ACCEPTED_FORMS}")
+        return " "
+
+    s = re.sub(r"\b(?:within|in at most|in)\s+((?:\d[\d.]*\s*[a-z]+(?:\s*(?:,|and)\s*)?)+)$", take_budget, s)
+
+    def take_accuracy(m: re.Match[str]) -> str:
+        constraints.append(Constraint(kind="accuracy", mode="no_loss"))
+        return " "
+
+    s = re.sub(r"\b(?:without|with no)\s+(?:any\s+)?accuracy\s+(?:loss|drop|regression)\b", take_accuracy, s)
+
+    # Relative: "beat the baseline by 20% on X and Y", "improve X by 20%|2x", "cut X by 30%".
+    def rel_value(num: str, unit: str, metrics: list[tuple[str | None, str]]) -> list[Objective]:
+        v = float(num)
+        out = []
+        for stat, metric in metrics:
+            maximize = METRICS[metric].direction == "maximize"
+            if unit == "x":
+                if v <= 1:
+                    raise GoalError(f"a speedup of {num}x is not an improvement.\n{ACCEPTED_FORMS}")
+                # "2x" on a latency means half the latency; on throughput, double it.
+                frac = v - 1 if maximize else 1 - 1 / v
+            else:
+                frac = v / 100
+            try:
+                out.append(Objective(metric=metric, stat=stat or "p50", kind="relative", value=frac))
+            except ValidationError as e:
+                raise GoalError(f"{e.errors()[0]['msg']}.\n{ACCEPTED_FORMS}") from None
+        return out
+
+    def take_beat(m: re.Match[str]) -> str:
+        objectives.extend(rel_value(m.group("num"), m.group("unit"), _metric_list(m.group("metrics"))))
+        return " "
+
+    s = re.sub(
+        rf"\b(?:beat|outperform)\s+(?:the\s+)?baseline\s+by\s+{_NUM}\s*(?P<unit>%|x)\s+on\s+(?P<metrics>.+?)(?=\s*(?:,\s*)?(?:\band\s+)?(?:get|reach|improve|cut|reduce|$))",
+        take_beat,
+        s,
+    )
+
+    def take_improve(m: re.Match[str]) -> str:
+        objectives.extend(rel_value(m.group("num"), m.group("unit"), _metric_list(m.group("metrics"))))
+        return " "
+
+    s = re.sub(
+        rf"\b(?:improve|cut|reduce|speed up|increase)\s+(?P<metrics>.+?)\s+by\s+{_NUM}\s*(?P<unit>%|x)",
+        take_improve,
+        s,
+    )
+
+    # Absolute: "get p90 TTFT under 150 ms", "reach throughput above 500 tok/s".
+    def take_abs(m: re.Match[str]) -> str:
+        stat, metric = _metric_list(m.group("m"))[0]
+        info = METRICS[metric]
+        below = m.group("op") in ("under", "below", "<", "<=", "at most")
+        if below != (info.direction == "minimize"):
+            raise GoalError(
+                f"{metric} should go {'down' if info.direction == 'minimize' else 'up'}: "
+                f"{m.group(0)!r} asks the opposite.\n{ACCEPTED_FORMS}"
+            )
+        unit = (m.group("unit") or info.unit).strip()
+        value = float(m.group("num"))
+        if info.unit == "ms" and unit in ("s", "sec", "seconds"):
+            value *= 1000
+        objectives.append(Objective(metric=metric, stat=stat or "p50", kind="absolute", value=value))
+        return " "
+
+    s = re.sub(
+        rf"\b(?:get|reach|bring|keep)\s+(?P<m>.+?)\s+(?P<op>under|below|above|over|at most|at least|<=|>=|<|>)\s*{_NUM}\s*(?P<unit>ms|s|sec|seconds|tok/s|tokens/s)?",
+        take_abs,
+        s,
+    )
+
+    leftover = re.sub(r"\b(?:and|,|the|while|with)\b|[,;.]", " ", s).strip()
+    if leftover:
+        raise GoalError(f"could not understand {leftover!r} in goal {original.strip()!r}.\n{ACCEPTED_FORMS}")
+    if not objectives:
+        raise GoalError(f"the goal names no measurable objective.\n{ACCEPTED_FORMS}")
+    try:
+        return GoalSpec(
+            text=original.strip(), objectives=tuple(objectives), constraints=tuple(constraints), budget=Budget(**budget)
+        )
+    except ValidationError as e:
+        raise GoalError(f"{e.errors()[0]['msg']}.\n{ACCEPTED_FORMS}") from None
+
+
+def load_goal(source: str | Path) -> GoalSpec:
+    """Goal text, or a path to a goal TOML file (see examples/goals/)."""
+    path = Path(source)
+    if str(source).endswith(".toml"):
+        if not path.is_file():
+            raise GoalError(f"goal file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise GoalError(f"goal file {path} is not valid TOML: {e}") from None
+        text = data.pop("text", "")
+        wall = data.get("budget", {}).pop("wall", None)
+        if wall is not None:
+            m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(h|m|s)", str(wall).strip())
+            if not m:
+                raise GoalError(f"{path}: budget.wall must look like '30m', '2h' or '90s', got {wall!r}")
+            data["budget"]["wall_s"] = _duration_s(float(m.group(1)), m.group(2))
+        try:
+            return GoalSpec(text=text or f"goal file {path.name}", **data)
+        except ValidationError as e:
+            msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise GoalError(f"{path}: {msgs}") from None
+    return parse_goal(str(source))

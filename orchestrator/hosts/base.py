@@ -1,0 +1,78 @@
+"""The Host protocol and its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host"]
+
+
+class HostError(RuntimeError):
+    """A host could not do what was asked (unreachable, command failed...)."""
+
+
+class ServerCrashed(HostError):
+    """The launched server exited before it became healthy. Carries its log tail."""
+
+
+class ServerTimeout(HostError):
+    """The launched server did not become healthy in time."""
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A launched process group."""
+
+    pid: int
+    pgid: int
+    argv: tuple[str, ...]
+    log_path: str
+
+
+class Host(Protocol):
+    """Where an engine runs. Implementations: LocalHost (this machine)."""
+
+    name: str
+
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+        """Launch `argv` as its own process group, stdout+stderr to `log_path`."""
+        ...
+
+    def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
+        """TERM the group, then KILL it after `grace_s`."""
+        ...
+
+    def alive(self, proc: Proc) -> bool: ...
+
+    def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
+        """Poll `url` until HTTP 200; return seconds waited. Raise ServerCrashed / ServerTimeout."""
+        ...
+
+    def listening_pids(self, port: int) -> set[int]:
+        """PIDs holding a listening TCP socket on `port`."""
+        ...
+
+    def group_pids(self, proc: Proc) -> set[int]:
+        """PIDs currently in the process group of `proc`."""
+        ...
+
+    def fingerprint(self) -> dict:
+        """Hardware/software facts recorded with each run (CPU, GPU, versions)."""
+        ...
+
+    def free_port(self) -> int: ...
+
+
+def get_host(spec: str, *, state_dir: str | Path) -> Host:
+    """Pick a host by string key: `local` (default)."""
+    from orchestrator.hosts.local import LocalHost
+
+    if spec in ("", "local", "localhost"):
+        return LocalHost(state_dir=state_dir)
+    if spec.startswith("ssh://"):
+        raise HostError(
+            f"host {spec!r}: the SSH host is not part of this release yet; run on the GPU box itself with --host local"
+        )
+    raise HostError(f"unknown host {spec!r}; use 'local'")

@@ -1,0 +1,228 @@
+"""LocalHost: run engines on this machine as their own process groups."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+
+__all__ = ["LocalHost", "log_tail"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: own session (so we can kill the whole group), and SIGKILL if we are orphaned.
+
+    The pidfile sweep on resume is the second line of defence; this one makes a kill -9 of the
+    orchestrator take its server down at once instead of leaving it holding a port and memory.
+    """
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def log_tail(path: str | Path, n: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class LocalHost:
+    """This machine. `state_dir` keeps pidfiles so a resumed run can sweep orphans."""
+
+    name = "local"
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.pid_dir = self.state_dir / "servers"
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        full_env = os.environ | (env or {})
+        with open(log_path, "ab") as log:
+            try:
+                p = subprocess.Popen(
+                    argv, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                )
+            except OSError as e:
+                raise HostError(f"could not start {argv[0]!r}: {e}") from None
+        proc = Proc(pid=p.pid, pgid=p.pid, argv=tuple(argv), log_path=str(log_path))
+        self._popen = getattr(self, "_popen", {})
+        self._popen[p.pid] = p
+        (self.pid_dir / f"{p.pid}.json").write_text(json.dumps({"pgid": p.pid, "argv": argv, "started": time.time()}))
+        return proc
+
+    def alive(self, proc: Proc) -> bool:
+        p = getattr(self, "_popen", {}).get(proc.pid)
+        if p is not None:
+            return p.poll() is None
+        try:
+            os.kill(proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
+        _kill_group(proc.pgid, grace_s)
+        p = getattr(self, "_popen", {}).pop(proc.pid, None)
+        if p is not None:
+            try:
+                p.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        (self.pid_dir / f"{proc.pid}.json").unlink(missing_ok=True)
+
+    def sweep_orphans(self) -> list[int]:
+        """Kill process groups left by an orchestrator that died; return their pgids."""
+        killed = []
+        for f in self.pid_dir.glob("*.json"):
+            try:
+                pgid = json.loads(f.read_text())["pgid"]
+            except (OSError, ValueError, KeyError):
+                f.unlink(missing_ok=True)
+                continue
+            if _group_exists(pgid):
+                _kill_group(pgid, 5.0)
+                killed.append(pgid)
+            f.unlink(missing_ok=True)
+        return killed
+
+    def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
+        t0 = time.monotonic()
+        while True:
+            if not self.alive(proc):
+                raise ServerCrashed(f"server exited before it became healthy; last log lines:\n{log_tail(proc.log_path)}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise ServerTimeout(
+                    f"server not healthy at {url} after {timeout_s:.0f}s; last log lines:\n{log_tail(proc.log_path)}"
+                )
+            time.sleep(0.25)
+
+    def listening_pids(self, port: int) -> set[int]:
+        return listening_pids(port)
+
+    def group_pids(self, proc: Proc) -> set[int]:
+        out = set()
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if os.getpgid(int(d.name)) == proc.pgid:
+                        out.add(int(d.name))
+                except (ProcessLookupError, PermissionError):
+                    pass
+        return out
+
+    def fingerprint(self) -> dict:
+        fp = {
+            "host": "local",
+            "hostname": socket.gethostname(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        }
+        try:
+            fp["cpu"] = next(
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            )
+        except (OSError, StopIteration):
+            pass
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            )
+            if out.returncode == 0:
+                fp["gpus"] = [g.strip() for g in out.stdout.strip().splitlines()]
+        except (OSError, subprocess.TimeoutExpired):
+            fp["gpus"] = []
+        from importlib import metadata
+
+        for pkg in ("torch", "transformers", "vllm"):
+            try:
+                fp[pkg] = metadata.version(pkg)
+            except metadata.PackageNotFoundError:
+                pass
+        return fp
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _kill_group(pgid: int, grace_s: float) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_exists(pgid):
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def listening_pids(port: int) -> set[int]:
+    """Linux: map LISTEN sockets on `port` (IPv4/IPv6) to the PIDs holding them via /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            local, state, inode = parts[1], parts[3], parts[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{inode}]")
+    pids = set()
+    if not inodes:
+        return pids
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            for fd in (d / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    pids.add(int(d.name))
+                    break
+        except (OSError, PermissionError):
+            continue
+    return pids

@@ -1,0 +1,5 @@
+"""Knowledge base: markdown entries (contracts, constraints, findings) with YAML frontmatter."""
+
+from orchestrator.knowledge.kb import Entry, KnowledgeBase, parse_entry
+
+__all__ = ["Entry", "KnowledgeBase", "parse_entry"]

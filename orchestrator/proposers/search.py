@@ -1,0 +1,80 @@
+"""SearchProposer: Optuna TPE over the target's knob space (ask/tell, seeded, no API key).
+
+The study is rebuilt from the stored history on every call instead of being kept in memory:
+that makes the proposer stateless, so `infergoal resume` after a kill -9 needs nothing but
+the database, and the store stays the single source of truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+
+from orchestrator.proposers.base import Candidate, knob_key
+from orchestrator.targets import TargetSpec
+
+__all__ = ["SearchProposer", "distributions"]
+
+# What the sampler is told for trials that produced no valid speed: worse than any real result,
+# so TPE steers away from knob sets that crash the server or break accuracy.
+FAILED_VALUE = 0.0
+_FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
+
+
+def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    out: dict[str, optuna.distributions.BaseDistribution] = {}
+    for name, k in target.knobs.items():
+        if k.type == "categorical":
+            out[name] = optuna.distributions.CategoricalDistribution(list(k.choices))
+        elif k.type == "int":
+            out[name] = optuna.distributions.IntDistribution(int(k.low), int(k.high), log=k.log)
+        else:
+            out[name] = optuna.distributions.FloatDistribution(k.low, k.high, log=k.log)
+    return out
+
+
+class SearchProposer:
+    """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first."""
+
+    name = "search"
+
+    def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = ()) -> None:
+        self.seed = seed
+        self.n_startup = n_startup
+        self.warm_start = list(warm_start)
+
+    def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        dists = distributions(target)
+        # A different seed per step keeps proposals reproducible for a given history.
+        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        seen = set()
+        for t in history:
+            if t.proposer == "confirm":
+                continue
+            seen.add(knob_key(t.knobs))
+            if t.status not in _FINISHED or set(t.knobs) != set(dists):
+                continue
+            value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
+            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions=dists, value=value))
+        for knobs in self.warm_start:
+            try:
+                knobs = target.validate_knobs(knobs)
+            except ValueError:
+                continue
+            if knob_key(knobs) not in seen:
+                return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
+        # Skip knob sets already measured; a small space can run out, which ends the search.
+        for _ in range(50):
+            trial = study.ask(dists)
+            if knob_key(trial.params) not in seen:
+                return Candidate(
+                    knobs=dict(trial.params),
+                    rationale=f"TPE proposal after {len(study.trials) - 1} observed trials",
+                    proposer=self.name,
+                )
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return None

@@ -1,0 +1,137 @@
+"""Build a run's report: data from the store, markdown from a jinja2 template, PNG plots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+__all__ = ["ReportData", "build_report_data", "write_report"]
+
+STEPS = ("propose", "deploy", "gates", "bench", "teardown", "record")
+# Time the engine itself needs (launch, gate probes, benchmark, shutdown) is not overhead;
+# what the orchestrator adds around it (proposing, recording, bookkeeping) is.
+ENGINE_STEPS = ("deploy", "gates", "bench", "teardown")
+
+
+@dataclass
+class ReportData:
+    run: dict[str, Any]
+    trials: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+    objectives: list[dict[str, Any]]
+    step_totals: dict[str, float]
+    total_s: float
+    overhead_s: float
+    overhead_pct: float
+    gate_rejections: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_report_data(store: Any, run_id: int) -> ReportData:
+    from orchestrator.goal import GoalSpec
+    from orchestrator.trial import objective_label
+
+    run = store.get_run(run_id)
+    if run is None:
+        raise LookupError(f"no run {run_id}")
+    goal = GoalSpec(**run.goal)
+    trials = store.list_trials(run_id)
+    base = next((t for t in trials if t.number == 0), None)
+    best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
+    base_knobs = base.knobs if base else {}
+    rows = []
+    for t in trials:
+        changed = {k: v for k, v in t.knobs.items() if base_knobs.get(k) != v}
+        rows.append({
+            "number": t.number, "status": t.status, "score": t.score, "proposer": t.proposer,
+            "objective": t.objective or {}, "knobs": t.knobs, "changed": changed,
+            "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
+        })
+    objectives = []
+    for o in goal.objectives:
+        label = objective_label(o.scenario, o.key)
+        b = (base.objective or {}).get(label) if base else None
+        v = (best.objective or {}).get(label) if best else None
+        objectives.append({
+            "label": label, "describe": o.describe(), "unit": o.info.unit, "baseline": b, "best": v,
+            "target": o.target_for(b) if b is not None else None,
+            "speedup": o.speedup(v, b) if (b and v) else None,
+            "met": o.met(v, b) if (b and v) else False,
+        })
+    step_totals = {s: sum((t.timings or {}).get(s, 0.0) for t in trials) for s in STEPS}
+    total = sum((t.timings or {}).get("total", 0.0) for t in trials)
+    engine = sum(step_totals[s] for s in ENGINE_STEPS)
+    overhead = max(total - engine, 0.0)
+    rejections = []
+    for t in trials:
+        for g in store.gate_results(t.id):
+            if g.status != "pass":
+                rejections.append({"trial": t.number, "gate": g.gate, "status": g.status, "reason": g.reason})
+    def as_dict(t: Any) -> dict[str, Any] | None:
+        return next((r for r in rows if r["number"] == t.number), None) if t else None
+
+    return ReportData(
+        run={"id": run.id, "name": run.name, "goal": run.goal_text, "goal_describe": goal.describe(),
+             "status": run.status, "stop_reason": run.stop_reason, "created_at": str(run.created_at),
+             "proposer": run.proposer, "host": run.host, "target": run.target.get("name")},
+        trials=rows, best=as_dict(best), baseline=as_dict(base), objectives=objectives,
+        step_totals=step_totals, total_s=total, overhead_s=overhead,
+        overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
+    )
+
+
+def _plot(data: ReportData, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
+              "needs_approval": "tab:orange", "rejected": "tab:brown"}
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
+    best, xs, ys = 1.0, [], []
+    for t in data.trials:
+        score = t["score"] if t["score"] else 1.0  # failed/invalid trials score 1.0x by convention
+        ax.scatter(t["number"], score, color=colors.get(t["status"], "black"), zorder=3,
+                   marker="x" if t["status"] in ("failed", "invalid") else "o")
+        if t["status"] == "kept" and t["proposer"] != "confirm":
+            best = max(best, score)
+        xs.append(t["number"])
+        ys.append(best)
+    ax.step(xs, ys, where="post", color="tab:green", alpha=0.6, label="best kept")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="baseline")
+    for s, c in colors.items():
+        ax.scatter([], [], color=c, label=s)
+    ax.set_xlabel("trial")
+    ax.set_ylabel("score (geomean speedup over baseline)")
+    ax.set_title(f"run {data.run['id']}: {data.run['goal_describe']}"[:90], fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def write_report(store: Any, run_id: int, out_dir: str | Path) -> Path:
+    """Write `report.md` and `speedup.png` into `out_dir`; return the markdown path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data = build_report_data(store, run_id)
+    plot = _plot(data, out_dir / "speedup.png")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=False, trim_blocks=True, lstrip_blocks=True,
+    )
+    env.filters["num"] = lambda v, nd=2: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+    md = env.get_template("report.md.j2").render(d=data, plot=plot.name)
+    path = out_dir / "report.md"
+    path.write_text(md)
+    return path

@@ -1,0 +1,213 @@
+"""One trial: deploy -> gates -> bench -> teardown, each step timed and recorded.
+
+`run_trial` does the work and stores what it measures as it goes (gate results and
+measurements are committed one by one, so a kill -9 loses at most the step in flight); the
+verdict — kept or discarded — is the controller's, because it depends on the run's history.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.goal import GoalSpec
+from orchestrator.hosts import Host, HostError, Proc
+from orchestrator.proposers import Candidate
+from orchestrator.targets import TargetSpec
+
+__all__ = ["TrialContext", "TrialResult", "objective_label", "run_trial"]
+
+
+def objective_label(scenario: str, key: str) -> str:
+    """How an objective's value is named in `trials.objective_json`: `decode:tpot_ms_p50`."""
+    return f"{scenario}:{key}"
+
+
+@dataclass
+class TrialContext:
+    """What every trial of a run shares."""
+
+    run_id: int
+    goal: GoalSpec
+    target: TargetSpec
+    host: Host
+    store: Any
+    model_dir: Path
+    reference_dir: Path
+    scenarios: dict[str, Any]
+    """Scenario name -> bench Scenario, already scaled."""
+    run_dir: Path
+    tokenizer: Any = None
+    base_commit: str | None = None
+    source_dir: Path = Path(".")
+    accuracy_gate: bool = True
+    integrity_gate: bool = True
+    request_timeout_s: float = 120.0
+    on_step: Callable[[str], None] = lambda step: None
+
+
+@dataclass
+class TrialResult:
+    """What a trial measured; `error` set means it produced no valid speed."""
+
+    status_hint: str = "ok"
+    """ok | failed (server/bench broke) | invalid (a gate rejected it)."""
+    error: str | None = None
+    gate_drift: bool = False
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    """objective label -> one value per measurement repeat."""
+    timings: dict[str, float] = field(default_factory=dict)
+    launch_cmd: str = ""
+
+    def mean(self, label: str) -> float:
+        values = self.samples.get(label, [])
+        return sum(values) / len(values) if values else float("nan")
+
+
+@contextmanager
+def _timed(timings: dict[str, float], step: str, on_step: Callable[[str], None]):
+    on_step(step)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[step] = timings.get(step, 0.0) + time.perf_counter() - t0
+
+
+def run_trial(
+    ctx: TrialContext,
+    trial: Any,
+    candidate: Candidate,
+    *,
+    repeats: int = 1,
+    remeasure: Callable[[TrialResult], bool] = lambda r: False,
+) -> TrialResult:
+    """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`."""
+    from gates.lock import verify as verify_gates_lock
+
+    result = TrialResult()
+    t_start = time.perf_counter()
+    trial_dir = ctx.run_dir / f"trial-{trial.number}"
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    proc: Proc | None = None
+    try:
+        with _timed(result.timings, "deploy", ctx.on_step):
+            source = _checkout(ctx, candidate.commit)
+            port = ctx.host.free_port()
+            argv = ctx.target.render(candidate.knobs, port=port, model=str(ctx.model_dir), source=str(source))
+            result.launch_cmd = shlex.join(argv)
+            log_path = trial_dir / "server.log"
+            proc = ctx.host.start(argv, env=ctx.target.env, cwd=str(source), log_path=log_path)
+            ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
+            base_url = f"http://127.0.0.1:{port}"
+            ctx.host.wait_healthy(base_url + ctx.target.health_path, ctx.target.ready_timeout_s, proc)
+
+        with _timed(result.timings, "gates", ctx.on_step):
+            # The gate files are re-hashed before every trial: a proposer that edited them
+            # (or anything else that did) stops the run here, before its numbers can count.
+            verify_gates_lock()
+            verdict, result.gate_drift = _run_gates(ctx, trial, candidate, base_url, port, proc)
+            if verdict is not None:
+                result.status_hint, result.error = "invalid", verdict
+                return result
+
+        with _timed(result.timings, "bench", ctx.on_step):
+            err = _bench(ctx, trial, base_url, trial_dir, repeats, result)
+            if err is None and remeasure(result):
+                ctx.on_step("re-measure")
+                err = _bench(ctx, trial, base_url, trial_dir, 1, result, first_repeat=repeats)
+            if err is None and not ctx.host.alive(proc):
+                err = "the server died during the benchmark"
+            if err:
+                result.status_hint, result.error = "failed", err
+    except HostError as e:
+        result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - a broken candidate must not kill the run
+        if type(e).__name__ == "GateTampered":
+            raise
+        result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
+    finally:
+        if proc is not None:
+            with _timed(result.timings, "teardown", ctx.on_step):
+                ctx.host.stop(proc)
+        result.timings["trial"] = time.perf_counter() - t_start
+    return result
+
+
+def _checkout(ctx: TrialContext, commit: str | None) -> Path:
+    """The engine's source at `commit`: the run's tree itself, or a git worktree of the commit."""
+    if not commit or commit == ctx.base_commit:
+        return ctx.source_dir
+    import git
+
+    repo = git.Repo(ctx.source_dir, search_parent_directories=True)
+    dest = ctx.run_dir / "worktrees" / commit[:12]
+    if not dest.exists():
+        repo.git.worktree("add", "--detach", str(dest), commit)
+    rel = ctx.source_dir.resolve().relative_to(Path(repo.working_tree_dir).resolve())
+    return dest / rel
+
+
+def _run_gates(
+    ctx: TrialContext, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc
+) -> tuple[str | None, bool]:
+    """Integrity first (cheap), then accuracy. Return (rejection reason or None, accuracy drifted)."""
+    from gates import accuracy, integrity
+
+    if ctx.integrity_gate:
+        diff_text = _diff(ctx, candidate.commit)
+        r = integrity.check(
+            base_url,
+            served_model=ctx.target.served_model_name,
+            tokenizer_dir=str(ctx.model_dir),
+            launched_pids=ctx.host.group_pids(proc),
+            listening_pids=ctx.host.listening_pids(port),
+            diff_text=diff_text,
+        )
+        ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
+        if r.status == "fail":
+            return f"integrity gate: {r.reason}", False
+    if ctx.accuracy_gate:
+        r = accuracy.check(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir))
+        ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
+        if r.status == "fail":
+            return f"accuracy gate: {r.reason}", False
+        return None, r.status == "drift"
+    return None, False
+
+
+def _diff(ctx: TrialContext, commit: str | None) -> str | None:
+    if not commit or commit == ctx.base_commit or not ctx.base_commit:
+        return None
+    import git
+
+    return git.Repo(ctx.source_dir, search_parent_directories=True).git.diff(ctx.base_commit, commit)
+
+
+def _bench(
+    ctx: TrialContext, trial: Any, base_url: str, trial_dir: Path, repeats: int, result: TrialResult, first_repeat: int = 0
+) -> str | None:
+    from orchestrator.bench import run_scenario_sync
+
+    for name in ctx.goal.scenarios:
+        scenario = ctx.scenarios[name]
+        for rep in range(first_repeat, first_repeat + repeats):
+            ctx.on_step(f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else ""))
+            res = run_scenario_sync(
+                base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
+                api=ctx.target.api, timeout_s=ctx.request_timeout_s,
+            )
+            (trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
+            ctx.store.add_measurements(trial.id, name, res.metrics, repeat=rep)
+            if res.metrics.get("failed", 0) > 0:
+                reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
+                return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
+            for o in ctx.goal.objectives:
+                if o.scenario == name:
+                    result.samples.setdefault(objective_label(name, o.key), []).append(float(res.metrics[o.key]))
+    return None

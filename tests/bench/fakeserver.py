@@ -1,0 +1,165 @@
+"""Deterministic fake OpenAI streaming server for bench tests (no model needed).
+
+Honours ``max_tokens``, ``ignore_eos`` (always generates max_tokens; without it, stops early at
+``--eos-after`` tokens if set), ``stream_options.include_usage`` (a final usage-only chunk).
+Timing: ``--ttft-ms`` before the first token, ``--tpot-ms`` between tokens.  Each token is the
+word `` wN`` (one token for the whitespace tokenizer made by :func:`make_tokenizer`).
+Fault injection for failure tests: ``--fault {http500,reset,malformed,hang}`` on every
+``--fault-every`` th request.
+
+Run: ``python tests/bench/fakeserver.py --port 8123 --ttft-ms 20 --tpot-ms 5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+VOCAB = [f"w{i}" for i in range(100)]
+STATE: web.AppKey[FakeState] = web.AppKey("state", object)  # type: ignore[arg-type]
+
+
+class FakeState:
+    def __init__(self, ttft_ms: float, tpot_ms: float, fault: str | None, fault_every: int,
+                 eos_after: int | None, empty_first_chunk: bool) -> None:
+        self.ttft_s = ttft_ms / 1000.0
+        self.tpot_s = tpot_ms / 1000.0
+        self.fault = fault
+        self.fault_every = max(1, fault_every)
+        self.eos_after = eos_after
+        self.empty_first_chunk = empty_first_chunk
+        self.count = 0
+        self.bodies: list[dict] = []  # every request body, for tests that inspect prompts
+
+
+def _prompt_len(body: dict) -> int:
+    if "messages" in body:
+        return sum(len(str(m.get("content", "")).split()) for m in body["messages"])
+    p = body.get("prompt", "")
+    if isinstance(p, list):
+        return len(p) if (not p or isinstance(p[0], int)) else len(p[0])
+    return len(str(p).split())
+
+
+async def _sleep(s: float) -> None:
+    if s > 0:
+        await asyncio.sleep(s)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    st: FakeState = request.app[STATE]
+    st.count += 1
+    faulty = st.fault is not None and st.count % st.fault_every == 0
+    body = await request.json()
+    st.bodies.append(body)
+    chat = request.path.endswith("/chat/completions")
+    if faulty and st.fault == "http500":
+        return web.json_response({"error": {"message": "injected"}}, status=500)
+    n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    if not body.get("ignore_eos") and st.eos_after is not None:
+        n = min(n, st.eos_after)
+    plen = _prompt_len(body)
+    rid = f"cmpl-{st.count}"
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish: str | None = None) -> bytes:
+        if chat:
+            delta = {"content": text} if text is not None else {"role": "assistant", "content": ""}
+            ch = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            ch = {"index": 0, "text": text or "", "finish_reason": finish}
+        return b"data: " + json.dumps({"id": rid, "object": obj, "created": 0, "model": body.get("model"),
+                                       "choices": [ch]}).encode() + b"\n\n"
+
+    if st.empty_first_chunk:  # like vLLM chat's role-only first chunk
+        await resp.write(chunk(None))
+    await _sleep(st.ttft_s)
+    for i in range(n):
+        if i:
+            await _sleep(st.tpot_s)
+        if faulty and i == n // 2:
+            if st.fault == "reset":
+                request.transport.close()  # abrupt close mid-stream
+                return resp
+            if st.fault == "malformed":
+                await resp.write(b"data: {not json\n\n")
+                break
+            if st.fault == "hang":
+                await asyncio.sleep(3600)
+        await resp.write(chunk(" " + VOCAB[i % len(VOCAB)], "length" if i == n - 1 else None))
+    opts = body.get("stream_options") or {}
+    if opts.get("include_usage"):
+        usage = {"prompt_tokens": plen, "completion_tokens": n, "total_tokens": plen + n}
+        await resp.write(b"data: " + json.dumps({"id": rid, "object": obj, "created": 0, "model": body.get("model"),
+                                                 "choices": [], "usage": usage}).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model", "created": int(time.time()),
+                                                          "owned_by": "test"}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_app(ttft_ms: float = 0.0, tpot_ms: float = 0.0, fault: str | None = None, fault_every: int = 1,
+             eos_after: int | None = None, empty_first_chunk: bool = False) -> web.Application:
+    app = web.Application()
+    app[STATE] = FakeState(ttft_ms, tpot_ms, fault, fault_every, eos_after, empty_first_chunk)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    return app
+
+
+def make_tokenizer(out_dir: str | Path) -> Path:
+    """A whitespace word-level HF tokenizer whose vocabulary covers the fake server's words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[BOS]": 1, "[EOS]": 2}
+    for w in VOCAB + ["the", "of", "and", "to", "a", "in", "is"]:
+        vocab.setdefault(w, len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", bos_token="[BOS]", eos_token="[EOS]")
+    out = Path(out_dir)
+    fast.save_pretrained(str(out))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--ttft-ms", type=float, default=0.0)
+    ap.add_argument("--tpot-ms", type=float, default=0.0)
+    ap.add_argument("--fault", choices=("http500", "reset", "malformed", "hang"), default=None)
+    ap.add_argument("--fault-every", type=int, default=1)
+    ap.add_argument("--eos-after", type=int, default=None)
+    ap.add_argument("--empty-first-chunk", action="store_true")
+    a = ap.parse_args()
+    try:  # uvloop if present: the server must not be the bottleneck in ceiling runs
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(make_app(a.ttft_ms, a.tpot_ms, a.fault, a.fault_every, a.eos_after, a.empty_first_chunk),
+                host=a.host, port=a.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()
