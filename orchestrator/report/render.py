@@ -109,9 +109,12 @@ def _plot(data: ReportData, out: Path) -> Path:
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="baseline")
     for s, c in colors.items():
         ax.scatter([], [], color=c, label=s)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel("score (geomean speedup over baseline)")
-    ax.set_title(f"run {data.run['id']}: {data.run['goal_describe']}"[:90], fontsize=9)
+    ax.set_title(f"run {data.run['id']}: {data.run['goal']}"[:110], fontsize=8)
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # make `import fakeserver` work 
 @contextlib.asynccontextmanager
 async def serving(app: web.Application) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1:<free port> inside the running loop; yield its base URL."""
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)  # hung handlers: do not wait
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -1,0 +1,25 @@
+# Two entry points (see README): `make demo` and `make test`. Both set up .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_GOAL ?= beat the baseline by 20% on TPOT and throughput without accuracy loss within 12 trials
+
+.PHONY: demo test lint clean-state
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch==2.13.0 (the `serve` extra) resolves to the local CPU wheel on these machines.
+	$(PY) -m pip install -q -e '.[serve,test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/infergoal goal "$(DEMO_GOAL)"
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:dash
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check orchestrator gates tests benchmarks examples
+
+clean-state:
+	rm -rf .infergoal

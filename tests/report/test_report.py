@@ -1,0 +1,54 @@
+"""Report: markdown with the trial table, the best launch command, time breakdown and a PNG plot."""
+
+from pathlib import Path
+
+from orchestrator.goal import parse_goal
+from orchestrator.report import build_report_data, write_report
+from orchestrator.store import Store
+
+
+def _run(store):
+    goal = parse_goal("beat the baseline by 20% on TPOT and throughput within 5 trials")
+    run = store.create_run("demo", goal.text, goal.model_dump(mode="json"), goal.digest, {"name": "hfserve-tiny"}, {}, "local", "search")
+    rows = [
+        (0, "kept", 1.0, {"batching": "off"}, {"decode:tpot_ms_p50": 10.0, "throughput:output_throughput": 100.0}, None),
+        (1, "failed", None, {"batching": "on", "max_batch_size": 64}, {}, "ServerCrashed: out of memory"),
+        (2, "kept", 2.0, {"batching": "on"}, {"decode:tpot_ms_p50": 5.0, "throughput:output_throughput": 200.0}, None),
+        (3, "invalid", None, {"batching": "on", "dtype": "int2"}, {}, "accuracy gate: kl 3.1 > 0.05"),
+    ]
+    for n, status, score, knobs, obj, error in rows:
+        t = store.create_trial(run.id, n, commit="abc", knobs=knobs, rationale="", proposer="search")
+        store.start_trial(t.id, f"python server.py --port 80{n} --batching {knobs['batching']}", None)
+        timings = {"propose": 0.1, "deploy": 5.0, "gates": 2.0, "bench": 10.0, "teardown": 0.5, "record": 0.05}
+        timings["total"] = sum(timings.values()) + 0.2
+        store.finish_trial(t.id, status, score=score, objective=obj, error=error, timings=timings)
+        if n == 2:
+            store.set_best_trial(run.id, t.id)
+        if n == 3:
+            store.add_gate_result(t.id, "accuracy", "fail", "kl 3.1 > 0.05", {}, 1.0)
+    store.set_run_status(run.id, "finished", "BudgetExhausted: 4 trials")
+    return run.id
+
+
+def test_report_data_and_overhead():
+    store = Store("sqlite://")
+    d = build_report_data(store, _run(store))
+    assert d.best["number"] == 2 and d.baseline["number"] == 0
+    tpot, thr = d.objectives
+    assert tpot["speedup"] == 2.0 and tpot["met"] and thr["speedup"] == 2.0 and thr["met"]
+    assert tpot["target"] == 8.0 and thr["target"] == 120.0
+    # overhead = total - (deploy + gates + bench + teardown) = propose + record + unaccounted
+    assert abs(d.overhead_s - 4 * (0.1 + 0.05 + 0.2)) < 1e-9
+    assert 0 < d.overhead_pct < 5
+    assert d.gate_rejections == [{"trial": 3, "gate": "accuracy", "status": "fail", "reason": "kl 3.1 > 0.05"}]
+
+
+def test_report_files(tmp_path: Path):
+    store = Store("sqlite://")
+    md = write_report(store, _run(store), tmp_path).read_text()
+    png = tmp_path / "speedup.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert "python server.py --port 802 --batching on" in md  # the best launch command, runnable
+    assert "| 1 | failed |" in md and "ServerCrashed: out of memory" in md
+    assert "| 3 | invalid |" in md and "Gate findings" in md
+    assert "Orchestrator overhead" in md and "![speedup per trial](speedup.png)" in md

@@ -1,0 +1,41 @@
+"""Target specs: loading, knob validation, launch rendering, clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.targets import TargetError, load_target
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "targets"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_example_targets_load_and_render(path):
+    t = load_target(path)
+    argv = t.render(t.baseline_knobs(), port=8123, model="/models/m", source=t.source)
+    assert "8123" in argv and "/models/m" in argv
+    assert Path(t.source).is_dir()
+
+
+def test_knob_validation():
+    t = load_target(EXAMPLES / "hfserve.toml")
+    assert t.validate_knobs({"batching": "on"})["batching"] == "on"
+    assert t.validate_knobs({}) == t.baseline_knobs()
+    with pytest.raises(TargetError, match="unknown knob"):
+        t.validate_knobs({"warp_speed": 9})
+    with pytest.raises(TargetError, match="not one of"):
+        t.validate_knobs({"dtype": "int1"})
+    with pytest.raises(TargetError, match="outside"):
+        t.validate_knobs({"max_batch_size": 4096})
+
+
+def test_bad_target_files(tmp_path):
+    with pytest.raises(TargetError, match="does not exist"):
+        load_target(tmp_path / "missing.toml")
+    f = tmp_path / "t.toml"
+    f.write_text('name = "x"\nlaunch = "run"\n[knobs.a]\ntype = "categorical"\nchoices = [1, 2]\ndefault = 3\n')
+    with pytest.raises(TargetError, match="knobs.a"):
+        load_target(f)
+    f.write_text('name = "x"\nlaunch = "run --port {{ port }} --x {{ nope }}"\n')
+    with pytest.raises(TargetError, match="undefined variable"):
+        load_target(f).render({}, port=1, model="m", source=".")
