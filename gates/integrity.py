@@ -92,7 +92,9 @@ def _probe_lengths(base_url: str, model: str, prompt_ids: list[int], n: int, tim
     events = post_stream(base_url, "/v1/completions", {
         "model": model, "prompt": prompt_ids, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
         "stream": True, "stream_options": {"include_usage": True}}, timeout=timeout)
-    chunks = [e for e in events if e.get("choices")]
+    # A token chunk carries text; the closing chunk (empty text + finish_reason) is not a token.
+    chunks = [e for e in events if e.get("choices")
+              and (e["choices"][0].get("text") or e["choices"][0].get("finish_reason") is None)]
     usages = [e["usage"] for e in events if e.get("usage")]
     reply, _ = _completion(base_url, model, prompt_ids, n, timeout, logprobs=1, return_tokens_as_token_ids=True)
     tokens = ((reply["choices"][0].get("logprobs") or {}).get("tokens")) or []

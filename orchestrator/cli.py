@@ -15,7 +15,14 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 __all__ = ["app"]
@@ -36,7 +43,7 @@ gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_ar
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class _State:
@@ -62,8 +69,8 @@ def _ws() -> Any:
 
 
 def _store() -> Any:
-    from orchestrator.store import StoreError
     from orchestrator.runs import open_store
+    from orchestrator.store import StoreError
 
     try:
         return open_store(_ws())
@@ -193,6 +200,12 @@ def goal(
     extra += [f"seed={seed}"] if seed is not None else []
     STATE.overrides = [*STATE.overrides, *extra]
     ws = _ws()
+    from orchestrator.targets import TargetError, load_target
+
+    try:
+        load_target(ws.target_path)  # a bad target is refused before anything starts
+    except TargetError as e:
+        _fail(str(e))
     if not as_json:
         console.print(f"[bold]goal:[/] {spec.describe()}", highlight=False)
     outcome = _drive(lambda **kw: start_run(ws, spec, name=name, **kw), spec.budget.trials, as_json)

@@ -7,6 +7,7 @@ store before the next one is taken; `resume` needs nothing else.
 
 from __future__ import annotations
 
+import errno
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,14 @@ class Controller:
         except KeyboardInterrupt:
             self.store.set_run_status(run_id, "stopped", stop_reason="interrupted; `infergoal resume` continues")
             raise
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            try:  # the database may sit on the same full disk
+                self.store.set_run_status(run_id, "stopped", stop_reason="disk full; free space, then `infergoal resume`")
+            except Exception:  # noqa: BLE001
+                pass
+            raise OSError(e.errno, f"disk full ({e.filename or e}); free space, then `infergoal resume` continues the run") from e
 
     # --- one trial -----------------------------------------------------------------------
     def _create(self, c: Candidate) -> Any:

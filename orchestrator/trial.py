@@ -7,6 +7,7 @@ verdict — kept or discarded — is the controller's, because it depends on the
 
 from __future__ import annotations
 
+import errno
 import shlex
 import time
 from collections.abc import Callable
@@ -128,7 +129,8 @@ def run_trial(
     except HostError as e:
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
     except Exception as e:  # noqa: BLE001 - a broken candidate must not kill the run
-        if type(e).__name__ == "GateTampered":
+        # A tampered gate or a full disk is the run's problem, not this candidate's.
+        if type(e).__name__ == "GateTampered" or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
             raise
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
     finally:

@@ -5,10 +5,10 @@ Every field can be overridden on the command line with `-o a.b=value` (e.g. `-o 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["BenchConfig", "Config", "ConfigError", "Workspace", "apply_overrides"]

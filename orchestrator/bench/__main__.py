@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from .loadgen import run_scenario_sync
 from .results import write_exports
-from .scenarios import Scenario, builtin_scenarios
+from .scenarios import Scenario, builtin_scenarios, load_trace
 
 _SHOWN = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
           "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p50",
@@ -55,6 +55,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
                                          "arrival") if getattr(args, k) is not None}
     if args.trace:
         upd.update(trace_path=args.trace, arrival="trace")
+        if args.num_requests is None:  # replay the whole trace unless told otherwise
+            upd["num_requests"] = len(load_trace(args.trace))
     return sc.model_copy(update=upd) if upd else sc
 
 

@@ -24,10 +24,16 @@ try:  # orjson is ~3x faster per chunk; the stdlib is the fallback
     import orjson
 
     _loads = orjson.loads
+    _dumps = orjson.dumps
 except ImportError:  # pragma: no cover
     import json
 
     _loads = json.loads
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 _now = time.perf_counter_ns
 
@@ -60,13 +66,18 @@ def _content(ev: dict[str, Any], chat: bool) -> str:
     return c0.get("text") or ""
 
 
-async def send_request(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | dict[str, Any],
                        rec: RequestRecord, *, chat: bool, timeout_s: float) -> RequestRecord:
-    """Stream one request, filling ``rec``.  Never raises (except cancellation)."""
+    """Stream one request, filling ``rec``.  Never raises (except cancellation).
+
+    ``body`` should be pre-encoded JSON bytes so serialization stays outside the timed window.
+    """
     parts: list[str] = []
+    data = body if isinstance(body, bytes) else _dumps(body)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     rec.t_sent_ns = _now()
     try:
-        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.post(url, data=data, headers=_JSON_HEADERS, timeout=timeout) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
                 rec.error = f"http_{resp.status}"
@@ -215,8 +226,8 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
     offsets = arrival_offsets(scenario, len(prompts))
     warm = [factory.make(i, warmup=True) for i in range(scenario.warmup_requests)]
 
-    def mk(ps: list[Prompt]) -> tuple[list[dict], list[RequestRecord]]:
-        return ([build_payload(api, model, p) for p in ps],
+    def mk(ps: list[Prompt]) -> tuple[list[bytes], list[RequestRecord]]:
+        return ([_dumps(build_payload(api, model, p)) for p in ps],
                 [RequestRecord(index=i, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens)
                  for i, p in enumerate(ps)])
 
@@ -250,6 +261,7 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
 
 def run_scenario_sync(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
                       api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
-    """Blocking wrapper around :func:`run_scenario` (own event loop)."""
+    """Blocking wrapper around :func:`run_scenario` (own stdlib event loop; uvloop was not
+    consistently faster in the client-ceiling runs, see docs/benchmarks.md)."""
     return asyncio.run(run_scenario(base_url, model, scenario, tokenizer=tokenizer, api=api,
                                     timeout_s=timeout_s))

@@ -8,6 +8,8 @@ read back from ``usage.prompt_tokens``.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +39,18 @@ class Prompt:
 
 
 def load_tokenizer(tokenizer: Any) -> Any:
-    """Accept a tokenizer object or a path to a tokenizer directory (loaded lazily)."""
+    """Accept a tokenizer object or a path to a tokenizer directory (loaded lazily, cached)."""
     if tokenizer is None or not isinstance(tokenizer, str | bytes) and not hasattr(tokenizer, "__fspath__"):
         return tokenizer
+    return _load_path(os.fsdecode(tokenizer))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_path(path: str) -> Any:
+    # One load per path per process: the controller runs several scenarios per trial.
     from transformers import AutoTokenizer  # lazy: heavy import, optional dependency
 
-    return AutoTokenizer.from_pretrained(str(tokenizer))
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _allowed_ids(tokenizer: Any) -> np.ndarray:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["Knob", "TargetError", "TargetSpec", "load_target"]

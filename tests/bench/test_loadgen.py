@@ -119,3 +119,29 @@ def test_trace_replay(tmp_path) -> None:
     assert [r.usage_prompt_tokens for r in res.requests] == [10, 12, 6]
     assert [r.osl for r in res.requests] == [2, 3, 1]
     assert res.metrics["duration_s"] >= 0.2
+
+
+def test_prompt_factory_seeded_and_warmup_separate(tmp_path) -> None:
+    from orchestrator.bench.prompts import PromptFactory
+
+    tok = fakeserver.make_tokenizer(tmp_path / "tok")
+    sc = Scenario(name="pf", prompt_tokens=10, output_tokens=2, seed=5, prefix_tokens=4)
+    a, b = PromptFactory(sc, None), PromptFactory(sc, None)
+    assert a.make(3).prompt == b.make(3).prompt  # same seed -> same prompts
+    assert a.make(3).prompt != a.make(4).prompt
+    assert len(str(a.make(0).prompt).split()) == 10
+    assert a.make(0, warmup=True).prompt != a.make(0).prompt  # warmup primes no prefix cache
+    from orchestrator.bench.prompts import load_tokenizer
+
+    t = load_tokenizer(str(tok))
+    chat = PromptFactory(sc, t, text=True).make(1)
+    assert isinstance(chat.prompt, str)
+    assert len(t.encode(chat.prompt, add_special_tokens=False)) == 10  # exact after re-encoding
+
+
+def test_prefill_one_token_end_to_end() -> None:
+    sc = Scenario(name="pre", prompt_tokens=64, output_tokens=1, num_requests=3, warmup_requests=1)
+    res = run(fakeserver.make_app(ttft_ms=15), sc)
+    m = res.metrics
+    assert m["completed"] == 3 and m["tpot_ms_count"] == 0 and m["itl_ms_count"] == 0
+    assert m["e2e_ms_mean"] == pytest.approx(m["ttft_ms_mean"])

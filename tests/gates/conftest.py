@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "examples" / "hfserve" / "server.py"
 CHEATS = Path(__file__).with_name("cheats.py")
+SERVED_NAME = "tiny"
 PROXY_MODES = ("passthrough", "constant", "ignore_max_tokens", "cache", "lie_usage", "wrong_model_name")
 
 
@@ -93,9 +94,9 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def model_variants(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Name -> folder: the honest model and every damaged copy."""
-    from orchestrator.models.forge import cached_model
+    import damage
 
-    from tests.gates import damage
+    from orchestrator.models.forge import MODEL_INFO_FILE, cache_root, make_model
 
     base = tmp_path_factory.mktemp("variants")
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -106,9 +107,17 @@ def model_variants(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
         "quant3": damage.quantize(model_dir, base / "quant3", bits=3),
         "quant6": damage.quantize(model_dir, base / "quant6", bits=6),
         "rope": damage.wrong_rope(model_dir, base / "rope", theta=float(theta) * 10),
-        # A different (cheaper) model passed off as the declared one: other seed, less training.
-        "other_model": cached_model("tiny", seed=1),
+        "other_model": _other_model(cache_root(), make_model, MODEL_INFO_FILE),
     }
+
+
+def _other_model(root: Path, make_model: Callable[..., Path], info_file: str) -> Path:
+    """A different, cheaper model passed off as the declared one (other seed, a fifth of the
+    training), kept in the forge cache so later sessions skip the build."""
+    out = root / "gatetest-tiny-seed1-steps60"
+    if not (out / info_file).exists():
+        make_model(out, preset="tiny", seed=1, train_steps=60)
+    return out
 
 
 # name -> (variant, extra server args). fp32/unbatched is the naive baseline configuration.
@@ -135,7 +144,9 @@ def fleet(model_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     try:
         for name, (variant, extra) in SERVER_SPECS.items():
             port = free_port()
-            argv = [sys.executable, str(SERVER), "--model", str(model_variants[variant]), "--port", str(port), *extra]
+            # Every candidate declares the same name: a damaged model is passed off as the real one.
+            argv = [sys.executable, str(SERVER), "--model", str(model_variants[variant]), "--port", str(port),
+                    "--served-model-name", SERVED_NAME, *extra]
             started[name] = Served(f"http://127.0.0.1:{port}", _spawn(argv, logs / f"{name}.log"),
                                    model_variants[variant])
         for name, s in started.items():

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator.hosts import LocalHost, ServerCrashed, ServerTimeout, get_host, HostError
+from orchestrator.hosts import HostError, LocalHost, ServerCrashed, ServerTimeout, get_host
 
 
 def _http_server(port: int) -> list[str]:

@@ -1,0 +1,133 @@
+"""Measure what the hfserve knobs buy: single-request TPOT and throughput at concurrency 8.
+
+    python benchmarks/hfserve_knobs.py [--model DIR] [--tokens 64] [--concurrency 8] [--extra]
+
+Starts examples/hfserve/server.py once per knob set, streams requests with aiohttp, and
+prints one row per configuration (plus ``--json PATH``). Without ``--model`` it uses the
+forge's cached tiny model. Numbers are client-side, like the real bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+SERVER = Path(__file__).resolve().parents[1] / "examples" / "hfserve" / "server.py"
+PROMPT = "def parse_args(argv=None):\n    \"\"\"Parse the command line arguments and return a namespace.\"\"\"\n"
+
+CONFIGS: dict[str, list[str]] = {
+    "baseline": [],
+    "manual": ["--decode-loop", "manual"],
+    "manual+batching": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "16"],
+}
+EXTRA: dict[str, list[str]] = {
+    "manual+batching+eager": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "16",
+                              "--attn", "eager"],
+    "manual+bf16": ["--decode-loop", "manual", "--dtype", "bfloat16"],
+    "manual+threads1": ["--decode-loop", "manual", "--threads", "1"],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _one(session: aiohttp.ClientSession, url: str, tokens: int) -> tuple[float, float, int]:
+    """Stream one request; return (ttft_s, e2e_s, completion_tokens)."""
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft = last = None
+    n = 0
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if d.get("usage"):
+                n = d["usage"]["completion_tokens"]
+            if d["choices"] and d["choices"][0]["text"]:
+                last = time.perf_counter()
+                ttft = ttft if ttft is not None else last - t0
+    return ttft or 0.0, (last or time.perf_counter()) - t0, n
+
+
+async def measure(url: str, tokens: int, concurrency: int, repeats: int) -> dict[str, float]:
+    """Single-request TPOT (median of ``repeats``) and output throughput at ``concurrency``."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+        await _one(s, url, 4)  # warm-up
+        tpots, ttfts = [], []
+        for _ in range(repeats):
+            ttft, e2e, n = await _one(s, url, tokens)
+            tpots.append((e2e - ttft) / max(1, n - 1))
+            ttfts.append(ttft)
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*[_one(s, url, tokens) for _ in range(2 * concurrency)])
+        dur = time.perf_counter() - t0
+    return {"tpot_ms": 1000 * statistics.median(tpots), "ttft_ms": 1000 * statistics.median(ttfts),
+            "throughput_tok_s": sum(r[2] for r in results) / dur,
+            "conc_tpot_ms": 1000 * statistics.median((r[1] - r[0]) / max(1, r[2] - 1) for r in results)}
+
+
+def run_config(model: str, knobs: list[str], args: argparse.Namespace) -> dict[str, float]:
+    """Launch the server with ``knobs``, measure, stop it."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--model", model, "--port", str(port), *knobs],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # the server prints this once it listens
+            if line.startswith("infergoal-hfserve ready"):
+                break
+        else:
+            raise RuntimeError("server exited before becoming ready")
+        return asyncio.run(measure(f"http://127.0.0.1:{port}", args.tokens, args.concurrency, args.repeats))
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def main() -> None:
+    """Run every configuration and print a table."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--extra", action="store_true", help="also measure dtype/threads/attn variants")
+    ap.add_argument("--only", nargs="*", default=None, help="names of configurations to run")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.model is None:
+        from orchestrator.models import default_model
+
+        args.model = str(default_model())
+    configs = {**CONFIGS, **(EXTRA if args.extra else {})}
+    if args.only:
+        configs = {k: v for k, v in configs.items() if k in args.only}
+    rows = {}
+    c = args.concurrency
+    print(f"{'config':<24}{'TPOT ms (c=1)':>14}{'TTFT ms (c=1)':>14}{f'tok/s (c={c})':>14}{f'TPOT ms (c={c})':>15}",
+          flush=True)
+    for name, knobs in configs.items():
+        r = rows[name] = run_config(args.model, knobs, args)
+        print(f"{name:<24}{r['tpot_ms']:>14.2f}{r['ttft_ms']:>14.2f}{r['throughput_tok_s']:>14.1f}"
+              f"{r['conc_tpot_ms']:>15.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "tokens": args.tokens,
+                                               "concurrency": args.concurrency, "results": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""End-to-end tests of examples/hfserve/server.py with the real `openai` client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from orchestrator.models.forge import make_model  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SERVER = Path(__file__).resolve().parents[2] / "examples" / "hfserve" / "server.py"
+PROMPTS = ["def foo(self):\n    ", "import os\n", "class A:\n", "    return", "# Copyright",
+           "x = [", "if __name__", '"""Docs']
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("hfserve") / "tiny", preset="tiny", train_steps=60)
+
+
+def _start(model: Path, *knobs: str) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--model", str(model), "--port", str(port), *knobs],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "server exited early"
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "server never became healthy"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def baseline(model_dir: Path) -> Iterator[str]:
+    yield from _start(model_dir)
+
+
+@pytest.fixture(scope="module")
+def batched(model_dir: Path) -> Iterator[str]:
+    yield from _start(model_dir, "--decode-loop", "manual", "--batching", "on", "--max-batch-size", "8")
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_models_list(baseline: str, model_dir: Path) -> None:
+    ids = [m.id for m in _client(baseline).models.list().data]
+    assert ids == [model_dir.name]
+
+
+def test_completion_non_stream(baseline: str, model_dir: Path) -> None:
+    r = _client(baseline).completions.create(model=model_dir.name, prompt="def main():\n", max_tokens=7,
+                                             temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 7 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+    assert isinstance(r.choices[0].text, str) and r.choices[0].finish_reason == "length"
+
+
+def test_completion_stream_usage(baseline: str, model_dir: Path) -> None:
+    stream = _client(baseline).completions.create(
+        model=model_dir.name, prompt="import sys\n", max_tokens=9, temperature=0.8, seed=1, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    token_chunks = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
+    assert len(token_chunks) == 9  # one chunk per token, nothing buffered
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 9
+
+
+def test_chat_stream(baseline: str, model_dir: Path) -> None:
+    stream = _client(baseline).chat.completions.create(
+        model=model_dir.name, messages=[{"role": "user", "content": "Write a function."}], max_tokens=6,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == 6
+    assert sum(1 for c in chunks if c.choices and c.choices[0].finish_reason is None) == 7  # role + 6
+
+
+def test_logprobs(baseline: str, model_dir: Path) -> None:
+    c = _client(baseline)
+    r = c.completions.create(model=model_dir.name, prompt="def f(", max_tokens=4, temperature=0, logprobs=3,
+                             extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 4 and all(v <= 0 for v in lp.token_logprobs)
+    # Greedy: the chosen token is the most likely one.
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 3 and max(top.values()) == pytest.approx(val) and tok in top
+    chat = c.chat.completions.create(model=model_dir.name, messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=3, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content)
+
+
+def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+    return [lp[i - 1, ids[i]].item() for i in range(1, len(ids))]
+
+
+def test_echo_teacher_forced_logprobs(baseline: str, model_dir: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    text = "def add(a, b):\n    return a + b\n"
+    ids = tok(text)["input_ids"]
+    ref = _reference_logprobs(model_dir, ids)
+    c = _client(baseline)
+    for max_tokens in (0, 1):
+        r = c.completions.create(model=model_dir.name, prompt=text, max_tokens=max_tokens, echo=True, logprobs=2,
+                                 temperature=0)
+        lp = r.choices[0].logprobs
+        assert r.choices[0].text.startswith(text)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        got = lp.token_logprobs[1:len(ids)]
+        assert got == pytest.approx(ref, abs=1e-3)
+        assert len(lp.tokens) == len(ids) + max_tokens
+    # Token-id prompt and token-id strings (vLLM's return_tokens_as_token_ids).
+    r = c.completions.create(model=model_dir.name, prompt=ids, max_tokens=0, echo=True, logprobs=1,
+                             extra_body={"return_tokens_as_token_ids": True})
+    lp = r.choices[0].logprobs
+    assert lp.tokens == [f"token_id:{i}" for i in ids]
+    assert all(k.startswith("token_id:") for d in lp.top_logprobs[1:] for k in d)
+    assert lp.token_logprobs[1:] == pytest.approx(ref, abs=1e-3)
+
+
+def test_errors(baseline: str, model_dir: Path) -> None:
+    c = _client(baseline)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=model_dir.name, prompt="x", max_tokens=5000)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=model_dir.name, prompt="x " * 3000, max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=model_dir.name, prompt="x", max_tokens=2, temperature=-1)
+    req = urllib.request.Request(baseline + "/v1/completions", data=b"{not json", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 400
+
+
+def test_batched_matches_unbatched(baseline: str, batched: str, model_dir: Path) -> None:
+    def run(url: str, prompt: str) -> tuple[str, list[float]]:
+        r = _client(url).completions.create(model=model_dir.name, prompt=prompt, max_tokens=16, temperature=0,
+                                            logprobs=1, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 16
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = list(pool.map(lambda p: run(batched, p), PROMPTS))
+    want = [run(baseline, p) for p in PROMPTS]
+    for (gt, gl), (wt, wl) in zip(got, want, strict=True):
+        assert gl == pytest.approx(wl, abs=1e-3)
+        assert gt == wt

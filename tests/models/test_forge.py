@@ -1,0 +1,76 @@
+"""Tests of the model forge: a trained tiny model that transformers loads, and the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from orchestrator.models import forge  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+STEPS = 120  # enough to peak the distributions; the preset's full run takes ~1-2 min
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return forge.make_model(tmp_path_factory.mktemp("forge") / "tiny", preset="tiny", seed=0, train_steps=STEPS)
+
+
+def test_folder_layout_and_info(tiny: Path) -> None:
+    for name in ("config.json", "tokenizer.json", "model.safetensors", forge.MODEL_INFO_FILE):
+        assert (tiny / name).exists(), name
+    info = json.loads((tiny / forge.MODEL_INFO_FILE).read_text())
+    assert info["preset"] == "tiny" and info["seed"] == 0 and info["forge_version"] == forge.FORGE_VERSION
+    assert info["final_loss"] < info["ln_vocab"] - 1.5  # clearly learned something
+
+
+def test_tokenizer_round_trip_and_chat_template(tiny: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    text = "def f(x):\n    return {'a': x ** 2}  # ünïcode ✓\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok.eos_token and tok.pad_token
+    rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                       tokenize=False)
+    assert "hi" in rendered and rendered.endswith("<|assistant|>\n")
+
+
+def test_model_is_peaked_on_heldout_text(tiny: Path) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(tiny)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    _, held = forge.corpus_split()
+    ids = torch.tensor([tok(held[0][:4000])["input_ids"][:256]])
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    vocab = model.config.vocab_size
+    mean_max = probs.max(dim=-1).values.mean().item()
+    assert mean_max > 20.0 / vocab, mean_max  # random weights sit near 1/vocab
+    nll = -torch.log(probs[:-1].gather(-1, ids[0, 1:, None])).mean().item()
+    assert nll < math.log(vocab) - 1.0
+
+
+def test_default_model_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERGOAL_CACHE", str(tmp_path))
+    # A short recipe keeps the test fast; caching logic does not depend on the step count.
+    monkeypatch.setitem(forge.PRESETS, "tiny", dataclasses.replace(forge.PRESETS["tiny"], train_steps=5))
+    first = forge.default_model()
+    assert first.parent == tmp_path / "models" and (first / "config.json").exists()
+    t0 = time.monotonic()
+    second = forge.default_model()
+    assert second == first and time.monotonic() - t0 < 1.0
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".tiny") and p.is_dir()]  # no temp left
+
+
+def test_unknown_preset_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        forge.make_model(tmp_path, preset="nope")

@@ -1,0 +1,113 @@
+"""The whole loop on real components: the hfserve server, real gates, real bench, SQLite store.
+
+Slow (each trial launches a real server). The kill -9 test drives the CLI as real subprocesses.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.goal import parse_goal
+from orchestrator.hosts.local import listening_pids
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+pytestmark = pytest.mark.slow
+
+FAST = ["bench.scale=0.25", "bench.baseline_repeats=1"]
+STEPS = [
+    {"knobs": {"decode_loop": "manual"}, "rationale": "own decode loop"},
+    {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"},
+    {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 16, "threads": 1}, "rationale": "one thread"},
+]
+
+
+def _ws(tmp_path, steps=STEPS, extra=()):
+    f = tmp_path / "steps.json"
+    f.write_text(json.dumps(steps))
+    return Workspace(tmp_path, [*(f"{o}" for o in FAST), f'proposer="scripted:{f}"', *extra])
+
+
+def test_loop_end_to_end(tmp_path, tiny_model):
+    ws = _ws(tmp_path)
+    goal = parse_goal("beat the baseline by 20% on TPOT and throughput without accuracy loss within 4 trials")
+    seen = []
+    outcome = start_run(ws, goal, on_trial=seen.append)
+    store = Store(ws.db_url)
+    trials = store.list_trials(outcome.run_id)
+    assert [t.number for t in seen] == [t.number for t in trials]
+    assert trials[0].status == "kept" and trials[0].score == 1.0
+    assert all(t.status in ("kept", "discarded", "failed", "invalid", "needs_approval") for t in trials)
+    for t in trials:
+        assert {"deploy", "gates", "bench", "teardown", "record", "total"} <= set(t.timings), t.timings
+        gates = {g.gate: g.status for g in store.gate_results(t.id)}
+        assert gates.get("integrity") == "pass" and gates.get("accuracy") in ("pass", "drift"), (t.number, gates)
+        assert Path(t.log_path).is_file() and t.launch_cmd
+        assert {m.scenario for m in store.measurements(t.id)} == {"decode", "throughput"}
+    best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
+    assert best.number > 0 and best.score > 1.2, "batching + own decode loop must beat the naive baseline"
+    assert outcome.stop_reason.startswith(("GoalMet", "BudgetExhausted", "ProposerExhausted"))
+
+
+def _wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_kill_minus_9_mid_trial_then_resume(tmp_path, tiny_model):
+    ws = _ws(tmp_path)
+    steps = tmp_path / "steps.json"
+    cli = [sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), *sum((["-o", o] for o in FAST), []),
+           "-o", f'proposer="scripted:{steps}"']
+    goal = "beat the baseline by 50% on TPOT and throughput within 3 trials"
+    p = subprocess.Popen([*cli, "goal", goal, "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    db = Store(ws.db_url) if (tmp_path / ".infergoal" / "infergoal.db").exists() else None
+
+    def trial1_running():
+        nonlocal db
+        if db is None:
+            if not (tmp_path / ".infergoal" / "infergoal.db").exists():
+                return None
+            db = Store(ws.db_url)
+        run = db.latest_run()
+        t = run and db.get_trial_by_number(run.id, 1)
+        return t if t and t.status == "running" and t.launch_cmd else None
+
+    t1 = _wait_for(trial1_running, 240, "trial #1 to start")
+    port = int(t1.launch_cmd.split("--port ")[1].split()[0])
+    _wait_for(lambda: listening_pids(port), 60, "trial #1's server to listen")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    # The server dies with the orchestrator (PDEATHSIG); no orphan holds the port.
+    _wait_for(lambda: not listening_pids(port), 15, "the orphaned server to go away")
+    run_id = db.latest_run().id
+    assert db.get_trial_by_number(run_id, 1).status == "running"
+
+    r = subprocess.run([*cli, "resume", "--json", "--no-report"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["run"] == run_id
+    trials = db.list_trials(run_id)
+    numbers = [t.number for t in trials]
+    assert numbers == list(range(len(numbers))), "no gaps, no duplicates"
+    assert all(t.status not in ("pending", "running") for t in trials)
+    knob_sets = [json.dumps(t.knobs, sort_keys=True) for t in trials if t.proposer != "confirm"]
+    assert len(knob_sets) == len(set(knob_sets)), "the interrupted trial was re-run, not duplicated"
+    t1 = db.get_trial_by_number(run_id, 1)
+    assert t1.knobs["decode_loop"] == "manual" and t1.rationale == "own decode loop"
+    reps = [(m.scenario, m.metric, m.repeat) for m in db.measurements(t1.id)]
+    assert len(reps) == len(set(reps)), "partial measurements of the killed attempt were cleared"
+    assert [e.kind for e in db.events(run_id, kind="resume")], "the resume is in the audit log"
+    assert db.get_run(run_id).status == "finished"
