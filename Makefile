@@ -16,7 +16,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/infergoal goal "$(DEMO_GOAL)"
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -p no:dash
+	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check orchestrator gates tests benchmarks examples

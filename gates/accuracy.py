@@ -94,22 +94,21 @@ def coarse_kl(ref_logprobs: Any, served: Mapping[int, float]) -> float:
     return max(kl, 0.0)
 
 
-def _parse_id(token: str, tokenizer: Any) -> int:
+def _parse_id(token: str) -> int:
     if token.startswith("token_id:"):
         return int(token.split(":", 1)[1])
     raise ValueError(f"server returned token {token!r} instead of 'token_id:N'")
 
 
-def _served_logprobs(base_url: str, model: str, ids: list[int], k: int, tokenizer: Any, timeout: float,
-                     ) -> tuple[list[float | None], list[dict[int, float] | None]]:
+def _served_logprobs(base_url: str, model: str, ids: list[int], k: int, timeout: float) -> tuple[list[float | None], list[dict[int, float] | None]]:
     body = {"model": model, "prompt": ids, "echo": True, "logprobs": k, "max_tokens": 0,
             "temperature": 0.0, "return_tokens_as_token_ids": True}
     reply, _ = post_json(base_url, "/v1/completions", body, timeout=timeout)
     lp = reply["choices"][0]["logprobs"]
-    tokens = [_parse_id(t, tokenizer) for t in lp["tokens"][: len(ids)]]
+    tokens = [_parse_id(t) for t in lp["tokens"][: len(ids)]]
     if tokens != ids:
         raise ValueError("echoed prompt tokens differ from the ids sent (server re-tokenized or altered the prompt)")
-    tops = [None if t is None else {_parse_id(key, tokenizer): float(v) for key, v in t.items()}
+    tops = [None if t is None else {_parse_id(key): float(v) for key, v in t.items()}
             for t in lp["top_logprobs"][: len(ids)]]
     token_lps = [None if v is None else float(v) for v in lp["token_logprobs"][: len(ids)]]
     return token_lps, tops
@@ -195,7 +194,7 @@ def check(
     for window in windows:
         ids = ([bos] if bos is not None else []) + window
         try:
-            token_lps, tops = _served_logprobs(base_url, served_model, ids, k, tok, float(cfg["timeout_s"]))
+            token_lps, tops = _served_logprobs(base_url, served_model, ids, k, float(cfg["timeout_s"]))
         except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
             return done("fail", f"echo logprobs request failed: {exc}")
         with torch.no_grad():

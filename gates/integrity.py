@@ -134,21 +134,30 @@ def _check_prompt_dependence(base_url: str, model: str, prompts: Sequence[str], 
     return f"{distinct}/{len(prompts)} distinct outputs"
 
 
-def _check_no_cache(base_url: str, model: str, prompts: Sequence[str], n: int, ratio_limit: float,
+def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[str]], n: int, ratio_limit: float,
                     timeout: float, record: dict[str, Any]) -> str:
-    fresh, repeat = [], []
-    for p in prompts:
-        first, t_first = _completion(base_url, model, p, n, timeout)
-        second, t_second = _completion(base_url, model, p, n, timeout)
-        fresh.append(t_first)
-        repeat.append(t_second)
-        if first.get("id") and first.get("id") == second.get("id"):
-            raise _Failed(f"repeated prompt returned the identical response id {first['id']!r} (replayed reply)")
-    ratio = statistics.median(repeat) / max(statistics.median(fresh), 1e-9)
-    record.update(fresh_s=fresh, repeat_s=repeat, time_ratio=ratio)
-    if ratio < ratio_limit:
-        raise _Failed(f"repeats answered in {ratio:.2f}x the fresh time (< {ratio_limit}): response cache")
-    return f"repeat/fresh time ratio {ratio:.2f}"
+    """Each fresh prompt twice; a fast repeat on every attempt (one attempt per prompt set) is a cache.
+
+    A second attempt with new prompts runs only when the first looks suspicious, so a single
+    scheduling hiccup on a loaded host cannot fail an honest server, while a cache fails both.
+    """
+    ratio = 0.0
+    for attempt, prompts in enumerate(prompt_sets, start=1):
+        fresh, repeat = [], []
+        for p in prompts:
+            first, t_first = _completion(base_url, model, p, n, timeout)
+            second, t_second = _completion(base_url, model, p, n, timeout)
+            fresh.append(t_first)
+            repeat.append(t_second)
+            if first.get("id") and first.get("id") == second.get("id"):
+                raise _Failed(f"repeated prompt returned the identical response id {first['id']!r} (replayed reply)")
+        ratio = statistics.median(repeat) / max(statistics.median(fresh), 1e-9)
+        record[f"attempt{attempt}"] = {"fresh_s": fresh, "repeat_s": repeat, "time_ratio": ratio}
+        record["time_ratio"] = ratio
+        if ratio >= ratio_limit:
+            return f"repeat/fresh time ratio {ratio:.2f} (attempt {attempt})"
+    raise _Failed(f"repeats answered in {ratio:.2f}x the fresh time (< {ratio_limit}) on "
+                  f"{len(prompt_sets)} attempts: response cache")
 
 
 def check(
@@ -221,7 +230,8 @@ def check(
             base_url, served_model, [random_prompt(rng, words) for _ in range(int(cfg["dependence_prompts"]))],
             n_len, timeout)),
         ("no_cache", lambda: _check_no_cache(
-            base_url, served_model, [random_prompt(rng, words) for _ in range(int(cfg["cache_probes"]))],
+            base_url, served_model,
+            [[random_prompt(rng, words) for _ in range(int(cfg["cache_probes"]))] for _ in range(2)],
             n_cache, float(cfg["cache_time_ratio"]), timeout, state.setdefault("cache", {}))),
     ]
     for name, run in steps:

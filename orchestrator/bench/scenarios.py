@@ -71,7 +71,7 @@ class Scenario(BaseModel):
             "output_tokens": s(self.output_tokens) if self.output_tokens > 1 else self.output_tokens,
             "num_requests": s(self.num_requests),
             "prefix_tokens": s(self.prefix_tokens, 0) if self.prefix_tokens else 0,
-            "warmup_requests": s(self.warmup_requests, 0) if self.warmup_requests else 0,
+            "warmup_requests": s(self.warmup_requests) if self.warmup_requests else 0,  # keep >= 1
         }
         if self.concurrency > 1:
             upd["concurrency"] = s(self.concurrency)

@@ -26,8 +26,9 @@ def test_closed_loop_success_and_timing() -> None:
     m = res.metrics
     assert m["completed"] == 6 and m["failed"] == 0 and res.failures == {}
     assert len(res.requests) == 6  # warmup requests are not in the results
-    assert 29 <= m["ttft_ms_p50"] < 45
-    assert 9 <= m["tpot_ms_mean"] < 15
+    # Lower bounds are the server's delays; upper bounds are loose because CI machines are shared.
+    assert 29 <= m["ttft_ms_p50"] < 90
+    assert 9 <= m["tpot_ms_mean"] < 30
     assert m["total_output_tokens"] == 30 and m["osl_mismatch"] == 0
     assert all(r.usage_prompt_tokens == 16 for r in res.requests)  # word prompts: 1 word = 1 fake token
 

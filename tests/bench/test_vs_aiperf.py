@@ -91,5 +91,5 @@ def test_ttft_tpot_throughput_match_aiperf(server: str, tmp_path: Path) -> None:
     for k, (a, b) in pairs.items():
         assert a == pytest.approx(b, rel=0.10), f"{k}: {report[k]}"
     # Both must also see the server's known delays (sanity: neither client is broken).
-    assert TTFT_MS <= m["ttft_ms_p50"] < TTFT_MS * 1.3
-    assert TPOT_MS <= m["tpot_ms_p50"] < TPOT_MS * 1.3
+    assert TTFT_MS <= m["ttft_ms_p50"] < TTFT_MS * 1.5
+    assert TPOT_MS <= m["tpot_ms_p50"] < TPOT_MS * 1.5

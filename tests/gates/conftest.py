@@ -9,92 +9,36 @@ torch; on 2 cores starting them one by one would dominate the run).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-SERVER = ROOT / "examples" / "hfserve" / "server.py"
-CHEATS = Path(__file__).with_name("cheats.py")
-SERVED_NAME = "tiny"
-PROXY_MODES = ("passthrough", "constant", "ignore_max_tokens", "cache", "lie_usage", "wrong_model_name")
-
-
-@dataclass
-class Served:
-    """A running server: its URL, process and the folder it serves."""
-
-    url: str
-    proc: subprocess.Popen
-    model_dir: Path
-    name: str = ""
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    # Own session so teardown can signal the server's whole process group.
-    return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"server at {url} not healthy in {timeout}s: {log.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-def model_name(url: str) -> str:
-    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
-        return json.load(r)["data"][0]["id"]
+from gate_servers import (
+    CHEATS,
+    PROXY_MODES,
+    SERVED_NAME,
+    SERVER,
+    SERVER_SPECS,
+    Served,
+    free_port,
+    model_name,
+    spawn,
+    stop,
+    wait_healthy,
+)
 
 
 @pytest.fixture(scope="session")
-def model_dir() -> Path:
-    from orchestrator.models.forge import default_model
-
-    return default_model()
+def model_dir(tiny_model: Path) -> Path:
+    """The forge's default tiny model (tests/conftest.py builds it once, cached)."""
+    return Path(tiny_model)
 
 
 @pytest.fixture(scope="session")
 def model_variants(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Name -> folder: the honest model and every damaged copy."""
-    import damage
+    import gate_damage as damage
 
     from orchestrator.models.forge import MODEL_INFO_FILE, cache_root, make_model
 
@@ -120,20 +64,6 @@ def _other_model(root: Path, make_model: Callable[..., Path], info_file: str) ->
     return out
 
 
-# name -> (variant, extra server args). fp32/unbatched is the naive baseline configuration.
-SERVER_SPECS: dict[str, tuple[str, list[str]]] = {
-    "fp32": ("honest", ["--dtype", "float32"]),
-    "fp16": ("honest", ["--dtype", "float16"]),
-    "bf16": ("honest", ["--dtype", "bfloat16"]),
-    "batched": ("honest", ["--dtype", "float32", "--batching", "on"]),
-    "drop_layer": ("drop_layer", ["--dtype", "float32"]),
-    "quant3": ("quant3", ["--dtype", "float32"]),
-    "quant6": ("quant6", ["--dtype", "float32"]),
-    "rope": ("rope", ["--dtype", "float32"]),
-    "other_model": ("other_model", ["--dtype", "float32"]),
-}
-
-
 @pytest.fixture(scope="session")
 def fleet(model_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
     """Every server of SERVER_SPECS plus one cheating proxy per mode (in front of ``fp32``)."""
@@ -147,21 +77,21 @@ def fleet(model_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFact
             # Every candidate declares the same name: a damaged model is passed off as the real one.
             argv = [sys.executable, str(SERVER), "--model", str(model_variants[variant]), "--port", str(port),
                     "--served-model-name", SERVED_NAME, *extra]
-            started[name] = Served(f"http://127.0.0.1:{port}", _spawn(argv, logs / f"{name}.log"),
+            started[name] = Served(f"http://127.0.0.1:{port}", spawn(argv, logs / f"{name}.log"),
                                    model_variants[variant])
         for name, s in started.items():
-            _wait_healthy(s.url, s.proc, logs / f"{name}.log")
+            wait_healthy(s.url, s.proc, logs / f"{name}.log")
             s.name = model_name(s.url)
         upstream = started["fp32"]
         for mode in PROXY_MODES:
             port = free_port()
             argv = [sys.executable, str(CHEATS), "--upstream", upstream.url, "--port", str(port), "--mode", mode,
                     "--tokenizer", str(upstream.model_dir)]
-            started[f"proxy:{mode}"] = Served(f"http://127.0.0.1:{port}", _spawn(argv, logs / f"proxy-{mode}.log"),
+            started[f"proxy:{mode}"] = Served(f"http://127.0.0.1:{port}", spawn(argv, logs / f"proxy-{mode}.log"),
                                               upstream.model_dir, upstream.name)
         for mode in PROXY_MODES:
-            _wait_healthy(started[f"proxy:{mode}"].url, started[f"proxy:{mode}"].proc, logs / f"proxy-{mode}.log")
+            wait_healthy(started[f"proxy:{mode}"].url, started[f"proxy:{mode}"].proc, logs / f"proxy-{mode}.log")
         yield started
     finally:
         for s in started.values():
-            _stop(s.proc)
+            stop(s.proc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Served
+from gate_servers import Served
 
 from gates import GateResult, integrity
 
