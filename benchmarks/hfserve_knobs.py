@@ -27,10 +27,10 @@ PROMPT = "def parse_args(argv=None):\n    \"\"\"Parse the command line arguments
 CONFIGS: dict[str, list[str]] = {
     "baseline": [],
     "manual": ["--decode-loop", "manual"],
-    "manual+batching": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "16"],
+    "manual+batching": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "8"],
 }
 EXTRA: dict[str, list[str]] = {
-    "manual+batching+eager": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "16",
+    "manual+batching+eager": ["--decode-loop", "manual", "--batching", "on", "--max-batch-size", "8",
                               "--attn", "eager"],
     "manual+bf16": ["--decode-loop", "manual", "--dtype", "bfloat16"],
     "manual+threads1": ["--decode-loop", "manual", "--threads", "1"],
@@ -73,8 +73,14 @@ async def measure(url: str, tokens: int, concurrency: int, repeats: int) -> dict
             ttft, e2e, n = await _one(s, url, tokens)
             tpots.append((e2e - ttft) / max(1, n - 1))
             ttfts.append(ttft)
+        sem = asyncio.Semaphore(concurrency)  # closed loop: at most `concurrency` in flight
+
+        async def gated() -> tuple[float, float, int]:
+            async with sem:
+                return await _one(s, url, tokens)
+
         t0 = time.perf_counter()
-        results = await asyncio.gather(*[_one(s, url, tokens) for _ in range(2 * concurrency)])
+        results = await asyncio.gather(*[gated() for _ in range(2 * concurrency)])
         dur = time.perf_counter() - t0
     return {"tpot_ms": 1000 * statistics.median(tpots), "ttft_ms": 1000 * statistics.median(ttfts),
             "throughput_tok_s": sum(r[2] for r in results) / dur,

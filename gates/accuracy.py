@@ -103,7 +103,13 @@ def _parse_id(token: str) -> int:
 def _served_logprobs(base_url: str, model: str, ids: list[int], k: int, timeout: float) -> tuple[list[float | None], list[dict[int, float] | None]]:
     body = {"model": model, "prompt": ids, "echo": True, "logprobs": k, "max_tokens": 0,
             "temperature": 0.0, "return_tokens_as_token_ids": True}
-    reply, _ = post_json(base_url, "/v1/completions", body, timeout=timeout)
+    try:
+        reply, _ = post_json(base_url, "/v1/completions", body, timeout=timeout)
+    except GateHTTPError as exc:
+        if "HTTP 400" not in str(exc):
+            raise
+        # Some engines refuse max_tokens=0; one generated token is harmless (sliced off below).
+        reply, _ = post_json(base_url, "/v1/completions", {**body, "max_tokens": 1}, timeout=timeout)
     lp = reply["choices"][0]["logprobs"]
     tokens = [_parse_id(t) for t in lp["tokens"][: len(ids)]]
     if tokens != ids:
@@ -172,6 +178,11 @@ def check(
         reference_model_dir: HF folder with the same weights (and tokenizer) the candidate serves.
         seed: window-drawing seed; None draws a secret one (recorded only as a sha256 prefix).
         thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
+
+    Returns:
+        ``pass``, ``drift`` or ``fail``; ``details["metrics"]`` holds every measured number.
+        A server error or malformed reply is a ``fail`` (the candidate's fault); a reference folder
+        that cannot be loaded raises (the harness's fault, not the candidate's).
     """
     start = time.perf_counter()
     cfg = section(dict(thresholds) if thresholds is not None else None, "accuracy")
@@ -206,6 +217,9 @@ def check(
     metrics = summarize(acc)
     details["metrics"] = metrics
     hard, soft = cfg["hard"], cfg["soft"]
+    unknown = sorted((set(hard) | set(soft)) - set(metrics))
+    if unknown:
+        raise ValueError(f"thresholds name unknown accuracy metrics {unknown}; known: {sorted(metrics)}")
     over_hard = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in hard.items() if metrics[m] > lim]
     if over_hard:
         return done("fail", "accuracy below hard limit: " + "; ".join(over_hard))

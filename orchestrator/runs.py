@@ -114,6 +114,9 @@ def _drive(
     model_dir = resolve_model(target.model)
     reference = model_dir if target.reference_model == "same" else Path(target.reference_model)
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the accuracy gate loads the reference in-process; keep the live view clean
 
     ctx = TrialContext(
         run_id=run_id, goal=goal, target=target, host=host, store=store,

@@ -181,7 +181,7 @@ def _train(model, ids, p: Preset, steps: int, seed: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step >= steps - max(1, steps // 10):
-            tail.append(float(loss))
+            tail.append(loss.item())
     model.eval()
     return sum(tail) / len(tail) if tail else float("nan")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import socket
 import subprocess
 import sys
@@ -35,6 +36,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # INFERGOAL_TEST_MODEL reuses an existing forge model and skips the ~30 s build.
+    if os.environ.get("INFERGOAL_TEST_MODEL"):
+        return Path(os.environ["INFERGOAL_TEST_MODEL"])
     return make_model(tmp_path_factory.mktemp("hfserve") / "tiny", preset="tiny", train_steps=60)
 
 

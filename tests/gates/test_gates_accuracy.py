@@ -1,7 +1,7 @@
 """Accuracy gate against real servers: honest precisions pass, damaged models fail.
 
-Measured metrics of every case are written to ``$INFERGOAL_GATE_REPORT`` (if set) as JSON so
-the thresholds in ``gates/thresholds.toml`` can be checked against fresh numbers.
+Measured metrics of every case are written to ``$INFERGOAL_GATE_REPORT/accuracy.json`` (if that
+folder is set) so the thresholds in ``gates/thresholds.toml`` can be checked against fresh numbers.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ def _run(fleet: dict[str, Served], model_dir: Path, name: str, seed: int | None 
 @pytest.fixture(scope="module", autouse=True)
 def _report() -> Any:
     yield
-    path = os.environ.get("INFERGOAL_GATE_REPORT")
-    if path:
-        Path(path).write_text(json.dumps(MEASURED, indent=2, sort_keys=True))
+    folder = os.environ.get("INFERGOAL_GATE_REPORT")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "accuracy.json").write_text(json.dumps(MEASURED, indent=2, sort_keys=True))
 
 
 @pytest.mark.parametrize("name", ["fp32", "fp16", "bf16", "batched"])

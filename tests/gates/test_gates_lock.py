@@ -34,7 +34,7 @@ def test_clean_copy_verifies(gates_copy: Path) -> None:
 def test_modified_file_mid_run(gates_copy: Path) -> None:
     verify(gates_copy)  # run start: fine
     path = gates_copy / "thresholds.toml"
-    path.write_text(path.read_text().replace("kl_mean = 0.05", "kl_mean = 9.0"))
+    path.write_text(path.read_text().replace("[accuracy.hard]", "[accuracy.hard]\nmean_abs_dlogprob = 9.0", 1))
     with pytest.raises(GateTampered) as exc:
         verify(gates_copy)  # before the next trial: caught
     assert exc.value.changed == ["thresholds.toml"]
