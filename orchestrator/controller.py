@@ -42,6 +42,8 @@ class ProposerExhausted(StopRun):
 
 @dataclass
 class Baseline:
+    samples: dict[str, list[float]]
+    """objective label -> the baseline's repeated measurements."""
     values: dict[str, float]
     """objective label -> mean baseline value."""
     noise: float
@@ -148,6 +150,9 @@ class Controller:
         if baseline is None:
             return "kept", 1.0, objective
         score = self._score(r, baseline)
+        perf = self._perf_gate(r, baseline)
+        self.store.add_gate_result(trial.id, perf.gate, perf.status,
+                                   perf.reason, perf.details, perf.duration_s)
         if trial.proposer == CONFIRM:
             return ("kept" if self._goal_met(r, baseline) else "discarded"), score, objective
         if score <= self._best_score() * (1 + self._needed_gain(baseline)):
@@ -166,20 +171,46 @@ class Controller:
         ]
         return math.exp(sum(math.log(s) for s in speedups) / len(speedups))
 
-    def _goal_met(self, r: TrialResult, baseline: Baseline) -> bool:
-        return all(
-            o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
-            for o in self.ctx.goal.objectives
+    def _perf_gate(self, r: TrialResult, baseline: Baseline) -> Any:
+        """The performance gate on the goal's objectives: noise-aware pass / fail / remeasure.
+
+        Relative objectives go through `gates.performance` (improvement beyond k standard errors
+        of the change); absolute ones compare the candidate's mean with the threshold.
+        """
+        from gates import GateResult, performance
+
+        rel = [o for o in self.ctx.goal.objectives if o.kind == "relative"]
+        absolute = [o for o in self.ctx.goal.objectives if o.kind == "absolute"]
+        misses = [
+            o.describe() for o in absolute
+            if not o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
+        ]
+        if not rel:
+            return GateResult("performance", "fail" if misses else "pass",
+                              "missed: " + "; ".join(misses) if misses else "absolute targets met", {}, 0.0)
+        labels = {objective_label(o.scenario, o.key): o for o in rel}
+        res = performance.check(
+            {k: baseline.samples[k] for k in labels}, {k: r.samples.get(k, []) for k in labels},
+            targets={k: o.value for k, o in labels.items()}, guards=[],
+            directions={k: o.info.direction == "maximize" for k, o in labels.items()},
         )
+        if misses and res.status != "fail":
+            return GateResult("performance", "fail", "missed: " + "; ".join(misses), res.details, res.duration_s)
+        return res
+
+    def _goal_met(self, r: TrialResult, baseline: Baseline) -> bool:
+        return self._perf_gate(r, baseline).status == "pass"
 
     def _needed_gain(self, baseline: Baseline) -> float:
         # Noise-aware: a win smaller than twice the baseline's own spread is not a win.
         return max(self.min_gain, 2 * baseline.noise)
 
     def _borderline(self, r: TrialResult, baseline: Baseline) -> bool:
-        """Re-measure once when the score lands within the noise band of the keep threshold."""
+        """Re-measure when the performance gate asks for it, or the score sits in the noise band of the keep line."""
         if not r.samples or any(not v for v in r.samples.values()):
             return False
+        if self._perf_gate(r, baseline).status == "remeasure":
+            return True
         threshold = self._best_score() * (1 + self._needed_gain(baseline))
         return abs(self._score(r, baseline) / threshold - 1) < max(baseline.noise, 0.01)
 
@@ -198,7 +229,7 @@ class Controller:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
         values = {k: sum(v) / len(v) for k, v in samples.items()}
         noise = max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
-        return Baseline(values=values, noise=noise)
+        return Baseline(samples=samples, values=values, noise=noise)
 
     def _history(self) -> list[Any]:
         return self.store.list_trials(self.ctx.run_id)

@@ -12,6 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
@@ -80,8 +81,9 @@ class LocalHost:
             return False
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
-        _kill_group(proc.pgid, grace_s)
         p = getattr(self, "_popen", {}).pop(proc.pid, None)
+        # Reap our child while waiting: a zombie leader still "exists" to killpg(pgid, 0).
+        _kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
         if p is not None:
             try:
                 p.wait(timeout=grace_s)
@@ -183,16 +185,18 @@ def _group_exists(pgid: int) -> bool:
         return False
 
 
-def _kill_group(pgid: int, grace_s: float) -> None:
+def _kill_group(pgid: int, grace_s: float, reap: Callable[[], object] | None = None) -> None:
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
         if not _group_exists(pgid):
             return
-        time.sleep(0.1)
+        time.sleep(0.05)
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:

@@ -30,7 +30,7 @@ RunStatus = Literal["running", "finished", "stopped", "failed"]
 TrialStatus = Literal[
     "pending", "running", "kept", "discarded", "failed", "invalid", "needs_approval", "rejected"
 ]
-GateStatus = Literal["pass", "fail", "drift"]
+GateStatus = Literal["pass", "fail", "drift", "remeasure"]
 
 RUN_STATUSES: tuple[str, ...] = ("running", "finished", "stopped", "failed")
 TRIAL_STATUSES: tuple[str, ...] = (
@@ -45,7 +45,7 @@ TRIAL_STATUSES: tuple[str, ...] = (
 )
 #: Trials in these states were interrupted if their run is not running any more; resume redoes them.
 UNFINISHED_TRIAL_STATUSES: tuple[str, ...] = ("pending", "running")
-GATE_STATUSES: tuple[str, ...] = ("pass", "fail", "drift")
+GATE_STATUSES: tuple[str, ...] = ("pass", "fail", "drift", "remeasure")
 
 
 @dataclass(frozen=True)
