@@ -87,21 +87,37 @@ async def measure(url: str, tokens: int, concurrency: int, repeats: int) -> dict
             "conc_tpot_ms": 1000 * statistics.median((r[1] - r[0]) / max(1, r[2] - 1) for r in results)}
 
 
-def run_config(model: str, knobs: list[str], args: argparse.Namespace) -> dict[str, float]:
-    """Launch the server with ``knobs``, measure, stop it."""
+def start_server(model: str, knobs: list[str]) -> tuple[subprocess.Popen, str]:
+    """Launch the server with ``knobs`` and wait for its readiness line."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(SERVER), "--model", model, "--port", str(port), *knobs],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for line in proc.stdout:  # the server prints this once it listens
+        if line.startswith("infergoal-hfserve ready"):
+            return proc, f"http://127.0.0.1:{port}"
+    raise RuntimeError(f"server with {knobs} exited before becoming ready")
+
+
+def run_all(model: str, configs: dict[str, list[str]], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Start every server (idle ones cost no CPU), then measure them round-robin.
+
+    Interleaving rounds and taking medians keeps a shared machine's load drift from
+    favouring whichever configuration happened to run in a quiet minute.
+    """
+    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
     try:
-        for line in proc.stdout:  # the server prints this once it listens
-            if line.startswith("infergoal-hfserve ready"):
-                break
-        else:
-            raise RuntimeError("server exited before becoming ready")
-        return asyncio.run(measure(f"http://127.0.0.1:{port}", args.tokens, args.concurrency, args.repeats))
+        for name, knobs in configs.items():
+            procs[name] = start_server(model, knobs)
+        for _ in range(args.rounds):
+            for name in configs:
+                samples[name].append(asyncio.run(measure(procs[name][1], args.tokens, args.concurrency,
+                                                         args.repeats)))
     finally:
-        proc.terminate()
-        proc.wait(15)
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(15)
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in samples.items()}
 
 
 def main() -> None:
@@ -111,6 +127,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--extra", action="store_true", help="also measure dtype/threads/attn variants")
     ap.add_argument("--only", nargs="*", default=None, help="names of configurations to run")
     ap.add_argument("--json", default=None)
@@ -122,12 +139,11 @@ def main() -> None:
     configs = {**CONFIGS, **(EXTRA if args.extra else {})}
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only}
-    rows = {}
     c = args.concurrency
     print(f"{'config':<24}{'TPOT ms (c=1)':>14}{'TTFT ms (c=1)':>14}{f'tok/s (c={c})':>14}{f'TPOT ms (c={c})':>15}",
           flush=True)
-    for name, knobs in configs.items():
-        r = rows[name] = run_config(args.model, knobs, args)
+    rows = run_all(args.model, configs, args)
+    for name, r in rows.items():
         print(f"{name:<24}{r['tpot_ms']:>14.2f}{r['ttft_ms']:>14.2f}{r['throughput_tok_s']:>14.1f}"
               f"{r['conc_tpot_ms']:>15.2f}", flush=True)
     if args.json:

@@ -352,7 +352,8 @@ class Engine:
             gen = torch.Generator()
             gen.manual_seed(req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "little"))
         ids = torch.tensor([req.prompt_ids])
-        logits, new_cache = self._forward(ids)
+        # Only the last position's logits are needed: skip the LM head on the rest of the prompt.
+        logits, new_cache = self._forward(ids, logits_to_keep=1)
         row = logits[0, -1].float()
         tok = _sample_row(row, req, gen)
         req.n_generated += 1
@@ -393,7 +394,9 @@ class Engine:
         """One decode step for every active sequence; returns the indices that continue."""
         inp = torch.tensor([[s.last] for s in seqs])
         pos = torch.tensor([[s.cache_len] for s in seqs])
-        step_mask = torch.cat([mask, mask.new_ones(len(seqs), 1)], dim=1)
+        # Without padding (a lone sequence) no mask is needed; skipping it avoids building a 4D mask per step.
+        step_mask = None if len(seqs) == 1 and bool(mask.all()) else torch.cat(
+            [mask, mask.new_ones(len(seqs), 1)], dim=1)
         logits, _ = self._forward(inp, cache, attention_mask=step_mask, position_ids=pos)
         logits = logits[:, -1].float()
         greedy = torch.argmax(logits, dim=-1).tolist()

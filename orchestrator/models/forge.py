@@ -209,7 +209,19 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
     tokenizer = _train_tokenizer(train_texts, p.vocab_size)
     torch.manual_seed(seed)
     cfg = _llama_config(p, tokenizer)
-    model = LlamaForCausalLM(cfg)
+    if steps > 0:
+        model = LlamaForCausalLM(cfg)
+    else:
+        # Untrained shapes (e.g. 7b-shape) are built directly in float16, on a GPU when one
+        # is present: a float32 7B model would need 28 GB of host memory just to be born.
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float16)
+        try:
+            with torch.device(device):
+                model = LlamaForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(previous)
 
     final_loss = float("nan")
     if steps > 0:
@@ -229,7 +241,7 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
         "preset": preset,
         "seed": seed,
         "train_steps": steps,
-        "final_loss": final_loss,
+        "final_loss": final_loss if steps > 0 else None,  # None: untrained (NaN is not valid JSON)
         "ln_vocab": math.log(cfg.vocab_size),
         "forge_version": FORGE_VERSION,
         "build_seconds": round(time.monotonic() - t0, 2),
