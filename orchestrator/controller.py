@@ -130,7 +130,7 @@ class Controller:
         self.ctx.on_step("record")
         t_rec = _now()
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
-        if status == "kept" and trial.proposer != CONFIRM:
+        if status == "kept" and trial.proposer != CONFIRM and (score or 0) >= self._best_score():
             self.store.set_best_trial(self.ctx.run_id, trial.id)
         timings["record"] = _now() - t_rec
         timings["total"] = timings.get("trial", 0.0) + timings["record"] + timings.get("propose", 0.0)
@@ -139,6 +139,8 @@ class Controller:
         self.on_trial(finished)
         if status == "kept" and baseline is not None and self._goal_met(result, baseline):
             if trial.proposer == CONFIRM:
+                original = self.store.get_trial_by_number(self.ctx.run_id, int(trial.rationale.rsplit("#", 1)[1]))
+                self.store.set_best_trial(self.ctx.run_id, original.id)  # the confirmed winner is the answer
                 raise GoalMet(f"{trial.rationale.split(': ')[-1]} meets every objective, confirmed by a clean relaunch (#{trial.number})")
             confirm = Candidate(candidate.knobs, commit=candidate.commit, rationale=f"confirm by a clean relaunch: #{trial.number}", proposer=CONFIRM)
             self._execute(self._create(confirm), confirm)
@@ -153,9 +155,11 @@ class Controller:
         perf = self._perf_gate(r, baseline)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
+        met = perf.status == "pass"
         if trial.proposer == CONFIRM:
-            return ("kept" if self._goal_met(r, baseline) else "discarded"), score, objective
-        if score <= self._best_score() * (1 + self._needed_gain(baseline)):
+            return ("kept" if met else "discarded"), score, objective
+        # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
+        if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
             return "discarded", score, objective
         if r.gate_drift and self.ctx.goal.accuracy_mode == "no_loss":
             # Faster but measurably different: a person decides (`infergoal approve N`).
@@ -202,8 +206,8 @@ class Controller:
         return self._perf_gate(r, baseline).status == "pass"
 
     def _needed_gain(self, baseline: Baseline) -> float:
-        # Noise-aware: a win smaller than twice the baseline's own spread is not a win.
-        return max(self.min_gain, 2 * baseline.noise)
+        # Noise-aware: a win smaller than the baseline's own spread between repeats is not a win.
+        return max(self.min_gain, baseline.noise)
 
     def _borderline(self, r: TrialResult, baseline: Baseline) -> bool:
         """Re-measure when the performance gate asks for it, or the score sits in the noise band of the keep line."""

@@ -92,12 +92,12 @@ def builtin_scenarios(scale: float = 1.0) -> dict[str, Scenario]:
             warmup_requests=2, seed=1, primary_metric="ttft_ms_mean", direction="lower",
             description="A: prefill-heavy, TTFT at concurrency 1"),
         "decode": Scenario(
-            name="decode", prompt_tokens=32, output_tokens=64, num_requests=10, concurrency=1,
-            warmup_requests=2, seed=2, primary_metric="tpot_ms_mean", direction="lower",
+            name="decode", prompt_tokens=32, output_tokens=64, num_requests=16, concurrency=1,
+            warmup_requests=3, seed=2, primary_metric="tpot_ms_mean", direction="lower",
             description="B: decode-heavy, TPOT at concurrency 1"),
         "throughput": Scenario(
-            name="throughput", prompt_tokens=128, output_tokens=32, num_requests=32, concurrency=8,
-            warmup_requests=2, seed=3, description="C: closed-loop load, output tok/s"),
+            name="throughput", prompt_tokens=128, output_tokens=32, num_requests=48, concurrency=8,
+            warmup_requests=8, seed=3, description="C: closed-loop load, output tok/s"),
         "throughput_poisson": Scenario(
             name="throughput_poisson", prompt_tokens=128, output_tokens=32, num_requests=32,
             concurrency=16, arrival="poisson", rate=4.0, warmup_requests=2, seed=4,

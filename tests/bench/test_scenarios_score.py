@@ -38,7 +38,7 @@ def test_builtin_scenarios_contract() -> None:
 
 def test_scaled() -> None:
     d = builtin_scenarios()["decode"].scaled(4)
-    assert d.output_tokens == 256 and d.num_requests == 40 and d.concurrency == 1  # latency stays single-stream
+    assert d.output_tokens == 256 and d.num_requests == 64 and d.concurrency == 1  # latency stays single-stream
     t = builtin_scenarios()["throughput_poisson"]
     t4 = t.scaled(4)
     assert t4.concurrency == 4 * t.concurrency and t4.rate == pytest.approx(4 * t.rate)
