@@ -30,8 +30,7 @@ __all__ = ["app"]
 app = typer.Typer(
     help=(
         "infergoal: optimise an LLM server toward a goal — search + gates + memory.\n\n"
-        "Quick start: `infergoal goal \"beat the baseline by 20% on TPOT and throughput without accuracy "
-        "loss within 12 trials\"` runs the embedded default (the hfserve example on a tiny local model, "
+        "Quick start: `infergoal goal \"improve throughput by 2.5x without accuracy loss within 12 trials\"` runs the embedded default (the hfserve example on a tiny local model, "
         "Optuna search, SQLite under .infergoal/). Then `infergoal trials`, `infergoal show N`, `infergoal report`."
     ),
     no_args_is_help=True,

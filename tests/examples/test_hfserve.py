@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from orchestrator.models.forge import make_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +34,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # INFERGOAL_TEST_MODEL reuses an existing forge model and skips the ~30 s build.
+def model_dir(tiny_model: Path) -> Path:
+    # The forge's cached default model (built once per machine by tests/conftest.py);
+    # INFERGOAL_TEST_MODEL points at another model folder instead.
     if os.environ.get("INFERGOAL_TEST_MODEL"):
         return Path(os.environ["INFERGOAL_TEST_MODEL"])
-    return make_model(tmp_path_factory.mktemp("hfserve") / "tiny", preset="tiny", train_steps=60)
+    return Path(tiny_model)
 
 
 def _start(model: Path, *knobs: str) -> Iterator[str]:
