@@ -374,31 +374,19 @@ def init(path: Path = typer.Argument(Path("."), help="Folder to make a workspace
     console.print(f"workspace ready in {path.resolve()}: edit {CONFIG_NAME}, then `infergoal goal \"...\"`")
 
 
-@app.command()
-def bench(
-    url: str = typer.Option(..., "--url", help="Server base URL, e.g. http://127.0.0.1:8000"),
-    model: str = typer.Option(..., "--model", help="Served model name."),
-    scenario: str = typer.Option("decode", "--scenario", help="Built-in scenario name."),
-    scale: float = typer.Option(1.0, "--scale"),
-    tokenizer: str = typer.Option("", "--tokenizer", help="Tokenizer dir for exact prompt lengths."),
-    out: Path | None = typer.Option(None, "--out", help="Write the result JSON here."),
-    as_json: bool = typer.Option(False, "--json"),
-) -> None:
-    """Run one bench scenario against any OpenAI-compatible server (same as `python -m orchestrator.bench`)."""
-    from orchestrator.bench import builtin_scenarios, run_scenario_sync
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def bench(ctx: typer.Context) -> None:
+    """Run one bench scenario against any OpenAI-compatible server (all options: `infergoal bench --help`).
 
-    scenarios = builtin_scenarios(scale)
-    if scenario not in scenarios:
-        _fail(f"unknown scenario {scenario!r}; built-in: {', '.join(scenarios)}")
-    res = run_scenario_sync(url, model, scenarios[scenario], tokenizer=tokenizer or None)
-    if out:
-        out.write_text(res.to_json())
-    if as_json:
-        return _emit(res.metrics)
-    table = Table("metric", "value", title=f"{scenario} @ {url}")
-    for k, v in res.metrics.items():
-        table.add_row(k, f"{v:.3f}")
-    console.print(table)
+    The same tool as `python -m orchestrator.bench`: --url, --model, --scenario, --scale, --tokenizer,
+    --api, --out (vLLM/AIPerf/JSONL exports), --json, and per-field scenario overrides.
+    """
+    from orchestrator.bench.__main__ import main as bench_main
+
+    raise typer.Exit(bench_main(ctx.args))
 
 
 @model_app.command("make")

@@ -38,6 +38,8 @@ def _ws(tmp_path, steps=STEPS, extra=()):
 def test_loop_end_to_end(tmp_path, tiny_model):
     ws = _ws(tmp_path)
     goal = parse_goal("beat the baseline by 20% on TPOT and throughput without accuracy loss within 4 trials")
+    # TPOT at concurrency 1 barely moves on this CPU; batching multiplies throughput. The goal is
+    # then not met (no early stop), every scripted step runs, and the geomean must still rise.
     seen = []
     outcome = start_run(ws, goal, on_trial=seen.append)
     store = Store(ws.db_url)
@@ -52,7 +54,8 @@ def test_loop_end_to_end(tmp_path, tiny_model):
         assert Path(t.log_path).is_file() and t.launch_cmd
         assert {m.scenario for m in store.measurements(t.id)} == {"decode", "throughput"}
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
-    assert best.number > 0 and best.score > 1.2, "batching + own decode loop must beat the naive baseline"
+    assert best.number > 0 and best.score > 1.2, [(t.number, t.status, t.score, t.objective) for t in trials]
+    assert best.knobs["batching"] == "on", "batching is what multiplies throughput on this CPU"
     assert outcome.stop_reason.startswith(("GoalMet", "BudgetExhausted", "ProposerExhausted"))
 
 

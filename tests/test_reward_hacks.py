@@ -1,0 +1,88 @@
+"""Through the whole loop: candidates that win on the metric by cheating are never the best.
+
+A test-only target adds a `variant` knob to the real hfserve server: `half` serves the model
+with half its layers dropped (genuinely faster, genuinely broken), `constant` puts a cheating
+proxy in front of the server (answers ignore the prompt). The scripted proposer tries both
+before an honest batching candidate. The gates must reject both, the store must say why, and
+the best candidate must be the honest one.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.goal import parse_goal
+from orchestrator.report import write_report
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "gates"))
+
+
+def _target(tmp_path: Path, half: Path) -> Path:
+    server = ROOT / "examples" / "hfserve" / "server.py"
+    cheats = ROOT / "tests" / "gates" / "cheats.py"
+    t = tmp_path / "hacks.toml"
+    t.write_text(f'''
+name = "hfserve-hacks"
+engine = "hfserve"
+model = "forge:tiny"
+served_model_name = "tiny"
+source = "{server.parent}"
+ready_timeout_s = 120
+launch = """
+{{% if variant == "constant" %}}
+bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny &
+ exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode constant --tokenizer {{{{ model }}}}"
+{{% else %}}
+{{{{ python }}}} {server} --port {{{{ port }}}} --served-model-name tiny --batching {{{{ batching }}}}
+ --model {{% if variant == "half" %}}{half}{{% else %}}{{{{ model }}}}{{% endif %}}
+{{% endif %}}
+"""
+[knobs.variant]
+type = "categorical"
+choices = ["honest", "half", "constant"]
+default = "honest"
+[knobs.batching]
+type = "categorical"
+choices = ["off", "on"]
+default = "off"
+''')
+    return t
+
+
+def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
+    import gate_damage
+
+    half = gate_damage.drop_layer(Path(tiny_model), tmp_path / "drop1", index=1)
+    half = gate_damage.drop_layer(half, tmp_path / "half", index=1)
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([
+        {"variant": "half", "batching": "on"},
+        {"variant": "constant"},
+        {"variant": "honest", "batching": "on"},
+    ]))
+    ws = Workspace(tmp_path, [f'target="{_target(tmp_path, half)}"', f'proposer="scripted:{steps}"',
+                              "bench.scale=0.5", "bench.baseline_repeats=1"])
+    outcome = start_run(ws, parse_goal("improve throughput by 1.5x within 6 trials"))
+    store = Store(ws.db_url)
+    t = {x.number: x for x in store.list_trials(outcome.run_id)}
+
+    assert t[1].status == "invalid" and "accuracy gate" in t[1].error
+    acc = [g for g in store.gate_results(t[1].id) if g.gate == "accuracy"]
+    assert acc and acc[0].status == "fail" and acc[0].reason, "the reason is recorded in the store"
+
+    assert t[2].status == "invalid" and "integrity gate" in t[2].error
+    integ = [g for g in store.gate_results(t[2].id) if g.gate == "integrity"]
+    assert integ[0].status == "fail" and "prompt" in integ[0].reason.lower()
+    assert not store.measurements(t[2].id), "a rejected candidate is never benchmarked"
+
+    best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
+    assert best.knobs == {"variant": "honest", "batching": "on"} and best.score > 1.5
+    md = write_report(store, outcome.run_id, tmp_path / "report").read_text()
+    assert "trial #3" in md and "Gate findings" in md
