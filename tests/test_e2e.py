@@ -21,7 +21,8 @@ from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow
 
-FAST = ["bench.scale=0.25", "bench.baseline_repeats=1"]
+# Scale 0.5 keeps concurrency 4 in the throughput scenario: enough for batching to show.
+FAST = ["bench.scale=0.5", "bench.baseline_repeats=1"]
 STEPS = [
     {"knobs": {"decode_loop": "manual"}, "rationale": "own decode loop"},
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"},
