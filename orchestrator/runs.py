@@ -7,6 +7,7 @@ The CLI calls `start_run` / `resume_run`; tests call them directly. Everything a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ def _drive(
     on_step = on_step or (lambda s: None)
     on_step("model")
     model_dir = resolve_model(target.model)
+    t_session = time.perf_counter()
     reference = model_dir if target.reference_model == "same" else Path(target.reference_model)
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -137,7 +139,12 @@ def _drive(
         ctx, proposer, repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
         min_gain=config.min_gain, on_trial=on_trial,
     )
-    reason = controller.run()
+    try:
+        reason = controller.run()
+    finally:
+        # Wall time of this session (after the model is ready): the report compares it with the
+        # engine's own time to show what the orchestrator itself costs.
+        store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})

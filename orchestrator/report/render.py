@@ -68,6 +68,10 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
     step_totals = {s: sum((t.timings or {}).get(s, 0.0) for t in trials) for s in STEPS}
     total = sum((t.timings or {}).get("total", 0.0) for t in trials)
     engine = sum(step_totals[s] for s in ENGINE_STEPS)
+    # Prefer the sessions' wall clock (it also holds the time between trials); fall back to the
+    # trials' own totals for runs still in flight.
+    sessions = sum(float((e.data or {}).get("wall_s", 0.0)) for e in store.events(run_id, kind="session"))
+    total = max(total, sessions)
     overhead = max(total - engine, 0.0)
     rejections = []
     for t in trials:

@@ -52,3 +52,14 @@ def test_report_files(tmp_path: Path):
     assert "| 1 | failed |" in md and "ServerCrashed: out of memory" in md
     assert "| 3 | invalid |" in md and "Gate findings" in md
     assert "Orchestrator overhead" in md and "![speedup per trial](speedup.png)" in md
+
+
+def test_overhead_uses_session_wall_time_when_recorded():
+    store = Store("sqlite://")
+    rid = _run(store)
+    engine = 4 * (5.0 + 2.0 + 10.0 + 0.5)
+    store.add_event(rid, "session", "first session", data={"wall_s": 50.0})
+    store.add_event(rid, "session", "resumed session", data={"wall_s": 30.0})
+    d = build_report_data(store, rid)
+    assert d.total_s == 80.0
+    assert abs(d.overhead_s - (80.0 - engine)) < 1e-9
