@@ -5,20 +5,25 @@ DEMO_GOAL ?= improve throughput by 2.5x without accuracy loss within 12 trials
 
 .PHONY: demo test lint clean-state
 
-$(VENV)/.installed: pyproject.toml
+# torch==2.13.0 (the `serve` extra) resolves to the local CPU wheel on these machines.
+$(VENV)/.serve: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch==2.13.0 (the `serve` extra) resolves to the local CPU wheel on these machines.
+	$(PY) -m pip install -q -e '.[serve]'
+	touch $@
+
+# The test extra adds pytest, the openai client, psycopg and aiperf (for the cross-check).
+$(VENV)/.test: $(VENV)/.serve
 	$(PY) -m pip install -q -e '.[serve,test]'
 	touch $@
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.serve
 	$(VENV)/bin/infergoal goal "$(DEMO_GOAL)"
 
-test: $(VENV)/.installed
+test: $(VENV)/.test
 	$(PY) -m pytest -q
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.test
 	$(VENV)/bin/ruff check orchestrator gates tests benchmarks examples
 
 clean-state:
