@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 class BenchConfig(BaseModel):
     """How trials are measured."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     scale: float = 1.0
     """Scenario size factor: 1.0 runs each scenario in seconds on the tiny CPU model; raise it on a GPU."""
     repeats: int = 1
@@ -39,7 +39,7 @@ class BenchConfig(BaseModel):
 
 
 class GateConfig(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     accuracy: bool = True
     """Run the accuracy gate (never turn off for real runs; it is what keeps wins honest)."""
     integrity: bool = True
@@ -48,7 +48,7 @@ class GateConfig(BaseModel):
 class Config(BaseModel):
     """Workspace configuration (`infergoal.toml`)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     db: str = ""
     """SQLAlchemy URL; empty = SQLite at `.infergoal/infergoal.db`."""
     host: str = "local"
