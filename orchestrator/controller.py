@@ -120,11 +120,16 @@ class Controller:
     def _execute(self, trial: Any, candidate: Candidate, propose_s: float = 0.0) -> None:
         is_baseline = trial.number == 0
         baseline = None if is_baseline else self._baseline()
-        result = run_trial(
-            self.ctx, trial, candidate,
-            repeats=self.baseline_repeats if is_baseline else self.repeats,
-            remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
-        )
+        try:
+            result = run_trial(
+                self.ctx, trial, candidate,
+                repeats=self.baseline_repeats if is_baseline else self.repeats,
+                remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
+            )
+        except Exception as e:
+            if type(e).__name__ == "GateTampered":  # the trial cannot count: say so, then stop the run
+                self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
+            raise
         status, score, objective = self._verdict(trial, result, baseline)
         timings = dict(result.timings, propose=propose_s)
         self.ctx.on_step("record")

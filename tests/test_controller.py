@@ -1,0 +1,122 @@
+"""Controller decisions on a fast, torch-free target: the bench's fake streaming server.
+
+The fake server's `--tpot-ms` is a knob, so speedups are known in advance; faults are knobs too.
+Gates that need a real model (integrity, accuracy) are off here — they have their own tests and
+run in tests/test_e2e.py; the lock check and the performance gate stay on.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gates.lock
+from gates.lock import GateTampered
+from orchestrator.goal import load_goal, parse_goal
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+FAKE = Path(__file__).resolve().parent / "bench" / "fakeserver.py"
+
+
+@pytest.fixture
+def fake_ws(tmp_path, tiny_model):
+    target = tmp_path / "fake.toml"
+    target.write_text(f'''
+name = "fake"
+engine = "fake"
+model = "forge:tiny"
+served_model_name = "fake"
+source = "{FAKE.parent}"
+ready_timeout_s = 30
+launch = """{{{{ python }}}} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}
+{{% if fault != "none" %}} --fault {{{{ fault }}}} {{% endif %}}"""
+[knobs.tpot_ms]
+type = "categorical"
+choices = [8.0, 6.0, 4.0, 7.9]
+default = 8.0
+[knobs.fault]
+type = "categorical"
+choices = ["none", "http500", "hang", "crash"]
+default = "none"
+''')
+
+    def make(steps, extra=()):
+        f = tmp_path / "steps.json"
+        f.write_text(json.dumps(steps))
+        return Workspace(tmp_path, [f'target="{target}"', f'proposer="scripted:{f}"', "gates.accuracy=false",
+                                    "gates.integrity=false", "bench.scale=0.5", "bench.timeout_s=3", *extra])
+    return make
+
+
+def _trials(ws, run_id):
+    return {t.number: t for t in Store(ws.db_url).list_trials(run_id)}
+
+
+def test_goal_met_is_confirmed_by_a_clean_relaunch(fake_ws):
+    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 4.0}, {"tpot_ms": 7.9}])
+    out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 6 trials"))
+    t = _trials(ws, out.run_id)
+    assert t[1].status == "kept" and 1.2 < t[1].score < 1.45  # 8 -> 6 ms: better, not enough
+    assert t[2].status == "kept" and t[2].score > 1.7  # 8 -> 4 ms: meets the 40% cut
+    assert t[3].proposer == "confirm" and t[3].knobs == t[2].knobs and t[3].status == "kept"
+    assert 4 not in t, "the run stops once the goal is confirmed"
+    assert out.stop_reason.startswith("GoalMet") and "#2" in out.stop_reason
+    store = Store(ws.db_url)
+    assert store.get_run(out.run_id).best_trial_id == t[2].id
+    perf = {n: [g.status for g in store.gate_results(t[n].id) if g.gate == "performance"] for n in (1, 2, 3)}
+    assert perf == {1: ["fail"], 2: ["pass"], 3: ["pass"]}
+
+
+def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):
+    ws = fake_ws([{"fault": "http500"}, {"fault": "hang"}, {"tpot_ms": 4.0}])
+    out = start_run(ws, parse_goal("beat the baseline by 10% on TPOT within 4 trials"))
+    t = _trials(ws, out.run_id)
+    assert t[1].status == "failed" and "http_500" in t[1].error
+    assert t[2].status == "failed" and "timeout" in t[2].error
+    assert t[3].status == "kept"
+    assert out.stop_reason.startswith("GoalMet")
+
+
+def test_server_that_dies_at_launch_is_a_failed_trial_with_its_log(fake_ws):
+    # fakeserver rejects an unknown --fault value: the process exits before it is healthy.
+    ws = fake_ws([{"fault": "crash"}])
+    out = start_run(ws, parse_goal("beat the baseline by 10% on TPOT within 2 trials"))
+    t = _trials(ws, out.run_id)
+    assert t[1].status == "failed" and "ServerCrashed" in t[1].error and "invalid choice" in t[1].error
+    assert out.stop_reason.startswith(("ProposerExhausted", "BudgetExhausted"))
+
+
+def test_stall_and_budget_stops(fake_ws, tmp_path):
+    ws = fake_ws([{"tpot_ms": 7.9}] * 1 + [{"fault": "http500"}] * 5)
+    goal = tmp_path / "g.toml"
+    goal.write_text('[[objectives]]\nmetric = "tpot"\nvalue = 0.5\n[budget]\ntrials = 10\nstall_trials = 3\n')
+    out = start_run(ws, load_goal(goal))
+    assert out.stop_reason.startswith("Stalled") and len(_trials(ws, out.run_id)) == 4
+
+
+def test_gate_file_edited_mid_run_stops_the_run(fake_ws, tmp_path, monkeypatch):
+    # Work on a copy of the gate suite, so the real one is never touched.
+    copy = tmp_path / "gates_copy"
+    shutil.copytree(Path(gates.lock.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(gates.lock, "_root", lambda root=None: Path(root) if root else copy)
+    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 4.0}])
+    edits = []
+
+    def on_step(step):
+        if step.startswith("bench") and not edits and _trials(ws, 1).get(1, None) is not None:
+            (copy / "thresholds.toml").write_text((copy / "thresholds.toml").read_text() + "\n# loosened\n")
+            edits.append(step)
+
+    with pytest.raises(GateTampered, match="thresholds.toml"):
+        start_run(ws, parse_goal("beat the baseline by 60% on TPOT within 5 trials"), on_step=on_step)
+    store = Store(ws.db_url)
+    run = store.latest_run()
+    t = _trials(ws, run.id)
+    assert run.status == "failed" and "GateTampered" in run.stop_reason
+    assert t[1].status == "kept", "the trial measured before the edit stands"
+    assert t[2].status == "invalid" and "thresholds.toml" in t[2].error
+    assert not store.measurements(t[2].id), "nothing measured after the edit counts"
+    assert [e.kind for e in store.events(run.id, kind="gates.tampered")] == ["gates.tampered"]
