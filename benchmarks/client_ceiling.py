@@ -75,11 +75,70 @@ def _serve(port: int, ttft_ms: float, chunks: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def _start(ttft_ms: float, chunks: int) -> tuple[mp.Process, str]:
+def _serve_raw(port: int, ttft_ms: float, chunks: int) -> None:
+    """The same responses from a bare asyncio protocol (no HTTP framework on the server side).
+
+    Stamps are taken where the bytes meet user space: when the request's first bytes arrive and
+    right before the first content chunk is written. What remains between the client's TTFT and
+    the server's measured delay is then the client's own overhead plus loopback, not the server
+    framework's request parsing and response machinery.
+    """
+    delay = ttft_ms / 1000.0
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    def chunk(b: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(b), b)
+
+    pieces = [chunk(b'data: {"choices":[{"index":0,"text":" w%d"}]}\n\n' % i) for i in range(chunks)]
+    tail = chunk(b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":%d}}\n\n'
+                 b"data: [DONE]\n\n" % chunks) + b"0\r\n\r\n"
+    stamps: list[tuple[int, int]] = []
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.t, self.buf, self.t_first = transport, b"", None
+
+        def data_received(self, data: bytes) -> None:
+            if self.t_first is None:
+                self.t_first = time.perf_counter_ns()
+            self.buf += data
+            while b"\r\n\r\n" in self.buf:
+                hdr, rest = self.buf.split(b"\r\n\r\n", 1)
+                n = 0
+                for line in hdr.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        n = int(v)
+                if len(rest) < n:
+                    return
+                self.buf, t_recv, self.t_first = rest[n:], self.t_first, (time.perf_counter_ns() if rest[n:] else None)
+                asyncio.ensure_future(self.answer(hdr.split(b" ", 2)[1], t_recv))
+
+        async def answer(self, path: bytes, t_recv: int) -> None:
+            if path != b"/v1/completions":
+                body = b"ok" if path == b"/health" else json.dumps(stamps).encode()
+                self.t.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                return
+            self.t.write(head)
+            if delay:
+                await asyncio.sleep(delay)
+            stamps.append((t_recv, time.perf_counter_ns()))
+            for p in pieces:
+                self.t.write(p)
+            self.t.write(tail)
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Proto, "127.0.0.1", port)
+        await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _start(ttft_ms: float, chunks: int, raw: bool = False) -> tuple[mp.Process, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = mp.get_context("spawn").Process(target=_serve, args=(port, ttft_ms, chunks), daemon=True)
+    proc = mp.get_context("spawn").Process(target=_serve_raw if raw else _serve, args=(port, ttft_ms, chunks), daemon=True)
     proc.start()
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -126,7 +185,7 @@ def throughput(n: int, conc: int, chunks: int, use_uvloop: bool) -> dict:
             "server_cpu_per_s": (s1 - s0) / wall, "loop_lag_ms_p99": m["loop_lag_ms_p99"]}
 
 
-def ttft_error(n: int, conc: int, ttft_ms: float, use_uvloop: bool) -> dict:
+def ttft_error(n: int, conc: int, ttft_ms: float, use_uvloop: bool, raw: bool = False) -> dict:
     """Client TTFT minus the delay the server itself measured (entry → first write).
 
     perf_counter_ns is CLOCK_MONOTONIC on Linux, shared by both processes, so at concurrency 1
@@ -135,7 +194,7 @@ def ttft_error(n: int, conc: int, ttft_ms: float, use_uvloop: bool) -> dict:
     """
     import numpy as np
 
-    proc, url = _start(ttft_ms, 4)
+    proc, url = _start(ttft_ms, 4, raw)
     warm = 20
     try:
         sc = Scenario(name="ttft", prompt_tokens=4, output_tokens=4, num_requests=n, concurrency=conc,
@@ -146,7 +205,8 @@ def ttft_error(n: int, conc: int, ttft_ms: float, use_uvloop: bool) -> dict:
         proc.terminate()
     ttft = np.array([r.ttft_ns for r in res.requests]) / 1e6
     srv = np.array([b - a for a, b in stamps]) / 1e6
-    out = {"loop": "uvloop" if use_uvloop else "asyncio", "concurrency": conc, "nominal_ttft_ms": ttft_ms,
+    out = {"loop": "uvloop" if use_uvloop else "asyncio", "server": "raw asyncio" if raw else "aiohttp",
+           "concurrency": conc, "nominal_ttft_ms": ttft_ms,
            "server_delay_ms_p50": float(np.percentile(srv, 50)), "client_ttft_ms_p50": float(np.percentile(ttft, 50)),
            "added_ms_p50": float(np.percentile(ttft, 50) - np.percentile(srv, 50)),
            "added_ms_p99": float(np.percentile(ttft, 99) - np.percentile(srv, 99)),
@@ -182,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     for uv in loops:
         out["throughput"].append(throughput(a.requests, a.concurrency, a.chunks, uv))
         print(json.dumps(out["throughput"][-1]), flush=True)
-    for uv in loops:
-        for conc in (1, 16):
-            out["ttft"].append(ttft_error(a.ttft_requests, conc, a.ttft_ms, uv))
-            print(json.dumps(out["ttft"][-1]), flush=True)
+    for raw in (False, True):
+        for uv in loops:
+            for conc in (1, 16):
+                out["ttft"].append(ttft_error(a.ttft_requests, conc, a.ttft_ms, uv, raw))
+                print(json.dumps(out["ttft"][-1]), flush=True)
     out["loadavg_after"] = os.getloadavg()  # other work on the machine skews everything above
     print(json.dumps({"loadavg_before": out["loadavg_before"], "loadavg_after": out["loadavg_after"]}))
     if a.json:
