@@ -23,8 +23,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.tomlfile import read_toml, validation_message
 
 __all__ = [
     "METRICS",
@@ -295,23 +296,19 @@ def parse_goal(text: str) -> GoalSpec:
                 raise GoalError(f"{e.errors()[0]['msg']}.\n{ACCEPTED_FORMS}") from None
         return out
 
-    def take_beat(m: re.Match[str]) -> str:
+    def take_relative(m: re.Match[str]) -> str:
         objectives.extend(rel_value(m.group("num"), m.group("unit"), _metric_list(m.group("metrics"))))
         return " "
 
     s = re.sub(
         rf"\b(?:beat|outperform)\s+(?:the\s+)?baseline\s+by\s+{_NUM}\s*(?P<unit>%|x)\s+on\s+(?P<metrics>.+?)(?=\s*(?:,\s*)?(?:\band\s+)?(?:get|reach|improve|cut|reduce|$))",
-        take_beat,
+        take_relative,
         s,
     )
 
-    def take_improve(m: re.Match[str]) -> str:
-        objectives.extend(rel_value(m.group("num"), m.group("unit"), _metric_list(m.group("metrics"))))
-        return " "
-
     s = re.sub(
         rf"\b(?:improve|cut|reduce|speed up|increase)\s+(?P<metrics>.+?)\s+by\s+{_NUM}\s*(?P<unit>%|x)",
-        take_improve,
+        take_relative,
         s,
     )
 
@@ -355,12 +352,7 @@ def load_goal(source: str | Path) -> GoalSpec:
     """Goal text, or a path to a goal TOML file (see examples/goals/)."""
     path = Path(source)
     if str(source).endswith(".toml"):
-        if not path.is_file():
-            raise GoalError(f"goal file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise GoalError(f"goal file {path} is not valid TOML: {e}") from None
+        data = read_toml(path, "goal file", GoalError)
         text = data.pop("text", "")
         wall = data.get("budget", {}).pop("wall", None)
         if wall is not None:
@@ -371,6 +363,5 @@ def load_goal(source: str | Path) -> GoalSpec:
         try:
             return GoalSpec(text=text or f"goal file {path.name}", **data)
         except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise GoalError(f"{path}: {msgs}") from None
+            raise GoalError(f"{path}: {validation_message(e)}") from None
     return parse_goal(str(source))

@@ -11,6 +11,8 @@ from typing import Any
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.tomlfile import validation_message
+
 __all__ = ["BenchConfig", "Config", "ConfigError", "Workspace", "apply_overrides"]
 
 CONFIG_NAME = "infergoal.toml"
@@ -101,8 +103,7 @@ class Workspace:
         try:
             self.config = Config(**data)
         except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise ConfigError(f"configuration error: {msgs}") from None
+            raise ConfigError(f"configuration error: {validation_message(e)}") from None
 
     @property
     def state_dir(self) -> Path:

@@ -8,3 +8,4 @@ def tiny_model():
     from orchestrator.models import forge
 
     return forge.default_model()
+

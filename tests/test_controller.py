@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fake_target import write_fake_target
 
 import gates.lock
 from gates.lock import GateTampered
@@ -18,30 +19,14 @@ from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-FAKE = Path(__file__).resolve().parent / "bench" / "fakeserver.py"
-
 
 @pytest.fixture
 def fake_ws(tmp_path, tiny_model):
-    target = tmp_path / "fake.toml"
-    target.write_text(f'''
-name = "fake"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{FAKE.parent}"
-ready_timeout_s = 30
-launch = """{{{{ python }}}} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}
-{{% if fault != "none" %}} --fault {{{{ fault }}}} {{% endif %}}"""
-[knobs.tpot_ms]
-type = "categorical"
-choices = [8.0, 6.0, 4.0, 7.9]
-default = 8.0
-[knobs.fault]
-type = "categorical"
-choices = ["none", "http500", "hang", "crash"]
-default = "none"
-''')
+    target = write_fake_target(
+        tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9),
+        extra_launch='{% if fault != "none" %} --fault {{ fault }} {% endif %}',
+        extra_knobs='[knobs.fault]\ntype = "categorical"\nchoices = ["none", "http500", "hang", "crash"]\ndefault = "none"',
+    )
 
     def make(steps, extra=()):
         f = tmp_path / "steps.json"

@@ -7,16 +7,14 @@ another disk, as it would when only the artifacts' volume fills up.
 import errno
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
+from fake_target import write_fake_target
 
 from orchestrator.goal import parse_goal
 from orchestrator.runs import resume_run, start_run
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
-
-FAKE = Path(__file__).resolve().parent / "bench" / "fakeserver.py"
 
 
 @pytest.fixture
@@ -31,19 +29,7 @@ def small_fs(tmp_path):
 
 
 def test_disk_full_stops_cleanly_and_resume_loses_nothing(small_fs, tmp_path, tiny_model):
-    target = tmp_path / "fake.toml"
-    target.write_text(f'''
-name = "fake"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{FAKE.parent}"
-launch = "{{{{ python }}}} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 2 --tpot-ms {{{{ tpot_ms }}}}"
-[knobs.tpot_ms]
-type = "categorical"
-choices = [8.0, 6.0, 5.0, 4.0]
-default = 8.0
-''')
+    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 5.0, 4.0))
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps([{"tpot_ms": 6.0}, {"tpot_ms": 5.0}, {"tpot_ms": 4.0}]))
     ws = Workspace(small_fs, [f'target="{target}"', f'proposer="scripted:{steps}"', f'db="sqlite:///{tmp_path / "ig.db"}"',

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.tomlfile import read_toml, validation_message
 
 __all__ = ["Knob", "TargetError", "TargetSpec", "load_target"]
 
@@ -115,12 +116,7 @@ class TargetSpec(BaseModel):
 def load_target(path: str | Path) -> TargetSpec:
     """Load a target TOML; relative `source`/`model` paths resolve against the file's folder."""
     path = Path(path)
-    if not path.is_file():
-        raise TargetError(f"target file {path} does not exist; see examples/targets/ for examples")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise TargetError(f"target file {path} is not valid TOML: {e}") from None
+    data = read_toml(path, "target file", TargetError, "see examples/targets/ for examples")
     base = path.resolve().parent
     data["source"] = str((base / data.get("source", ".")).resolve())
     model = data.get("model", "forge:tiny")
@@ -129,5 +125,4 @@ def load_target(path: str | Path) -> TargetSpec:
     try:
         return TargetSpec(**data, path=str(path.resolve()))
     except ValidationError as e:
-        msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise TargetError(f"{path}: {msgs}") from None
+        raise TargetError(f"{path}: {validation_message(e)}") from None
