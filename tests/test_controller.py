@@ -20,6 +20,9 @@ from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
 
+pytestmark = pytest.mark.slow  # launches (fake) servers
+
+
 @pytest.fixture
 def fake_ws(tmp_path, tiny_model):
     target = write_fake_target(

@@ -17,6 +17,9 @@ from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
 
+pytestmark = pytest.mark.slow  # launches (fake) servers
+
+
 @pytest.fixture
 def small_fs(tmp_path):
     mnt = tmp_path / "small"
