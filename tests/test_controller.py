@@ -19,7 +19,6 @@ from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-
 pytestmark = pytest.mark.slow  # launches (fake) servers
 
 

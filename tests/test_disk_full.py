@@ -16,7 +16,6 @@ from orchestrator.runs import resume_run, start_run
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
 
-
 pytestmark = pytest.mark.slow  # launches (fake) servers
 
 
