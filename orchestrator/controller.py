@@ -130,7 +130,7 @@ class Controller:
             if type(e).__name__ == "GateTampered":  # the trial cannot count: say so, then stop the run
                 self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
             raise
-        status, score, objective = self._verdict(trial, result, baseline)
+        status, score, objective, met = self._verdict(trial, result, baseline)
         timings = dict(result.timings, propose=propose_s)
         self.ctx.on_step("record")
         t_rec = _now()
@@ -142,7 +142,7 @@ class Controller:
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
         finished = self.store.get_trial(trial.id)
         self.on_trial(finished)
-        if status == "kept" and baseline is not None and self._goal_met(result, baseline):
+        if status == "kept" and met:
             if trial.proposer == CONFIRM:
                 original = self.store.get_trial_by_number(self.ctx.run_id, int(trial.rationale.rsplit("#", 1)[1]))
                 self.store.set_best_trial(self.ctx.run_id, original.id)  # the confirmed winner is the answer
@@ -150,26 +150,27 @@ class Controller:
             confirm = Candidate(candidate.knobs, commit=candidate.commit, rationale=f"confirm by a clean relaunch: #{trial.number}", proposer=CONFIRM)
             self._execute(self._create(confirm), confirm)
 
-    def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict]:
+    def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
+        """(status, score, objective values, whether the performance gate says the goal is met)."""
         objective = {label: r.mean(label) for label in r.samples}
         if r.error:
-            return r.status_hint, None, objective
+            return r.status_hint, None, objective, False
         if baseline is None:
-            return "kept", 1.0, objective
+            return "kept", 1.0, objective, False
         score = self._score(r, baseline)
         perf = self._perf_gate(r, baseline)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
         met = perf.status == "pass"
         if trial.proposer == CONFIRM:
-            return ("kept" if met else "discarded"), score, objective
+            return ("kept" if met else "discarded"), score, objective, met
         # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
         if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
-            return "discarded", score, objective
+            return "discarded", score, objective, met
         if r.gate_drift and self.ctx.goal.accuracy_mode == "no_loss":
             # Faster but measurably different: a person decides (`infergoal approve N`).
-            return "needs_approval", score, objective
-        return "kept", score, objective
+            return "needs_approval", score, objective, met
+        return "kept", score, objective, met
 
     # --- judging helpers -----------------------------------------------------------------
     def _score(self, r: TrialResult, baseline: Baseline) -> float:
@@ -206,9 +207,6 @@ class Controller:
         if misses and res.status != "fail":
             return GateResult("performance", "fail", "missed: " + "; ".join(misses), res.details, res.duration_s)
         return res
-
-    def _goal_met(self, r: TrialResult, baseline: Baseline) -> bool:
-        return self._perf_gate(r, baseline).status == "pass"
 
     def _needed_gain(self, baseline: Baseline) -> float:
         # Noise-aware: a win smaller than the baseline's own spread between repeats is not a win.
