@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-import socket
-import subprocess
 import sys
-import time
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from orchestrator.hosts import LocalHost
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,14 +23,9 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 SERVER = Path(__file__).resolve().parents[2] / "examples" / "hfserve" / "server.py"
+_STATE = Path(tempfile.mkdtemp(prefix="hfserve-test-"))  # pidfiles and server logs
 PROMPTS = ["def foo(self):\n    ", "import os\n", "class A:\n", "    return", "# Copyright",
            "x = [", "if __name__", '"""Docs']
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -43,29 +38,17 @@ def model_dir(tiny_model: Path) -> Path:
 
 
 def _start(model: Path, *knobs: str) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--model", str(model), "--port", str(port), *knobs],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # The project's own host: own process group, health wait with a timeout, TERM then KILL.
+    host = LocalHost(_STATE)
+    port = host.free_port()
+    proc = host.start([sys.executable, str(SERVER), "--model", str(model), "--port", str(port), *knobs],
+                      env=None, cwd=None, log_path=_STATE / f"server-{port}.log")
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "server exited early"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "server never became healthy"
-            time.sleep(0.3)
+        host.wait_healthy(url + "/health", 120, proc)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        host.stop(proc)
 
 
 @pytest.fixture(scope="module")
