@@ -126,6 +126,7 @@ class _Progress:
 
 
 def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
+    from orchestrator.agent import AgentError
     from orchestrator.hosts import HostError
     from orchestrator.targets import TargetError
 
@@ -135,7 +136,7 @@ def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
             return fn(on_step=view.step, on_trial=view.trial, **kw)
     except KeyboardInterrupt:
         _fail("interrupted; the run is saved — continue it with `infergoal resume`", code=130)
-    except (TargetError, HostError, FileNotFoundError, LookupError, ValueError) as e:
+    except (TargetError, HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:
         _fail(str(e))
     except Exception as e:
         if type(e).__name__ == "GateTampered":
@@ -179,7 +180,8 @@ def goal(
     text: str = typer.Argument(..., help='Goal text, e.g. "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m", or a goal .toml file.'),
     target: str = typer.Option("", "--target", "-t", help="Target TOML (default: examples/targets/hfserve.toml)."),
     host: str = typer.Option("", "--host", help="Where engines run: local (default)."),
-    proposer: str = typer.Option("", "--proposer", "-p", help="search (default) or scripted:FILE.json."),
+    proposer: str = typer.Option("", "--proposer", "-p", help="search (default), claude, hybrid or scripted:FILE.json."),
+    agent: str = typer.Option("", "--agent", help="Use the code agent: `claude` (same as --proposer claude; with --proposer hybrid, the hybrid)."),
     seed: int | None = typer.Option(None, "--seed", help="Search seed."),
     name: str = typer.Option("", "--name", help="Run name."),
     no_report: bool = typer.Option(False, "--no-report", help="Skip writing the report at the end."),
@@ -195,6 +197,9 @@ def goal(
         _fail(str(e))
     extra = [f'target="{Path(target).resolve()}"'] if target else []
     extra += [f'host="{host}"'] if host else []
+    if agent and agent != "claude":
+        _fail(f"unknown agent {agent!r}; the agent is `claude` (key from ANTHROPIC_API_KEY)")
+    proposer = proposer or agent
     extra += [f'proposer="{proposer}"'] if proposer else []
     extra += [f"seed={seed}"] if seed is not None else []
     STATE.overrides = [*STATE.overrides, *extra]
@@ -356,6 +361,18 @@ def approve(number: int, run: int | None = typer.Option(None, "--run", "-r")) ->
 def reject(number: int, run: int | None = typer.Option(None, "--run", "-r")) -> None:
     """Reject a trial waiting for approval."""
     _decide(number, run, "rejected", _who())
+
+
+@app.command()
+def steer(
+    text: str = typer.Argument(..., help="What the code agent should know or do, e.g. \"leave the dtype alone\"."),
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: the latest run)."),
+) -> None:
+    """Send the code agent of a run a message; it reaches the agent at its next turn."""
+    store = _store()
+    rid = _run_id(store, run)
+    store.add_event(rid, "steer", text, data={"who": _who()})
+    console.print(f"run {rid}: message stored; the agent reads it at its next turn")
 
 
 @app.command()

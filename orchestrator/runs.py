@@ -13,16 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.agent.client import read_api_key
 from orchestrator.controller import Controller
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import get_host
-from orchestrator.proposers import get_proposer
+from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.store import Store
 from orchestrator.targets import TargetSpec, load_target
 from orchestrator.trial import TrialContext
 from orchestrator.workspace import Config, Workspace
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
+
+AGENT_PROPOSERS = ("agent", "claude", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ def start_run(
 ) -> RunOutcome:
     """Create a run row and drive it to a stop."""
     target = load_target(ws.target_path)
+    if ws.config.proposer in AGENT_PROPOSERS:  # no key: say so before a run row exists
+        read_api_key(ws.config.agent)
     store = open_store(ws)
     host = get_host(ws.config.host, state_dir=ws.state_dir)
     run = store.create_run(
@@ -134,7 +139,9 @@ def _drive(
     warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
-    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm)
+    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent)
+    if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
+        proposer.bind(ctx, kb)
     controller = Controller(
         ctx, proposer, repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
         min_gain=config.min_gain, on_trial=on_trial,

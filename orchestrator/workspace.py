@@ -11,6 +11,7 @@ from typing import Any
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.agent.config import AgentConfig
 from orchestrator.tomlfile import validation_message
 
 __all__ = ["BenchConfig", "Config", "ConfigError", "Workspace", "apply_overrides"]
@@ -58,7 +59,7 @@ class Config(BaseModel):
     target: str = ""
     """Target TOML path; empty = the shipped hfserve example."""
     proposer: str = "search"
-    """`search` (Optuna TPE) or `scripted:FILE.json`."""
+    """`search` (Optuna TPE), `claude` (the code agent), `hybrid` (agent + search) or `scripted:FILE.json`."""
     seed: int = 0
     min_gain: float = 0.03
     """A candidate is kept only if it beats the best kept score by this fraction (and by the noise)."""
@@ -66,6 +67,8 @@ class Config(BaseModel):
     """Knowledge base dir findings are written to; empty = `.infergoal/knowledge_base`. The shipped seed is always read."""
     bench: BenchConfig = BenchConfig()
     gates: GateConfig = GateConfig()
+    agent: AgentConfig = AgentConfig()
+    """The code agent (`proposer = "claude"` or `"hybrid"`): model, key source, spend limit."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -6,11 +6,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from orchestrator.targets import TargetSpec
 
-__all__ = ["Candidate", "Proposer", "get_proposer", "knob_key"]
+__all__ = ["Candidate", "Proposer", "RunBound", "get_proposer", "knob_key"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,20 @@ def knob_key(knobs: dict[str, Any]) -> str:
     return json.dumps(knobs, sort_keys=True, default=str)
 
 
-def get_proposer(spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any]] = ()) -> Proposer:
-    """Pick a proposer by key: `search` (default), `scripted:FILE.json` (a list of knob dicts)."""
+@runtime_checkable
+class RunBound(Protocol):
+    """A proposer that needs the run itself (the code agent: worktree, store, KB) before proposing."""
+
+    def bind(self, ctx: Any, kb: Any) -> None:
+        """`ctx`: the run's TrialContext; `kb`: its KnowledgeBase."""
+        ...
+
+
+def get_proposer(
+    spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any]] = (), agent: Any = None,
+) -> Proposer:
+    """Pick a proposer by key: `search` (default), `scripted:FILE.json` (a list of knob dicts),
+    `claude` (the code agent; `agent` is its AgentConfig) or `hybrid` (agent + knob search)."""
     from orchestrator.proposers.scripted import ScriptedProposer
     from orchestrator.proposers.search import SearchProposer
 
@@ -54,5 +66,12 @@ def get_proposer(spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any
             raise ValueError(f"scripted proposer file {path} does not exist")
         return ScriptedProposer(json.loads(path.read_text()))
     if spec in ("agent", "claude", "hybrid"):
-        raise ValueError(f"proposer {spec!r} is not part of this release yet; use 'search' or 'scripted:FILE.json'")
-    raise ValueError(f"unknown proposer {spec!r}; use 'search' or 'scripted:FILE.json'")
+        # Imported here: the agent imports the controller, which imports this package.
+        from orchestrator.agent.config import AgentConfig
+        from orchestrator.proposers.agent import AgentProposer
+        from orchestrator.proposers.hybrid import HybridProposer
+
+        cfg = agent if agent is not None else AgentConfig()
+        claude = AgentProposer(cfg)
+        return claude if spec != "hybrid" else HybridProposer(claude, seed=seed, n_tune=cfg.hybrid_search_trials)
+    raise ValueError(f"unknown proposer {spec!r}; use search, claude, hybrid or scripted:FILE.json")
