@@ -11,7 +11,7 @@ class AgentConfig(BaseModel):
     """The code agent (`proposer = "claude"` or `"hybrid"`). The API key itself is never stored here."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-4-6"
     """Anthropic model id."""
     api_key_env: str = "ANTHROPIC_API_KEY"
     """Environment variable holding the API key (read at run start; never written to the store or logs)."""

@@ -72,7 +72,7 @@ class AgentProposer:
         self.tools = Toolbox(self.wt, store=ctx.store, run_id=ctx.run_id, target=ctx.target, kb=kb, skills=skills)
         self.conv = Conversation.load(agent_dir / "conversation.json")
         contracts = kb.context(engine=ctx.target.engine, hardware=ctx.host.fingerprint()) if kb is not None else ""
-        system = render("system.md.j2", goal=ctx.goal.describe(), target=ctx.target, branch=self.branch,
+        system = render("system.md.j2", goal=f"{ctx.goal.text}\n(read as: {ctx.goal.describe()})", target=ctx.target, branch=self.branch,
                         contracts=contracts, skills=list(skills.values()))
         # Prompt caching: the system prompt and the tools are the same on every call of the run.
         self.system = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
@@ -174,7 +174,7 @@ class AgentProposer:
         later = [t for t in history if t.number > trial.number]
         text = render(
             "outcome.md.j2", trial=trial, gates=self.store.gate_results(trial.id), objective=trial.objective or {},
-            baseline=(baseline.objective or {}) if baseline else {}, prediction=trial.prediction, hit=hit,
+            baseline=(baseline.objective or {}) if baseline else {}, prediction=p.get("prediction") or trial.prediction, hit=hit,
             best=f"trial #{best.number}, {best.score:.3f}x" if best else "the baseline (1.0x)",
             later=render("history.md.j2", rows=history_rows(later, self.ctx.target.baseline_knobs())) if later else "",
             steer=self._new_steers(),

@@ -45,11 +45,17 @@ def error(status: int, etype: str, headers: dict[str, str] | None = None) -> dic
     return {"error_status": status, "error_type": etype, "headers": headers or {}}
 
 
+def _key(headers: Any) -> str | None:
+    """The SDK sends the key as `x-api-key` or `Authorization: Bearer` depending on its version."""
+    auth = headers.get("authorization", "")
+    return headers.get("x-api-key") or (auth[7:] if auth.startswith("Bearer ") else None)
+
+
 def validate(body: dict[str, Any], headers: Any, key: str) -> list[str]:
     """What is wrong with a Messages API request (empty = valid)."""
     errs = []
-    if headers.get("x-api-key") != key:
-        errs.append("x-api-key header missing or wrong")
+    if _key(headers) != key:
+        errs.append("API key missing or wrong (x-api-key or Authorization: Bearer)")
     if not headers.get("anthropic-version"):
         errs.append("anthropic-version header missing")
     if not isinstance(body.get("model"), str) or not isinstance(body.get("max_tokens"), int):
@@ -94,7 +100,7 @@ class MessagesAPI:
         body = await request.json()
         self.requests.append(body)
         errs = validate(body, request.headers, self.key)
-        if request.headers.get("x-api-key") != self.key:
+        if _key(request.headers) != self.key:
             return web.json_response({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}}, status=401)
         if errs:
             self.errors.extend(errs)
