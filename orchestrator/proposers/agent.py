@@ -173,7 +173,7 @@ class AgentProposer:
         best = self._best(history)
         later = [t for t in history if t.number > trial.number]
         text = render(
-            "outcome.md.j2", trial=trial, gates=self.store.gate_results(trial.id), objective=trial.objective or {},
+            "outcome.md.j2", trial=trial, base_commit=self.ctx.base_commit, gates=self.store.gate_results(trial.id), objective=trial.objective or {},
             baseline=(baseline.objective or {}) if baseline else {}, prediction=p.get("prediction") or trial.prediction, hit=hit,
             best=f"trial #{best.number}, {best.score:.3f}x" if best else "the baseline (1.0x)",
             later=render("history.md.j2", rows=history_rows(later, self.ctx.target.baseline_knobs())) if later else "",
