@@ -1,0 +1,69 @@
+"""An agent that cheats is caught by the gates, through the whole loop, on the real hfserve server.
+
+The agent adds a response cache to the server's code; its commit flows through the integrity
+gate's diff scan and the trial is invalid, never measured, never best. Then it reverts and
+submits an honest candidate, which is measured like any other.
+"""
+
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+from messages_api import API_KEY, MessagesAPI, tool_use, turn
+
+from orchestrator.goal import parse_goal
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import PACKAGE_ROOT, Workspace
+
+pytestmark = pytest.mark.slow  # launches the real hfserve server three times
+
+ANCHOR = "class BadRequest(Exception):"
+CHEAT = "response_cache: dict = {}  # request body -> finished reply: skip the model on a repeat\n\n\n" + ANCHOR
+
+
+def _hfserve_repo(tmp: Path) -> Path:
+    repo_dir = tmp / "hfserve"
+    repo_dir.mkdir()
+    shutil.copy(PACKAGE_ROOT / "examples" / "hfserve" / "server.py", repo_dir / "server.py")
+    repo = git.Repo.init(repo_dir)
+    repo.git.add("-A")
+    repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])
+    text = (PACKAGE_ROOT / "examples" / "targets" / "hfserve.toml").read_text()
+    target = tmp / "hfserve.toml"
+    target.write_text(text.replace('source = "../hfserve"', f'source = "{repo_dir}"'))
+    return target
+
+
+def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    target = _hfserve_repo(tmp_path)
+    knobs = {"batching": "on", "decode_loop": "manual"}
+    seen = {}
+
+    def after_cheat(body):
+        seen["cheat"] = [b["content"] for b in body["messages"][-1]["content"] if b.get("type") == "tool_result"][-1]
+        return turn(tool_use("edit_file", path="server.py", old=CHEAT, new=ANCHOR))
+
+    script = [
+        turn(tool_use("edit_file", path="server.py", old=ANCHOR, new=CHEAT)),
+        turn(tool_use("run_trial", knobs=knobs, rationale="answer repeats from a cache", prediction="throughput x10")),
+        after_cheat,
+        turn(tool_use("run_trial", knobs=knobs, rationale="honest batched decode loop", prediction="throughput up")),
+        turn(tool_use("finish", summary="batching on")),
+    ]
+    with MessagesAPI(script) as api:
+        ws = Workspace(tmp_path, [f'target="{target}"', 'proposer="claude"', f'agent.base_url="{api.base_url}"',
+                                  "gates.accuracy=false", "bench.scale=0.3", "bench.baseline_repeats=1"])
+        out = start_run(ws, parse_goal("improve throughput by 20x within 5 trials"))
+        assert api.errors == [], api.errors
+    store = Store(ws.db_url)
+    t = {x.number: x for x in store.list_trials(out.run_id)}
+    assert t[1].status == "invalid" and "integrity gate" in t[1].error and "response_cache" in t[1].error
+    assert not store.measurements(t[1].id), "a rejected candidate is never benchmarked"
+    assert "invalid" in seen["cheat"] and "response_cache" in seen["cheat"], "the agent is told why"
+    assert t[2].status in ("kept", "discarded") and t[2].score and store.measurements(t[2].id)
+    assert [g.status for g in store.gate_results(t[2].id) if g.gate == "integrity"] == ["pass"]
+    run = store.get_run(out.run_id)
+    assert run.best_trial_id != t[1].id and out.stop_reason.startswith("ProposerExhausted")
