@@ -1,0 +1,27 @@
+"""The agent from the command line: a missing key is one clear line, steering is stored for the agent."""
+
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+runner = CliRunner()
+
+
+def test_agent_without_a_key_is_refused_before_a_run_exists(tmp_path, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    for args in (["--agent", "claude"], ["--proposer", "hybrid"]):
+        r = runner.invoke(app, ["-w", str(tmp_path), "goal", *args, "beat the baseline by 20% on TPOT"])
+        assert r.exit_code == 2 and "needs an Anthropic API key: set ANTHROPIC_API_KEY" in r.output
+    assert not Store(Workspace(tmp_path).db_url).list_runs(), "no run row for a refused start"
+    r = runner.invoke(app, ["-w", str(tmp_path), "goal", "--agent", "gpt", "beat the baseline by 20% on TPOT"])
+    assert r.exit_code == 2 and "unknown agent 'gpt'" in r.output
+
+
+def test_steer_stores_a_message_for_the_agent(tmp_path):
+    store = Store(Workspace(tmp_path).db_url)
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "claude")
+    r = runner.invoke(app, ["-w", str(tmp_path), "steer", "leave the dtype alone"])
+    assert r.exit_code == 0 and f"run {run.id}" in r.output
+    assert [e.message for e in store.events(run.id, kind="steer")] == ["leave the dtype alone"]
