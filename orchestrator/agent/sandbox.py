@@ -129,10 +129,19 @@ class EngineWorktree:
         if not p.is_file():
             raise ToolError(f"{path} is a folder; use list_files")
         lines = p.read_text(errors="replace").splitlines()
-        chunk = lines[offset: offset + limit]
-        body = "\n".join(f"{i + offset + 1:5d}  {line}" for i, line in enumerate(chunk))
-        more = f"\n... ({len(lines) - offset - limit} more lines; read with offset={offset + limit})" if offset + limit < len(lines) else ""
-        return truncate(body + more, self.max_output_chars)
+        out: list[str] = []
+        size = 0
+        end = min(len(lines), offset + limit)
+        for i in range(offset, end):
+            line = f"{i + 1:5d}  {lines[i]}"
+            if size + len(line) > self.max_output_chars and out:
+                end = i  # cut at a line boundary: code read in pages, never with a hole in the middle
+                break
+            out.append(line)
+            size += len(line) + 1
+        if end < len(lines):
+            out.append(f"... ({len(lines) - end} more lines; read on with offset={end})")
+        return "\n".join(out)
 
     def grep(self, pattern: str, path: str = ".") -> str:
         try:

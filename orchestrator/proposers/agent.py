@@ -47,6 +47,20 @@ def _block(b: Any) -> dict[str, Any]:
     return b.model_dump(exclude_none=True)
 
 
+def _with_cache_point(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages with a cache breakpoint on the last block: the next call reads the whole
+    conversation so far from the prompt cache (0.1x price) instead of paying for it again.
+    Only the request copy is marked, so the stored conversation never piles up breakpoints
+    (the API allows four: system, tools and this one)."""
+    if not messages:
+        return messages
+    last = messages[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content]
+    blocks[-1]["cache_control"] = {"type": "ephemeral"}
+    return [*messages[:-1], {**last, "content": blocks}]
+
+
 class AgentProposer:
     """The `claude` proposer. `bind(ctx, kb)` attaches it to a run before the first propose()."""
 
@@ -104,7 +118,8 @@ class AgentProposer:
         for _ in range(self.cfg.max_turns_per_trial):
             self._check_cost()
             try:
-                message, u = self.client.create(system=self.system, tools=self.tool_schemas, messages=conv.messages)
+                message, u = self.client.create(system=self.system, tools=self.tool_schemas,
+                                                messages=_with_cache_point(conv.messages))
             except AgentAPIError as e:
                 self.store.add_event(self.run_id, "agent.error", str(e))
                 self.store.set_run_status(self.run_id, "stopped", stop_reason=f"agent: {e}")

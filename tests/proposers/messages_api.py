@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,9 @@ def validate(body: dict[str, Any], headers: Any, key: str) -> list[str]:
     for t in body.get("tools", []):
         if not t.get("name") or t.get("input_schema", {}).get("type") != "object":
             errs.append(f"bad tool definition {t.get('name')}")
+    marks = json.dumps(body).count('"cache_control"')
+    if marks > 4:
+        errs.append(f"{marks} cache_control breakpoints; the API allows at most 4")
     msgs = body.get("messages") or []
     if not msgs or msgs[0]["role"] != "user":
         errs.append("messages must start with a user turn")

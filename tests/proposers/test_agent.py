@@ -73,6 +73,8 @@ def test_edit_then_run_trial_returns_a_commit_and_the_outcome_answers_it(env):
         first = api.requests[0]
         assert first["system"][-1]["cache_control"] == {"type": "ephemeral"}
         assert first["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+        last = api.requests[-1]["messages"][-1]["content"][-1]
+        assert last["cache_control"] == {"type": "ephemeral"}, "the conversation so far is a cache prefix"
         assert "beat the baseline by 50%" in first["system"][0]["text"] and "batching-decode" in first["system"][0]["text"]
     results = seen["outcome"]
     assert results[trial["id"]].get("is_error") is None and "kept" in results[trial["id"]]["content"]
