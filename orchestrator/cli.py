@@ -376,6 +376,27 @@ def steer(
 
 
 @app.command()
+def diff(
+    a: int = typer.Argument(..., help="Trial number (0 = the baseline)."),
+    b: int = typer.Argument(..., help="Trial number to compare with."),
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: the latest run)."),
+) -> None:
+    """Show the engine code change between two trials' commits (git diff)."""
+    import git
+
+    store = _store()
+    rid = _run_id(store, run)
+    ta, tb = store.get_trial_by_number(rid, a), store.get_trial_by_number(rid, b)
+    if ta is None or tb is None:
+        _fail(f"run {rid} has no trial #{a if ta is None else b}; list them with `infergoal trials`")
+    try:
+        text = git.Repo(store.get_run(rid).target["source"], search_parent_directories=True).git.diff(ta.commit, tb.commit)
+    except (git.GitError, OSError) as e:
+        _fail(f"cannot diff the commits of #{a} and #{b}: {e}")
+    sys.stdout.write((text or f"(no code change between #{a} and #{b})") + "\n")
+
+
+@app.command()
 def init(path: Path = typer.Argument(Path("."), help="Folder to make a workspace of.")) -> None:
     """Create a workspace: infergoal.toml and a copy of the seed knowledge base."""
     from orchestrator.workspace import CONFIG_NAME, PACKAGE_ROOT

@@ -43,5 +43,8 @@ class AgentConfig(BaseModel):
     """Timeout of one API request."""
     hybrid_search_trials: int = Field(3, ge=0)
     """Hybrid proposer: knob-search trials run on each structural commit before the agent goes on."""
+    approval_wait_s: float = Field(0.0, ge=0)
+    """When a trial needs approval, wait up to this long for `infergoal approve/reject N` before the
+    agent goes on (0 = do not wait; the agent is told the trial awaits a person's decision)."""
     prediction_tolerance: float = Field(0.2, gt=0)
     """A prediction `expected_score` within this relative distance of the measured score is a hit."""

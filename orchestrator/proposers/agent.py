@@ -11,6 +11,7 @@ the run dir), so a resumed run continues it.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -181,8 +182,18 @@ class AgentProposer:
     def _trial_for(self, p: dict[str, Any], history: Sequence[Any]) -> Any:
         return next((t for t in history if t.number > p["after"] and t.proposer == self.name), None)
 
+    def _await_approval(self, trial: Any) -> Any:
+        """A trial waiting for a person: give them `approval_wait_s` to decide before the agent goes on."""
+        deadline = time.monotonic() + self.cfg.approval_wait_s
+        while trial.status == "needs_approval" and time.monotonic() < deadline:
+            time.sleep(min(1.0, self.cfg.approval_wait_s))
+            trial = self.store.get_trial(trial.id)
+        return trial
+
     def _answer_pending(self, trial: Any, history: Sequence[Any]) -> None:
         conv, p = self.conv, self.conv.pending
+        if trial.status == "needs_approval":
+            trial = self._await_approval(trial)
         hit = self._score_prediction(trial, p)
         baseline = next((t for t in history if t.number == 0), None)
         best = self._best(history)

@@ -5,6 +5,7 @@ way the controller does; tests/proposers/test_agent_run.py runs the real control
 """
 
 import json
+import threading
 
 import pytest
 from agent_env import SLOW_LINE, agent_config, make_ctx, make_engine_repo
@@ -207,3 +208,20 @@ def test_steering_reaches_the_agent_and_old_turns_are_compacted(env):
     assert len(msgs) == 3 and "compacted" in msgs[0]["content"] and "try 6 ms" in msgs[0]["content"]
     assert "leave the dtype alone" in msgs[-1]["content"][-1]["content"]
     assert [e.kind for e in store.events(ctx.run_id, kind="agent.compact")] == ["agent.compact"]
+
+
+def test_a_trial_needing_approval_waits_for_the_person(env):
+    ctx, kb, store = env
+    seen = {}
+
+    def after(body):
+        seen["outcome"] = _last_tool_results(body)
+        return turn(tool_use("finish", summary="ok"))
+
+    with MessagesAPI([turn(tool_use("run_trial", knobs={"tpot_ms": 6.0}, rationale="r", prediction="p")), after]) as api:
+        p = _proposer(api, ctx, kb, approval_wait_s=5.0)
+        c = p.propose(store.list_trials(ctx.run_id), ctx.target)
+        t = _record(store, ctx, 1, c.knobs, c.commit, "needs_approval", 1.4)
+        threading.Timer(0.5, lambda: store.set_trial_status(t.id, "rejected")).start()
+        p.propose(store.list_trials(ctx.run_id), ctx.target)
+    assert "**rejected**" in next(iter(seen["outcome"].values()))["content"]
