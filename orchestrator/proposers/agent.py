@@ -34,7 +34,7 @@ _CONTINUE = "Continue with your tools; when the change is ready call run_trial(.
 
 
 def _tool_result(tool_use_id: str, content: Any, is_error: bool = False) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": str(content)}
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tool_use_id, "content": str(content) or "(empty)"}
     if is_error:
         block["is_error"] = True
     return block
@@ -127,7 +127,9 @@ class AgentProposer:
                 raise
             usage.add(u)
             self._count(u)
-            conv.messages.append({"role": "assistant", "content": [_block(b) for b in message.content]})
+            # An empty assistant turn would make every later request invalid: keep a placeholder.
+            content = [_block(b) for b in message.content] or [{"type": "text", "text": "(no reply)"}]
+            conv.messages.append({"role": "assistant", "content": content})
             conv.save()
             out = self._run_tools(conv.messages[-1]["content"], history)
             if out is not None:

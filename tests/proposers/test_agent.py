@@ -225,3 +225,21 @@ def test_a_trial_needing_approval_waits_for_the_person(env):
         threading.Timer(0.5, lambda: store.set_trial_status(t.id, "rejected")).start()
         p.propose(store.list_trials(ctx.run_id), ctx.target)
     assert "**rejected**" in next(iter(seen["outcome"].values()))["content"]
+
+
+def test_tool_calls_cut_by_a_kill_are_run_on_resume(env):
+    ctx, kb, store = env
+    first = tool_use("list_files")
+
+    def killed(name, args):
+        raise KeyboardInterrupt  # the process dies after the reply was saved, before its tools ran
+
+    with MessagesAPI([turn(first), turn(tool_use("run_trial", knobs={}, rationale="r", prediction="p"))]) as api:
+        p = _proposer(api, ctx, kb)
+        p.tools.call = killed
+        with pytest.raises(KeyboardInterrupt):
+            p.propose(store.list_trials(ctx.run_id), ctx.target)
+        assert p.conv.unanswered_tool_uses() == [first]
+        c = _proposer(api, ctx, kb).propose(store.list_trials(ctx.run_id), ctx.target)
+        assert c is not None and api.errors == []
+        assert "fakeserver.py" in _last_tool_results(api.requests[-1])[first["id"]]["content"]

@@ -94,7 +94,10 @@ def test_agent_code_change_is_deployed_measured_and_survives_a_kill(setup):
     preds = store.events(out.run_id, kind="agent.prediction")
     # #3 met the goal, so the run ended before its outcome went back (and was scored).
     assert [e.data["score"] for e in preds] == [t[1].score], "predictions are scored on measured numbers"
-    assert all("measured" not in (e.message or "") for e in store.events(out.run_id, kind="agent.usage"))
+    # The key is never written anywhere the run keeps: not the store, not the conversation, not a log.
+    kept = [ws.state_dir / "infergoal.db", *ws.run_dir(out.run_id).rglob("*.json"), *ws.run_dir(out.run_id).rglob("*.log")]
+    assert all(API_KEY.encode() not in f.read_bytes() for f in kept if f.is_file())
+    assert (ws.run_dir(out.run_id) / "agent" / "conversation.json").is_file()
 
 
 def test_hybrid_alternates_agent_commits_and_knob_searches(setup):
