@@ -34,7 +34,8 @@ __all__ = ["PROTECTED", "EngineWorktree", "truncate"]
 # The gate suite, its held-out data and the harness, plus git's own files.
 PROTECTED: tuple[str, ...] = (*DEFAULT_PROTECTED, ".git", "*/.git/*", "gates", "*heldout*", "*/gates/*")
 # Absolute paths a command may name: system tools and devices, all read-only for us.
-_SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib", "/opt/", "/etc/", "/proc/self", "/dev/null", "/dev/stdout", "/dev/stderr")
+_SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/lib", "/opt/", "/etc/", "/proc/self", "/proc/cpuinfo", "/proc/meminfo",
+                    "/dev/null", "/dev/stdout", "/dev/stderr")
 _AUTHOR = ("-c", "user.name=infergoal-agent", "-c", "user.email=agent@infergoal.invalid")
 
 
