@@ -77,7 +77,7 @@ Accepted goal forms (clauses combine with "and" or ","):
   improve throughput by 2x
   get p90 TTFT under 150 ms        |  get throughput above 500 tok/s
   without accuracy loss
-  within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials
+  within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials  |  within $20 (agent spend)
 Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99).
 Example: infergoal goal "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m"
 A goal may also be a TOML file: see examples/goals/."""
@@ -168,6 +168,8 @@ class Budget(BaseModel):
     """Maximum number of trials, the baseline included."""
     tokens: int | None = None
     """Maximum LLM tokens an agent proposer may spend."""
+    cost_usd: float | None = None
+    """Maximum dollars an agent proposer may spend ("within $20")."""
     stall_trials: int = 8
     """Stop after this many consecutive trials without a new best."""
 
@@ -203,7 +205,8 @@ class GoalSpec(BaseModel):
         if self.accuracy_mode == "no_loss":
             parts.append("without accuracy loss")
         b = self.budget
-        limits = [f"{b.wall_s / 60:g} min" if b.wall_s else "", f"{b.trials} trials" if b.trials else ""]
+        limits = [f"{b.wall_s / 60:g} min" if b.wall_s else "", f"{b.trials} trials" if b.trials else "",
+                  f"${b.cost_usd:g}" if b.cost_usd else ""]
         if any(limits):
             parts.append("within " + " and ".join(x for x in limits if x))
         return "; ".join(parts)
@@ -262,14 +265,17 @@ def parse_goal(text: str) -> GoalSpec:
                 budget["trials"] = int(float(num))
             else:
                 budget["wall_s"] = budget.get("wall_s", 0) + _duration_s(float(num), unit)
+        for dollars in re.findall(r"\$(\d+(?:\.\d+)?)", m.group(1)):
+            budget["cost_usd"] = float(dollars)
         leftover = re.sub(
-            r"(\d+(?:\.\d+)?)\s*(hours?|h|minutes?|mins?|m|seconds?|secs?|s|trials?)\b|\band\b|,|\s", "", m.group(1)
+            r"\$\d+(?:\.\d+)?|(\d+(?:\.\d+)?)\s*(hours?|h|minutes?|mins?|m|seconds?|secs?|s|trials?)\b|\band\b|,|\s", "",
+            m.group(1),
         )
         if leftover:
             raise GoalError(f"cannot read budget {m.group(0)!r}.\n{ACCEPTED_FORMS}")
         return " "
 
-    s = re.sub(r"\b(?:within|in at most|in)\s+((?:\d[\d.]*\s*[a-z]+(?:\s*(?:,|and)\s*)?)+)$", take_budget, s)
+    s = re.sub(r"\b(?:within|in at most|in)\s+((?:(?:\$\d[\d.]*|\d[\d.]*\s*[a-z]+)(?:\s*(?:,|and)\s*)?)+)$", take_budget, s)
 
     def take_accuracy(m: re.Match[str]) -> str:
         constraints.append(Constraint(kind="accuracy", mode="no_loss"))

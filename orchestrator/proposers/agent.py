@@ -254,9 +254,17 @@ class AgentProposer:
                              data={**usage.as_dict(), "for_trial": nxt, "total_cost_usd": self.conv.usage.get("cost_usd", 0.0)})
 
     def _check_cost(self) -> None:
-        spent = float(self.conv.usage.get("cost_usd", 0.0))
-        if self.cfg.max_cost_usd is not None and spent >= self.cfg.max_cost_usd:
-            raise BudgetExhausted(f"the agent spent ${spent:.2f}; the limit is ${self.cfg.max_cost_usd:g} (agent.max_cost_usd)")
+        """Stop on spend: `agent.max_cost_usd`, the goal's "within $N" and its `budget.tokens`."""
+        u = self.conv.usage
+        spent = float(u.get("cost_usd", 0.0))
+        budget = self.ctx.goal.budget
+        for limit, source in ((self.cfg.max_cost_usd, "agent.max_cost_usd"), (budget.cost_usd, "the goal's budget")):
+            if limit is not None and spent >= limit:
+                raise BudgetExhausted(f"the agent spent ${spent:.2f}; the limit is ${limit:g} ({source})")
+        tokens = sum(int(u.get(k, 0)) for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                                 "cache_read_input_tokens"))
+        if budget.tokens is not None and tokens >= budget.tokens:
+            raise BudgetExhausted(f"the agent used {tokens} tokens; the goal's budget is {budget.tokens}")
 
     # --- steering and the best commit ------------------------------------------------------
     def _new_steers(self) -> list[str]:

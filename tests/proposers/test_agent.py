@@ -187,6 +187,17 @@ def test_spend_limit_stops_the_run(env):
         assert len(api.requests) == 2
 
 
+def test_the_goals_dollar_budget_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    store = Store("sqlite://")
+    ctx, kb = make_ctx(tmp_path, store, make_engine_repo(tmp_path), goal="beat the baseline by 50% on TPOT within $0.01")
+    assert ctx.goal.budget.cost_usd == 0.01
+    with MessagesAPI([turn(tool_use("list_files")), turn(tool_use("list_files"))]) as api:
+        with pytest.raises(BudgetExhausted, match=r"the limit is \$0.01 \(the goal's budget\)"):
+            _proposer(api, ctx, kb).propose(store.list_trials(ctx.run_id), ctx.target)
+        assert len(api.requests) == 2
+
+
 def test_steering_reaches_the_agent_and_old_turns_are_compacted(env):
     ctx, kb, store = env
     big = {"input_tokens": 150_000, "output_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
