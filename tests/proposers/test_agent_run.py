@@ -7,6 +7,7 @@ killed mid-trial resumes and continues the same conversation, the hybrid alterna
 commits and knob searches on them and keeps the best of both, and tokens and dollars are stored.
 """
 
+import git
 import pytest
 from agent_env import FAST_LINE, SLOW_LINE, make_engine_repo, write_target
 from messages_api import API_KEY, MessagesAPI, tool_use, turn
@@ -127,3 +128,6 @@ def test_hybrid_alternates_agent_commits_and_knob_searches(setup):
     best = store.get_trial(store.get_run(out.run_id).best_trial_id)
     scored = [x for x in t.values() if x.status == "kept" and x.number]
     assert best.score == max(x.score for x in scored) and best.score > 1.8
+    engine = git.Repo(store.get_run(out.run_id).target["source"])
+    tags = [tag for tag in engine.tags if tag.name.endswith("-best")]
+    assert [tag.commit.hexsha for tag in tags] == [best.commit], "the best commit is tagged on the run's branch"
