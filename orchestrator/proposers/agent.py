@@ -75,8 +75,9 @@ class AgentProposer:
     # --- wiring ----------------------------------------------------------------------------
     def bind(self, ctx: Any, kb: Any) -> None:
         if not ctx.base_commit:
-            raise AgentConfigError(f"the target's source {ctx.source_dir} is not in a git repository with a commit; "
-                                   "the agent's candidates are commits: run `git init && git add -A && git commit -m base` there")
+            raise AgentConfigError(
+                f"the target's source {ctx.source_dir} is not in a git repository with a commit; the agent's "
+                "candidates are commits: run `git init && git add -A && git commit -m base` there")
         self.ctx, self.store, self.run_id = ctx, ctx.store, ctx.run_id
         agent_dir = ctx.run_dir / "agent"
         tag = hashlib.sha1(str(agent_dir.resolve()).encode()).hexdigest()[:8]
@@ -87,8 +88,9 @@ class AgentProposer:
         self.tools = Toolbox(self.wt, store=ctx.store, run_id=ctx.run_id, target=ctx.target, kb=kb, skills=skills)
         self.conv = Conversation.load(agent_dir / "conversation.json")
         contracts = kb.context(engine=ctx.target.engine, hardware=ctx.host.fingerprint()) if kb is not None else ""
-        system = render("system.md.j2", goal=f"{ctx.goal.text}\n(read as: {ctx.goal.describe()})", target=ctx.target, branch=self.branch,
-                        contracts=contracts, skills=list(skills.values()))
+        goal = f"{ctx.goal.text}\n(read as: {ctx.goal.describe()})"
+        system = render("system.md.j2", goal=goal, target=ctx.target, branch=self.branch, contracts=contracts,
+                        skills=list(skills.values()))
         # Prompt caching: the system prompt and the tools are the same on every call of the run.
         self.system = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
         schemas = self.tools.schemas()
@@ -117,11 +119,15 @@ class AgentProposer:
             if out is not None:
                 return self._done(out, usage, history)
         for _ in range(self.cfg.max_turns_per_trial):
-            self._check_cost()
             try:
+                self._check_cost()
                 message, u = self.client.create(system=self.system, tools=self.tool_schemas,
                                                 messages=_with_cache_point(conv.messages))
+            except BudgetExhausted:
+                self._record_usage(usage, history)
+                raise
             except AgentAPIError as e:
+                self._record_usage(usage, history)
                 self.store.add_event(self.run_id, "agent.error", str(e))
                 self.store.set_run_status(self.run_id, "stopped", stop_reason=f"agent: {e}")
                 raise
