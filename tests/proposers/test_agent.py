@@ -6,6 +6,7 @@ way the controller does; tests/proposers/test_agent_run.py runs the real control
 
 import json
 import threading
+from dataclasses import replace
 
 import pytest
 from agent_env import SLOW_LINE, agent_config, make_ctx, make_engine_repo
@@ -254,3 +255,11 @@ def test_tool_calls_cut_by_a_kill_are_run_on_resume(env):
         c = _proposer(api, ctx, kb).propose(store.list_trials(ctx.run_id), ctx.target)
         assert c is not None and api.errors == []
         assert "fakeserver.py" in _last_tool_results(api.requests[-1])[first["id"]]["content"]
+
+
+def test_a_source_outside_git_is_a_clear_error(env, tmp_path):
+    ctx, kb, store = env
+    with MessagesAPI([]) as api:
+        p = AgentProposer(agent_config(api.base_url))
+        with pytest.raises(AgentConfigError, match="not in a git repository.*git init"):
+            p.bind(replace(ctx, base_commit=None), kb)
