@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.audit.study import StudyError, save_study
 from orchestrator.controller import Controller
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import get_host
@@ -148,6 +149,10 @@ def _drive(
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
+    try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)
+        save_study(store, run_id, ws.db_url)
+    except StudyError:
+        pass
     return RunOutcome(run_id=run_id, stop_reason=reason)
 
 

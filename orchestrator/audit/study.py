@@ -103,10 +103,14 @@ def build_study(store: Any, run_id: int, storage: Any = None) -> optuna.Study:
     return study
 
 
-def save_study(store: Any, run_id: int) -> str:
-    """Write (or rewrite) run `run_id`'s study next to the store; return the storage URL."""
-    url = study_storage_url(store.url)
-    _ensure_schema(store.url)
+def save_study(store: Any, run_id: int, store_url: str | None = None) -> str:
+    """Write (or rewrite) run `run_id`'s study next to the store; return the storage URL.
+
+    `store_url` is the store's full URL (`store.url` hides the password, so pass it when there is one).
+    """
+    store_url = store_url or store.url
+    url = study_storage_url(store_url)
+    _ensure_schema(store_url)
     storage = optuna.storages.RDBStorage(url)
     try:
         name = study_name(run_id)

@@ -161,7 +161,8 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     changed = {k: v for k, v in trial.knobs.items() if base is None or base.knobs.get(k) != v}
     actions = [{"kind": e.kind, "who": (e.data or {}).get("who", "?") if isinstance(e.data, dict) else "?",
                 "ts": e.ts, "message": e.message} for e in events if e.trial_id == trial.id and e.kind in HUMAN_ACTIONS]
-    decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, events)
+    approved = any(a["kind"] == "approve" for a in actions)
+    decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, approved)
     recorded = _decision_record(trial, events)
     if recorded:
         # The controller's own words beat a reconstruction; keep ours for what it left out.
@@ -178,7 +179,7 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
 
 
 def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any],
-            events: list[Any]) -> tuple[str, str, dict[str, Any]]:
+            approved: bool) -> tuple[str, str, dict[str, Any]]:
     n = trial.number
     if trial.status in ("pending", "running"):
         if run.status == "running":
@@ -214,7 +215,7 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
     score = trial.score or 0.0
     keep_words = (f"threshold {line['threshold']:.3f}x = best {line['best']:.3f}x (#{line['best_trial']}) "
                   f"x (1 + max(min_gain {line['min_gain']:.1%}, noise {line['noise']:.1%}))")
-    if trial.status in ("needs_approval", "rejected") and drift is not None:
+    if drift is not None and (trial.status in ("needs_approval", "rejected") or approved):
         ev["accuracy"] = _gate_evidence(drift)
         return "gate:accuracy", (f"faster (score {score:.3f}x) but the accuracy gate measured drift under a "
                                  f"'without accuracy loss' goal: {drift.reason}; a person decides"), ev
