@@ -108,14 +108,16 @@ class Shell(cmd.Cmd):
         with log.open("ab") as out:
             self.child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, env={**os.environ, "COLUMNS": "120"})
-        self._watch_stop.clear()
-        threading.Thread(target=self._watch, args=(before.id if before else 0, args[0] == "resume"), daemon=True).start()
+        # One stop flag per watcher: a new launch must not revive the previous run's watcher.
+        self._watch_stop = threading.Event()
+        threading.Thread(target=self._watch, args=(before.id if before else 0, args[0] == "resume", self._watch_stop),
+                         daemon=True).start()
         self.say(f"started in the background (pid {self.child.pid}, log {log}); /status to follow, /stop to stop")
 
-    def _watch(self, before: int, resuming: bool) -> None:
+    def _watch(self, before: int, resuming: bool, stop: threading.Event) -> None:
         """Print each trial as the store records it, and the run's end."""
         child = self.child
-        while not self._watch_stop.is_set():
+        while not stop.is_set():
             if not resuming:
                 newer = [r for r in self.store.list_runs() if r.id > before]
                 if newer:
