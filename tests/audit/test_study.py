@@ -77,3 +77,38 @@ def test_optuna_dashboard_reads_the_finished_run(audited):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.mark.postgres
+def test_postgres_keeps_the_study_in_the_same_database_in_its_own_schema(tmp_path):
+    import os
+
+    from audit_data import build_run
+    from sqlalchemy import create_engine, inspect, text
+
+    from orchestrator.store import Store
+    from orchestrator.store.models import Base
+
+    url = os.environ.get("INFERGOAL_TEST_PG_URL")
+    if not url:
+        pytest.skip("INFERGOAL_TEST_PG_URL not set (.ci/start_postgres.sh starts a PostgreSQL)")
+    engine = create_engine(url)
+    with engine.begin() as conn:  # start empty: the database outlives tests
+        conn.execute(text("DROP SCHEMA IF EXISTS optuna CASCADE"))
+        Base.metadata.drop_all(conn)
+    store = Store(url)
+    try:
+        rid = build_run(store, tmp_path)
+        storage = save_study(store, rid, url)
+        study = optuna.load_study(study_name=study_name(rid), storage=storage)
+        assert len(study.trials) == 9 and study.best_value == 2.0
+        assert len(store.list_trials(rid)) == 10, "the store's own trials table is untouched"
+        insp = inspect(engine)
+        assert "trials" in insp.get_table_names(schema="optuna") and "studies" in insp.get_table_names(schema="optuna")
+        assert "studies" not in insp.get_table_names()  # nothing of Optuna's in the store's schema
+    finally:
+        store.close()
+        with engine.begin() as conn:
+            conn.execute(text("DROP SCHEMA IF EXISTS optuna CASCADE"))
+            Base.metadata.drop_all(conn)
+        engine.dispose()
