@@ -225,9 +225,13 @@ def log(
 def shell(ctx: typer.Context) -> None:
     """Interactive prompt with history and completion: /goal, /status, /trials, /show N, /why N, /steer, /approve N, /reject N, /stop, /kb."""
     from orchestrator.shell import Shell
+    from orchestrator.store import StoreError
 
-    p = ctx.find_root().params
-    Shell(workspace_of(ctx), global_args=_global_args(p)).cmdloop()
+    try:
+        sh = Shell(workspace_of(ctx), global_args=_global_args(ctx.find_root().params))
+    except StoreError as e:
+        _fail(str(e))
+    sh.cmdloop()
 
 
 def _global_args(p: dict[str, Any]) -> list[str]:

@@ -48,12 +48,14 @@ class Shell(cmd.Cmd):
         self.store = open_store(ws)
         self.global_args = global_args or ["-w", str(ws.root)]
         self.child: subprocess.Popen[bytes] | None = None
-        self.run_id: int | None = (self.store.latest_run().id if self.store.latest_run() else None)
+        latest = self.store.latest_run()
+        self.run_id: int | None = latest.id if latest else None
         self._seen: set[int] = set()
         self._watch_stop = threading.Event()
         self._lock = threading.Lock()
         self._matches: list[str] = []
         self.history = ws.state_dir / "shell_history"
+        self._history_loaded = False
 
     # --- prompt plumbing ------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -61,8 +63,19 @@ class Shell(cmd.Cmd):
             self.stdout.write(text + "\n")
             self.stdout.flush()
 
+    def cmdloop(self, intro: Any = None) -> None:
+        """The prompt; Ctrl-C clears the line instead of leaving (the background run goes on)."""
+        while True:
+            try:
+                super().cmdloop(intro)
+                return
+            except KeyboardInterrupt:
+                self.say("^C — /quit leaves the shell, /stop stops the run")
+                intro = ""
+
     def preloop(self) -> None:
-        if readline is not None:
+        if readline is not None and not self._history_loaded:
+            self._history_loaded = True
             readline.set_completer_delims(" \t\n")  # '/' is part of a command name here
             self.history.parent.mkdir(parents=True, exist_ok=True)
             if self.history.is_file():
@@ -152,7 +165,7 @@ class Shell(cmd.Cmd):
             return self.say(f"error: {e}")
         self.say(f"goal: {spec.describe()}")
         self._seen.clear()
-        self._launch(["goal", arg.strip(), "--no-report"])
+        self._launch(["goal", arg.strip()])
         return None
 
     def do_resume(self, arg: str) -> None:
@@ -164,7 +177,7 @@ class Shell(cmd.Cmd):
             return self.say("no run to resume")
         self.run_id = run
         self._seen = {t.id for t in self.store.list_trials(run) if t.status in _DONE}
-        self._launch(["resume", str(run), "--no-report"])
+        self._launch(["resume", str(run)])
         return None
 
     def do_stop(self, arg: str) -> None:

@@ -53,6 +53,10 @@ def test_goal_status_approve_stop_resume(shell):
     child.expect(r"#0 kept 1\.000x")  # the baseline, printed as the store records it
     child.sendline("/status")
     child.expect(r"run 2 running: \d+ trials.*\[background: running\]")
+    child.sendintr()  # Ctrl-C at the prompt clears the line; the background run goes on
+    child.expect_exact("/quit leaves the shell, /stop stops the run")
+    child.sendline("/status")
+    child.expect(r"run 2 running: .*\[background: running\]")
     child.sendline("/stop")
     child.expect(r"run 2 stopped; /resume continues it")
     store = Store(f"sqlite:///{root / '.infergoal' / 'infergoal.db'}")
