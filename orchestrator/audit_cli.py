@@ -1,4 +1,4 @@
-"""Audit commands of the `infergoal` CLI: why, lineage, export, study, log, shell.
+"""Audit commands of the `infergoal` CLI: why, lineage, export, study, floors, log, shell.
 
 They live in their own typer app, merged into the main one (`app.add_typer(audit_app)`), so
 the main CLI module stays small. Like the main CLI, commands import what they need when they
@@ -242,3 +242,21 @@ def _global_args(p: dict[str, Any]) -> list[str]:
     for o in p.get("override") or []:
         args += ["-o", o]
     return args
+
+
+@audit_app.command()
+def floors(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+) -> None:
+    """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        _fail(f"cannot read {file}: {e}; give the JSON benchmarks/gpu/sol.py --out wrote")
+    if not isinstance(data, dict) or not isinstance(data.get("floors"), dict):
+        _fail(f"{file} has no `floors` object; give the JSON benchmarks/gpu/sol.py --out wrote")
+    _, store, rid = _open(ctx, run)
+    store.add_event(rid, "speed_of_light", f"floors from {file.name}", data={"floors": data["floors"], "source": str(file)})
+    console.print(f"run {rid}: floors recorded ({', '.join(data['floors'])}); `infergoal report --html` shows % of them")

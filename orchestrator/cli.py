@@ -43,7 +43,7 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
-app.add_typer(audit_app)  # why, lineage, export, study, log, shell (orchestrator/audit_cli.py)
+app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/audit_cli.py)
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 

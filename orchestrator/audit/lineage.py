@@ -16,6 +16,7 @@ from typing import Any
 __all__ = ["LineageStep", "lineage", "parent_of"]
 
 _CONFIRM_OF = re.compile(r"#(\d+)\s*$")
+_PAIRED_OF = re.compile(r"of #(\d+)")
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,12 @@ def parent_of(trial: Any, trials: list[Any]) -> int | None:
     recorded = getattr(trial, "parent_number", None)
     if isinstance(recorded, int):
         return recorded
-    if trial.proposer == "confirm":
-        m = _CONFIRM_OF.search(trial.rationale or "")
+    if trial.proposer in ("confirm", "paired"):  # "confirm by a clean relaunch: #7", "paired A/B of #7, round 1: B"
+        m = _CONFIRM_OF.search(trial.rationale or "") or _PAIRED_OF.search(trial.rationale or "")
         if m:
             return int(m.group(1))
-    earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score and t.proposer != "confirm"]
+    earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score
+               and t.proposer not in ("confirm", "paired", "sentinel")]
     best = max(earlier, key=lambda t: (t.score, -t.number), default=None)
     return best.number if best is not None else 0
 

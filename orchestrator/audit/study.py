@@ -20,6 +20,8 @@ import optuna
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from orchestrator.audit.why import NOT_SEARCH
+
 __all__ = ["OPTUNA_SCHEMA", "StudyError", "save_study", "study_name", "study_storage_url"]
 
 OPTUNA_SCHEMA = "optuna"
@@ -72,7 +74,7 @@ def _study_trials(run: Any, trials: list[Any]) -> list[optuna.trial.FrozenTrial]
     dists = distributions(TargetSpec(**run.target))
     out = []
     for t in trials:
-        if t.proposer == "confirm" or set(t.knobs) != set(dists):
+        if t.proposer in NOT_SEARCH or set(t.knobs) != set(dists):  # re-measurements repeat a knob set
             continue
         attrs = {"infergoal_number": t.number, "status": t.status, "proposer": t.proposer}
         if t.error:

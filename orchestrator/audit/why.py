@@ -14,9 +14,14 @@ from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
 
-__all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "trial_cost"]
+__all__ = ["NOT_SEARCH", "Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "trial_cost"]
 
 CONFIRM = "confirm"
+#: Trials that re-measure a candidate or the baseline rather than propose one: they never set the
+#: best and do not count against the budget (a clean relaunch, the halves of a paired A/B, a sentinel).
+NOT_SEARCH = ("confirm", "paired", "sentinel")
+#: Event kinds in which the controller records its own decision on a trial.
+DECISION_EVENTS = ("trial.why", "decision", "verdict", "trial.decision")
 # Error prefixes the trial writes (`ExcType: message`) -> what broke, in words.
 _FAILURE_CLASSES = (
     ("ServerCrashed", "startup", "the server exited before it became healthy"),
@@ -100,10 +105,16 @@ def _sum_usage(events: list[Any]) -> dict[str, float]:
     return {"tokens": tokens, "dollars": dollars}
 
 
+def _for_trial(e: Any, trial: Any) -> bool:
+    # An agent records a proposal's usage before the trial exists: `for_trial` names its number.
+    data = e.data if isinstance(e.data, dict) else {}
+    return e.trial_id == trial.id or (e.trial_id is None and data.get("for_trial") == trial.number)
+
+
 def trial_cost(store: Any, trial: Any, events: list[Any] | None = None) -> dict[str, Any]:
     """Seconds per step (and total) plus any tokens/dollars recorded against the trial."""
     events = store.events(trial.run_id) if events is None else events
-    usage = _sum_usage([e for e in events if e.trial_id == trial.id])
+    usage = _sum_usage([e for e in events if _for_trial(e, trial) and e.kind not in DECISION_EVENTS])
     timings = dict(trial.timings or {})
     return {"seconds": timings.get("total", sum(v for k, v in timings.items() if k != "trial")),
             "steps": timings, **usage}
@@ -114,10 +125,16 @@ def _decision_record(trial: Any, events: list[Any]) -> dict[str, Any]:
     rec = getattr(trial, "decision", None)
     if isinstance(rec, dict) and rec:
         return dict(rec)
-    for e in reversed(events):
-        if e.trial_id == trial.id and e.kind in ("decision", "verdict", "trial.decision") and isinstance(e.data, dict):
+    for e in reversed(events):  # the newest: a trial re-judged after a paired A/B has two
+        if e.trial_id == trial.id and e.kind in DECISION_EVENTS and isinstance(e.data, dict):
             return dict(e.data)
     return {}
+
+
+def _paired(trial: Any, events: list[Any]) -> dict[str, Any] | None:
+    """The newest paired A/B outcome on this trial (score, lo, hi, confidence, rounds, met), if any."""
+    found = [e.data for e in events if e.trial_id == trial.id and e.kind == "paired" and isinstance(e.data, dict)]
+    return found[-1] if found else None
 
 
 def _gate_evidence(g: Any) -> dict[str, Any]:
@@ -138,7 +155,7 @@ def _gate_evidence(g: Any) -> dict[str, Any]:
 
 def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any]) -> dict[str, Any]:
     """Rebuild the keep line the controller drew for this trial: best so far x (1 + max(min_gain, noise))."""
-    earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score and t.proposer != CONFIRM]
+    earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score and t.proposer not in NOT_SEARCH]
     best = max(earlier, key=lambda t: t.score, default=None)
     best_score = max(best.score if best else 1.0, 1.0)
     noise, _ = baseline_noise(store, run)
@@ -165,10 +182,16 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, approved)
     recorded = _decision_record(trial, events)
     if recorded:
-        # The controller's own words beat a reconstruction; keep ours for what it left out.
-        sentence = str(recorded.get("sentence") or recorded.get("reason") or recorded.get("why") or sentence)
+        # On keep/discard the controller's own numbers (threshold and noise at decision time, the
+        # paired interval) beat a reconstruction; a rejection is better told by the gate check
+        # that made it, so there the record only adds evidence.
+        if decided_by in ("threshold", "goal", "confirm", "baseline", "paired", "recorded"):
+            sentence = str(recorded.get("sentence") or recorded.get("reason") or recorded.get("why") or sentence)
         evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in ("sentence", "reason", "why")}}
         decided_by = str(recorded.get("decided_by") or decided_by)
+    paired = _paired(trial, events)
+    if paired is not None:
+        evidence["paired"] = paired
     if actions and trial.status in ("kept", "rejected") and any(a["kind"] in ("approve", "reject") for a in actions):
         a = [a for a in actions if a["kind"] in ("approve", "reject")][-1]
         decided_by = "approval"
@@ -196,7 +219,7 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
             return f"gate:{bad.gate}", f"invalid: the {bad.gate} gate failed: {bad.reason}", _gate_evidence(bad)
         kind, words = failure_class(trial.error)
         return kind, f"invalid: {words}: {trial.error or ''}"[:400], {"error": trial.error}
-    if n == 0:
+    if n == 0 or trial.proposer == "baseline":
         noise, samples = baseline_noise(store, run)
         return "baseline", (f"the baseline (the target's default knobs); its {max((len(v) for v in samples.values()), default=0)} "
                             f"repeats put the run's noise at {noise:.1%}"), {"noise": noise, "samples": samples}
@@ -205,6 +228,8 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
     ev: dict[str, Any] = {"score": trial.score}
     if perf is not None:
         ev["performance"] = _gate_evidence(perf)
+    if trial.proposer in ("paired", "sentinel"):
+        return trial.proposer, f"{trial.status}: a {trial.proposer} measurement ({trial.rationale}); it judges others, not itself", ev
     if trial.proposer == CONFIRM:
         verdict = "confirmed" if trial.status == "kept" else "did not confirm"
         return "confirm", (f"clean relaunch of {trial.rationale.rsplit(': ', 1)[-1]} {verdict} the goal "
@@ -237,7 +262,7 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         raise LookupError(f"no run with id {run_id}; list them with `infergoal status`")
     trials = store.list_trials(run_id)
     budget = GoalSpec(**run.goal).budget
-    counted = [t for t in trials if t.proposer != CONFIRM]
+    counted = [t for t in trials if t.proposer not in NOT_SEARCH]
     spent = sum((t.timings or {}).get("total", 0.0) for t in trials)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     usage = _sum_usage(store.events(run_id))

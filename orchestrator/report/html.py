@@ -49,18 +49,39 @@ def _pareto(store: Any, trials: list[Any]) -> dict[str, Any] | None:
     return {"scenario": scenario, "points": points, "front": front, "svg": pareto_svg(points, front, scenario)}
 
 
+# Floors from `benchmarks/gpu/sol.py` (`infergoal floors FILE`): floor key -> (scenario, metric, higher is better).
+SOL_FLOORS = {
+    "prefill_ttft_ms": ("prefill", "ttft_ms_p50", False),
+    "decode_tpot_ms": ("decode", "tpot_ms_p50", False),
+    "throughput_tok_s": ("throughput", "output_throughput", True),
+}
+
+
 def _speed_of_light(store: Any, run_id: int, trials: list[Any]) -> list[dict[str, Any]]:
-    """% of the physical limit, where a run measured it: `*_sol_pct` measurements or `speed_of_light` events."""
+    """% of the physical limit for the baseline and the best trial, where the run has floors.
+
+    Floors come from a `speed_of_light` event (`{"floors": {...}}` as `benchmarks/gpu/sol.py`
+    writes them); a measurement named `*_sol_pct` is taken as already computed.
+    """
     rows = []
     for t in trials:
         for m in store.measurements(t.id):
-            if m.metric.endswith("_sol_pct") or m.metric.startswith("sol_pct"):
+            if m.metric.endswith("_sol_pct"):
                 rows.append({"trial": t.number, "label": f"{m.scenario}:{m.metric}", "pct": m.value})
-    by_id = {t.id: t.number for t in trials}
-    for e in store.events(run_id, kind="speed_of_light"):
-        for label, pct in (e.data or {}).items() if isinstance(e.data, dict) else []:
-            if isinstance(pct, (int, float)):
-                rows.append({"trial": by_id.get(e.trial_id), "label": label, "pct": float(pct)})
+    events = store.events(run_id, kind="speed_of_light")
+    floors = (events[-1].data or {}).get("floors", {}) if events and isinstance(events[-1].data, dict) else {}
+    run = store.get_run(run_id)
+    shown = [t for t in trials if t.number == 0 or t.id == run.best_trial_id]
+    for t in shown:
+        means: dict[tuple[str, str], list[float]] = {}
+        for m in store.measurements(t.id):
+            means.setdefault((m.scenario, m.metric), []).append(m.value)
+        for key, (scenario, metric, higher) in SOL_FLOORS.items():
+            values, floor = means.get((scenario, metric)), floors.get(key)
+            if values and isinstance(floor, (int, float)) and floor > 0:
+                v = sum(values) / len(values)
+                pct = 100 * (v / floor if higher else floor / v)
+                rows.append({"trial": t.number, "label": f"{scenario}:{metric} vs floor {floor:.4g}", "pct": pct})
     return rows
 
 
@@ -98,7 +119,11 @@ def _kb_entries(store: Any, run_id: int) -> list[dict[str, Any]]:
 
 
 def _interval(store: Any, best: Any) -> dict[str, Any] | None:
-    """The paired interval behind the verdict, if the controller recorded one for the best trial."""
+    """The paired interval behind the verdict, if the controller recorded one for the best trial.
+
+    Read from a `paired` event (`score`, `lo`, `hi`, `confidence`, `rounds`), a decision record's
+    `paired`/`interval`, or the performance gate's details: the newest that has one.
+    """
     if best is None:
         return None
     sources = [g.details for g in store.gate_results(best.id) if g.gate == "performance" and isinstance(g.details, dict)]
@@ -106,7 +131,11 @@ def _interval(store: Any, best: Any) -> dict[str, Any] | None:
     rec = getattr(best, "decision", None)
     if isinstance(rec, dict):
         sources.append(rec)
-    for src in sources:
+    sources += [src["paired"] for src in list(sources) if isinstance(src.get("paired"), dict)]
+    for src in reversed(sources):
+        if "lo" in src and "hi" in src and src.get("score"):
+            return {"low": float(src["lo"]), "high": float(src["hi"]), "score": float(src["score"]),
+                    "confidence": src.get("confidence"), "rounds": src.get("rounds"), "source": "paired"}
         for k in _INTERVAL_KEYS:
             v = src.get(k)
             if isinstance(v, (list, tuple)) and len(v) == 2:

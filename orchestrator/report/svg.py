@@ -34,7 +34,7 @@ def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) ->
         score = t["score"] or 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t[x], score, color=COLORS.get(t["status"], "black"), zorder=3, s=22,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")
-        if t["status"] == "kept" and t["proposer"] != "confirm":
+        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
             best = max(best, score)
         xs.append(t[x])
         ys.append(best)

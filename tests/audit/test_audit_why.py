@@ -89,17 +89,36 @@ def test_run_level_why_holds_the_budget_and_the_agent_cost(no_files):
     assert r["used"]["tokens"] == 1500 and r["best"] == {"number": 7, "score": 2.0}
 
 
-def test_a_recorded_decision_wins_over_the_reconstruction(no_files):
-    # A controller that records its own decision (score, best, threshold, noise, interval) is quoted.
+def test_the_controllers_recorded_decision_and_paired_outcome_are_quoted(no_files):
+    # The controller records each verdict as a `trial.why` event (score, best, threshold, noise,
+    # gate verdicts, sentence) and a paired A/B as a `paired` event; `why` quotes them.
     store, rid = no_files
-    t = store.get_trial_by_number(rid, 3)
-    store.add_event(rid, "decision", "verdict", trial_id=t.id,
-                    data={"sentence": "discarded: 1.27x is inside the paired interval [1.20, 1.34] of the best",
-                          "interval": [1.20, 1.34], "threshold": 1.3})
+    t3, t4 = store.get_trial_by_number(rid, 3), store.get_trial_by_number(rid, 4)
+    paired = {"trial": 3, "rounds": 3, "score": 1.22, "lo": 1.15, "hi": 1.29, "confidence": 0.9, "met": False,
+              "why": "paired 1.22x [1.15, 1.29] misses 1.4x"}
+    store.add_event(rid, "paired", "1.22x [1.15, 1.29]", data=paired, trial_id=t3.id)
+    store.add_event(rid, "trial.why", "s", trial_id=t3.id, data={
+        "sentence": "#3 discarded: score 1.270x against baseline #0 did not clear 1.310x (best 1.250x + 4.8%)",
+        "threshold": 1.31, "noise": 0.048, "gates": {"performance": "fail"}, "paired": paired})
     w = explain_trial(store, rid, 3)
-    assert w.sentence.startswith("discarded: 1.27x is inside the paired interval")
-    assert w.evidence["interval"] == [1.20, 1.34] and w.evidence["threshold"] == 1.3
-    assert w.evidence["best_trial"] == 2  # what the record left out still comes from the store
+    assert w.sentence.startswith("#3 discarded: score 1.270x against baseline #0 did not clear 1.310x")
+    assert w.evidence["threshold"] == 1.31 and w.evidence["noise"] == 0.048
+    assert w.evidence["paired"]["lo"] == 1.15 and w.evidence["best_trial"] == 2  # the rest still from the store
+    # a rejection is told by the gate check that made it; the record only adds evidence
+    store.add_event(rid, "trial.why", "s", trial_id=t4.id, data={"sentence": "#4 invalid: integrity gate: ...",
+                                                                 "gates": {"integrity": "fail"}})
+    w4 = explain_trial(store, rid, 4)
+    assert w4.decided_by == "gate:integrity" and "no_cache" in w4.sentence and w4.evidence["gates"] == {"integrity": "fail"}
+
+
+def test_agent_usage_recorded_before_the_trial_existed_is_its_cost(no_files):
+    store, rid = no_files
+    store.add_event(rid, "agent.usage", "2 calls", data={"input_tokens": 5000, "output_tokens": 700,
+                                                         "cache_read_input_tokens": 300, "cost_usd": 0.05,
+                                                         "total_cost_usd": 0.06, "for_trial": 9})
+    w = explain_trial(store, rid, 9)
+    assert w.cost["tokens"] == 6000 and w.cost["dollars"] == pytest.approx(0.05)  # not the running total
+    assert explain_run(store, rid)["used"]["dollars"] == pytest.approx(0.0581)
 
 
 def test_interrupted_and_missing_trials(no_files):

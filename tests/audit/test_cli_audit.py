@@ -60,3 +60,15 @@ def test_why_as_a_real_subprocess(audited):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "decided by gate:integrity" in p.stdout and "no_cache" in p.stdout
+
+
+def test_floors_are_recorded_for_the_report(audited, tmp_path):
+    root, store, rid = audited
+    sol = tmp_path / "sol.json"
+    sol.write_text(json.dumps({"ceilings": {}, "floors": {"decode_tpot_ms": 1.02}}))
+    r = _run(root, "floors", str(sol))
+    assert r.exit_code == 0 and "floors recorded (decode_tpot_ms)" in r.stdout
+    assert store.events(rid, kind="speed_of_light")[-1].data["floors"] == {"decode_tpot_ms": 1.02}
+    (tmp_path / "bad.json").write_text("{}")
+    r = _run(root, "floors", str(tmp_path / "bad.json"))
+    assert r.exit_code == 2 and "no `floors` object" in r.stderr

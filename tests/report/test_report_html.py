@@ -24,7 +24,7 @@ def test_page_is_self_contained_and_holds_every_section(full_run, tmp_path):
     assert "Agent: 1500 tokens, $0.0081" in html
 
 
-def test_data_pareto_gates_importance_interval_and_speed_of_light(full_run):
+def test_data_pareto_gates_importance_interval_and_speed_of_light(full_run, tmp_path):
     store, rid, _ = full_run
     d = build_html_data(store, rid)
     assert [p["number"] for p in d["pareto"]["front"]] == [7]  # 18 ms and 200 tok/s dominate the rest
@@ -40,6 +40,18 @@ def test_data_pareto_gates_importance_interval_and_speed_of_light(full_run):
     d = build_html_data(store, rid)
     assert d["verdict"]["interval"] == {"low": 1.85, "high": 2.12, "source": "interval"}
     assert d["sol"] == [{"trial": 7, "label": "decode:tpot_sol_pct", "pct": 34.5}]
+    # the controller's paired A/B outcome on the best trial is the verdict's interval
+    store.add_event(rid, "paired", "2.01x [1.93, 2.09]", trial_id=best.id,
+                    data={"score": 2.01, "lo": 1.93, "hi": 2.09, "confidence": 0.9, "rounds": 3, "met": True})
+    # floors as benchmarks/gpu/sol.py writes them: TPOT floor 1.02 ms -> the best (5.1 ms) is at 20%
+    store.add_event(rid, "speed_of_light", "floors", data={"floors": {"decode_tpot_ms": 1.02, "prefill_ttft_ms": 3.0}})
+    d = build_html_data(store, rid)
+    assert d["verdict"]["interval"]["low"] == 1.93 and d["verdict"]["interval"]["rounds"] == 3
+    sol = {(r["trial"], r["label"].split(" ")[0]): r["pct"] for r in d["sol"]}
+    assert sol[(0, "decode:tpot_ms_p50")] == pytest.approx(100 * 1.02 / 10.2)
+    assert sol[(7, "decode:tpot_ms_p50")] == pytest.approx(20.0)
+    html = write_html_report(store, rid, tmp_path / "r2").read_text()
+    assert "[1.930, 2.090] around 2.010× (90%, 3 A/B rounds on fresh servers)" in html and "width: 20.0%" in html
 
 
 needs_chromium = pytest.mark.skipif(
