@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 
 from orchestrator.audit.actions import human_actions
 from orchestrator.audit.why import explain_run, explain_trial
@@ -102,18 +103,19 @@ def _importance(store: Any, run_id: int) -> tuple[dict[str, float], str]:
 
 
 def _kb_entries(store: Any, run_id: int) -> list[dict[str, Any]]:
+    """The knowledge-base entries the run wrote (`kb.write_back` events), read back when still on disk."""
+    from orchestrator.knowledge.kb import parse_entry
+
     out = []
     for e in store.events(run_id, kind="kb.write_back"):
         path = Path((e.data or {}).get("path", "")) if isinstance(e.data, dict) else Path()
         entry = {"path": str(path), "message": e.message, "ts": e.ts, "title": "", "status": "", "body": ""}
         if path.is_file():
-            text = path.read_text()
-            head, _, body = text.partition("\n---\n") if text.startswith("---") else ("", "", text)
-            for line in head.splitlines():
-                key, _, value = line.partition(":")
-                if key.strip() in ("title", "status"):
-                    entry[key.strip()] = value.strip()
-            entry["body"] = body.strip()[:600]
+            try:
+                parsed = parse_entry(path)
+                entry.update(title=str(parsed.meta.get("title", "")), status=parsed.status, body=parsed.body.strip()[:600])
+            except (ValueError, KeyError, OSError, yaml.YAMLError):
+                entry["body"] = "(entry no longer readable)"
         out.append(entry)
     return out
 

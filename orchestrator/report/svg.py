@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg"]
 
@@ -43,6 +44,8 @@ def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) ->
     for s, c in COLORS.items():
         if any(t["status"] == s for t in trials):
             ax.scatter([], [], color=c, label=s, s=22)
+    if x == "number":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("score (× baseline)")
     ax.legend(fontsize=7, loc="upper left")

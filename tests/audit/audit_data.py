@@ -106,7 +106,7 @@ def build_run(store: Store, tmp_path: Path, *, with_files: bool = True) -> int:
     store.add_event(run.id, "kb.write_back", "finding written", data={"path": str(tmp_path / "kb" / "finding-fake-1.md")})
     (tmp_path / "kb").mkdir(exist_ok=True)
     (tmp_path / "kb" / "finding-fake-1.md").write_text(
-        "---\nid: finding-fake-1\nkind: finding\ntitle: fake on cpu: knobs giving 2.00x\nstatus: probable\n---\n\nRun 1.\n")
+        "---\nid: finding-fake-1\nkind: finding\ntitle: 'fake on cpu: knobs giving 2.00x'\nstatus: probable\n---\n\nRun 1.\n")
     store.set_run_status(run.id, "finished", "GoalMet: #7 meets every objective, confirmed by a clean relaunch (#8)")
     json.dumps(ROWS)  # the table is plain data
     return run.id

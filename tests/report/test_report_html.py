@@ -50,6 +50,9 @@ def test_data_pareto_gates_importance_interval_and_speed_of_light(full_run, tmp_
     sol = {(r["trial"], r["label"].split(" ")[0]): r["pct"] for r in d["sol"]}
     assert sol[(0, "decode:tpot_ms_p50")] == pytest.approx(100 * 1.02 / 10.2)
     assert sol[(7, "decode:tpot_ms_p50")] == pytest.approx(20.0)
+    (tmp_path / "broken.md").write_text("---\ntitle: a: b: c\n---\n")  # hand-edited into invalid YAML
+    store.add_event(rid, "kb.write_back", "finding written", data={"path": str(tmp_path / "broken.md")})
+    assert build_html_data(store, rid)["kb"][-1]["body"] == "(entry no longer readable)"
     html = write_html_report(store, rid, tmp_path / "r2").read_text()
     assert "[1.930, 2.090] around 2.010× (90%, 3 A/B rounds on fresh servers)" in html and "width: 20.0%" in html
 
