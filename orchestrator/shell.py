@@ -21,8 +21,9 @@ import time
 from typing import Any
 
 from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
-from orchestrator.audit.why import explain_trial
+from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.runs import open_store
+from orchestrator.store import StoreError
 from orchestrator.workspace import Workspace
 
 try:  # readline is missing on some platforms (Windows); the shell works without history then
@@ -85,6 +86,14 @@ class Shell(cmd.Cmd):
         if readline is not None:
             readline.set_history_length(1000)
             readline.write_history_file(str(self.history))
+
+    def onecmd(self, line: str) -> bool:
+        # A command that fails (database busy, bad number) says so and leaves the prompt up.
+        try:
+            return super().onecmd(line)
+        except (StoreError, LookupError, ValueError, OSError) as e:
+            self.say(f"error: {e}")
+            return False
 
     def precmd(self, line: str) -> str:
         line = line.strip()
@@ -245,7 +254,12 @@ class Shell(cmd.Cmd):
         return None
 
     def do_why(self, arg: str) -> None:
-        """/why N — the first thing that decided trial N, with its numbers."""
+        """/why [N] — the first thing that decided trial N, with its numbers (no N: why the run stopped)."""
+        if not arg.strip() and self.run_id is not None:
+            r = explain_run(self.store, self.run_id)
+            used, budget = r["used"], r["budget"]
+            return self.say(f"run {self.run_id} {r['status']}: {r['stop_reason'] or 'still running'}; "
+                            f"{used['trials']} of {budget['trials'] or 'unlimited'} trials, {used['trial_s'] / 60:.1f} min of trial time")
         n = self._number(arg)
         if n is None:
             return None

@@ -11,7 +11,6 @@ from fake_target import write_fake_target
 from orchestrator.store import Store
 
 pexpect = pytest.importorskip("pexpect")
-pytestmark = pytest.mark.slow  # launches (fake) servers
 
 PROMPT = "infergoal> "
 
@@ -40,6 +39,7 @@ def shell(tmp_path, tiny_model):
         child.expect(pexpect.EOF, timeout=120)
 
 
+@pytest.mark.slow  # launches (fake) servers
 def test_goal_status_approve_stop_resume(shell):
     child, root = shell
     child.sendline("/run 1")
@@ -80,3 +80,37 @@ def test_goal_status_approve_stop_resume(shell):
     child.expect(pexpect.EOF)
     history = (root / ".infergoal" / "shell_history").read_text()
     assert "/goal beat the baseline by 40% on TPOT within 8 trials" in history and "/approve 9" in history
+
+
+def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
+    # No server: the prompt alone, over a real pty, on a finished run with a trial waiting.
+    state = tmp_path / ".infergoal"
+    state.mkdir()
+    store = Store(f"sqlite:///{state / 'infergoal.db'}")
+    build_run(store, state)
+    child = pexpect.spawn(sys.executable, ["-m", "orchestrator.cli", "-w", str(tmp_path), "shell"], cwd=str(tmp_path),
+                          encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+    child.expect_exact(PROMPT)
+    child.send("/ap\t")
+    child.expect_exact("/approve")  # completed from "/ap"
+    child.sendline(" 9")
+    child.expect_exact("trial #9: kept")
+    child.sendline("/why 3")
+    child.expect_exact("#3 discarded (decided by threshold): discarded: score 1.270x did not beat the threshold 1.299x")
+    child.sendline("/why")
+    child.expect_exact("run 1 finished: GoalMet")
+    child.sendline("/steer leave the dtype alone")
+    child.expect_exact("noted for run 1")
+    child.sendline("/reject 2")
+    child.expect_exact("is not waiting for approval (status: kept)")
+    child.sendline("/bogus")
+    child.expect_exact("unknown command 'bogus'")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    steer = store.events(1, kind="steer")[-1]
+    assert steer.message == "leave the dtype alone" and steer.data["who"]
+    assert store.get_trial_by_number(1, 9).status == "kept"
+    history = (state / "shell_history").read_text().splitlines()
+    assert "/approve 9" in history and "/steer leave the dtype alone" in history
+    store.close()
