@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from orchestrator.audit.study import StudyError, save_study
 from orchestrator.controller import Controller
 from orchestrator.goal import GoalSpec
@@ -152,7 +154,9 @@ def _drive(
     try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)
         save_study(store, run_id, ws.db_url)
     except StudyError:
-        pass
+        pass  # an in-memory store: nowhere to keep a study
+    except (SQLAlchemyError, OSError) as e:  # the run is recorded; only the dashboard view is missing
+        store.add_event(run_id, "study.error", f"Optuna study not written: {e}"[:500])
     return RunOutcome(run_id=run_id, stop_reason=reason)
 
 
