@@ -25,6 +25,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from orchestrator.audit_cli import audit_app, html_report, query_trials
+
 __all__ = ["app"]
 
 app = typer.Typer(
@@ -41,6 +43,7 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
+app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/audit_cli.py)
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -263,15 +266,21 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
 @app.command()
 def trials(
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+    status: list[str] = typer.Option([], "--status", "-s", help="Only trials with this status (repeatable)."),
+    proposer: str = typer.Option("", "--proposer", help="Only trials from this proposer (substring)."),
+    where: list[str] = typer.Option([], "--where", help="Metric filter, e.g. 'score>1.2', 'tpot_ms_p50<40', 'time<60' (repeatable)."),
+    sort: str = typer.Option("number", "--sort", help="Sort key: number, score, time or an objective metric."),
+    desc: bool = typer.Option(False, "--desc", help="Sort descending."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """The trials of a run: status, score, objective values, changed knobs."""
+    """The trials of a run: status, score, objective values, changed knobs; filtered and sorted on request."""
     store = _store()
     rid = _run_id(store, run)
-    ts = store.list_trials(rid)
+    everything = store.list_trials(rid)
+    ts = query_trials(everything, status, proposer, where, sort, desc)
     if as_json:
         return _emit([_trial_dict(t) for t in ts])
-    base = ts[0].knobs if ts else {}
+    base = everything[0].knobs if everything else {}
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer", title=f"run {rid}")
     for t in ts:
         changed = " ".join(f"{k}={v}" for k, v in t.knobs.items() if base.get(k) != v) or "(defaults)"
@@ -318,6 +327,7 @@ def report(
     run: int | None = typer.Option(None, "--run", "-r"),
     out: Path | None = typer.Option(None, "--out", help="Output folder (default .infergoal/runs/N/report)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report data as JSON (still writes the files)."),
+    html: bool = typer.Option(False, "--html", help="Also write report.html: one self-contained page with plots, gates, why per trial."),
 ) -> None:
     """Write the run's markdown report with the trial table, the best launch command and plots."""
     from orchestrator.report import build_report_data, write_report
@@ -325,6 +335,8 @@ def report(
     store = _store()
     rid = _run_id(store, run)
     path = write_report(store, rid, out or _ws().run_dir(rid) / "report")
+    if html:
+        path = html_report(store, rid, path.parent, _ws().db_url)
     if as_json:
         return _emit(build_report_data(store, rid).to_dict() | {"report": str(path)})
     console.print(f"report: {path}")

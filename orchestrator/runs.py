@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from orchestrator.agent.client import read_api_key
+from orchestrator.audit.study import StudyError, save_study
 from orchestrator.controller import Controller
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import get_host
@@ -155,6 +158,12 @@ def _drive(
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
+    try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)
+        save_study(store, run_id, ws.db_url)
+    except StudyError:
+        pass  # an in-memory store: nowhere to keep a study
+    except (SQLAlchemyError, OSError) as e:  # the run is recorded; only the dashboard view is missing
+        store.add_event(run_id, "study.error", f"Optuna study not written: {e}"[:500])
     return RunOutcome(run_id=run_id, stop_reason=reason)
 
 

@@ -1,0 +1,30 @@
+"""Answering "why": per-trial decisions, lineage, trial queries, exports and the Optuna study.
+
+Everything here reads the store alone (never logs), so the answers hold after the run's
+files are gone and on any machine that can reach the database.
+"""
+
+from orchestrator.audit.actions import HUMAN_ACTIONS, decide, human_actions, record_action
+from orchestrator.audit.export import export_run
+from orchestrator.audit.lineage import LineageStep, lineage
+from orchestrator.audit.query import select_trials, trial_value
+from orchestrator.audit.study import save_study, study_name, study_storage_url
+from orchestrator.audit.why import Why, explain_run, explain_trial
+
+__all__ = [
+    "HUMAN_ACTIONS",
+    "LineageStep",
+    "Why",
+    "decide",
+    "explain_run",
+    "explain_trial",
+    "export_run",
+    "human_actions",
+    "lineage",
+    "record_action",
+    "save_study",
+    "select_trials",
+    "study_name",
+    "study_storage_url",
+    "trial_value",
+]

@@ -1,0 +1,275 @@
+"""`infergoal why N`: the first thing that decided a trial, with its evidence, from the store alone.
+
+The controller decides in a fixed order (start-up -> gates -> bench -> keep line / goal), and
+records each step's outcome as it goes; this module walks the same order over the stored
+records and stops at the first one that settled the trial. When the controller recorded its
+decision itself (a `decision` on the trial, or a `decision` event), that record wins and the
+reconstruction only fills what it lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.audit.actions import HUMAN_ACTIONS
+
+__all__ = ["NOT_SEARCH", "Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "trial_cost"]
+
+CONFIRM = "confirm"
+#: Trials that re-measure a candidate or the baseline rather than propose one: they never set the
+#: best and do not count against the budget (a clean relaunch, the halves of a paired A/B, a sentinel).
+NOT_SEARCH = ("confirm", "paired", "sentinel")
+#: Event kinds in which the controller records its own decision on a trial.
+DECISION_EVENTS = ("trial.why", "decision", "verdict", "trial.decision")
+# Error prefixes the trial writes (`ExcType: message`) -> what broke, in words.
+_FAILURE_CLASSES = (
+    ("ServerCrashed", "startup", "the server exited before it became healthy"),
+    ("ServerTimeout", "startup", "the server did not become healthy in time"),
+    ("HostError", "startup", "the host could not launch the server"),
+    ("GateTampered", "gate:lock", "a gate file changed under the run (gates.lock mismatch)"),
+    ("requests failed", "bench", "requests failed during the benchmark"),
+    ("died during the benchmark", "bench", "the server died during the benchmark"),
+)
+# Usage keys agent proposers record in event data; summed into a trial's or run's cost.
+_TOKEN_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+_DOLLAR_KEYS = ("cost_usd", "dollars", "usd")
+
+
+@dataclass(frozen=True)
+class Why:
+    """Why a trial ended as it did.
+
+    Attributes:
+        decided_by: what settled it: `baseline`, `startup`, `bench`, `gate:integrity`,
+            `gate:accuracy`, `gate:lock`, `threshold`, `goal`, `confirm`, `approval`, `pending`,
+            `interrupted`, or `recorded` (the controller's own record, with no more detail).
+        sentence: one line saying it, numbers included.
+        evidence: the numbers behind it (gate checks and metrics, score, best, threshold, noise...).
+        changed: knobs that differ from the baseline's.
+        cost: seconds per step and in total; tokens and dollars when an agent recorded them.
+        actions: human actions on this trial (approve/reject) with who and when.
+    """
+
+    run_id: int
+    number: int
+    status: str
+    decided_by: str
+    sentence: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    changed: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def failure_class(error: str | None) -> tuple[str, str]:
+    """(decided_by, what broke) for a failed trial's stored error text."""
+    for needle, kind, words in _FAILURE_CLASSES:
+        if needle in (error or ""):
+            return kind, words
+    return "bench", "the trial raised an error"
+
+
+def baseline_noise(store: Any, run: Any) -> tuple[float, dict[str, list[float]]]:
+    """The baseline's largest relative spread between repeats, over the goal's objectives.
+
+    The same number the controller widens its keep line by (0.0 with one repeat).
+    """
+    from orchestrator.goal import GoalSpec
+    from orchestrator.trial import objective_label
+
+    t0 = store.get_trial_by_number(run.id, 0)
+    if t0 is None:
+        return 0.0, {}
+    goal = GoalSpec(**run.goal)
+    samples: dict[str, list[float]] = {}
+    for m in store.measurements(t0.id):
+        for o in goal.objectives:
+            if m.scenario == o.scenario and m.metric == o.key:
+                samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
+    spreads = [(max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1 and sum(v)]
+    return max(spreads, default=0.0), samples
+
+
+def _sum_usage(events: list[Any]) -> dict[str, float]:
+    tokens = dollars = 0.0
+    for e in events:
+        data = e.data if isinstance(e.data, dict) else {}
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else data
+        tokens += sum(float(usage.get(k) or 0) for k in _TOKEN_KEYS)
+        tokens += float(usage.get("tokens") or 0)
+        dollars += sum(float(usage.get(k) or 0) for k in _DOLLAR_KEYS)
+    return {"tokens": tokens, "dollars": dollars}
+
+
+def _for_trial(e: Any, trial: Any) -> bool:
+    # An agent records a proposal's usage before the trial exists: `for_trial` names its number.
+    data = e.data if isinstance(e.data, dict) else {}
+    return e.trial_id == trial.id or (e.trial_id is None and data.get("for_trial") == trial.number)
+
+
+def trial_cost(store: Any, trial: Any, events: list[Any] | None = None) -> dict[str, Any]:
+    """Seconds per step (and total) plus any tokens/dollars recorded against the trial."""
+    events = store.events(trial.run_id) if events is None else events
+    usage = _sum_usage([e for e in events if _for_trial(e, trial) and e.kind not in DECISION_EVENTS])
+    timings = dict(trial.timings or {})
+    return {"seconds": timings.get("total", sum(v for k, v in timings.items() if k != "trial")),
+            "steps": timings, **usage}
+
+
+def _decision_record(trial: Any, events: list[Any]) -> dict[str, Any]:
+    """The controller's own record of its decision, if this version of it wrote one."""
+    rec = getattr(trial, "decision", None)
+    if isinstance(rec, dict) and rec:
+        return dict(rec)
+    for e in reversed(events):  # the newest: a trial re-judged after a paired A/B has two
+        if e.trial_id == trial.id and e.kind in DECISION_EVENTS and isinstance(e.data, dict):
+            return dict(e.data)
+    return {}
+
+
+def _paired(trial: Any, events: list[Any]) -> dict[str, Any] | None:
+    """The newest paired A/B outcome on this trial (score, lo, hi, confidence, rounds, met), if any."""
+    found = [e.data for e in events if e.trial_id == trial.id and e.kind == "paired" and isinstance(e.data, dict)]
+    return found[-1] if found else None
+
+
+def _gate_evidence(g: Any) -> dict[str, Any]:
+    d = g.details if isinstance(g.details, dict) else {}
+    ev: dict[str, Any] = {"gate": g.gate, "status": g.status, "reason": g.reason}
+    if g.gate == "integrity":
+        ev["checks"] = [{k: c.get(k) for k in ("name", "status", "detail")} for c in d.get("checks", [])]
+    elif g.gate == "accuracy":
+        ev["metrics"] = d.get("metrics", {})
+    elif g.gate == "performance":
+        ev["metrics"] = [{k: m.get(k) for k in ("metric", "role", "baseline_mean", "candidate_mean", "delta", "se",
+                                                 "required", "verdict")} for m in d.get("metrics", [])]
+        for k in ("k_sigma", "interval", "ci_low", "ci_high", "paired"):
+            if k in d:
+                ev[k] = d[k]
+    return ev
+
+
+def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any]) -> dict[str, Any]:
+    """Rebuild the keep line the controller drew for this trial: best so far x (1 + max(min_gain, noise))."""
+    earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score and t.proposer not in NOT_SEARCH]
+    best = max(earlier, key=lambda t: t.score, default=None)
+    best_score = max(best.score if best else 1.0, 1.0)
+    noise, _ = baseline_noise(store, run)
+    min_gain = float((run.config or {}).get("min_gain", 0.03))
+    needed = max(min_gain, noise)
+    return {"best": best_score, "best_trial": best.number if best else 0, "min_gain": min_gain, "noise": noise,
+            "needed_gain": needed, "threshold": best_score * (1 + needed)}
+
+
+def explain_trial(store: Any, run_id: int, number: int) -> Why:
+    """Explain trial `number` of run `run_id`. Raises LookupError when there is no such trial."""
+    run = store.get_run(run_id)
+    trial = store.get_trial_by_number(run_id, number) if run else None
+    if run is None or trial is None:
+        raise LookupError(f"run {run_id} has no trial #{number}; list them with `infergoal trials`")
+    trials = store.list_trials(run_id)
+    events = store.events(run_id)
+    gates = store.gate_results(trial.id)
+    base = next((t for t in trials if t.number == 0), None)
+    changed = {k: v for k, v in trial.knobs.items() if base is None or base.knobs.get(k) != v}
+    actions = [{"kind": e.kind, "who": (e.data or {}).get("who", "?") if isinstance(e.data, dict) else "?",
+                "ts": e.ts, "message": e.message} for e in events if e.trial_id == trial.id and e.kind in HUMAN_ACTIONS]
+    approved = any(a["kind"] == "approve" for a in actions)
+    decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, approved)
+    recorded = _decision_record(trial, events)
+    if recorded:
+        # On keep/discard the controller's own numbers (threshold and noise at decision time, the
+        # paired interval) beat a reconstruction; a rejection is better told by the gate check
+        # that made it, so there the record only adds evidence.
+        if decided_by in ("threshold", "goal", "confirm", "baseline", "paired", "recorded"):
+            sentence = str(recorded.get("sentence") or recorded.get("reason") or recorded.get("why") or sentence)
+        evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in ("sentence", "reason", "why")}}
+        decided_by = str(recorded.get("decided_by") or decided_by)
+    paired = _paired(trial, events)
+    if paired is not None:
+        evidence["paired"] = paired
+    if actions and trial.status in ("kept", "rejected") and any(a["kind"] in ("approve", "reject") for a in actions):
+        a = [a for a in actions if a["kind"] in ("approve", "reject")][-1]
+        decided_by = "approval"
+        done = "approved" if a["kind"] == "approve" else "rejected"
+        sentence = f"{done} by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC; before that: {sentence}"
+    return Why(run_id=run_id, number=number, status=trial.status, decided_by=decided_by, sentence=sentence,
+               evidence=evidence, changed=changed, cost=trial_cost(store, trial, events), actions=actions)
+
+
+def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any],
+            approved: bool) -> tuple[str, str, dict[str, Any]]:
+    n = trial.number
+    if trial.status in ("pending", "running"):
+        if run.status == "running":
+            return "pending", f"trial #{n} is still in flight ({trial.status})", {}
+        return "interrupted", f"trial #{n} was interrupted ({trial.status}); `infergoal resume` re-runs it", {}
+    if trial.status == "failed":
+        kind, words = failure_class(trial.error)
+        lines = [x for x in (trial.error or "").splitlines() if x.strip()] or [""]
+        tail = f" … {lines[-1][:200]}" if len(lines) > 1 else ""  # a crash's last log line names the cause
+        return kind, f"failed: {words}: {lines[0][:300]}{tail}", {"error": trial.error}
+    if trial.status == "invalid":
+        bad = next((g for g in gates if g.status == "fail" and g.gate != "performance"), None)
+        if bad is not None:
+            return f"gate:{bad.gate}", f"invalid: the {bad.gate} gate failed: {bad.reason}", _gate_evidence(bad)
+        kind, words = failure_class(trial.error)
+        return kind, f"invalid: {words}: {trial.error or ''}"[:400], {"error": trial.error}
+    if n == 0 or trial.proposer == "baseline":
+        noise, samples = baseline_noise(store, run)
+        return "baseline", (f"the baseline (the target's default knobs); its {max((len(v) for v in samples.values()), default=0)} "
+                            f"repeats put the run's noise at {noise:.1%}"), {"noise": noise, "samples": samples}
+    perf = next((g for g in reversed(gates) if g.gate == "performance"), None)
+    drift = next((g for g in gates if g.gate == "accuracy" and g.status == "drift"), None)
+    ev: dict[str, Any] = {"score": trial.score}
+    if perf is not None:
+        ev["performance"] = _gate_evidence(perf)
+    if trial.proposer in ("paired", "sentinel"):
+        return trial.proposer, f"{trial.status}: a {trial.proposer} measurement ({trial.rationale}); it judges others, not itself", ev
+    if trial.proposer == CONFIRM:
+        verdict = "confirmed" if trial.status == "kept" else "did not confirm"
+        return "confirm", (f"clean relaunch of {trial.rationale.rsplit(': ', 1)[-1]} {verdict} the goal "
+                           f"(performance gate: {perf.status if perf else 'not run'}"
+                           f"{' — ' + perf.reason if perf else ''})"), ev
+    line = _keep_line(store, run, trial, trials)
+    ev.update(line)
+    score = trial.score or 0.0
+    keep_words = (f"threshold {line['threshold']:.3f}x = best {line['best']:.3f}x (#{line['best_trial']}) "
+                  f"x (1 + max(min_gain {line['min_gain']:.1%}, noise {line['noise']:.1%}))")
+    if drift is not None and (trial.status in ("needs_approval", "rejected") or approved):
+        ev["accuracy"] = _gate_evidence(drift)
+        return "gate:accuracy", (f"faster (score {score:.3f}x) but the accuracy gate measured drift under a "
+                                 f"'without accuracy loss' goal: {drift.reason}; a person decides"), ev
+    if trial.status == "discarded":
+        return "threshold", f"discarded: score {score:.3f}x did not beat the {keep_words}", ev
+    if trial.status == "kept":
+        if perf is not None and perf.status == "pass":
+            return "goal", f"kept: meets every objective (performance gate: {perf.reason}); score {score:.3f}x", ev
+        return "threshold", f"kept: score {score:.3f}x beat the {keep_words}", ev
+    return "recorded", f"{trial.status}: score {score:.3f}x", ev
+
+
+def explain_run(store: Any, run_id: int) -> dict[str, Any]:
+    """Why the run stopped, against its budget: trials used, trial time spent, best so far."""
+    from orchestrator.goal import GoalSpec
+
+    run = store.get_run(run_id)
+    if run is None:
+        raise LookupError(f"no run with id {run_id}; list them with `infergoal status`")
+    trials = store.list_trials(run_id)
+    budget = GoalSpec(**run.goal).budget
+    counted = [t for t in trials if t.proposer not in NOT_SEARCH]
+    spent = sum((t.timings or {}).get("total", 0.0) for t in trials)
+    best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
+    usage = _sum_usage(store.events(run_id))
+    return {
+        "run": run_id, "status": run.status, "stop_reason": run.stop_reason,
+        "budget": {"trials": budget.trials, "wall_s": budget.wall_s, "tokens": budget.tokens,
+                   "stall_trials": budget.stall_trials},
+        "used": {"trials": len(counted), "trial_s": spent, **usage},
+        "best": {"number": best.number, "score": best.score} if best else None,
+    }

@@ -1,0 +1,262 @@
+"""Audit commands of the `infergoal` CLI: why, lineage, export, study, floors, log, shell.
+
+They live in their own typer app, merged into the main one (`app.add_typer(audit_app)`), so
+the main CLI module stays small. Like the main CLI, commands import what they need when they
+run, so `infergoal --help` starts in a fraction of a second. The global options (`-w`, `--db`, `-o`) are read from the root
+command's parameters, the same values `orchestrator.cli` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["audit_app", "html_report", "query_trials", "workspace_of"]
+
+audit_app = typer.Typer()
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(code)
+
+
+def workspace_of(ctx: typer.Context) -> Any:
+    """The workspace the global options name (`-w`, `--db`, `-o`)."""
+    from orchestrator.workspace import ConfigError, Workspace
+
+    p = ctx.find_root().params
+    overrides = list(p.get("override") or []) + ([f'db="{p["db"]}"'] if p.get("db") else [])
+    try:
+        return Workspace(p.get("workspace") or Path("."), overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    raise AssertionError("unreachable")
+
+
+def _open(ctx: typer.Context, run: int | None) -> tuple[Any, Any, int]:
+    from orchestrator.runs import open_store
+    from orchestrator.store import StoreError
+
+    ws = workspace_of(ctx)
+    try:
+        store = open_store(ws)
+        r = store.get_run(run) if run is not None else store.latest_run()
+    except StoreError as e:
+        _fail(str(e))
+    if r is None:
+        _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
+    return ws, store, r.id
+
+
+def _emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def query_trials(trials: list[Any], status: list[str], proposer: str, where: list[str], sort: str, desc: bool) -> list[Any]:
+    """`infergoal trials` filters; a bad filter ends the command with one error line."""
+    from orchestrator.audit.query import QueryError, select_trials
+
+    try:
+        return select_trials(trials, status=status, proposer=proposer, where=where, sort=sort, descending=desc)
+    except QueryError as e:
+        _fail(str(e))
+    raise AssertionError("unreachable")
+
+
+def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
+    """Write report.html and keep the run's Optuna study in the database for optuna-dashboard."""
+    from orchestrator.audit.study import StudyError, save_study
+    from orchestrator.report.html import write_html_report
+
+    path = write_html_report(store, run_id, out_dir)
+    try:
+        save_study(store, run_id, db_url)
+    except StudyError:
+        pass  # an in-memory store has nowhere to keep a study; the report stands on its own
+    return path
+
+
+@audit_app.command()
+def why(
+    ctx: typer.Context,
+    number: int | None = typer.Argument(None, help="Trial number (0 = baseline); leave out to ask why the run stopped."),
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
+    from orchestrator.audit.why import explain_run, explain_trial
+
+    _, store, rid = _open(ctx, run)
+    if number is None:
+        data = explain_run(store, rid)
+        if as_json:
+            return _emit(data)
+        b, u = data["budget"], data["used"]
+        console.print(f"run {rid}: {data['status']} — {data['stop_reason'] or 'still running'}", highlight=False)
+        wall = f"{b['wall_s'] / 60:g} min" if b["wall_s"] else "unlimited"
+        console.print(f"  trials {u['trials']} of {b['trials'] or 'unlimited'}; trial time {u['trial_s'] / 60:.1f} min of "
+                      f"{wall}; stall limit {b['stall_trials']}", highlight=False)
+        if data["best"]:
+            console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
+        return None
+    try:
+        w = explain_trial(store, rid, number)
+    except LookupError as e:
+        _fail(str(e))
+    if as_json:
+        return _emit(w.to_dict())
+    console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by})", highlight=False)
+    console.print(f"  {w.sentence}", highlight=False)
+    for k, v in w.evidence.items():
+        if v not in (None, {}, []):
+            console.print(f"  {k}: {json.dumps(v, default=str)[:400]}", highlight=False)
+    console.print(f"  changed from the baseline: {w.changed or '(nothing)'}", highlight=False)
+    cost = f"  cost: {w.cost['seconds']:.1f} s"
+    if w.cost.get("tokens"):
+        cost += f", {w.cost['tokens']:.0f} tokens, ${w.cost['dollars']:.4f}"
+    console.print(cost, highlight=False)
+    for a in w.actions:
+        console.print(f"  {a['kind']} by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC", highlight=False)
+    return None
+
+
+@audit_app.command("lineage")
+def lineage_cmd(
+    ctx: typer.Context,
+    number: int = typer.Argument(..., help="Trial number."),
+    run: int | None = typer.Option(None, "--run", "-r"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """A candidate's ancestry back to the baseline: parents, their commits, and the knobs each step changed."""
+    from orchestrator.audit.lineage import lineage
+
+    _, store, rid = _open(ctx, run)
+    try:
+        steps = lineage(store, rid, number)
+    except LookupError as e:
+        _fail(str(e))
+    if as_json:
+        return _emit([s.to_dict() for s in steps])
+    table = Table("#", "status", "score", "parent", "commit", "changed from parent", "proposer", title=f"run {rid}: lineage of #{number}")
+    for s in steps:
+        changed = " ".join(f"{k}: {a}->{b}" for k, (a, b) in s.changed.items()) or ("(baseline)" if s.parent is None else "(same knobs)")
+        if s.commits:
+            changed += "\n" + "\n".join(s.commits[:5])
+        table.add_row(str(s.number), s.status, f"{s.score:.3f}" if s.score else "", "" if s.parent is None else f"#{s.parent}",
+                      s.commit[:12], changed, s.proposer)
+    console.print(table)
+    return None
+
+
+@audit_app.command()
+def export(
+    ctx: typer.Context,
+    run: int | None = typer.Argument(None, help="Run id (default: latest)."),
+    out: Path | None = typer.Option(None, "--out", help="Folder (default .infergoal/runs/N/export)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Export a run: run.json, trials/measurements/gates/events CSV, and vLLM- and AIPerf-shaped files per trial."""
+    from orchestrator.audit.export import export_run
+
+    ws, store, rid = _open(ctx, run)
+    manifest = export_run(store, rid, out or ws.run_dir(rid) / "export", run_dir=ws.run_dir(rid))
+    if as_json:
+        return _emit(manifest)
+    n = sum(len(v) for v in manifest["bench_exports"].values())
+    console.print(f"exported run {rid} to {manifest['out']}: {', '.join(manifest['files'])}"
+                  f" + {n} vLLM/AIPerf/JSONL file(s) for {len(manifest['bench_exports'])} trial(s)", highlight=False)
+    return None
+
+
+@audit_app.command()
+def study(
+    ctx: typer.Context,
+    run: int | None = typer.Argument(None, help="Run id (default: latest)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write the run's Optuna study beside the store and print the optuna-dashboard command."""
+    from orchestrator.audit.study import StudyError, dashboard_command, save_study
+
+    ws, store, rid = _open(ctx, run)
+    try:
+        url = save_study(store, rid, ws.db_url)
+    except StudyError as e:
+        _fail(str(e))
+    if as_json:
+        return _emit({"run": rid, "storage": url, "study": f"infergoal-run-{rid}"})
+    console.print(f"study infergoal-run-{rid} in {url}\nview it with: {dashboard_command(url)}", highlight=False)
+    return None
+
+
+@audit_app.command()
+def log(
+    ctx: typer.Context,
+    run: int | None = typer.Option(None, "--run", "-r", help="Only this run's actions (plus run-less ones like relocks)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The audit log: human actions (relock, approve, reject, steer, stop, contract decisions) with who and when."""
+    from orchestrator.audit.actions import human_actions
+    from orchestrator.runs import open_store
+    from orchestrator.store import StoreError
+
+    try:
+        rows = human_actions(open_store(workspace_of(ctx)), run)
+    except StoreError as e:
+        _fail(str(e))
+    if as_json:
+        return _emit(rows)
+    table = Table("when (UTC)", "run", "who", "action", "message")
+    for r in rows:
+        table.add_row(f"{r['ts']:%Y-%m-%d %H:%M:%S}", "" if r["run"] is None else str(r["run"]), r["who"], r["kind"], r["message"])
+    console.print(table if rows else "no human actions recorded yet")
+    return None
+
+
+@audit_app.command()
+def shell(ctx: typer.Context) -> None:
+    """Interactive prompt with history and completion: /goal, /status, /trials, /show N, /why N, /steer, /approve N, /reject N, /stop, /kb."""
+    from orchestrator.shell import Shell
+    from orchestrator.store import StoreError
+
+    try:
+        sh = Shell(workspace_of(ctx), global_args=_global_args(ctx.find_root().params))
+    except StoreError as e:
+        _fail(str(e))
+    sh.cmdloop()
+
+
+def _global_args(p: dict[str, Any]) -> list[str]:
+    """The global options again, for the background `infergoal goal` a shell starts."""
+    args = ["-w", str(p.get("workspace") or ".")]
+    if p.get("db"):
+        args += ["--db", p["db"]]
+    for o in p.get("override") or []:
+        args += ["-o", o]
+    return args
+
+
+@audit_app.command()
+def floors(
+    ctx: typer.Context,
+    file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
+    run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+) -> None:
+    """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them."""
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        _fail(f"cannot read {file}: {e}; give the JSON benchmarks/gpu/sol.py --out wrote")
+    if not isinstance(data, dict) or not isinstance(data.get("floors"), dict):
+        _fail(f"{file} has no `floors` object; give the JSON benchmarks/gpu/sol.py --out wrote")
+    _, store, rid = _open(ctx, run)
+    store.add_event(rid, "speed_of_light", f"floors from {file.name}", data={"floors": data["floors"], "source": str(file)})
+    console.print(f"run {rid}: floors recorded ({', '.join(data['floors'])}); `infergoal report --html` shows % of them")

@@ -1,0 +1,76 @@
+"""Plots for the HTML report, as inline SVG strings (no image files, nothing to fetch)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+__all__ = ["best_so_far_svg", "pareto_front", "pareto_svg"]
+
+COLORS = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
+          "needs_approval": "tab:orange", "rejected": "tab:brown"}
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "infergoal"}):  # text stays text; stable ids
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # drop the XML prolog and DOCTYPE: it is inlined in HTML
+
+
+def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) -> str:
+    """Score per trial (coloured by status) and the best kept score so far, against `x`."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    best, xs, ys = 1.0, [], []
+    for t in trials:
+        score = t["score"] or 1.0  # failed/invalid trials score 1.0x by convention
+        ax.scatter(t[x], score, color=COLORS.get(t["status"], "black"), zorder=3, s=22,
+                   marker="x" if t["status"] in ("failed", "invalid") else "o")
+        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
+            best = max(best, score)
+        xs.append(t[x])
+        ys.append(best)
+    ax.step(xs, ys, where="post", color="tab:green", alpha=0.7, label="best so far")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="baseline")
+    for s, c in COLORS.items():
+        if any(t["status"] == s for t in trials):
+            ax.scatter([], [], color=c, label=s, s=22)
+    if x == "number":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("score (× baseline)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+def pareto_front(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points not dominated on (lower TTFT, higher throughput), by rising TTFT."""
+    front = [p for p in points if not any(
+        q["ttft"] <= p["ttft"] and q["throughput"] >= p["throughput"] and (q["ttft"], q["throughput"]) != (p["ttft"], p["throughput"])
+        for q in points)]
+    return sorted(front, key=lambda p: p["ttft"])
+
+
+def pareto_svg(points: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], scenario: str) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    for p in points:
+        ax.scatter(p["ttft"], p["throughput"], color=COLORS.get(p["status"], "black"), s=22, zorder=3)
+        ax.annotate(f"#{p['number']}", (p["ttft"], p["throughput"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.plot([p["ttft"] for p in front], [p["throughput"] for p in front], color="tab:blue", lw=1.2, label="Pareto front")
+    ax.set_xlabel(f"TTFT p50 (ms), scenario {scenario}")
+    ax.set_ylabel("output throughput (tok/s)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)

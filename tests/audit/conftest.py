@@ -1,0 +1,17 @@
+"""Fixtures for the audit tests: a finished run with every trial status, in a workspace."""
+
+import pytest
+from audit_data import build_run
+
+from orchestrator.store import Store
+
+
+@pytest.fixture
+def audited(tmp_path):
+    """(workspace root, store, run id): the ROWS run in `tmp_path/.infergoal/infergoal.db`."""
+    state = tmp_path / ".infergoal"
+    state.mkdir()
+    store = Store(f"sqlite:///{state / 'infergoal.db'}")
+    run_id = build_run(store, state)
+    yield tmp_path, store, run_id
+    store.close()

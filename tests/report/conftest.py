@@ -1,0 +1,20 @@
+"""Report fixtures: the audit tests' run with every trial status (tests/audit/audit_data.py)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "audit"))  # audit_data, shared with tests/audit
+
+from audit_data import build_run  # noqa: E402
+
+from orchestrator.store import Store  # noqa: E402
+
+
+@pytest.fixture
+def full_run(tmp_path):
+    """(store, run id, folder): a finished run with every trial status, an agent's cost and a KB entry."""
+    store = Store(f"sqlite:///{tmp_path / 'infergoal.db'}")
+    yield store, build_run(store, tmp_path), tmp_path
+    store.close()
