@@ -12,7 +12,8 @@ import pytest
 from orchestrator.hosts import LocalHost
 from orchestrator.targets import load_target
 
-pytest.importorskip("fastapi", reason="transformers serve needs fastapi and uvicorn")
+for _mod in ("fastapi", "uvicorn", "accelerate"):  # the `test` extra installs them
+    pytest.importorskip(_mod, reason="transformers serve needs fastapi, uvicorn and accelerate")
 pytestmark = pytest.mark.slow
 EX = Path(__file__).resolve().parents[2] / "examples" / "targets"
 
