@@ -14,6 +14,7 @@ import optuna
 
 from orchestrator.proposers.base import Candidate, knob_key
 from orchestrator.targets import TargetSpec
+from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
@@ -73,12 +74,16 @@ class SearchProposer:
             if knob_key(knobs) not in seen:
                 return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
         # Skip knob sets already measured; a small space can run out, which ends the search.
+        refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
         for _ in range(50):
             trial = study.ask()
             params = _suggest(trial, target, dists)
             try:  # constraints between knobs: a combination that cannot start is never proposed
                 target.validate_knobs(params)
             except ConstraintViolated:
+                study.tell(trial, FAILED_VALUE)
+                continue
+            if any((k, repr(v)) in refused for k, v in params.items()):
                 study.tell(trial, FAILED_VALUE)
                 continue
             if knob_key(params) not in seen:

@@ -10,10 +10,12 @@ The patterns come from the engines' own messages (argparse, pydantic config vali
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["KINDS", "StartupFailure", "classify", "classify_log"]
+__all__ = ["KINDS", "StartupFailure", "classify", "classify_log", "refused_values"]
 
 # Order matters: a vLLM config error is raised as a pydantic ValidationError, and OOM
 # messages often mention "memory" inside tracebacks that also name other things.
@@ -66,3 +68,26 @@ def classify(log_path: str | Path | None, *, timed_out: bool = False, max_bytes:
             f.seek(max(0, f.tell() - max_bytes))
             text = f.read().decode("utf-8", "replace")
     return classify_log(text, timed_out=timed_out)
+
+
+def refused_values(target: Any, history: Iterable[Any]) -> set[tuple[str, str]]:
+    """(knob, value) pairs an engine refused at start-up with `bad_flag`, read from failed trials'
+    errors: the knob's flag (for a bool: the flag of the value tried) appears in the refusal, and
+    for a valued flag so does the value. The search stops proposing them."""
+    out: set[tuple[str, str]] = set()
+    for t in history:
+        error = getattr(t, "error", None) or ""
+        if not error.startswith("start-up failure (bad_flag)"):
+            continue
+        evidence = error.split("): ", 1)[-1].split(" [", 1)[0]
+        for name, value in (t.knobs or {}).items():
+            knob = target.knobs.get(name)
+            if knob is None:
+                continue
+            if knob.type == "bool":
+                flag = knob.flag if value else knob.false_flag
+                if flag and re.search(re.escape(flag) + r"\b", evidence):
+                    out.add((name, repr(value)))
+            elif knob.flag and knob.flag in evidence and (str(value) in evidence or "unrecognized" in evidence):
+                out.add((name, repr(value)))
+    return out

@@ -33,3 +33,33 @@ def test_timeout_and_log_file(tmp_path):
     f = classify(log)
     assert (f.kind, f.evidence) == ("bad_flag", "api_server.py: error: unrecognized arguments: --nope")
     assert classify(tmp_path / "missing.log").kind == "crash"
+
+
+def test_search_stops_proposing_what_the_engine_refused(tmp_path):
+    from orchestrator.proposers.search import SearchProposer
+    from orchestrator.targets import load_target
+    from orchestrator.targets.failures import refused_values
+
+    f = tmp_path / "t.toml"
+    f.write_text('name = "x"\nlaunch = "run {{ port }} {{ flags }}"\n'
+                 '[knobs.turbo]\ntype = "bool"\ndefault = false\nflag = "--turbo"\n'
+                 '[knobs.dtype]\ntype = "categorical"\nchoices = ["float32", "int1"]\ndefault = "float32"\nflag = "--dtype"\n'
+                 '[knobs.n]\ntype = "int"\nlow = 1\nhigh = 64\ndefault = 1\n')
+    t = load_target(f)
+
+    class Trial:
+        def __init__(self, knobs, error):
+            self.knobs, self.error, self.status, self.score, self.proposer = knobs, error, "failed", None, "search"
+
+    history = [
+        Trial({"turbo": True, "dtype": "float32", "n": 3}, "start-up failure (bad_flag): server.py: error: unrecognized arguments: --turbo [ServerCrashed: ...]"),
+        Trial({"turbo": False, "dtype": "int1", "n": 5}, "start-up failure (bad_flag): error: argument --dtype: invalid choice: 'int1' [...]"),
+        Trial({"turbo": False, "dtype": "float32", "n": 7}, "start-up failure (crash): Segmentation fault [...]"),
+    ]
+    assert refused_values(t, history) == {("turbo", "True"), ("dtype", "'int1'")}
+    p = SearchProposer(seed=0, n_startup=2)
+    for _ in range(8):
+        c = p.propose(history, t)
+        assert c.knobs["turbo"] is False and c.knobs["dtype"] == "float32"
+        history.append(Trial(c.knobs, None))
+        history[-1].status, history[-1].score = "kept", 1.0
