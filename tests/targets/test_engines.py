@@ -179,3 +179,12 @@ def test_fingerprint_names_engine_version_and_env():
     assert fp["engine"] == "hfserve" and fp["env"] == {"A": "1"} and fp["python"] == sys.executable
     tf = load_target(EX / "transformers-serve.toml").model_copy(update={"python": None})
     assert engine_fingerprint(tf, [], {})["version_installed"].startswith("transformers 5.")
+
+
+def test_a_knob_can_be_an_environment_variable(tmp_path):
+    (tmp_path / "s.yaml").write_text("parameters:\n  - {name: kv, env: VLLM_CPU_KVCACHE_SPACE, type: int, values: [1, 4]}\n")
+    f = tmp_path / "t.toml"
+    f.write_text('name = "x"\nsearch_space = "s.yaml"\nlaunch = "run {{ port }} {{ flags }}"\n[env]\nFIXED = "a"\n')
+    t = load_target(f)
+    assert t.launch_env(t.validate_knobs({"kv": 4})) == {"FIXED": "a", "VLLM_CPU_KVCACHE_SPACE": "4"}
+    assert t.render(t.baseline_knobs(), port=3, model="m", source=".") == ["run", "3"]  # env-only knobs add no flags
