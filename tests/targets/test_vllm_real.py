@@ -25,6 +25,8 @@ EX = Path(__file__).resolve().parents[2] / "examples" / "targets"
 VENV = Path(os.environ.get("INFERGOAL_VLLM_VENV", "/opt/infergoal-vllm"))
 pytestmark = [
     pytest.mark.slow,
+    # Each vLLM launch takes 55 s quiet and up to ~200 s on this shared machine; the goal run launches two.
+    pytest.mark.timeout(1500),
     pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
                        reason=f"no vLLM venv at {VENV}: run .ci/install_vllm.sh (or set INFERGOAL_VLLM_VENV)"),
 ]
