@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.proposers import Candidate, Proposer
+from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
 
 __all__ = ["BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Stalled", "StopRun"]
@@ -84,7 +85,11 @@ class Controller:
                 candidate = self.proposer.propose(self._history(), self.ctx.target)
                 if candidate is None:
                     raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
-                candidate = Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
+                try:
+                    candidate = Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
+                except ConstraintViolated as e:  # recorded, never launched (the proposer sees why)
+                    self.store.finish_trial(self._create(candidate).id, "failed", error=f"start-up failure (constraint_violated, not launched): {e}")
+                    continue
                 self._execute(self._create(candidate), candidate, propose_s=_now() - t0)
         except StopRun as stop:
             reason = f"{type(stop).__name__}: {stop}"

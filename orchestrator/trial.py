@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.goal import GoalSpec
-from orchestrator.hosts import Host, HostError, Proc
+from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.proposers import Candidate
 from orchestrator.targets import TargetSpec
+from orchestrator.targets.adapters import capability_verdict, record_engine
+from orchestrator.targets.failures import classify as classify_startup
 
 __all__ = ["TrialContext", "TrialResult", "objective_label", "run_trial"]
 
@@ -64,6 +66,8 @@ class TrialResult:
     """objective label -> one value per measurement repeat."""
     timings: dict[str, float] = field(default_factory=dict)
     launch_cmd: str = ""
+    failure_kind: str | None = None
+    """Why the server did not start (orchestrator/targets/failures.py KINDS), if it did not."""
 
     def mean(self, label: str) -> float:
         values = self.samples.get(label, [])
@@ -97,6 +101,9 @@ def run_trial(
     trial_dir = ctx.run_dir / f"trial-{trial.number}"
     trial_dir.mkdir(parents=True, exist_ok=True)
     proc: Proc | None = None
+    healthy = False
+    # The engine serving this candidate: the target itself, or the one its `engine` knob picks.
+    engine = ctx.target.resolve(candidate.knobs)[0]
     try:
         with _timed(result.timings, "deploy", ctx.on_step):
             source = _checkout(ctx, candidate.commit)
@@ -104,16 +111,21 @@ def run_trial(
             argv = ctx.target.render(candidate.knobs, port=port, model=str(ctx.model_dir), source=str(source))
             result.launch_cmd = shlex.join(argv)
             log_path = trial_dir / "server.log"
-            proc = ctx.host.start(argv, env=ctx.target.env, cwd=str(source), log_path=log_path)
+            env = ctx.target.launch_env(candidate.knobs)
+            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
+            record_engine(ctx.store, ctx.run_id, trial.id, engine, argv, env, trial_dir)
             base_url = f"http://127.0.0.1:{port}"
-            ctx.host.wait_healthy(base_url + ctx.target.health_path, ctx.target.ready_timeout_s, proc)
+            ctx.host.wait_healthy(base_url + engine.health_path, engine.ready_timeout_s, proc)
+            healthy = True
 
         with _timed(result.timings, "gates", ctx.on_step):
             # The gate files are re-hashed before every trial: a proposer that edited them
             # (or anything else that did) stops the run here, before its numbers can count.
             verify_gates_lock()
-            verdict, result.gate_drift = _run_gates(ctx, trial, candidate, base_url, port, proc)
+            verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate)
+            if verdict is None:
+                verdict, result.gate_drift = _run_gates(ctx, trial, candidate, base_url, port, proc)
             if verdict is not None:
                 result.status_hint, result.error = "invalid", verdict
                 return result
@@ -132,6 +144,9 @@ def run_trial(
                 result.status_hint, result.error = "failed", err
     except HostError as e:
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
+        if not healthy and proc is not None:  # say why it did not start, from its own log
+            why = classify_startup(proc.log_path, timed_out=isinstance(e, ServerTimeout))
+            result.failure_kind, result.error = why.kind, f"{why.message(str(e))} [{result.error}]"
     except Exception as e:  # noqa: BLE001 - a broken candidate must not kill the run
         # A tampered gate or a full disk is the run's problem, not this candidate's.
         if type(e).__name__ == "GateTampered" or (isinstance(e, OSError) and e.errno == errno.ENOSPC):

@@ -14,6 +14,9 @@ import optuna
 
 from orchestrator.proposers.base import Candidate, knob_key
 from orchestrator.targets import TargetSpec
+from orchestrator.targets.failures import refused_values
+from orchestrator.targets.space import active_only, is_active
+from orchestrator.targets.spec import ConstraintViolated
 
 __all__ = ["SearchProposer", "distributions"]
 
@@ -26,7 +29,9 @@ _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "reject
 def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
     out: dict[str, optuna.distributions.BaseDistribution] = {}
     for name, k in target.knobs.items():
-        if k.type == "categorical":
+        if k.type == "bool":
+            out[name] = optuna.distributions.CategoricalDistribution([False, True])
+        elif k.type == "categorical":
             out[name] = optuna.distributions.CategoricalDistribution(list(k.choices))
         elif k.type == "int":
             out[name] = optuna.distributions.IntDistribution(int(k.low), int(k.high), log=k.log)
@@ -56,10 +61,11 @@ class SearchProposer:
             if t.proposer == "confirm":
                 continue
             seen.add(knob_key(t.knobs))
-            if t.status not in _FINISHED or set(t.knobs) != set(dists):
+            # Conditional knobs: a trial carries only its active knobs (define-by-run).
+            if t.status not in _FINISHED or not set(t.knobs) <= set(dists) or active_only(target, t.knobs) != t.knobs:
                 continue
             value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
-            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions=dists, value=value))
+            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value))
         for knobs in self.warm_start:
             try:
                 knobs = target.validate_knobs(knobs)
@@ -68,13 +74,38 @@ class SearchProposer:
             if knob_key(knobs) not in seen:
                 return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
         # Skip knob sets already measured; a small space can run out, which ends the search.
+        refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
         for _ in range(50):
-            trial = study.ask(dists)
-            if knob_key(trial.params) not in seen:
+            trial = study.ask()
+            params = _suggest(trial, target, dists)
+            try:  # constraints between knobs: a combination that cannot start is never proposed
+                target.validate_knobs(params)
+            except ConstraintViolated:
+                study.tell(trial, FAILED_VALUE)
+                continue
+            if any((k, repr(v)) in refused for k, v in params.items()):
+                study.tell(trial, FAILED_VALUE)
+                continue
+            if knob_key(params) not in seen:
                 return Candidate(
-                    knobs=dict(trial.params),
+                    knobs=params,
                     rationale=f"TPE proposal after {len(study.trials) - 1} observed trials",
                     proposer=self.name,
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return None
+
+
+def _suggest(trial: optuna.trial.Trial, target: TargetSpec, dists: dict[str, Any]) -> dict[str, Any]:
+    """Ask for each knob in declaration order, skipping the ones inactive under those so far."""
+    params: dict[str, Any] = {}
+    for name, knob in target.knobs.items():
+        if is_active(knob, params):
+            d = dists[name]
+            if isinstance(d, optuna.distributions.CategoricalDistribution):
+                params[name] = trial.suggest_categorical(name, list(d.choices))
+            elif isinstance(d, optuna.distributions.IntDistribution):
+                params[name] = trial.suggest_int(name, d.low, d.high, log=d.log)
+            else:
+                params[name] = trial.suggest_float(name, d.low, d.high, log=d.log)
+    return params

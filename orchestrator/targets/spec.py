@@ -1,35 +1,61 @@
 """Target spec: a TOML file describing how to launch an engine and which knobs it has.
 
 The launch command is a jinja2 template rendered with the knobs plus `python`, `port`,
-`model`, `served_model_name` and `source` (the engine's source dir at the trial's commit), then
-split with `shlex`. The knob space is what the search proposer explores; each knob's
-`default` is the naive baseline (trial #0).
+`model`, `served_model_name`, `source` (the engine's source dir at the trial's commit) and
+`flags` (every active knob that declares a `flag`, rendered as CLI arguments), then split with
+`shlex`. The knob space is what the search proposer explores; each knob's `default` is the naive
+baseline (trial #0). Conditional knobs (`when`), constraints between knobs, templated `env`, the
+engine's own interpreter (`python`) and a command `prefix` live in `orchestrator/targets/space.py`
+and `orchestrator/targets/launch.py`; see docs/architecture.md "Engines as targets".
 """
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.tomlfile import read_toml, validation_message
 
-__all__ = ["Knob", "TargetError", "TargetSpec", "load_target"]
+__all__ = ["Capabilities", "Constraint", "ConstraintViolated", "Knob", "TargetError", "TargetSpec", "load_target"]
 
 
 class TargetError(ValueError):
     """A target file that cannot be used; the message says which field and why."""
 
 
+class ConstraintViolated(TargetError):
+    """A knob set that breaks one of the target's constraints: it would not start, so it is not launched."""
+
+
+class Constraint(BaseModel):
+    """A rule between knobs: a jinja2 expression over the active knobs (inactive ones are None)."""
+
+    model_config = ConfigDict(frozen=True)
+    expr: str
+    """E.g. `max_num_batched_tokens >= max_model_len or enable_chunked_prefill`."""
+    message: str = ""
+    """What the engine would say; shown when a proposal breaks the rule."""
+
+
+class Capabilities(BaseModel):
+    """What the engine's OpenAI API can do; the gates judge an engine that cannot another way."""
+
+    model_config = ConfigDict(frozen=True)
+    ignore_eos: bool = True
+    """Accepts `ignore_eos` (vLLM, SGLang, hfserve do; `transformers serve` answers 422)."""
+    echo_logprobs: bool = True
+    """Returns prompt logprobs for `echo: true, max_tokens: 0` on /v1/completions."""
+    completions: bool = True
+    """Serves /v1/completions (not only /v1/chat/completions)."""
+
+
 class Knob(BaseModel):
     """One tunable engine setting."""
 
     model_config = ConfigDict(frozen=True)
-    type: Literal["categorical", "int", "float"]
+    type: Literal["categorical", "int", "float", "bool"]
     default: Any
     """The baseline's value."""
     choices: tuple[Any, ...] | None = None
@@ -39,9 +65,21 @@ class Knob(BaseModel):
     log: bool = False
     """Sample int/float knobs on a log scale."""
     help: str = ""
+    flag: str | None = None
+    """CLI flag rendered into `{{ flags }}` (`--max-num-seqs 64`; for a bool: the flag alone when true)."""
+    false_flag: str | None = None
+    """A bool knob's flag when false (`--no-enable-prefix-caching`); nothing is rendered if unset."""
+    env_var: str | None = None
+    """Set this environment variable to the knob's value (for engines tuned through env vars)."""
+    when: dict[str, Any] = Field(default_factory=dict)
+    """Active only when each named (earlier) knob has this value, or one of these values (a list)."""
 
     @model_validator(mode="after")
     def _check(self) -> Knob:
+        if self.type == "bool":
+            if not isinstance(self.default, bool):
+                raise ValueError(f"a bool knob's default must be true or false, not {self.default!r}")
+            return self
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical knob needs `choices`")
@@ -76,53 +114,91 @@ class TargetSpec(BaseModel):
     api: Literal["completions", "chat"] = "completions"
     knobs: dict[str, Knob] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables; values are jinja2 templates over the knobs (a value rendering empty is not set)."""
+    python: str | None = None
+    """The engine's interpreter: a python executable or a venv folder (its bin/python); a jinja2
+    template over `env` (the orchestrator's environment). Unset: the orchestrator's own."""
+    prefix: str = ""
+    """Command prefix put before the launch argv (`numactl -C 0-1`, `conda run -n sglang`)."""
+    constraints: list[Constraint] = Field(default_factory=list)
+    """Rules between knobs, checked before launch: a knob set breaking one is never deployed."""
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    version: str = ""
+    """The engine version the knobs' flags were checked against."""
+    version_command: str = ""
+    """A shell command (jinja2 over `python`) printing the installed engine's version, for the fingerprint."""
+    variants: dict[str, TargetSpec] = Field(default_factory=dict)
+    """Engine as a knob: the sub-target per value of the `engine` knob (see targets/multi.py)."""
     path: str = ""
     """Where the spec was loaded from (filled by `load_target`)."""
 
     def baseline_knobs(self) -> dict[str, Any]:
-        return {k: v.default for k, v in self.knobs.items()}
+        """The defaults of the knobs active under the defaults (conditional knobs may drop out)."""
+        from orchestrator.targets.space import active_only
+
+        return active_only(self, {k: v.default for k, v in self.knobs.items()})
 
     def validate_knobs(self, knobs: dict[str, Any]) -> dict[str, Any]:
-        """Fill missing knobs with defaults; refuse unknown names or out-of-space values."""
+        """Fill missing knobs with defaults, drop inactive ones; refuse unknown names,
+        out-of-space values and broken constraints (`ConstraintViolated`)."""
+        from orchestrator.targets.space import active_only, check_constraints
+
         unknown = set(knobs) - set(self.knobs)
         if unknown:
             raise TargetError(f"unknown knob(s) {sorted(unknown)} for target {self.name}; known: {sorted(self.knobs)}")
-        out = self.baseline_knobs() | knobs
+        out = active_only(self, {k: v.default for k, v in self.knobs.items()} | knobs)
         for k, v in out.items():
             spec = self.knobs[k]
+            if spec.type == "bool" and not isinstance(v, bool):
+                raise TargetError(f"knob {k}={v!r} is not true or false")
             if spec.type == "categorical" and v not in spec.choices:
                 raise TargetError(f"knob {k}={v!r} is not one of {list(spec.choices)}")
-            if spec.type != "categorical" and not spec.low <= v <= spec.high:
+            if spec.type in ("int", "float") and not spec.low <= v <= spec.high:
                 raise TargetError(f"knob {k}={v!r} is outside [{spec.low}, {spec.high}]")
+        check_constraints(self, out)
         return out
 
+    def resolve(self, knobs: dict[str, Any]) -> tuple[TargetSpec, dict[str, Any]]:
+        """The concrete target and its own knobs: itself, or the variant the `engine` knob picks."""
+        from orchestrator.targets.multi import resolve
+
+        return resolve(self, knobs)
+
     def render(self, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
-        """The launch argv for these knobs."""
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-        try:
-            text = env.from_string(self.launch).render(
-                **knobs,
-                port=port,
-                model=model,
-                source=source,
-                python=python or sys.executable,
-                served_model_name=self.served_model_name,
-            )
-        except jinja2.UndefinedError as e:
-            raise TargetError(f"target {self.name}: launch template uses an undefined variable: {e}") from None
-        return shlex.split(" ".join(text.split()))
+        """The launch argv for these knobs (prefix, interpreter and `flags` included)."""
+        from orchestrator.targets.launch import render_argv
+
+        return render_argv(self, knobs, port=port, model=model, source=source, python=python)
+
+    def launch_env(self, knobs: dict[str, Any]) -> dict[str, str]:
+        """The environment variables for these knobs (templated `env` plus knobs' `env_var`)."""
+        from orchestrator.targets.launch import render_env
+
+        return render_env(self, knobs)
 
 
 def load_target(path: str | Path) -> TargetSpec:
     """Load a target TOML; relative `source`/`model` paths resolve against the file's folder."""
     path = Path(path)
     data = read_toml(path, "target file", TargetError, "see examples/targets/ for examples")
+    if "engines" in data:  # the engine as a knob: a file naming one target file per engine
+        from orchestrator.targets.multi import load_multi
+
+        return load_multi(path, data)
     base = path.resolve().parent
+    if "search_space" in data:  # an InferenceBench-style YAML adds knobs (the TOML's own win)
+        from orchestrator.targets.ibyaml import import_search_space
+
+        data["knobs"] = import_search_space(base / str(data.pop("search_space")), data.get("knobs", {}))
     data["source"] = str((base / data.get("source", ".")).resolve())
     model = data.get("model", "forge:tiny")
     if not model.startswith("forge:"):
         data["model"] = str((base / model).resolve())
     try:
-        return TargetSpec(**data, path=str(path.resolve()))
+        spec = TargetSpec(**data, path=str(path.resolve()))
     except ValidationError as e:
         raise TargetError(f"{path}: {validation_message(e)}") from None
+    from orchestrator.targets.space import check_space
+
+    check_space(spec, str(path))
+    return spec

@@ -1,0 +1,40 @@
+"""Through the loop on the torch-free fake server: a flag the engine refuses is classified from its
+log (`bad_flag`), a knob set breaking a constraint is recorded but never launched, and every
+launched trial carries its engine fingerprint with the templated environment."""
+
+import json
+
+import pytest
+from fake_target import write_fake_target
+
+from orchestrator.goal import parse_goal
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+pytestmark = pytest.mark.slow  # launches (fake) servers
+
+
+def test_bad_flag_and_constraint_in_a_run(tmp_path, tiny_model):
+    target = write_fake_target(
+        tmp_path / "fake.toml", extra_launch=" {{ flags }}",
+        extra_knobs='[knobs.turbo]\ntype = "bool"\ndefault = false\nflag = "--turbo"\n'
+                    '[env]\nFAKE_TPOT = "{{ tpot_ms }}"\n'
+                    '[[constraints]]\nexpr = "tpot_ms != 6.0 or not turbo"\nmessage = "turbo needs 8 or 4 ms"\n',
+    )
+    steps = [{"turbo": True}, {"tpot_ms": 6.0, "turbo": True}, {"tpot_ms": 4.0}]
+    (tmp_path / "steps.json").write_text(json.dumps(steps))
+    ws = Workspace(tmp_path, [f'target="{target}"', f'proposer="scripted:{tmp_path / "steps.json"}"',
+                              "gates.accuracy=false", "gates.integrity=false", "bench.scale=0.5"])
+    out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 5 trials"))
+    store = Store(ws.db_url)
+    t = {x.number: x for x in store.list_trials(out.run_id)}
+    # fakeserver's argparse refuses --turbo: the log line says so, and so does the trial.
+    assert t[1].status == "failed" and t[1].error.startswith("start-up failure (bad_flag): ")
+    assert "unrecognized arguments: --turbo" in t[1].error and "ServerCrashed" in t[1].error
+    assert t[2].status == "failed" and "constraint_violated, not launched" in t[2].error and "turbo needs" in t[2].error
+    assert not t[2].launch_cmd and not (ws.run_dir(out.run_id) / "trial-2").exists()
+    assert t[3].status == "kept"
+    fp = json.loads((ws.run_dir(out.run_id) / "trial-3" / "engine.json").read_text())
+    assert fp["env"] == {"FAKE_TPOT": "4.0"} and fp["engine"] == "fake"
+    assert {e.trial_id for e in store.events(out.run_id, kind="engine")} >= {t[0].id, t[1].id, t[3].id}
