@@ -123,7 +123,7 @@ def _drive(
     ctx = TrialContext(
         run_id=run_id, goal=goal, target=target, host=host, store=store,
         model_dir=model_dir, reference_dir=reference,
-        scenarios=builtin_scenarios(config.bench.scale), run_dir=ws.run_dir(run_id),
+        scenarios=_scenarios(ws, config), run_dir=ws.run_dir(run_id),
         tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
         base_commit=_base_commit(Path(target.source)), source_dir=Path(target.source),
         accuracy_gate=config.gates.accuracy, integrity_gate=config.gates.integrity,
@@ -149,6 +149,17 @@ def _drive(
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
     return RunOutcome(run_id=run_id, stop_reason=reason)
+
+
+def _scenarios(ws: Workspace, config: Config) -> dict[str, Any]:
+    """Built-in scenarios at the configured scale, with those named in `bench.scenarios` replaced."""
+    from orchestrator.bench import builtin_scenarios
+    from orchestrator.bench.scenarios import load_scenarios_file
+
+    table = builtin_scenarios(config.bench.scale)
+    if config.bench.scenarios:
+        table.update(load_scenarios_file(ws.root / config.bench.scenarios))
+    return table
 
 
 def config_json(config: Config) -> str:
