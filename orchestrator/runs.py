@@ -107,7 +107,6 @@ def _drive(
     ws: Workspace, store: Store, run_id: int, goal: GoalSpec, target: TargetSpec, config: Config,
     host: Any, on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
-    from orchestrator.bench import builtin_scenarios
     from orchestrator.knowledge import KnowledgeBase
 
     on_step = on_step or (lambda s: None)
