@@ -57,11 +57,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--out", default="")
+    ap.add_argument("--dropped-only", action="store_true", help="skip the honest server (the loop's trials show it)")
     args = ap.parse_args(argv)
     model = Path(args.model)
     state = Path(tempfile.mkdtemp(prefix="gate-demo-"))
-    res = {"honest_fast_bf16": gate(model, model, state),
-           "dropped_last_layer": gate(dropped_layer_copy(model, state / "dropped"), model, state)}
+    res = {} if args.dropped_only else {"honest_fast_bf16": gate(model, model, state)}
+    res["dropped_last_layer"] = gate(dropped_layer_copy(model, state / "dropped"), model, state)
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

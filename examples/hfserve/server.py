@@ -257,7 +257,7 @@ class Engine:
 
         class Cancel(StoppingCriteria):
             def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> torch.Tensor:
-                return torch.full((input_ids.shape[0],), req.cancelled, dtype=torch.bool)
+                return torch.full((input_ids.shape[0],), req.cancelled, dtype=torch.bool, device=input_ids.device)
 
         gc = copy.deepcopy(self.model.generation_config)
         gc.max_new_tokens = req.max_tokens

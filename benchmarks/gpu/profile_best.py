@@ -1,6 +1,6 @@
 """Where the time goes in the best candidate: kernel time by kind for its prefill and decode steps.
 
-    python benchmarks/gpu/profile.py MODEL_DIR --db infergoal.db [--out profile.json]
+    python benchmarks/gpu/profile_best.py MODEL_DIR --db infergoal.db [--out profile.json]
 
 Takes the best kept trial's knobs from the database (dtype, SDPA backend, batch size), rebuilds
 the fast engine's model, and with torch.profiler splits CUDA kernel time of (a) one 4096-token
