@@ -44,7 +44,10 @@ _EPS = 1e-9
 
 
 def load_reference(model_dir: Path | str) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``model_dir`` in float32 on CPU, loaded once per process and dir."""
+    """(model, tokenizer) for ``model_dir`` in float32, loaded once per process and dir.
+
+    On the first CUDA GPU when there is one (a 7B reference would take minutes per window on a
+    CPU), else on the CPU; float32 either way, TF32 off (torch's default for matmuls)."""
     key = str(Path(model_dir).resolve())
     with _REF_LOCK:
         if key not in _REF_CACHE:
@@ -52,7 +55,8 @@ def load_reference(model_dir: Path | str) -> tuple[Any, Any]:
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(key)
-            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32)
+            extra = {"device_map": "cuda"} if torch.cuda.is_available() else {}
+            model = AutoModelForCausalLM.from_pretrained(key, dtype=torch.float32, **extra)
             model.eval()
             _REF_CACHE[key] = (model, tok)
         return _REF_CACHE[key]
@@ -209,7 +213,7 @@ def check(
         except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
             return done("fail", f"echo logprobs request failed: {exc}")
         with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0].float()
+            logits = model(torch.tensor([ids], device=model.device)).logits[0].float().cpu()
         try:
             _score(torch.log_softmax(logits, dim=-1), ids, token_lps, tops, k, acc)
         except ValueError as exc:

@@ -115,7 +115,6 @@ def _drive(
     ws: Workspace, store: Store, run_id: int, goal: GoalSpec, target: TargetSpec, config: Config,
     host: Any, on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
-    from orchestrator.bench import builtin_scenarios
     from orchestrator.knowledge import KnowledgeBase
 
     on_step = on_step or (lambda s: None)
@@ -131,7 +130,7 @@ def _drive(
     ctx = TrialContext(
         run_id=run_id, goal=goal, target=target, host=host, store=store,
         model_dir=model_dir, reference_dir=reference,
-        scenarios=builtin_scenarios(config.bench.scale), run_dir=ws.run_dir(run_id),
+        scenarios=_scenarios(ws, config), run_dir=ws.run_dir(run_id),
         tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
         base_commit=_base_commit(Path(target.source)), source_dir=Path(target.source),
         accuracy_gate=config.gates.accuracy, integrity_gate=config.gates.integrity,
@@ -165,6 +164,17 @@ def _drive(
     except (SQLAlchemyError, OSError) as e:  # the run is recorded; only the dashboard view is missing
         store.add_event(run_id, "study.error", f"Optuna study not written: {e}"[:500])
     return RunOutcome(run_id=run_id, stop_reason=reason)
+
+
+def _scenarios(ws: Workspace, config: Config) -> dict[str, Any]:
+    """Built-in scenarios at the configured scale, with those named in `bench.scenarios` replaced."""
+    from orchestrator.bench import builtin_scenarios
+    from orchestrator.bench.scenarios import load_scenarios_file
+
+    table = builtin_scenarios(config.bench.scale)
+    if config.bench.scenarios:
+        table.update(load_scenarios_file(ws.root / config.bench.scenarios))
+    return table
 
 
 def config_json(config: Config) -> str:

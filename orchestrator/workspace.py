@@ -39,6 +39,9 @@ class BenchConfig(BaseModel):
     """Measurements of the baseline; their spread is the run's noise estimate."""
     timeout_s: float = 120.0
     """Per-request timeout."""
+    scenarios: str = ""
+    """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
+    name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""
 
 
 class GateConfig(BaseModel):

@@ -138,7 +138,7 @@ class Engine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", decode_loop: str = "generate",
                  batching: str = "off", max_batch_size: int = 8, kv_cache: str = "dynamic",
-                 attn: str | None = None, threads: int | None = None) -> None:
+                 attn: str | None = None, threads: int | None = None, device: str = "cpu") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.threads = threads
@@ -148,6 +148,9 @@ class Engine:
         kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
         if attn:
             kwargs["attn_implementation"] = attn
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            kwargs["device_map"] = device  # load straight onto the GPU, no host copy
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).eval()
         cfg = self.model.config
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048))
@@ -207,7 +210,7 @@ class Engine:
 
     def _score(self, job: ScoreRequest) -> None:
         """Teacher-forced log-probabilities of the prompt: one forward pass, no cache."""
-        ids = torch.tensor([job.prompt_ids])
+        ids = torch.tensor([job.prompt_ids], device=self.device)
         logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
         lp = torch.log_softmax(logits, dim=-1)
         chosen = lp[:-1].gather(-1, ids[0, 1:, None])[:, 0].tolist()
@@ -254,7 +257,7 @@ class Engine:
 
         class Cancel(StoppingCriteria):
             def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> torch.Tensor:
-                return torch.full((input_ids.shape[0],), req.cancelled, dtype=torch.bool)
+                return torch.full((input_ids.shape[0],), req.cancelled, dtype=torch.bool, device=input_ids.device)
 
         gc = copy.deepcopy(self.model.generation_config)
         gc.max_new_tokens = req.max_tokens
@@ -269,7 +272,7 @@ class Engine:
             gc.cache_implementation = "static"
         if req.seed is not None:
             torch.manual_seed(req.seed)
-        ids = torch.tensor([req.prompt_ids])
+        ids = torch.tensor([req.prompt_ids], device=self.device)
         self.model.generate(
             input_ids=ids,
             attention_mask=torch.ones_like(ids),
@@ -349,9 +352,9 @@ class Engine:
     def _prefill(self, req: GenRequest) -> tuple[_Seq, Any] | None:
         gen = None
         if req.temperature > 0:
-            gen = torch.Generator()
+            gen = torch.Generator(device=self.device)
             gen.manual_seed(req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        ids = torch.tensor([req.prompt_ids])
+        ids = torch.tensor([req.prompt_ids], device=self.device)
         # Only the last position's logits are needed: skip the LM head on the rest of the prompt.
         logits, new_cache = self._forward(ids, logits_to_keep=1)
         row = logits[0, -1].float()
@@ -366,7 +369,7 @@ class Engine:
     @staticmethod
     def _merge(cache: Any, mask: torch.Tensor | None, new: Any, new_len: int) -> tuple[Any, torch.Tensor]:
         """Append a freshly prefilled sequence's KV to the batch cache, left-padding the shorter side."""
-        new_mask = torch.ones(1, new_len, dtype=torch.long)
+        new_mask = torch.ones(1, new_len, dtype=torch.long, device=new.layers[0].keys.device)
         if cache is None:
             return new, new_mask
         old_len = mask.shape[1]
@@ -382,7 +385,7 @@ class Engine:
     @staticmethod
     def _select(cache: Any, mask: torch.Tensor, keep: list[int]) -> tuple[Any, torch.Tensor]:
         """Drop finished rows, then trim columns that are padding in every remaining row."""
-        idx = torch.tensor(keep)
+        idx = torch.tensor(keep, device=mask.device)
         mask = mask.index_select(0, idx)
         first = int(mask.any(dim=0).long().argmax())
         for layer in cache.layers:
@@ -392,8 +395,8 @@ class Engine:
 
     def _decode_step(self, seqs: list[_Seq], cache: Any, mask: torch.Tensor) -> list[int]:
         """One decode step for every active sequence; returns the indices that continue."""
-        inp = torch.tensor([[s.last] for s in seqs])
-        pos = torch.tensor([[s.cache_len] for s in seqs])
+        inp = torch.tensor([[s.last] for s in seqs], device=self.device)
+        pos = torch.tensor([[s.cache_len] for s in seqs], device=self.device)
         # Without padding (a lone sequence) no mask is needed; skipping it avoids building a 4D mask per step.
         step_mask = None if len(seqs) == 1 and bool(mask.all()) else torch.cat(
             [mask, mask.new_ones(len(seqs), 1)], dim=1)
@@ -765,15 +768,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                     help="attn_implementation passed to from_pretrained (default: transformers' choice)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    add_fast_args(ap)
     return ap.parse_args(argv)
+
+
+def add_fast_args(ap: argparse.ArgumentParser) -> None:
+    """Device and fast-engine knobs (examples/hfserve/fastengine.py)."""
+    ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
+    ap.add_argument("--engine", choices=["hf", "fast"], default="hf",
+                    help="hf: transformers generate()/manual loops above; fast: KV pool + continuous batching"
+                         " (+ CUDA-graph decode), fastengine.py")
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="fast engine: prompt tokens prefilled per step between decode steps (0 = whole prompts)")
+    ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
+                    help="fast engine: replay the decode step as CUDA graphs (GPU only)")
+    ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
+                    help="fast engine: SDPA backend for prefill")
+    ap.add_argument("--max-model-len", type=int, default=4608,
+                    help="fast engine: longest prompt+output; sizes the preallocated KV pool")
+
+
+def make_engine(args: argparse.Namespace) -> Any:
+    """The engine ``args`` ask for: the transformers-loop :class:`Engine` or the fast engine."""
+    if args.engine == "fast":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from fastengine import FastEngine
+
+        return FastEngine(args.model, dtype=args.dtype, device=args.device,
+                          max_batch_size=args.max_batch_size if args.batching == "on" else 1,
+                          max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
+                          cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, sample_row=_sample_row,
+                          token_event=_token_event, score_type=ScoreRequest)
+    return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
+                  max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
+                  threads=args.threads, device=args.device)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Load the model, start the HTTP server, print the readiness line."""
     args = parse_args(argv)
-    engine = Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
-                    max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
-                    threads=args.threads)
+    engine = make_engine(args)
     if args.batching == "on" and args.decode_loop == "generate":
         print("hfserve: --batching on uses the manual decode loop", file=sys.stderr, flush=True)
     if args.kv_cache == "static" and (args.decode_loop == "manual" or args.batching == "on"):

@@ -120,6 +120,17 @@ def builtin_scenarios(scale: float = 1.0) -> dict[str, Scenario]:
     return {k: v.scaled(scale) for k, v in base.items()}
 
 
+def load_scenarios_file(path: str | Path) -> dict[str, Scenario]:
+    """Scenarios from a TOML file of `[NAME]` tables of Scenario fields (the name defaults to NAME)."""
+    import tomllib
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"scenarios file {p} not found; set bench.scenarios to an existing TOML file")
+    data = tomllib.loads(p.read_text())
+    return {name: Scenario(**{"name": name, **fields}) for name, fields in data.items()}
+
+
 def arrival_offsets(scenario: Scenario, n: int | None = None) -> list[float] | None:
     """Scheduled send offsets (seconds from start) for an open-loop scenario; None if closed.
 

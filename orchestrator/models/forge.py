@@ -58,6 +58,8 @@ class Preset:
     batch_size: int = 16
     seq_len: int = 128
     lr: float = 3e-3
+    # Non-empty: build (and train) on the CUDA GPU in this dtype; a 7B model cannot train on a CPU.
+    gpu_dtype: str = ""
 
 
 PRESETS: dict[str, Preset] = {
@@ -65,6 +67,11 @@ PRESETS: dict[str, Preset] = {
     "small": Preset(4096, 256, 6, 8, 4, 768, 2048, train_steps=200, lr=2e-3),
     # Mistral-7B-shaped: for GPU hosts, random weights (the shape is what matters there).
     "7b-shape": Preset(32000, 4096, 32, 32, 8, 14336, 32768, rope_theta=1_000_000.0, train_steps=0),
+    # The same shape trained briefly on the GPU (bf16 AdamW) so its logprobs are peaked and the
+    # accuracy gate means something on it (benchmarks/gpu/ uses it; about two minutes on an H200).
+    # 60 steps gave a unigram model (loss 7.05, same greedy output for every prompt): too flat.
+    "7b-peaked": Preset(32000, 4096, 32, 32, 8, 14336, 32768, rope_theta=1_000_000.0, train_steps=250,
+                        batch_size=16, seq_len=256, lr=1.5e-3, gpu_dtype="bfloat16"),
 }
 
 
@@ -169,9 +176,10 @@ def _train(model, ids, p: Preset, steps: int, seed: int) -> float:
     tail: list[float] = []
     n = ids.numel() - p.seq_len - 1
     offsets = torch.arange(p.seq_len + 1)
+    device = next(model.parameters()).device
     for step in range(steps):
         starts = torch.randint(0, n, (p.batch_size,), generator=gen)
-        batch = ids[starts[:, None] + offsets[None, :]]
+        batch = ids[starts[:, None] + offsets[None, :]].to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         logits = model(input_ids=batch[:, :-1], use_cache=False).logits
@@ -184,6 +192,17 @@ def _train(model, ids, p: Preset, steps: int, seed: int) -> float:
             tail.append(loss.item())
     model.eval()
     return sum(tail) / len(tail) if tail else float("nan")
+
+
+def _top1_mass(model, tokenizer, p: Preset) -> float:
+    """Mean top-1 next-token probability on held-out text (1/vocab for a flat model)."""
+    import torch
+
+    _, held = corpus_split()
+    ids = tokenizer("\n".join(held)[:20000], add_special_tokens=False)["input_ids"][: 2 * p.seq_len]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits
+    return float(torch.softmax(logits.float(), dim=-1).amax(-1).mean())
 
 
 def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: int = 0,
@@ -209,8 +228,13 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
     tokenizer = _train_tokenizer(train_texts, p.vocab_size)
     torch.manual_seed(seed)
     cfg = _llama_config(p, tokenizer)
-    if steps > 0:
+    if steps > 0 and not p.gpu_dtype:
         model = LlamaForCausalLM(cfg)
+    elif p.gpu_dtype:
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"preset {preset!r} is built on a CUDA GPU and none is visible here")
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg).to(getattr(torch, p.gpu_dtype))
     else:
         # Untrained shapes (e.g. 7b-shape) are built directly in float16, on a GPU when one
         # is present: a float32 7B model would need 28 GB of host memory just to be born.
@@ -224,6 +248,7 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
             torch.set_default_dtype(previous)
 
     final_loss = float("nan")
+    peak = None
     if steps > 0:
         # Encode without BOS: the stream is cut into windows anyway.
         ids = torch.tensor(
@@ -231,6 +256,7 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
             dtype=torch.long,
         )
         final_loss = _train(model, ids, p, steps, seed)
+        peak = _top1_mass(model, tokenizer, p)
 
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -243,6 +269,7 @@ def make_model(out_dir: str | os.PathLike[str], *, preset: str = "tiny", seed: i
         "train_steps": steps,
         "final_loss": final_loss if steps > 0 else None,  # None: untrained (NaN is not valid JSON)
         "ln_vocab": math.log(cfg.vocab_size),
+        "heldout_top1_prob": peak,  # mean top-1 probability on held-out text: how peaked the model is
         "forge_version": FORGE_VERSION,
         "build_seconds": round(time.monotonic() - t0, 2),
         "preset_config": asdict(p),

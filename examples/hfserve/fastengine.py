@@ -1,0 +1,464 @@
+"""hfserve's fast engine: a preallocated KV pool, continuous batching and CUDA-graph decode.
+
+This is what a GPU engineer writes when ``generate()`` is too slow: the Llama forward pass in
+plain torch over the checkpoint's own weights (QKV and gate/up fused into single matrices),
+
+* a **KV pool** allocated once: ``[layers, slots, kv_heads, capacity, head_dim]``. Decoding
+  sequences occupy slots ``0..n-1`` contiguously, so one decode step reads ``K[:, :n, :, :L]`` as a
+  view (no gather); a finished sequence's slot is refilled by moving the last one into it;
+* **continuous batching**: requests join between decode steps and leave as soon as they finish;
+* **chunked prefill** (``--prefill-chunk N``): a long prompt is prefilled N tokens per step between
+  decode steps, so running sequences keep streaming (chunk 0 = whole prompts, prefill first);
+* **CUDA graphs** for the decode step (``--cuda-graphs on``), one per (batch bucket, context
+  bucket), captured at start-up, so a decode step is one graph launch instead of ~500 kernels;
+* a choice of SDPA backend for prefill (``--sdpa flash|efficient|math``); decode attention is a
+  grouped (GQA) batched matmul that reads each cached key once.
+
+Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
+prefill path, chunking included, so the gate measures the code that serves.
+It runs on a CPU too (no graphs), which is how its logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+import types
+from collections import deque
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# Import-free: the server module imports this one, so these types are duck-typed here.
+_SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class FastModel:
+    """Llama-family forward passes over a static KV pool (weights taken from a HF model)."""
+
+    def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto") -> None:
+        cfg = hf_model.config
+        if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
+            raise ValueError("the fast engine supports Llama/Mistral-style models without biases")
+        if getattr(cfg, "rope_scaling", None) and (cfg.rope_scaling or {}).get("rope_type", "default") != "default":
+            raise ValueError("the fast engine supports the default RoPE only")
+        self.cfg = cfg
+        w = next(hf_model.parameters())
+        self.device, self.dtype = w.device, w.dtype
+        self.nh, self.nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.hd ** -0.5
+        m = hf_model.model
+        self.embed = m.embed_tokens.weight
+        self.layers: list[dict[str, torch.Tensor]] = []
+        for layer in m.layers:
+            a, p = layer.self_attn, layer.mlp
+            self.layers.append({
+                "ln1": layer.input_layernorm.weight, "ln2": layer.post_attention_layernorm.weight,
+                # Fused projections: one GEMM instead of three (two), same arithmetic per output.
+                "qkv": torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).contiguous(),
+                "o": a.o_proj.weight, "gu": torch.cat([p.gate_proj.weight, p.up_proj.weight]).contiguous(),
+                "down": p.down_proj.weight,
+            })
+            # Free the unfused copies as we go, so peak memory stays ~one model.
+            a.q_proj = a.k_proj = a.v_proj = p.gate_proj = p.up_proj = None
+        self.norm = m.norm.weight
+        self.lm_head = hf_model.lm_head.weight
+        self.inter = cfg.intermediate_size
+        self.slots = slots
+        self.capacity = _round_up(capacity + 1, 256)  # +1: the scratch position padded rows write to
+        self.scratch_pos = self.capacity - 1
+        shape = (len(self.layers), slots, self.nkv, self.capacity, self.hd)
+        self.K = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.V = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        theta = float(getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get(
+            "rope_theta", 10000.0))
+        # HF's default RoPE: float32 angles, cos/sin cast to the activation dtype.
+        inv = 1.0 / (theta ** (torch.arange(0, self.hd, 2, dtype=torch.int64, device=self.device).float() / self.hd))
+        ang = torch.arange(self.capacity, device=self.device).float()[:, None] * inv[None, :]
+        emb = torch.cat([ang, ang], dim=-1)
+        self.cos, self.sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self.sdpa = sdpa
+        if sdpa not in _SDPA:
+            raise ValueError(f"unknown SDPA backend {sdpa!r}; choose from {sorted(_SDPA)}")
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * xf.to(x.dtype)
+
+    @staticmethod
+    def _rot(x: torch.Tensor) -> torch.Tensor:
+        h = x.shape[-1] // 2
+        return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+    def _mlp(self, x: torch.Tensor, L: dict[str, torch.Tensor]) -> torch.Tensor:
+        gu = x @ L["gu"].t()
+        return (F.silu(gu[..., : self.inter]) * gu[..., self.inter:]) @ L["down"].t()
+
+    def _split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q_end = self.nh * self.hd
+        k_end = q_end + self.nkv * self.hd
+        return qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+
+    def _sdpa_ctx(self) -> Any:
+        name = _SDPA[self.sdpa]
+        if name is None:
+            return nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, name))
+
+    # -- prefill -----------------------------------------------------------------------
+
+    def prefill(self, ids: torch.Tensor, slot: int, start: int, all_logits: bool = False) -> torch.Tensor:
+        """Run ``ids`` (1-D) at positions ``start..`` of ``slot``, writing its KV; return float logits.
+
+        Attention covers the slot's cache ``[0, start)`` plus the chunk causally (a lower-right
+        aligned causal mask, which flash and memory-efficient SDPA both support).
+        """
+        from torch.nn.attention.bias import causal_lower_right
+
+        c = ids.shape[0]
+        end = start + c
+        if end > self.scratch_pos:
+            raise ValueError(f"sequence of {end} tokens exceeds the KV pool capacity {self.scratch_pos}")
+        g = self.nh // self.nkv
+        x = self.embed[ids]
+        cos, sin = self.cos[start:end][None, :, None, :], self.sin[start:end][None, :, None, :]
+        mask = causal_lower_right(c, end)
+        for li, L in enumerate(self.layers):
+            h = self._rms(x, L["ln1"])
+            q, k, v = self._split(h @ L["qkv"].t())
+            q = q.view(1, c, self.nh, self.hd)
+            k = k.view(1, c, self.nkv, self.hd)
+            q = (q * cos + self._rot(q) * sin).transpose(1, 2)
+            k = (k * cos + self._rot(k) * sin).transpose(1, 2)
+            self.K[li, slot, :, start:end] = k[0]
+            self.V[li, slot, :, start:end] = v.view(c, self.nkv, self.hd).transpose(0, 1)
+            kc = self.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+            vc = self.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+            with self._sdpa_ctx():
+                o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
+            x = x + o.transpose(1, 2).reshape(c, self.nh * self.hd) @ L["o"].t()
+            x = x + self._mlp(self._rms(x, L["ln2"]), L)
+        x = self._rms(x if all_logits else x[-1:], self.norm)
+        return (x @ self.lm_head.t()).float()
+
+    # -- decode ------------------------------------------------------------------------
+
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token for each of slots ``0..B-1`` (B = len(tokens)); attends to cache ``[0, ctx)``.
+
+        Static shapes only (B and ctx fixed per call site), no host syncs: safe to capture in a
+        CUDA graph. Returns (float logits [B, V], greedy ids [B]).
+        """
+        B = tokens.shape[0]
+        g = self.nh // self.nkv
+        rows = torch.arange(B, device=tokens.device)
+        x = self.embed[tokens]
+        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        keep = torch.arange(ctx, device=tokens.device)[None, :] <= pos[:, None]  # [B, ctx]
+        bias = torch.zeros(B, ctx, device=tokens.device, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+        bias = bias[:, None, None, :]
+        for li, L in enumerate(self.layers):
+            h = self._rms(x, L["ln1"])
+            q, k, v = self._split(h @ L["qkv"].t())
+            q = q.view(B, self.nh, self.hd)
+            k = k.view(B, self.nkv, self.hd)
+            q = q * cos + self._rot(q) * sin
+            k = k * cos + self._rot(k) * sin
+            self.K[li, rows, :, pos] = k
+            self.V[li, rows, :, pos] = v.view(B, self.nkv, self.hd)
+            kc, vc = self.K[li, :B, :, :ctx], self.V[li, :B, :, :ctx]  # views: no copy
+            # GQA as a batched matmul: [B, kv, g, hd] x [B, kv, hd, ctx]; softmax in float32 like HF.
+            s = torch.matmul(q.view(B, self.nkv, g, self.hd), kc.transpose(-1, -2)).float() * self.scale
+            p = torch.softmax(s + bias, dim=-1).to(self.dtype)
+            o = torch.matmul(p, vc).reshape(B, self.nh * self.hd)
+            x = x + o @ L["o"].t()
+            x = x + self._mlp(self._rms(x, L["ln2"]), L)
+        logits = (self._rms(x, self.norm) @ self.lm_head.t()).float()
+        return logits, torch.argmax(logits, dim=-1)
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy one sequence's KV (all layers) from slot ``src`` to ``dst``."""
+        self.K[:, dst, :, :length] = self.K[:, src, :, :length]
+        self.V[:, dst, :, :length] = self.V[:, src, :, :length]
+
+
+class GraphDecoder:
+    """Decode steps by CUDA graph replay: one graph per (batch bucket, context bucket)."""
+
+    def __init__(self, fm: FastModel, max_batch: int, use_graphs: bool) -> None:
+        self.fm = fm
+        self.use_graphs = use_graphs and fm.device.type == "cuda"
+        b, self.batch_buckets = 1, []
+        while b < max_batch:
+            self.batch_buckets.append(b)
+            b *= 2
+        self.batch_buckets.append(max_batch)
+        c, self.ctx_buckets = 256, []
+        while c < fm.capacity:
+            self.ctx_buckets.append(c)
+            c *= 2
+        self.ctx_buckets.append(fm.capacity)
+        dev = fm.device
+        self.inp = torch.zeros(2, max_batch, dtype=torch.long, device=dev)  # tokens, positions
+        self.host = torch.zeros(2, max_batch, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+
+    def _bucket(self, xs: list[int], n: int) -> int:
+        return next(x for x in xs if x >= n)
+
+    def capture_all(self) -> float:
+        """Capture every (batch, context) graph now, so no request pays for a capture."""
+        t0 = time.perf_counter()
+        if self.use_graphs:
+            for b in self.batch_buckets:
+                for c in self.ctx_buckets:
+                    self._graph(b, c)
+        return time.perf_counter() - t0
+
+    def _graph(self, b: int, c: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        key = (b, c)
+        if key not in self.graphs:
+            self.inp[1, :b] = self.fm.scratch_pos  # harmless positions while capturing
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(2):  # warm-up outside the graph (cuBLAS handles, workspaces)
+                    self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
+            self.graphs[key] = (graph, logits, ids)
+        return self.graphs[key]
+
+    def step(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Decode one token for slots ``0..n-1``; returns (float logits [>=n, V], greedy ids [n])."""
+        n = len(tokens)
+        b = self._bucket(self.batch_buckets, n)
+        c = self._bucket(self.ctx_buckets, max(positions) + 1)
+        self.host[0, :n] = torch.tensor(tokens)
+        self.host[1, :n] = torch.tensor(positions)
+        self.host[0, n:b] = 0
+        self.host[1, n:b] = self.fm.scratch_pos  # padding rows write only the scratch position
+        self.inp[:, :b].copy_(self.host[:, :b], non_blocking=True)
+        if self.use_graphs:
+            graph, logits, ids = self._graph(b, c)
+            graph.replay()
+        else:
+            logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
+        return logits, ids[:n].tolist()
+
+
+class _FSeq:
+    __slots__ = ("req", "gen", "last", "pos", "done_prompt")
+
+    def __init__(self, req: Any, gen: torch.Generator | None) -> None:
+        self.req, self.gen, self.last, self.pos, self.done_prompt = req, gen, 0, 0, 0
+
+
+class FastEngine:
+    """The server's engine interface (``submit``, ``tokenizer``, ``max_len``) over :class:`FastModel`."""
+
+    def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
+                 max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
+                 sdpa: str = "auto", sample_row: Any = None, token_event: Any = None,
+                 score_type: Any = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        kw: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+        if device != "cpu":
+            kw["device_map"] = device
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, **kw).eval()
+        cfg = hf.config
+        self.max_len = min(int(max_model_len), int(getattr(cfg, "max_position_embeddings", max_model_len)))
+        self.max_batch = max(1, int(max_batch_size))
+        # Slots: the decode batch, one staging slot for chunked prefill, one for scoring.
+        self.stage_slot, self.score_slot = self.max_batch, self.max_batch + 1
+        with torch.inference_mode():
+            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa)
+        self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
+        del hf
+        self.eos_ids = set(_as_list(getattr(cfg, "eos_token_id", None)))
+        self.chunk = max(0, int(prefill_chunk))
+        self.sample_row, self.token_event, self.score_type = sample_row, token_event, score_type
+        self.decoder = GraphDecoder(self.fm, self.max_batch, cuda_graphs)
+        with torch.inference_mode():
+            secs = self.decoder.capture_all()
+        if self.decoder.use_graphs:
+            print(f"hfserve: captured {len(self.decoder.graphs)} decode graphs in {secs:.1f}s",
+                  file=sys.stderr, flush=True)
+        if self.fm.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.jobs: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="hfserve-fast", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Any) -> None:
+        """Queue a job for the worker thread."""
+        self.jobs.put(job)
+
+    # -- worker ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with torch.inference_mode():
+            self._loop()
+
+    def _loop(self) -> None:
+        active: list[_FSeq] = []  # decoding, in slots 0..len-1
+        pending: deque = deque()
+        filling: _FSeq | None = None  # a chunked prefill in progress (staging slot)
+        while True:
+            block = not active and not pending and filling is None
+            while True:
+                try:
+                    job = self.jobs.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if isinstance(job, self.score_type):
+                    self._safe_score(job)
+                else:
+                    pending.append(job)
+            # Prefill: whole prompts first (chunk 0), or one chunk per step between decode steps.
+            budget = self.chunk if self.chunk else None
+            while (filling is not None or pending) and len(active) < self.max_batch:
+                if filling is None:
+                    req = pending.popleft()
+                    if req.cancelled:
+                        continue
+                    filling = _FSeq(req, self._generator(req))
+                try:
+                    done, used = self._prefill_some(filling, len(active), budget)
+                except Exception as exc:  # a bad request must not kill the worker
+                    print(f"hfserve: prefill failed: {exc!r}", file=sys.stderr, flush=True)
+                    filling.req.emit("error", str(exc))
+                    filling = None
+                    continue
+                if done:
+                    if filling is not None and not filling.req.cancelled and not self._first_token(filling):
+                        active.append(filling)
+                    filling = None
+                if budget is not None:
+                    budget -= used
+                    if budget <= 0:
+                        break
+            if active:
+                try:
+                    active = self._decode(active)
+                except Exception as exc:
+                    print(f"hfserve: decode failed: {exc!r}", file=sys.stderr, flush=True)
+                    for s in active:
+                        s.req.emit("error", str(exc))
+                    active = []
+
+    def _generator(self, req: Any) -> torch.Generator | None:
+        if req.temperature <= 0:
+            return None
+        gen = torch.Generator(device=self.fm.device)
+        gen.manual_seed(req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "little"))
+        return gen
+
+    def _prefill_some(self, s: _FSeq, row: int, budget: int | None) -> tuple[bool, int]:
+        """Prefill up to ``budget`` prompt tokens of ``s``; (prompt finished, tokens used)."""
+        ids = s.req.prompt_ids
+        whole = budget is None or (s.done_prompt == 0 and len(ids) <= budget)
+        slot = row if whole else self.stage_slot
+        n = len(ids) - s.done_prompt if budget is None else min(budget, len(ids) - s.done_prompt)
+        chunk = torch.tensor(ids[s.done_prompt:s.done_prompt + n], device=self.fm.device)
+        logits = self.fm.prefill(chunk, slot, s.done_prompt)
+        s.done_prompt += n
+        if s.done_prompt < len(ids):
+            return False, n
+        if slot != row:
+            self.fm.move_slot(slot, row, len(ids))
+        s.pos = len(ids)
+        s.last = -1
+        self._pending_logits = logits[-1]
+        return True, n
+
+    def _first_token(self, s: _FSeq) -> bool:
+        """Emit the token sampled from the prompt's last logits; True if the request is finished."""
+        row = self._pending_logits
+        tok = self.sample_row(row, s.req, s.gen)
+        return self._emit(s, tok, row)
+
+    def _emit(self, s: _FSeq, tok: int, row: torch.Tensor) -> bool:
+        req = s.req
+        req.n_generated += 1
+        req.emit("token", self.token_event(tok, row, req.logprobs))
+        s.last = tok
+        if tok in self.eos_ids and not req.ignore_eos:
+            req.emit("done", "stop")
+            return True
+        if req.n_generated >= req.max_tokens:
+            req.emit("done", "length")
+            return True
+        return False
+
+    def _decode(self, active: list[_FSeq]) -> list[_FSeq]:
+        logits, greedy = self.decoder.step([s.last for s in active], [s.pos for s in active])
+        finished: list[int] = []
+        for i, s in enumerate(active):
+            s.pos += 1
+            if s.req.cancelled:
+                finished.append(i)
+                continue
+            tok = greedy[i] if s.req.temperature <= 0 else self.sample_row(logits[i], s.req, s.gen)
+            if self._emit(s, tok, logits[i]):
+                finished.append(i)
+        # Refill holes from the end, so decoding slots stay 0..n-1 (KV moves, not gathers).
+        for i in reversed(finished):
+            last = len(active) - 1
+            if i != last:
+                self.fm.move_slot(last, i, active[last].pos)
+                active[i] = active[last]
+            active.pop()
+        return active
+
+    def _safe_score(self, job: Any) -> None:
+        try:
+            job.loop.call_soon_threadsafe(job.future.set_result, self._score(job))
+        except Exception as exc:  # report to the client instead of killing the worker
+            print(f"hfserve: scoring failed: {exc!r}", file=sys.stderr, flush=True)
+            job.loop.call_soon_threadsafe(job.future.set_exception, exc)
+
+    def _score(self, job: Any) -> tuple[list[float], list[list[tuple[int, float]]]]:
+        """Teacher-forced log-probabilities of the prompt through the serving prefill path."""
+        ids = torch.tensor(job.prompt_ids, device=self.fm.device)
+        step = self.chunk or len(job.prompt_ids)
+        parts = [self.fm.prefill(ids[s:s + step], self.score_slot, s, all_logits=True)
+                 for s in range(0, len(job.prompt_ids), step)]
+        lp = torch.log_softmax(torch.cat(parts), dim=-1)
+        chosen = lp[:-1].gather(-1, ids[1:, None])[:, 0].tolist()
+        if job.top_k > 0:
+            vals, idx = torch.topk(lp[:-1], min(job.top_k, lp.shape[-1]), dim=-1)
+            top = [list(zip(i, v, strict=False)) for i, v in zip(idx.tolist(), vals.tolist(), strict=False)]
+        else:
+            top = [[] for _ in chosen]
+        return chosen, top
+
+
+def _as_list(x: Any) -> list[int]:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [int(x)]

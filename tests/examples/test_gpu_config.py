@@ -1,0 +1,60 @@
+"""The GPU run's files parse and fit together, on any machine (no GPU needed).
+
+examples/targets/hfserve_gpu.toml renders launch commands that the server's own argument parser
+accepts; benchmarks/gpu/goal.toml and scenarios.toml load; a workspace's `bench.scenarios` replaces
+the built-in scenarios of the same name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.bench.scenarios import load_scenarios_file
+from orchestrator.goal import load_goal
+from orchestrator.runs import _scenarios
+from orchestrator.targets import load_target
+from orchestrator.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "benchmarks" / "gpu"
+
+
+def _server_parser():
+    spec = importlib.util.spec_from_file_location("hfserve_server", ROOT / "examples/hfserve/server.py")
+    mod = importlib.util.module_from_spec(spec)
+    pytest.importorskip("torch")
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod.parse_args
+
+
+@pytest.mark.parametrize("engine", ["hf-generate", "hf-manual", "fast-eager", "fast-graphs"])
+def test_gpu_target_renders_valid_server_args(engine: str) -> None:
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    knobs = {**target.baseline_knobs(), "engine": engine, "batching": "on"}
+    argv = target.render(knobs, port=8000, model="/m", source="/s")
+    args = _server_parser()(argv[2:])  # drop the interpreter and the script
+    assert args.device == "cuda" and args.dtype == "bfloat16"
+    assert args.engine == ("fast" if engine.startswith("fast") else "hf")
+    assert args.cuda_graphs == ("on" if engine == "fast-graphs" else "off")
+    assert args.decode_loop == ("manual" if engine == "hf-manual" else "generate")
+
+
+def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
+    goal = load_goal(GPU / "goal.toml")
+    assert goal.accuracy_mode == "gated" and set(goal.scenarios) == {"prefill", "decode", "throughput"}
+    table = load_scenarios_file(GPU / "scenarios.toml")
+    assert table["prefill"].prompt_tokens == 4096 and table["throughput"].concurrency == 16
+    (tmp_path / "infergoal.toml").write_text(f'[bench]\nscenarios = "{GPU / "scenarios.toml"}"\n')
+    ws = Workspace(tmp_path)
+    merged = _scenarios(ws, ws.config)
+    assert merged["decode"].output_tokens == 64 and "prefix" in merged  # others stay built in
+
+
+def test_missing_scenarios_file_says_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="bench.scenarios"):
+        load_scenarios_file(tmp_path / "nope.toml")
