@@ -20,6 +20,9 @@ from orchestrator.tomlfile import read_toml, validation_message
 
 __all__ = ["Knob", "TargetError", "TargetSpec", "load_target"]
 
+# Names the launch template gets besides the knobs.
+_RESERVED = frozenset({"python", "port", "model", "source", "served_model_name"})
+
 
 class TargetError(ValueError):
     """A target file that cannot be used; the message says which field and why."""
@@ -28,7 +31,7 @@ class TargetError(ValueError):
 class Knob(BaseModel):
     """One tunable engine setting."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     type: Literal["categorical", "int", "float"]
     default: Any
     """The baseline's value."""
@@ -50,6 +53,12 @@ class Knob(BaseModel):
         else:
             if self.low is None or self.high is None or self.low > self.high:
                 raise ValueError("int/float knobs need `low` <= `high`")
+            if isinstance(self.default, bool) or not isinstance(self.default, int | float):
+                raise ValueError(f"default {self.default!r} of a {self.type} knob must be a number")
+            if self.type == "int" and not all(float(x).is_integer() for x in (self.default, self.low, self.high)):
+                raise ValueError("an int knob needs whole-number `default`, `low` and `high`")
+            if self.log and self.low <= 0:
+                raise ValueError("a log-scale knob needs `low` > 0")
             if not self.low <= self.default <= self.high:
                 raise ValueError(f"default {self.default} is outside [{self.low}, {self.high}]")
         return self
@@ -58,8 +67,8 @@ class Knob(BaseModel):
 class TargetSpec(BaseModel):
     """An engine + model to optimise (see examples/targets/)."""
 
-    model_config = ConfigDict(frozen=True)
-    name: str
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    name: str = Field(min_length=1)
     engine: str = "hfserve"
     """Adapter key: hfserve, vllm, sglang, tgi."""
     launch: str
@@ -72,12 +81,37 @@ class TargetSpec(BaseModel):
     source: str = "."
     """The engine's source tree (a git repo or a folder in one); code candidates are commits of it."""
     health_path: str = "/health"
-    ready_timeout_s: float = 180.0
+    ready_timeout_s: float = Field(180.0, gt=0, le=86400)
     api: Literal["completions", "chat"] = "completions"
     knobs: dict[str, Knob] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     path: str = ""
     """Where the spec was loaded from (filled by `load_target`)."""
+
+    @model_validator(mode="after")
+    def _check_target(self) -> TargetSpec:
+        if not self.health_path.startswith("/"):
+            raise ValueError(f"health_path must start with '/', got {self.health_path!r}")
+        for name in self.knobs:
+            if not name.isidentifier() or name in _RESERVED:
+                raise ValueError(
+                    f"knob name {name!r} cannot be used in the launch template "
+                    f"(use letters, digits and _; not one of {', '.join(sorted(_RESERVED))})"
+                )
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        try:
+            env.parse(self.launch)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"launch template line {e.lineno}: {e.message}") from None
+        # Render the baseline once now: an undefined variable or an empty command is refused
+        # before a run exists, not discovered as a failed baseline trial.
+        try:
+            argv = self.render(self.baseline_knobs(), port=1, model="MODEL", source="SOURCE", python="PYTHON")
+        except (TargetError, jinja2.TemplateError, ValueError) as e:
+            raise ValueError(f"launch template: {e}") from None
+        if not argv:
+            raise ValueError("launch template renders to an empty command")
+        return self
 
     def baseline_knobs(self) -> dict[str, Any]:
         return {k: v.default for k, v in self.knobs.items()}
@@ -110,19 +144,32 @@ class TargetSpec(BaseModel):
             )
         except jinja2.UndefinedError as e:
             raise TargetError(f"target {self.name}: launch template uses an undefined variable: {e}") from None
-        return shlex.split(" ".join(text.split()))
+        except jinja2.TemplateError as e:
+            raise TargetError(f"target {self.name}: launch template: {e}") from None
+        try:
+            return shlex.split(" ".join(text.split()))
+        except ValueError as e:  # an unbalanced quote
+            raise TargetError(f"target {self.name}: launch command cannot be split: {e}") from None
 
 
 def load_target(path: str | Path) -> TargetSpec:
     """Load a target TOML; relative `source`/`model` paths resolve against the file's folder."""
     path = Path(path)
     data = read_toml(path, "target file", TargetError, "see examples/targets/ for examples")
+    if "path" in data:
+        raise TargetError(f"{path}: path: unknown key (infergoal fills it in); remove it")
     base = path.resolve().parent
-    data["source"] = str((base / data.get("source", ".")).resolve())
-    model = data.get("model", "forge:tiny")
-    if not model.startswith("forge:"):
-        data["model"] = str((base / model).resolve())
+    for key in ("source", "model"):
+        if key in data and not isinstance(data[key], str):
+            raise TargetError(f"{path}: {key} must be a string, got {data[key]!r}")
     try:
-        return TargetSpec(**data, path=str(path.resolve()))
+        data["source"] = str((base / data.get("source", ".")).resolve())
+        model = data.get("model", "forge:tiny")
+        if not model.startswith("forge:"):
+            data["model"] = str((base / model).resolve())
+    except (OSError, ValueError) as e:  # a NUL byte, a path too long
+        raise TargetError(f"{path}: source/model is not a usable path: {e}") from None
+    try:
+        return TargetSpec.model_validate({**data, "path": str(path.resolve())})
     except ValidationError as e:
-        raise TargetError(f"{path}: {validation_message(e)}") from None
+        raise TargetError(f"{path}: {validation_message(e, TargetSpec)}") from None
