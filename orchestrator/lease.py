@@ -28,6 +28,7 @@ __all__ = [
     "is_live",
     "owner_text",
     "pid_alive",
+    "refuse_if_live",
     "this_host",
 ]
 
@@ -97,6 +98,15 @@ def _refuse_if_busy(host: str, others: list[Any], allow_concurrent: bool) -> Non
             )
 
 
+def refuse_if_live(run: Any) -> None:
+    """Raise `LeaseHeld` naming the owner if another live process drives `run`."""
+    if is_live(run) and not (run.owner_pid == os.getpid() and run.owner_host == this_host()):
+        raise LeaseHeld(
+            f"run {run.id} is live ({owner_text(run)}); stop it first (Ctrl-C in its terminal, or "
+            f"`kill {run.owner_pid}` on {run.owner_host}) or wait for it — `infergoal status` shows its state"
+        )
+
+
 def check_host_free(store: Any, host: str, allow_concurrent: bool) -> None:
     """Refuse before a run is created if another live run uses `host` (see module doc)."""
     _refuse_if_busy(host, store.list_runs(), allow_concurrent)
@@ -114,11 +124,7 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def _check(self, run: Any, others: list[Any]) -> None:
-        if is_live(run) and run.owner_pid != self.pid:
-            raise LeaseHeld(
-                f"run {run.id} is live ({owner_text(run)}); stop it first (Ctrl-C in its terminal, or "
-                f"`kill {run.owner_pid}` on {run.owner_host}) or wait for it — `infergoal status` shows its state"
-            )
+        refuse_if_live(run)
         _refuse_if_busy(run.host, others, self.allow_concurrent)
 
     def __enter__(self) -> Lease:

@@ -21,7 +21,7 @@ from orchestrator.errors import one_line
 from orchestrator.exitcodes import classify_stop
 from orchestrator.goal import GoalError, GoalSpec
 from orchestrator.hosts import get_host
-from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live
+from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
 from orchestrator.proposers import get_proposer
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
@@ -130,6 +130,7 @@ def resume_run(
         raise LookupError("no run to resume" + (f" with id {run_id}" if run_id is not None else "") + "; start one with `infergoal goal`")
     if run.status == "finished":
         raise LookupError(f"run {run.id} already finished ({run.stop_reason}); start a new one with `infergoal goal`")
+    refuse_if_live(run)  # before anything else: a live run's state is not ours to judge
     goal, target, config = _stored_inputs(run)
     host = get_host(config.host, state_dir=ws.state_dir)
     with _held(store, run.id, config, host):  # refuses a live run, naming its owner
