@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -31,29 +29,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from orchestrator.clierrors import ERRORS, GuardedGroup, emit, fail
+
 __all__ = ["app"]
 
-class _Guarded(typer.core.TyperGroup):
-    """The one place errors become `error: ...` + an exit code (tracebacks only under --debug)."""
-
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> click.Context:
-        STATE.json = "--json" in args
-        STATE.debug = "--debug" in args[: args.index("--") if "--" in args else len(args)]
-        return super().make_context(info_name, args, parent=parent, **extra)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
-            raise
-        except Exception as e:
-            if STATE.debug:
-                raise
-            _fail_from(e)
-
-
 app = typer.Typer(
-    cls=_Guarded,
+    cls=GuardedGroup,
     help=(
         "infergoal: optimise an LLM server toward a goal — search + gates + memory.\n\n"
         "Quick start: `infergoal goal \"improve throughput by 2.5x without accuracy loss within 12 trials\"` runs the embedded default (the hfserve example on a tiny local model, "
@@ -74,52 +55,9 @@ err = Console(stderr=True, soft_wrap=True)
 class _State:
     workspace: Path = Path(".")
     overrides: list[str] = []
-    json: bool = False
-    debug: bool = False
 
 
 STATE = _State()
-
-
-def _fail(msg: str, outcome: str | int = "bad_input") -> None:
-    """Print `error: <first line>` (detail lines after it) and exit with the outcome's code."""
-    from orchestrator.exitcodes import EXIT_CODES
-
-    code = outcome if isinstance(outcome, int) else EXIT_CODES[outcome]
-    name = outcome if isinstance(outcome, str) else next((k for k, v in EXIT_CODES.items() if v == code), "failed")
-    msg = str(msg).strip() or "unknown error"
-    first, _, rest = msg.partition("\n")
-    err.print(f"[bold red]error:[/] {escape(first)}", highlight=False)
-    if rest.strip():
-        err.print(escape(rest), highlight=False)
-    if STATE.json:
-        _emit({"outcome": name, "exit_code": code, "error": first})
-    raise typer.Exit(code)
-
-
-def _fail_from(e: BaseException) -> None:
-    """Map an exception to its user-facing line and exit code."""
-    from gates.lock import GateTampered
-    from orchestrator.errors import one_line
-    from orchestrator.goal import GoalError
-    from orchestrator.hosts import HostError
-    from orchestrator.lease import LeaseHeld
-    from orchestrator.store import StoreError
-    from orchestrator.targets import TargetError
-    from orchestrator.workspace import ConfigError
-
-    if isinstance(e, LeaseHeld):
-        _fail(str(e), "busy")
-    if isinstance(e, GateTampered):
-        _fail(str(e), "gates_tampered")
-    if isinstance(e, GoalError | ConfigError | TargetError | HostError | LookupError):
-        _fail(str(e), "bad_input")
-    if isinstance(e, StoreError):
-        _fail(str(e), "failed")
-    if isinstance(e, OSError):
-        where = f" ({e.filename})" if e.filename else ""
-        _fail(f"{e.strerror or e}{where}; check the path, its permissions and free space", "failed")
-    _fail(f"internal error: {one_line(e)} — a bug; rerun with --debug for the traceback and report it", "failed")
 
 
 def _ws() -> Any:
@@ -154,8 +92,8 @@ def _run_id(store: Any, run: int | None) -> int:
     return r.id
 
 
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+_fail = fail
+_emit = emit
 
 
 @app.callback()
@@ -167,7 +105,7 @@ def main(
 ) -> None:
     STATE.workspace = workspace
     STATE.overrides = list(override) + ([f"db={json.dumps(db)}"] if db else [])
-    STATE.debug = debug
+    ERRORS.debug = debug
 
 
 # --- running ------------------------------------------------------------------------------
@@ -218,7 +156,7 @@ def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
     except (FileNotFoundError, LookupError, ValueError) as e:
         _fail(str(e), "failed" if started else "bad_input")
     except Exception as e:
-        if started and not STATE.debug:
+        if started and not ERRORS.debug:
             _fail(f"run {started[0]} failed: {one_line(e)}; see `infergoal status` and `infergoal show`", "failed")
         raise
 
@@ -505,7 +443,7 @@ def gates_verify() -> None:
     try:
         verify()
     except GateTampered as e:
-        _fail(str(e), code=3)
+        _fail(str(e), "gates_tampered")
     console.print("gates.lock: all gate files match")
 
 
