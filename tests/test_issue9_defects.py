@@ -290,3 +290,24 @@ def test_defect7_multiline_error_does_not_break_the_report_table(tmp_path):
     for row in table[2:]:
         assert row.count("|") - row.count("\\|") == header_cells, row
     assert "ValueError: bad dtype" in table[3] and "Traceback" not in table[3]
+
+
+def test_lease_columns_are_added_to_a_database_made_before_them(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    Store(f"sqlite:///{db}").close()
+    con = sqlite3.connect(db)
+    for col in ("owner_host", "owner_pid", "heartbeat_at"):
+        con.execute(f"ALTER TABLE runs DROP COLUMN {col}")
+    con.commit()
+    con.close()
+    store = Store(f"sqlite:///{db}")
+    _, run = _seed_in(store)
+    assert run.owner_pid is None and display_status(run) == "interrupted"
+
+
+def _seed_in(store):
+    g = parse_goal("improve throughput by 2x")
+    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, {}, "local", "search")
+    return store, run

@@ -240,7 +240,11 @@ class Store:
         except SQLAlchemyError:
             # Another process opening the same fresh database created the tables first.
             Base.metadata.create_all(self._engine)
-        _add_missing_columns(self._engine)
+        try:
+            _add_missing_columns(self._engine)
+        except SQLAlchemyError:
+            # Another process opening the same database added them first; re-check once.
+            _add_missing_columns(self._engine)
         with self._session("stamping the schema version") as session:
             if session.get(SchemaVersionModel, 1) is None:
                 session.add(SchemaVersionModel(id=1, version=SCHEMA_VERSION))
