@@ -131,7 +131,13 @@ def resume_run(
     if run.status == "finished":
         raise LookupError(f"run {run.id} already finished ({run.stop_reason}); start a new one with `infergoal goal`")
     refuse_if_live(run)  # before anything else: a live run's state is not ours to judge
-    goal, target, config = _stored_inputs(run)
+    try:
+        goal, target, config = _stored_inputs(run)
+    except (GoalError, TargetError, ConfigError) as e:
+        # A run started before today's checks with an input they refuse can never continue:
+        # say so in its row instead of leaving it `interrupted` forever.
+        store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
+        raise
     host = get_host(config.host, state_dir=ws.state_dir)
     with _held(store, run.id, config, host):  # refuses a live run, naming its owner
         def run_is_live(rid: int) -> bool:

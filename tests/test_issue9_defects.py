@@ -43,10 +43,10 @@ def _no_run_left(ws) -> None:
         assert Store(f"sqlite:///{_db(ws)}").list_runs() == [], "a refused request must leave no run behind"
 
 
-def _seed(ws, *, owner_pid=None, heartbeat_age_s=0.0, host="local", config=None):
+def _seed(ws, *, owner_pid=None, heartbeat_age_s=0.0, host="local", config=None, target=None):
     g = parse_goal("beat the baseline by 20% on TPOT within 3 trials")
     store = Store(f"sqlite:///{_db(ws)}")
-    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, config or {}, host, "search")
+    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, target or {"name": "t"}, config or {}, host, "search")
     if owner_pid is not None:
         store.claim_run(run.id, owner_host=os.uname().nodename, owner_pid=owner_pid, check=lambda r, o: None)
         if heartbeat_age_s:
@@ -311,3 +311,17 @@ def _seed_in(store):
     g = parse_goal("improve throughput by 2x")
     run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, {}, "local", "search")
     return store, run
+
+
+def test_defect5_run_stuck_with_a_zero_scale_config_is_closed_by_resume(tmp_path):
+    # A run row written before bench.scale was checked: resume refuses it once, clearly, and
+    # marks it failed, instead of failing the same way forever.
+    from orchestrator.targets import load_target
+
+    target = load_target(write_fake_target(tmp_path / "t.toml")).model_dump(mode="json")
+    store, run = _seed(tmp_path, config={"bench": {"scale": 0}}, target=target)
+    r = _cli(tmp_path, "resume", str(run.id))
+    assert r.exit_code == 2 and "stored config is no longer valid" in r.output and "greater than 0" in r.output
+    assert store.get_run(run.id).status == "failed"
+    r = _cli(tmp_path, "resume", str(run.id))
+    assert r.exit_code == 2 and "Traceback" not in r.output
