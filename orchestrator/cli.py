@@ -217,6 +217,8 @@ def goal(
         spec = load_goal(text)
     except GoalError as e:
         _fail(str(e))
+    if len(name) > 200:
+        _fail(f"--name is {len(name)} characters; keep it to 200")
     extra = [f"target={json.dumps(str(Path(target).resolve()))}"] if target else []
     extra += [f"host={json.dumps(host)}"] if host else []
     extra += [f"proposer={json.dumps(proposer)}"] if proposer else []
