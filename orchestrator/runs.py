@@ -25,6 +25,7 @@ from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refus
 from orchestrator.proposers import get_proposer
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
+from orchestrator.tomlfile import validation_message
 from orchestrator.trial import TrialContext
 from orchestrator.workspace import Config, ConfigError, Workspace
 
@@ -156,15 +157,15 @@ def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
     try:
         goal = GoalSpec.model_validate(run.goal)
     except ValidationError as e:
-        raise GoalError(f"run {run.id}'s stored goal is no longer valid ({e.errors()[0]['msg']}); start a new run") from None
+        raise GoalError(f"run {run.id}'s stored goal is no longer valid ({validation_message(e)}); start a new run") from None
     try:
         target = TargetSpec.model_validate(run.target)
     except ValidationError as e:
-        raise TargetError(f"run {run.id}'s stored target is no longer valid ({e.errors()[0]['msg']}); start a new run") from None
+        raise TargetError(f"run {run.id}'s stored target is no longer valid ({validation_message(e)}); start a new run") from None
     try:
         config = Config.model_validate(run.config)
     except ValidationError as e:
-        raise ConfigError(f"run {run.id}'s stored config is no longer valid ({e.errors()[0]['msg']}); start a new run") from None
+        raise ConfigError(f"run {run.id}'s stored config is no longer valid ({validation_message(e)}); start a new run") from None
     return goal, target, config
 
 
