@@ -247,6 +247,8 @@ def resume(
     from orchestrator.runs import resume_run
 
     ws = _ws()
+    if _store(read_only=True) is None:  # nothing to resume: do not create a database to say so
+        _fail("no run to resume; start one with `infergoal goal \"...\"`")
     outcome = _drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
     _finish(outcome, as_json, not no_report)
 
