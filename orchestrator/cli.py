@@ -1,7 +1,11 @@
 """`infergoal` command line: start a goal, resume it, audit what happened.
 
-Every command that prints data takes `--json`. Global options (`-w`, `--db`, `-o`) go before
-the command: `infergoal -o bench.scale=0.5 goal "..."`.
+Every command that prints data takes `--json`. Global options (`-w`, `--db`, `-o`, `--debug`) go
+before the command: `infergoal -o bench.scale=0.5 goal "..."`.
+
+Every error is one line on stderr (`error: what; what to do next`) and a documented exit code
+(orchestrator/exitcodes.py); with `--json` the same outcome is also printed as JSON on stdout.
+A traceback is shown only under `--debug`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -26,10 +31,12 @@ from rich.progress import (
 from rich.table import Table
 
 from orchestrator.audit_cli import audit_app, html_report, query_trials
+from orchestrator.clierrors import ERRORS, GuardedGroup, emit, fail
 
 __all__ = ["app"]
 
 app = typer.Typer(
+    cls=GuardedGroup,
     help=(
         "infergoal: optimise an LLM server toward a goal — search + gates + memory.\n\n"
         "Quick start: `infergoal goal \"improve throughput by 2.5x without accuracy loss within 12 trials\"` runs the embedded default (the hfserve example on a tiny local model, "
@@ -56,11 +63,6 @@ class _State:
 STATE = _State()
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
-    raise typer.Exit(code)
-
-
 def _ws() -> Any:
     from orchestrator.workspace import ConfigError, Workspace
 
@@ -70,25 +72,31 @@ def _ws() -> Any:
         _fail(str(e))
 
 
-def _store() -> Any:
+def _store(read_only: bool = False) -> Any:
+    """The store; `read_only` (audit commands) never creates or writes, and is None if there is none yet."""
     from orchestrator.runs import open_store
     from orchestrator.store import StoreError
 
+    ws = _ws()
+    if read_only and not ws.config.db and not (ws.state_dir / "infergoal.db").is_file():
+        return None
     try:
-        return open_store(_ws())
+        return open_store(ws, read_only=read_only)
     except StoreError as e:
-        _fail(str(e))
+        _fail(str(e), "failed")
 
 
 def _run_id(store: Any, run: int | None) -> int:
+    if store is None:
+        _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
     r = store.get_run(run) if run is not None else store.latest_run()
     if r is None:
         _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
     return r.id
 
 
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+_fail = fail
+_emit = emit
 
 
 @app.callback()
@@ -96,9 +104,11 @@ def main(
     workspace: Path = typer.Option(Path("."), "--workspace", "-w", help="Workspace folder (holds infergoal.toml and .infergoal/)."),
     db: str = typer.Option("", "--db", help="SQLAlchemy URL of the store, e.g. postgresql+psycopg://user@host/db (default: SQLite in .infergoal/)."),
     override: list[str] = typer.Option([], "--override", "-o", help="Config override a.b=value, e.g. -o bench.scale=0.5 (repeatable)."),
+    debug: bool = typer.Option(False, "--debug", help="Show the traceback of an error instead of one line."),
 ) -> None:
     STATE.workspace = workspace
-    STATE.overrides = list(override) + ([f'db="{db}"'] if db else [])
+    STATE.overrides = list(override) + ([f"db={json.dumps(db)}"] if db else [])
+    ERRORS.debug = debug
 
 
 # --- running ------------------------------------------------------------------------------
@@ -124,28 +134,35 @@ class _Progress:
         colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
         line = f"#{t.number:<3} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{t.proposer}[/]"
         if t.error:
-            line += f"\n      [dim red]{t.error[:160]}[/]"
+            from orchestrator.errors import summarize_failure
+
+            line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
         self.progress.console.print(line, highlight=False)
 
 
 def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
+    """Run `fn` under the live view. An error before the run row exists is bad input (nothing
+    was created); after, the run failed (it is marked so in the store)."""
+    from gates.lock import GateTampered
     from orchestrator.agent import AgentError
+    from orchestrator.errors import one_line
     from orchestrator.hosts import HostError
-    from orchestrator.targets import TargetError
+    from orchestrator.lease import LeaseHeld
 
+    started: list[int] = []
     view = _Progress(budget_trials, as_json)
     try:
         with view.progress if not as_json else _null():
-            return fn(on_step=view.step, on_trial=view.trial, **kw)
+            return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)
     except KeyboardInterrupt:
-        _fail("interrupted; the run is saved — continue it with `infergoal resume`", code=130)
-    except (TargetError, HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:
-        _fail(str(e))
+        _fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")
+    except (LeaseHeld, GateTampered):
+        raise
+    except (HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:
+        _fail(str(e), "failed" if started else "bad_input")
     except Exception as e:
-        if type(e).__name__ == "GateTampered":
-            _fail(f"{e}", code=3)
-        if type(e).__name__ == "StoreError" or isinstance(e, OSError):
-            _fail(f"{type(e).__name__}: {e}")
+        if started and not ERRORS.debug:
+            _fail(f"run {started[0]} failed: {one_line(e)}; see `infergoal status` and `infergoal show`", "failed")
         raise
 
 
@@ -158,6 +175,10 @@ class _null:
 
 
 def _finish(outcome: Any, as_json: bool, report: bool) -> None:
+    """Print how the run ended and exit with its outcome's code (see orchestrator/exitcodes.py)."""
+    from orchestrator.errors import summarize_failure
+    from orchestrator.exitcodes import EXIT_CODES
+
     ws = _ws()
     store = _store()
     path = None
@@ -167,15 +188,19 @@ def _finish(outcome: Any, as_json: bool, report: bool) -> None:
         path = write_report(store, outcome.run_id, ws.run_dir(outcome.run_id) / "report")
     run = store.get_run(outcome.run_id)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
+    code = EXIT_CODES[outcome.outcome]
     if as_json:
-        _emit({"run": outcome.run_id, "stop_reason": outcome.stop_reason, "report": str(path) if path else None,
-               "best": _trial_dict(best) if best else None})
-        return
-    console.print(f"\n[bold]run {outcome.run_id}[/] stopped: {outcome.stop_reason}", highlight=False)
-    if best and best.number:
-        console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {best.knobs}", highlight=False)
-    if path:
-        console.print(f"report: {path}")
+        _emit({"run": outcome.run_id, "outcome": outcome.outcome, "exit_code": code, "stop_reason": outcome.stop_reason,
+               "report": str(path) if path else None, "best": _trial_dict(best) if best else None})
+    else:
+        console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
+                      f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
+        if best and best.number:
+            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {best.knobs}", highlight=False)
+        if path:
+            console.print(f"report: {path}")
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -198,12 +223,14 @@ def goal(
         spec = load_goal(text)
     except GoalError as e:
         _fail(str(e))
-    extra = [f'target="{Path(target).resolve()}"'] if target else []
-    extra += [f'host="{host}"'] if host else []
+    if len(name) > 200:
+        _fail(f"--name is {len(name)} characters; keep it to 200")
     if agent and agent != "claude":
         _fail(f"unknown agent {agent!r}; the agent is `claude` (key from ANTHROPIC_API_KEY)")
     proposer = proposer or agent
-    extra += [f'proposer="{proposer}"'] if proposer else []
+    extra = [f"target={json.dumps(str(Path(target).resolve()))}"] if target else []
+    extra += [f"host={json.dumps(host)}"] if host else []
+    extra += [f"proposer={json.dumps(proposer)}"] if proposer else []
     extra += [f"seed={seed}"] if seed is not None else []
     STATE.overrides = [*STATE.overrides, *extra]
     ws = _ws()
@@ -229,6 +256,8 @@ def resume(
     from orchestrator.runs import resume_run
 
     ws = _ws()
+    if _store(read_only=True) is None:  # nothing to resume: do not create a database to say so
+        _fail("no run to resume; start one with `infergoal goal \"...\"`")
     outcome = _drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
     _finish(outcome, as_json, not no_report)
 
@@ -242,15 +271,19 @@ def _trial_dict(t: Any) -> dict[str, Any]:
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
-    """List runs with their state and best score."""
-    store = _store()
+    """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
+    from orchestrator.errors import summarize_failure
+    from orchestrator.lease import display_status
+
+    store = _store(read_only=True)
     rows = []
-    for r in store.list_runs():
+    for r in store.list_runs() if store else []:
         trials = store.list_trials(r.id)
         best = store.get_trial(r.best_trial_id) if r.best_trial_id else None
-        rows.append({"id": r.id, "name": r.name, "status": r.status, "trials": len(trials),
+        rows.append({"id": r.id, "name": r.name, "status": display_status(r), "trials": len(trials),
                      "best_trial": best.number if best else None, "best_score": best.score if best else None,
-                     "stop_reason": r.stop_reason, "created_at": r.created_at})
+                     "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
+                     "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None})
     if as_json:
         return _emit(rows)
     if not rows:
@@ -274,7 +307,7 @@ def trials(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The trials of a run: status, score, objective values, changed knobs; filtered and sorted on request."""
-    store = _store()
+    store = _store(read_only=True)
     rid = _run_id(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
@@ -297,7 +330,7 @@ def show(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Everything about one trial: knobs, launch command, gates, measurements, timings, log."""
-    store = _store()
+    store = _store(read_only=True)
     rid = _run_id(store, run)
     t = store.get_trial_by_number(rid, number)
     if t is None:
@@ -309,7 +342,7 @@ def show(
     console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {t.score:.3f}x" if t.score else ""), highlight=False)
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
-            console.print(f"  {k}: {getattr(t, k)}", highlight=False)
+            console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)
     console.print(f"  knobs: {t.knobs}", highlight=False)
     console.print("  timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in (t.timings or {}).items()), highlight=False)
     for g in gates:
@@ -332,11 +365,15 @@ def report(
     """Write the run's markdown report with the trial table, the best launch command and plots."""
     from orchestrator.report import build_report_data, write_report
 
-    store = _store()
+    store = _store(read_only=True)
     rid = _run_id(store, run)
-    path = write_report(store, rid, out or _ws().run_dir(rid) / "report")
-    if html:
-        path = html_report(store, rid, path.parent, _ws().db_url)
+    dest = out or _ws().run_dir(rid) / "report"
+    try:
+        path = write_report(store, rid, dest)
+        if html:
+            path = html_report(store, rid, path.parent, _ws().db_url)
+    except OSError as e:
+        _fail(f"cannot write the report to {dest}: {e.strerror or e}; pass --out DIR on a writable disk", "failed")
     if as_json:
         return _emit(build_report_data(store, rid).to_dict() | {"report": str(path)})
     console.print(f"report: {path}")
@@ -461,7 +498,7 @@ def gates_verify() -> None:
     try:
         verify()
     except GateTampered as e:
-        _fail(str(e), code=3)
+        _fail(str(e), "gates_tampered")
     console.print("gates.lock: all gate files match")
 
 

@@ -78,6 +78,7 @@ class Controller:
             if not self.store.list_trials(run_id):
                 baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer="baseline")
                 self._execute(self._create(baseline), baseline)
+            self._baseline()  # a failed baseline stops the run here, before a trial is created that never runs
             while True:
                 self._check_budget()
                 self.ctx.on_step("propose")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -70,6 +71,11 @@ METRICS: dict[str, MetricInfo] = {
 }
 _ALIASES = {"latency": "e2e", "output throughput": "throughput", "tok/s": "throughput"}
 _STATS = ("mean", "median", "p50", "p90", "p95", "p99")
+# Units a threshold may be written in, per metric unit, with the factor to the metric's unit.
+_UNITS: dict[str, dict[str, float]] = {
+    "ms": {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "seconds": 1000.0},
+    "tok/s": {"tok/s": 1.0, "tokens/s": 1.0},
+}
 
 ACCEPTED_FORMS = """\
 Accepted goal forms (clauses combine with "and" or ","):
@@ -86,7 +92,7 @@ A goal may also be a TOML file: see examples/goals/."""
 class Objective(BaseModel):
     """One measurable target."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     metric: str
     """User-facing metric name, a key of `METRICS` (e.g. `ttft`)."""
     stat: str = "p50"
@@ -102,6 +108,8 @@ class Objective(BaseModel):
             raise ValueError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
         if self.stat not in _STATS:
             raise ValueError(f"unknown statistic {self.stat!r}; known: {', '.join(_STATS)}")
+        if not METRICS[self.metric].has_stats and "stat" in self.model_fields_set and self.stat != "p50":
+            raise ValueError(f"{self.metric} is a single number per measurement; drop stat = {self.stat!r}")
         if self.value <= 0:
             raise ValueError("an objective's value must be positive")
         if self.kind == "relative" and METRICS[self.metric].direction == "minimize" and self.value >= 1:
@@ -152,7 +160,7 @@ class Objective(BaseModel):
 class Constraint(BaseModel):
     """A condition every kept candidate must satisfy."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["accuracy"] = "accuracy"
     mode: Literal["no_loss", "gated"] = "no_loss"
     """`no_loss`: measurable drift needs a person's approval; `gated`: the gate's hard limits only."""
@@ -161,27 +169,39 @@ class Constraint(BaseModel):
 class Budget(BaseModel):
     """When to stop even if the goal is not met."""
 
-    model_config = ConfigDict(frozen=True)
-    wall_s: float | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    wall_s: float | None = Field(None, gt=0)
     """Wall-clock seconds of trial time (summed over resumes)."""
-    trials: int | None = None
+    trials: int | None = Field(None, ge=1)
     """Maximum number of trials, the baseline included."""
-    tokens: int | None = None
+    tokens: int | None = Field(None, ge=1)
     """Maximum LLM tokens an agent proposer may spend."""
-    cost_usd: float | None = None
+    cost_usd: float | None = Field(None, gt=0)
     """Maximum dollars an agent proposer may spend ("within $20")."""
-    stall_trials: int = 8
+    stall_trials: int = Field(8, ge=1)
     """Stop after this many consecutive trials without a new best."""
 
 
 class GoalSpec(BaseModel):
     """A parsed goal. Frozen; `digest` identifies it in the run row."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     text: str = ""
     objectives: tuple[Objective, ...] = Field(min_length=1)
     constraints: tuple[Constraint, ...] = ()
     budget: Budget = Budget()
+
+    @model_validator(mode="after")
+    def _no_duplicates(self) -> GoalSpec:
+        # Two clauses on one thing would silently let one of them win.
+        seen = [(o.scenario, o.key) for o in self.objectives]
+        for i, key in enumerate(seen):
+            if key in seen[:i]:
+                raise ValueError(f"duplicate objective on {self.objectives[i].metric} ({key[1]}); give each metric once")
+        kinds = [c.kind for c in self.constraints]
+        if len(set(kinds)) < len(kinds):
+            raise ValueError("duplicate accuracy constraint; give it once")
+        return self
 
     @property
     def digest(self) -> str:
@@ -218,6 +238,13 @@ _METRIC_RE = r"(?:(?P<stat>mean|median|p50|p90|p95|p99)\s+)?(?P<metric>[a-z][a-z
 _NUM = r"(?P<num>\d+(?:\.\d+)?)"
 
 
+def _objective(metric: str, stat: str | None, kind: str, value: float) -> Objective:
+    """An objective; `stat` only when the goal named one (throughput has none)."""
+    if stat and not METRICS[metric].has_stats:
+        raise GoalError(f"{metric} is a single number per measurement; drop {stat!r}.\n{ACCEPTED_FORMS}")
+    return Objective(metric=metric, kind=kind, value=value, **({"stat": stat} if stat else {}))
+
+
 def _metric_name(raw: str) -> str:
     name = _ALIASES.get(raw.strip(), raw.strip())
     if name not in METRICS:
@@ -248,6 +275,15 @@ def _metric_list(text: str) -> list[tuple[str | None, str]]:
 
 def parse_goal(text: str) -> GoalSpec:
     """Parse goal text into a `GoalSpec`; raise `GoalError` on anything not understood."""
+    try:
+        return _parse_goal(text)
+    except ValidationError as e:
+        raise GoalError(f"{validation_message(e)}.\n{ACCEPTED_FORMS}") from None
+    except OverflowError:
+        raise GoalError(f"a number in the goal is too large.\n{ACCEPTED_FORMS}") from None
+
+
+def _parse_goal(text: str) -> GoalSpec:
     original = text
     s = " ".join(text.strip().lower().split())
     s = re.sub(r"^/goal\b\s*", "", s).rstrip(".")
@@ -259,8 +295,18 @@ def parse_goal(text: str) -> GoalSpec:
     budget: dict[str, float | int] = {}
 
     # Budget clause: "within 30m", "within 2 h and 20 trials", "in at most 12 trials".
+    if len(re.findall(r"\b(?:within|in at most)\b", s)) > 1:
+        raise GoalError(f"the goal has more than one budget clause ('within ...'); give one, e.g. 'within 1h and 20 trials'.\n{ACCEPTED_FORMS}")
+
     def take_budget(m: re.Match[str]) -> str:
+        units_seen: set[str] = set()
         for num, unit in re.findall(r"(\d+(?:\.\d+)?)\s*(hours?|h|minutes?|mins?|m|seconds?|secs?|s|trials?)\b", m.group(1)):
+            kind = "trials" if unit.startswith("trial") else unit[0]
+            if kind in units_seen:
+                raise GoalError(f"the budget {m.group(0)!r} gives {'trials' if kind == 'trials' else 'a duration'} twice; give it once.\n{ACCEPTED_FORMS}")
+            units_seen.add(kind)
+            if not math.isfinite(float(num)):
+                raise GoalError(f"the budget {m.group(0)!r} is not a finite number.\n{ACCEPTED_FORMS}")
             if unit.startswith("trial"):
                 budget["trials"] = int(float(num))
             else:
@@ -278,6 +324,8 @@ def parse_goal(text: str) -> GoalSpec:
     s = re.sub(r"\b(?:within|in at most|in)\s+((?:(?:\$\d[\d.]*|\d[\d.]*\s*[a-z]+)(?:\s*(?:,|and)\s*)?)+)$", take_budget, s)
 
     def take_accuracy(m: re.Match[str]) -> str:
+        if constraints:
+            raise GoalError(f"'without accuracy loss' is given twice; give it once.\n{ACCEPTED_FORMS}")
         constraints.append(Constraint(kind="accuracy", mode="no_loss"))
         return " "
 
@@ -297,9 +345,9 @@ def parse_goal(text: str) -> GoalSpec:
             else:
                 frac = v / 100
             try:
-                out.append(Objective(metric=metric, stat=stat or "p50", kind="relative", value=frac))
+                out.append(_objective(metric, stat, "relative", frac))
             except ValidationError as e:
-                raise GoalError(f"{e.errors()[0]['msg']}.\n{ACCEPTED_FORMS}") from None
+                raise GoalError(f"{validation_message(e)}.\n{ACCEPTED_FORMS}") from None
         return out
 
     def take_relative(m: re.Match[str]) -> str:
@@ -329,10 +377,13 @@ def parse_goal(text: str) -> GoalSpec:
                 f"{m.group(0)!r} asks the opposite.\n{ACCEPTED_FORMS}"
             )
         unit = (m.group("unit") or info.unit).strip()
-        value = float(m.group("num"))
-        if info.unit == "ms" and unit in ("s", "sec", "seconds"):
-            value *= 1000
-        objectives.append(Objective(metric=metric, stat=stat or "p50", kind="absolute", value=value))
+        if unit not in _UNITS[info.unit]:
+            raise GoalError(f"{metric} is measured in {info.unit}, not {unit}: {m.group(0)!r}.\n{ACCEPTED_FORMS}")
+        value = float(m.group("num")) * _UNITS[info.unit][unit]
+        try:
+            objectives.append(_objective(metric, stat, "absolute", value))
+        except ValidationError as e:
+            raise GoalError(f"{m.group(0)!r}: {e.errors()[0]['msg'].removeprefix('Value error, ')}.\n{ACCEPTED_FORMS}") from None
         return " "
 
     s = re.sub(
@@ -351,23 +402,33 @@ def parse_goal(text: str) -> GoalSpec:
             text=original.strip(), objectives=tuple(objectives), constraints=tuple(constraints), budget=Budget(**budget)
         )
     except ValidationError as e:
-        raise GoalError(f"{e.errors()[0]['msg']}.\n{ACCEPTED_FORMS}") from None
+        raise GoalError(f"{validation_message(e, GoalSpec)}.\n{ACCEPTED_FORMS}") from None
 
 
 def load_goal(source: str | Path) -> GoalSpec:
     """Goal text, or a path to a goal TOML file (see examples/goals/)."""
-    path = Path(source)
     if str(source).endswith(".toml"):
-        data = read_toml(path, "goal file", GoalError)
-        text = data.pop("text", "")
-        wall = data.get("budget", {}).pop("wall", None)
-        if wall is not None:
-            m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(h|m|s)", str(wall).strip())
-            if not m:
-                raise GoalError(f"{path}: budget.wall must look like '30m', '2h' or '90s', got {wall!r}")
-            data["budget"]["wall_s"] = _duration_s(float(m.group(1)), m.group(2))
-        try:
-            return GoalSpec(text=text or f"goal file {path.name}", **data)
-        except ValidationError as e:
-            raise GoalError(f"{path}: {validation_message(e)}") from None
+        return _load_goal_toml(Path(source))
     return parse_goal(str(source))
+
+
+def _load_goal_toml(path: Path) -> GoalSpec:
+    data = read_toml(path, "goal file", GoalError, "see examples/goals/ for examples")
+    text = data.pop("text", "")
+    budget = data.get("budget", {})
+    if not isinstance(budget, dict):
+        raise GoalError(f"{path}: budget must be a table ([budget]), got {budget!r}")
+    wall = budget.pop("wall", None)
+    if wall is not None:
+        if "wall_s" in budget:
+            raise GoalError(f"{path}: budget gives both wall and wall_s; give one")
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(h|m|s)", str(wall).strip())
+        if not m:
+            raise GoalError(f"{path}: budget.wall must look like '30m', '2h' or '90s', got {wall!r}")
+        budget["wall_s"] = _duration_s(float(m.group(1)), m.group(2))
+    if not isinstance(text, str):
+        raise GoalError(f"{path}: text must be a string, got {text!r}")
+    try:
+        return GoalSpec.model_validate({"text": text or f"goal file {path.name}", **data})
+    except ValidationError as e:
+        raise GoalError(f"{path}: {validation_message(e, GoalSpec)}") from None

@@ -8,27 +8,30 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from orchestrator.agent.client import read_api_key
 from orchestrator.audit.study import StudyError, save_study
 from orchestrator.controller import Controller
-from orchestrator.goal import GoalSpec
+from orchestrator.errors import one_line
+from orchestrator.exitcodes import classify_stop
+from orchestrator.goal import GoalError, GoalSpec
 from orchestrator.hosts import get_host
+from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
 from orchestrator.proposers import RunBound, get_proposer
-from orchestrator.store import Store
-from orchestrator.targets import TargetSpec, load_target
+from orchestrator.store import Store, StoreError
+from orchestrator.targets import TargetError, TargetSpec, load_target
+from orchestrator.tomlfile import validation_message
 from orchestrator.trial import TrialContext
-from orchestrator.workspace import Config, Workspace
+from orchestrator.workspace import Config, ConfigError, Workspace
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
-
-AGENT_PROPOSERS = ("agent", "claude", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,27 @@ class RunOutcome:
     run_id: int
     stop_reason: str
 
+    @property
+    def outcome(self) -> str:
+        """goal_met | stopped | failed | gates_tampered (see orchestrator.exitcodes)."""
+        return classify_stop(self.stop_reason)
 
-def open_store(ws: Workspace) -> Store:
-    return Store(ws.db_url)
+
+def open_store(ws: Workspace, *, read_only: bool = False) -> Store:
+    """The workspace's store; `read_only` never creates or writes anything (auditing an archive)."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        return Store(ws.db_url, read_only=read_only)
+    except ArgumentError as e:
+        raise StoreError(f"--db {ws.db_url!r} is not a database URL ({e}); use e.g. postgresql+psycopg://user@host/db") from None
+    except NoSuchModuleError:
+        raise StoreError(f"--db {ws.db_url!r}: unknown database kind; use sqlite:///PATH or postgresql+psycopg://...") from None
+    except ModuleNotFoundError as e:
+        hint = "pip install 'infergoal[postgres]'" if "psycopg" in str(e) or "postgres" in ws.db_url else f"pip install {e.name}"
+        raise StoreError(f"the database driver for {ws.db_url.split(':', 1)[0]} is not installed ({e.name}); {hint}") from None
+    except OSError as e:
+        raise StoreError(f"cannot open the store at {ws.db_url}: {e.strerror or e}; check the folder is writable or pass --db") from None
 
 
 def resolve_model(model: str) -> Path:
@@ -73,11 +94,17 @@ def start_run(
     ws: Workspace, goal: GoalSpec, *, name: str = "", on_step: Callable[[str], None] | None = None,
     on_trial: Callable[[Any], None] | None = None, on_run: Callable[[int], None] | None = None,
 ) -> RunOutcome:
-    """Create a run row and drive it to a stop."""
+    """Check every input, then create a run row and drive it to a stop.
+
+    Anything refused (a bad target, host, proposer, model, a host busy with another live run)
+    is refused before the run row exists, so an invalid request leaves nothing behind.
+    """
     target = load_target(ws.target_path)
-    if ws.config.proposer in AGENT_PROPOSERS:  # no key: say so before a run row exists
-        read_api_key(ws.config.agent)
+    # Refuses an unknown proposer, a missing script file, or (for the agent) a missing key.
+    get_proposer(ws.config.proposer, seed=ws.config.seed, agent=ws.config.agent)
+    resolve_model(target.model)
     store = open_store(ws)
+    check_host_free(store, ws.config.host, ws.config.allow_concurrent_runs)
     host = get_host(ws.config.host, state_dir=ws.state_dir)
     run = store.create_run(
         name=name or f"{target.name}: {goal.describe()}"[:200],
@@ -85,30 +112,89 @@ def start_run(
         target_json=target.model_dump(mode="json"), config_json=ws.config.model_dump(mode="json"),
         host=ws.config.host, proposer=ws.config.proposer,
     )
-    store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": host.fingerprint()})
-    if on_run:
-        on_run(run.id)
-    return _drive(ws, store, run.id, goal, target, ws.config, host, on_step, on_trial)
+    with _held(store, run.id, ws.config, host, new=True):
+        store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": host.fingerprint()})
+        if on_run:
+            on_run(run.id)
+        return _drive(ws, store, run.id, goal, target, ws.config, host, on_step, on_trial)
 
 
 def resume_run(
     ws: Workspace, run_id: int | None = None, *, on_step: Callable[[str], None] | None = None,
-    on_trial: Callable[[Any], None] | None = None,
+    on_trial: Callable[[Any], None] | None = None, on_run: Callable[[int], None] | None = None,
 ) -> RunOutcome:
-    """Continue a stopped or killed run from the store: interrupted trials are re-run, none lost."""
+    """Continue a stopped or killed run from the store: interrupted trials are re-run, none lost.
+
+    A run still driven by a live process is refused (`LeaseHeld` names its owner); only servers
+    whose owning run is dead are swept.
+    """
     store = open_store(ws)
     run = store.get_run(run_id) if run_id is not None else store.latest_run()
     if run is None:
         raise LookupError("no run to resume" + (f" with id {run_id}" if run_id is not None else "") + "; start one with `infergoal goal`")
     if run.status == "finished":
         raise LookupError(f"run {run.id} already finished ({run.stop_reason}); start a new one with `infergoal goal`")
-    goal = GoalSpec(**run.goal)
-    target = TargetSpec(**run.target)
-    config = Config(**run.config)
+    refuse_if_live(run)  # before anything else: a live run's state is not ours to judge
+    try:
+        goal, target, config = _stored_inputs(run)
+    except (GoalError, TargetError, ConfigError) as e:
+        # A run started before today's checks with an input they refuse can never continue:
+        # say so in its row instead of leaving it `interrupted` forever.
+        store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
+        raise
     host = get_host(config.host, state_dir=ws.state_dir)
-    swept = host.sweep_orphans() if hasattr(host, "sweep_orphans") else []
-    store.add_event(run.id, "resume", f"run {run.id} resumed", data={"orphans_killed": swept})
-    return _drive(ws, store, run.id, goal, target, config, host, on_step, on_trial)
+    with _held(store, run.id, config, host):  # refuses a live run, naming its owner
+        def run_is_live(rid: int) -> bool:
+            r = store.get_run(rid)
+            return r is not None and is_live(r)
+
+        swept = host.sweep_orphans(run_is_live) if hasattr(host, "sweep_orphans") else []
+        store.add_event(run.id, "resume", f"run {run.id} resumed", data={"orphans_killed": swept})
+        if on_run:
+            on_run(run.id)
+        return _drive(ws, store, run.id, goal, target, config, host, on_step, on_trial)
+
+
+def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
+    """A run's goal, target and config as stored, validated by today's rules."""
+    try:
+        goal = GoalSpec.model_validate(run.goal)
+    except ValidationError as e:
+        raise GoalError(f"run {run.id}'s stored goal is no longer valid ({validation_message(e)}); start a new run") from None
+    try:
+        target = TargetSpec.model_validate(run.target)
+    except ValidationError as e:
+        raise TargetError(f"run {run.id}'s stored target is no longer valid ({validation_message(e)}); start a new run") from None
+    try:
+        config = Config.model_validate(run.config)
+    except ValidationError as e:
+        raise ConfigError(f"run {run.id}'s stored config is no longer valid ({validation_message(e)}); start a new run") from None
+    return goal, target, config
+
+
+@contextmanager
+def _held(store: Store, run_id: int, config: Config, host: Any, *, new: bool = False) -> Iterator[None]:
+    """Hold the run's lease; a run that ends by an error is marked failed, never left `running`."""
+    lease = Lease(store, run_id, allow_concurrent=config.allow_concurrent_runs)
+    try:
+        lease.__enter__()
+    except LeaseHeld as e:
+        if new:  # another run took the host between our check and our claim: this run never ran
+            store.set_run_status(run_id, "failed", stop_reason=f"Refused: {e}")
+        raise
+    try:
+        if hasattr(host, "run_id"):
+            host.run_id = run_id  # pidfiles name their run, for the orphan sweep
+        yield
+    except Exception as e:
+        run = store.get_run(run_id)
+        if run is not None and run.status == "running":
+            reason = f"Failed: {one_line(e)}"
+            store.set_run_status(run_id, "failed", stop_reason=reason)
+            store.add_event(run_id, "run.failed", reason)
+        raise
+    finally:
+        lease.__exit__(None, None, None)
 
 
 def _drive(
@@ -154,6 +240,8 @@ def _drive(
         # Wall time of this session (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
+    if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
+        store.set_run_status(run_id, "failed", stop_reason=reason)
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})

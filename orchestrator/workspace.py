@@ -5,14 +5,15 @@ Every field can be overridden on the command line with `-o a.b=value` (e.g. `-o 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.agent.config import AgentConfig
-from orchestrator.tomlfile import validation_message
+from orchestrator.tomlfile import read_toml, validation_message
 
 __all__ = ["BenchConfig", "Config", "ConfigError", "Workspace", "apply_overrides"]
 
@@ -30,15 +31,15 @@ class ConfigError(ValueError):
 class BenchConfig(BaseModel):
     """How trials are measured."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    scale: float = 1.0
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    scale: float = Field(1.0, gt=0, le=1000)
     """Scenario size factor: 1.0 runs each scenario in seconds on the tiny CPU model; raise it on a GPU."""
-    repeats: int = 1
+    repeats: int = Field(1, ge=1, le=100)
     """Measurements of each scenario per candidate (borderline results are re-measured on top)."""
-    baseline_repeats: int = 2
+    baseline_repeats: int = Field(2, ge=1, le=100)
     """Measurements of the baseline; their spread is the run's noise estimate."""
-    timeout_s: float = 120.0
-    """Per-request timeout."""
+    timeout_s: float = Field(120.0, gt=0, le=86400)
+    """Per-request timeout in seconds."""
     scenarios: str = ""
     """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
     name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""
@@ -54,7 +55,7 @@ class GateConfig(BaseModel):
 class Config(BaseModel):
     """Workspace configuration (`infergoal.toml`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     db: str = ""
     """SQLAlchemy URL; empty = SQLite at `.infergoal/infergoal.db`."""
     host: str = "local"
@@ -63,9 +64,14 @@ class Config(BaseModel):
     """Target TOML path; empty = the shipped hfserve example."""
     proposer: str = "search"
     """`search` (Optuna TPE), `claude` (the code agent), `hybrid` (agent + search) or `scripted:FILE.json`."""
-    seed: int = 0
-    min_gain: float = 0.03
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Search seed (numpy's range)."""
+    min_gain: float = Field(0.03, ge=0, lt=1)
     """A candidate is kept only if it beats the best kept score by this fraction (and by the noise)."""
+    allow_concurrent_runs: bool = False
+    """Let another run use the same host while this one is live (a pool whose runs do not share
+    hardware). Off: a second run on a host is refused while the first is live, since two runs on
+    one machine skew each other's numbers."""
     kb: str = ""
     """Knowledge base dir findings are written to; empty = `.infergoal/knowledge_base`. The shipped seed is always read."""
     bench: BenchConfig = BenchConfig()
@@ -74,6 +80,21 @@ class Config(BaseModel):
     """The code agent (`proposer = "claude"` or `"hybrid"`): model, key source, spend limit."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("db")
+    @classmethod
+    def _db_url(cls, v: str) -> str:
+        if v:
+            from sqlalchemy.engine import make_url
+            from sqlalchemy.exc import ArgumentError
+
+            try:
+                make_url(v)
+            except ArgumentError:
+                raise ValueError(
+                    f"{v!r} is not a database URL; use e.g. sqlite:///path/to.db or postgresql+psycopg://user@host/db"
+                ) from None
+        return v
+
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `a.b=value` strings; values are parsed as TOML scalars when they can be."""
@@ -81,16 +102,24 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value, e.g. bench.scale=0.5")
         key, raw = item.split("=", 1)
+        key = key.strip()
+        if not _KEY.fullmatch(key):
+            raise ConfigError(f"override key {key!r} must be a dotted name such as bench.scale")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
         node = data
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
+        parts = key.split(".")
+        for i, p in enumerate(parts[:-1]):
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is a value, not a table")
         node[parts[-1]] = value
     return data
+
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)*")
 
 
 class Workspace:
@@ -101,15 +130,12 @@ class Workspace:
         data: dict[str, Any] = {}
         cfg_path = self.root / CONFIG_NAME
         if cfg_path.is_file():
-            try:
-                data = tomllib.loads(cfg_path.read_text())
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"{cfg_path} is not valid TOML: {e}") from None
+            data = read_toml(cfg_path, "config file", ConfigError)
         data = apply_overrides(data, overrides or [])
         try:
-            self.config = Config(**data)
+            self.config = Config.model_validate(data)
         except ValidationError as e:
-            raise ConfigError(f"configuration error: {validation_message(e)}") from None
+            raise ConfigError(f"configuration error in {cfg_path.name} or -o: {validation_message(e, Config)}") from None
 
     @property
     def state_dir(self) -> Path:

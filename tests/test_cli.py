@@ -46,6 +46,7 @@ def test_empty_workspace_commands(tmp_path):
         r = _invoke(tmp_path, *cmd)
         assert r.exit_code == 2, cmd
         assert "infergoal goal" in r.output, cmd
+    assert not (tmp_path / ".infergoal").exists(), "refusals create nothing"
 
 
 def _seed_run(tmp_path):

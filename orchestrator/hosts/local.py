@@ -46,6 +46,8 @@ class LocalHost:
     """This machine. `state_dir` keeps pidfiles so a resumed run can sweep orphans."""
 
     name = "local"
+    run_id: int | None = None
+    """The run whose servers this host starts; recorded in each pidfile for the orphan sweep."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.state_dir = Path(state_dir)
@@ -67,7 +69,9 @@ class LocalHost:
         proc = Proc(pid=p.pid, pgid=p.pid, argv=tuple(argv), log_path=str(log_path))
         self._popen = getattr(self, "_popen", {})
         self._popen[p.pid] = p
-        (self.pid_dir / f"{p.pid}.json").write_text(json.dumps({"pgid": p.pid, "argv": argv, "started": time.time()}))
+        (self.pid_dir / f"{p.pid}.json").write_text(json.dumps({
+            "pgid": p.pid, "argv": argv, "started": time.time(), "run_id": self.run_id, "owner_pid": os.getpid(),
+        }))
         return proc
 
     def alive(self, proc: Proc) -> bool:
@@ -91,16 +95,28 @@ class LocalHost:
                 pass
         (self.pid_dir / f"{proc.pid}.json").unlink(missing_ok=True)
 
-    def sweep_orphans(self) -> list[int]:
-        """Kill process groups left by an orchestrator that died; return their pgids."""
+    def sweep_orphans(self, run_is_live: Callable[[int], bool] = lambda run_id: True) -> list[int]:
+        """Kill process groups whose owning run is dead; return their pgids.
+
+        A server is an orphan when the orchestrator process that started it is gone (pidfiles
+        record its pid and run id). A pidfile without an owner pid falls back on the run's lease
+        (`run_is_live`); one with neither is left alone. Servers of live runs are never touched.
+        """
         killed = []
         for f in self.pid_dir.glob("*.json"):
             try:
-                pgid = json.loads(f.read_text())["pgid"]
-            except (OSError, ValueError, KeyError):
-                f.unlink(missing_ok=True)
+                data = json.loads(f.read_text())
+                pgid = int(data["pgid"])
+            except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if _group_exists(pgid):
+            owner, run_id = data.get("owner_pid"), data.get("run_id")
+            if owner is not None:
+                dead = not _pid_alive(int(owner))
+            else:
+                dead = run_id is not None and not run_is_live(int(run_id))
+            if not dead:
+                continue
+            if _group_exists(pgid) and _is_our_server(pgid, data.get("argv")):
                 _kill_group(pgid, 5.0)
                 killed.append(pgid)
             f.unlink(missing_ok=True)
@@ -175,6 +191,21 @@ class LocalHost:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    from orchestrator.lease import pid_alive
+
+    return pid_alive(pid)
+
+
+def _is_our_server(pgid: int, argv: list[str] | None) -> bool:
+    """Guard against pid reuse: the group leader must still run the command we launched."""
+    try:
+        cmdline = Path(f"/proc/{pgid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # leader gone, group still there: its members are ours
+    return not argv or [c.decode(errors="replace") for c in cmdline if c] == list(argv)
 
 
 def _group_exists(pgid: int) -> bool:

@@ -9,7 +9,9 @@ from typing import Any
 
 import jinja2
 
-__all__ = ["ReportData", "build_report_data", "write_report"]
+from orchestrator.errors import summarize_failure
+
+__all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
 
 STEPS = ("propose", "deploy", "gates", "bench", "teardown", "record")
 # Time the engine itself needs (launch, gate probes, benchmark, shutdown) is not overhead;
@@ -129,6 +131,12 @@ def _plot(data: ReportData, out: Path) -> Path:
     return out
 
 
+def md_cell(value: Any) -> str:
+    """Text that stays inside one markdown table cell: one line, pipes and backslashes escaped."""
+    text = " ".join(str(value if value is not None else "").split())
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+
+
 def write_report(store: Any, run_id: int, out_dir: str | Path) -> Path:
     """Write `report.md` and `speedup.png` into `out_dir`; return the markdown path."""
     out_dir = Path(out_dir)
@@ -140,6 +148,8 @@ def write_report(store: Any, run_id: int, out_dir: str | Path) -> Path:
         autoescape=False, trim_blocks=True, lstrip_blocks=True,
     )
     env.filters["num"] = lambda v, nd=2: "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+    env.filters["cell"] = md_cell
+    env.filters["failure"] = summarize_failure
     md = env.get_template("report.md.j2").render(d=data, plot=plot.name)
     path = out_dir / "report.md"
     path.write_text(md)

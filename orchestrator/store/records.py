@@ -67,6 +67,9 @@ class RunRecord:
         proposer: Which proposer produced candidates (``search``, ``agent``, ...).
         stop_reason: Why the run ended, once it has.
         best_trial_id: Id of the best kept trial so far, if any.
+        owner_host: Hostname of the orchestrator that holds (or last held) the run's lease.
+        owner_pid: Its process id.
+        heartbeat_at: Its last heartbeat (UTC); ``None`` once the lease is released.
     """
 
     id: int
@@ -83,6 +86,9 @@ class RunRecord:
     proposer: str
     stop_reason: str | None
     best_trial_id: int | None
+    owner_host: str | None = None
+    owner_pid: int | None = None
+    heartbeat_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ Contract (what callers may rely on, on every backend):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, inspect, select
+from sqlalchemy import Engine, create_engine, delete, event, inspect, select, text, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -137,9 +137,10 @@ class Store:
         StoreError: The database cannot be opened.
     """
 
-    def __init__(self, url: str, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, busy_timeout_s: float = 30.0, read_only: bool = False) -> None:
         parsed = make_url(url)
-        self._engine = self._make_engine(parsed, busy_timeout_s)
+        self._read_only = read_only
+        self._engine = self._make_engine(parsed, busy_timeout_s, read_only)
         self._where = self._engine.url.render_as_string(hide_password=True)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
@@ -172,7 +173,7 @@ class Store:
         return f"Store({self._where!r})"
 
     @staticmethod
-    def _make_engine(url: URL, busy_timeout_s: float) -> Engine:
+    def _make_engine(url: URL, busy_timeout_s: float, read_only: bool = False) -> Engine:
         if url.get_backend_name() != "sqlite":
             # pre_ping: a long run outlives server-side idle timeouts between trials.
             return create_engine(url, pool_pre_ping=True)
@@ -181,6 +182,11 @@ class Store:
         if memory:
             # One connection for the whole store, or every call would see a fresh empty DB.
             engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif read_only:
+            # Auditing an archive: never create, never write; `immutable` also works on a
+            # read-only mount where SQLite could not create the WAL's shared-memory file.
+            path = Path(database).expanduser().resolve()
+            engine = create_engine("sqlite://", creator=_read_only_sqlite(path, busy_timeout_s))
         else:
             if not database.startswith("file:"):
                 path = Path(database).expanduser()
@@ -196,7 +202,7 @@ class Store:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
-            if not memory:
+            if not memory and not read_only:
                 # WAL: readers (reports, `infergoal show`) never block the running loop's writes.
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=NORMAL")
@@ -214,6 +220,8 @@ class Store:
     def _init_schema(self) -> None:
         with self._engine.connect() as conn:
             has_version = inspect(conn).has_table(SchemaVersionModel.__tablename__)
+        if self._read_only and not has_version:
+            raise StoreError(f"{self._where} holds no infergoal store; check the path or --db")
         if has_version:
             # Checked before create_all: a newer schema may have renamed tables that we would
             # otherwise recreate in their old shape.
@@ -225,11 +233,18 @@ class Store:
                     f"understands up to version {SCHEMA_VERSION}; upgrade infergoal "
                     "(pip install -U infergoal) or point --db at another database"
                 )
+        if self._read_only:
+            return
         try:
             Base.metadata.create_all(self._engine)
         except SQLAlchemyError:
             # Another process opening the same fresh database created the tables first.
             Base.metadata.create_all(self._engine)
+        try:
+            _add_missing_columns(self._engine)
+        except SQLAlchemyError:
+            # Another process opening the same database added them first; re-check once.
+            _add_missing_columns(self._engine)
         with self._session("stamping the schema version") as session:
             if session.get(SchemaVersionModel, 1) is None:
                 session.add(SchemaVersionModel(id=1, version=SCHEMA_VERSION))
@@ -586,6 +601,77 @@ class Store:
                 query = query.where(EventModel.kind == kind)
             return [_event_record(r) for r in session.scalars(query.order_by(EventModel.id))]
 
+    # -- run lease (policy in orchestrator/lease.py) ------------------------------------------
+
+    def claim_run(
+        self, run_id: int, *, owner_host: str, owner_pid: int,
+        check: Callable[[RunRecord, list[RunRecord]], None],
+    ) -> RunRecord:
+        """Take the run's lease in one write transaction.
+
+        ``check(run, others)`` sees the run and every other run in status ``running`` and raises
+        to refuse; the claim and the check are one transaction, so two processes claiming at once
+        are serialised (SQLite: ``BEGIN IMMEDIATE``).
+        """
+        with self._session("claiming a run") as session:
+            row = _get(session, RunModel, run_id, "run")
+            others = session.scalars(select(RunModel).where(RunModel.status == "running", RunModel.id != run_id))
+            check(_run_record(row), [_run_record(o) for o in others])
+            now = utcnow()
+            row.owner_host, row.owner_pid, row.heartbeat_at = owner_host, owner_pid, now
+            row.status, row.updated_at = "running", now
+            session.flush()
+            return _run_record(row)
+
+    def heartbeat(self, run_id: int, owner_pid: int) -> bool:
+        """Renew the lease; ``False`` if this process no longer holds it."""
+        with self._session("renewing a run lease") as session:
+            res = session.execute(
+                update(RunModel).where(RunModel.id == run_id, RunModel.owner_pid == owner_pid)
+                .values(heartbeat_at=utcnow())
+            )
+            return bool(res.rowcount)
+
+    def release_run(self, run_id: int, owner_pid: int) -> None:
+        """Give the lease up (owner host and pid stay, for the record)."""
+        with self._session("releasing a run lease") as session:
+            session.execute(
+                update(RunModel).where(RunModel.id == run_id, RunModel.owner_pid == owner_pid).values(heartbeat_at=None)
+            )
+
+
+def _read_only_sqlite(path: Path, timeout_s: float) -> Callable[[], Any]:
+    """Connect to a SQLite file without ever writing: `mode=ro` (sees a live run's WAL), and on
+    media where even that fails (a read-only mount without the WAL's shared-memory file),
+    `immutable=1`."""
+    import sqlite3
+
+    def connect() -> Any:
+        if not path.is_file():
+            raise sqlite3.OperationalError(f"unable to open database file {path} (it does not exist)")
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout_s, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=timeout_s, check_same_thread=False)
+
+    return connect
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Add nullable columns that newer code declares to tables an older version created."""
+    with engine.begin() as conn:
+        insp = inspect(conn)
+        for table in Base.metadata.sorted_tables:
+            if not insp.has_table(table.name):
+                continue
+            have = {c["name"] for c in insp.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have and col.nullable:
+                    kind = col.type.compile(dialect=conn.dialect)
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
+
 
 # -- row -> record (only ever called inside a session scope) ----------------------------------
 
@@ -613,6 +699,9 @@ def _run_record(row: RunModel) -> RunRecord:
         proposer=row.proposer,
         stop_reason=row.stop_reason,
         best_trial_id=row.best_trial_id,
+        owner_host=row.owner_host,
+        owner_pid=row.owner_pid,
+        heartbeat_at=row.heartbeat_at,
     )
 
 

@@ -14,11 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.tomlfile import read_toml, validation_message
 
 __all__ = ["Capabilities", "Constraint", "ConstraintViolated", "Knob", "TargetError", "TargetSpec", "load_target"]
+
+# Names the launch template gets besides the knobs.
+_RESERVED = frozenset({"python", "port", "model", "source", "served_model_name", "flags"})
 
 
 class TargetError(ValueError):
@@ -54,7 +58,7 @@ class Capabilities(BaseModel):
 class Knob(BaseModel):
     """One tunable engine setting."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     type: Literal["categorical", "int", "float", "bool"]
     default: Any
     """The baseline's value."""
@@ -88,6 +92,12 @@ class Knob(BaseModel):
         else:
             if self.low is None or self.high is None or self.low > self.high:
                 raise ValueError("int/float knobs need `low` <= `high`")
+            if isinstance(self.default, bool) or not isinstance(self.default, int | float):
+                raise ValueError(f"default {self.default!r} of a {self.type} knob must be a number")
+            if self.type == "int" and not all(float(x).is_integer() for x in (self.default, self.low, self.high)):
+                raise ValueError("an int knob needs whole-number `default`, `low` and `high`")
+            if self.log and self.low <= 0:
+                raise ValueError("a log-scale knob needs `low` > 0")
             if not self.low <= self.default <= self.high:
                 raise ValueError(f"default {self.default} is outside [{self.low}, {self.high}]")
         return self
@@ -96,8 +106,8 @@ class Knob(BaseModel):
 class TargetSpec(BaseModel):
     """An engine + model to optimise (see examples/targets/)."""
 
-    model_config = ConfigDict(frozen=True)
-    name: str
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    name: str = Field(min_length=1)
     engine: str = "hfserve"
     """Adapter key: hfserve, vllm, sglang, tgi."""
     launch: str
@@ -110,7 +120,7 @@ class TargetSpec(BaseModel):
     source: str = "."
     """The engine's source tree (a git repo or a folder in one); code candidates are commits of it."""
     health_path: str = "/health"
-    ready_timeout_s: float = 180.0
+    ready_timeout_s: float = Field(180.0, gt=0, le=86400)
     api: Literal["completions", "chat"] = "completions"
     knobs: dict[str, Knob] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -131,6 +141,35 @@ class TargetSpec(BaseModel):
     """Engine as a knob: the sub-target per value of the `engine` knob (see targets/multi.py)."""
     path: str = ""
     """Where the spec was loaded from (filled by `load_target`)."""
+
+    @model_validator(mode="after")
+    def _check_target(self) -> TargetSpec:
+        if not self.health_path.startswith("/"):
+            raise ValueError(f"health_path must start with '/', got {self.health_path!r}")
+        for name in self.knobs:
+            # A composed target (the engine as a knob) names its knobs `<engine>.<knob>`; they are
+            # rendered by the chosen engine's own spec, never by this template.
+            if self.variants and "." in name and all(p.isidentifier() for p in name.split(".")):
+                continue
+            if not name.isidentifier() or name in _RESERVED:
+                raise ValueError(
+                    f"knob name {name!r} cannot be used in the launch template "
+                    f"(use letters, digits and _; not one of {', '.join(sorted(_RESERVED))})"
+                )
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+        try:
+            env.parse(self.launch)
+        except jinja2.TemplateSyntaxError as e:
+            raise ValueError(f"launch template line {e.lineno}: {e.message}") from None
+        # Render the baseline once now: an undefined variable or an empty command is refused
+        # before a run exists, not discovered as a failed baseline trial.
+        try:
+            argv = self.render(self.baseline_knobs(), port=1, model="MODEL", source="SOURCE", python="PYTHON")
+        except (TargetError, jinja2.TemplateError, ValueError) as e:
+            raise ValueError(f"launch template: {e}") from None
+        if not argv:
+            raise ValueError("launch template renders to an empty command")
+        return self
 
     def baseline_knobs(self) -> dict[str, Any]:
         """The defaults of the knobs active under the defaults (conditional knobs may drop out)."""
@@ -181,6 +220,8 @@ def load_target(path: str | Path) -> TargetSpec:
     """Load a target TOML; relative `source`/`model` paths resolve against the file's folder."""
     path = Path(path)
     data = read_toml(path, "target file", TargetError, "see examples/targets/ for examples")
+    if "path" in data:
+        raise TargetError(f"{path}: path: unknown key (infergoal fills it in); remove it")
     if "engines" in data:  # the engine as a knob: a file naming one target file per engine
         from orchestrator.targets.multi import load_multi
 
@@ -190,14 +231,20 @@ def load_target(path: str | Path) -> TargetSpec:
         from orchestrator.targets.ibyaml import import_search_space
 
         data["knobs"] = import_search_space(base / str(data.pop("search_space")), data.get("knobs", {}))
-    data["source"] = str((base / data.get("source", ".")).resolve())
-    model = data.get("model", "forge:tiny")
-    if not model.startswith("forge:"):
-        data["model"] = str((base / model).resolve())
+    for key in ("source", "model"):
+        if key in data and not isinstance(data[key], str):
+            raise TargetError(f"{path}: {key} must be a string, got {data[key]!r}")
     try:
-        spec = TargetSpec(**data, path=str(path.resolve()))
+        data["source"] = str((base / data.get("source", ".")).resolve())
+        model = data.get("model", "forge:tiny")
+        if not model.startswith("forge:"):
+            data["model"] = str((base / model).resolve())
+    except (OSError, ValueError) as e:  # a NUL byte, a path too long
+        raise TargetError(f"{path}: source/model is not a usable path: {e}") from None
+    try:
+        spec = TargetSpec.model_validate({**data, "path": str(path.resolve())})
     except ValidationError as e:
-        raise TargetError(f"{path}: {validation_message(e)}") from None
+        raise TargetError(f"{path}: {validation_message(e, TargetSpec)}") from None
     from orchestrator.targets.space import check_space
 
     check_space(spec, str(path))

@@ -1,6 +1,8 @@
 """LocalHost against real processes: process groups, health, crashes, timeouts, orphans."""
 
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -53,11 +55,21 @@ def test_hang_times_out_and_stop_kills_a_term_ignoring_server(tmp_path):
     assert not host.alive(proc) and time.monotonic() - t0 < 5
 
 
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
 def test_sweep_orphans_kills_groups_left_by_a_dead_orchestrator(tmp_path):
     host = LocalHost(tmp_path)
     proc = host.start([sys.executable, "-c", "import time; time.sleep(600)"], env=None, cwd=None, log_path=tmp_path / "o.log")
-    # A new orchestrator process knows only the pidfile.
+    # The live orchestrator's server is not an orphan: the sweep leaves it alone.
     fresh = LocalHost(tmp_path)
+    assert fresh.sweep_orphans() == [] and host.alive(proc)
+    # Its orchestrator dies (the pidfile now names a dead owner): a new process sweeps it.
+    pidfile = tmp_path / "servers" / f"{proc.pid}.json"
+    pidfile.write_text(json.dumps(json.loads(pidfile.read_text()) | {"owner_pid": _dead_pid()}))
     assert fresh.sweep_orphans() == [proc.pgid]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:

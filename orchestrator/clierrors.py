@@ -1,0 +1,94 @@
+"""How the CLI fails: one line on stderr, a documented exit code, JSON under --json.
+
+`GuardedGroup` is the typer group class of the `infergoal` app: every exception a command
+raises ends here and becomes `error: what; what to do next` plus its exit code
+(orchestrator/exitcodes.py). Only `--debug` lets a traceback through.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, NoReturn
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from orchestrator.exitcodes import EXIT_CODES
+
+__all__ = ["ERRORS", "GuardedGroup", "emit", "fail", "fail_from"]
+
+_err = Console(stderr=True, soft_wrap=True)
+
+
+class _ErrorState:
+    json: bool = False
+    """`--json` was given: errors are also printed as JSON on stdout."""
+    debug: bool = False
+    """`--debug` was given: tracebacks go through."""
+
+
+ERRORS = _ErrorState()
+
+
+def emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fail(msg: str, outcome: str = "bad_input") -> NoReturn:
+    """Print `error: <first line>` (detail lines after it) and exit with the outcome's code."""
+    code = EXIT_CODES[outcome]
+    msg = str(msg).strip() or "unknown error"
+    first, _, rest = msg.partition("\n")
+    _err.print(f"[bold red]error:[/] {escape(first)}", highlight=False)
+    if rest.strip():
+        _err.print(escape(rest), highlight=False)
+    if ERRORS.json:
+        emit({"outcome": outcome, "exit_code": code, "error": first})
+    raise typer.Exit(code)
+
+
+def fail_from(e: BaseException) -> NoReturn:
+    """Map an exception to its user-facing line and exit code."""
+    from gates.lock import GateTampered
+    from orchestrator.errors import one_line
+    from orchestrator.goal import GoalError
+    from orchestrator.hosts import HostError
+    from orchestrator.lease import LeaseHeld
+    from orchestrator.store import StoreError
+    from orchestrator.targets import TargetError
+    from orchestrator.workspace import ConfigError
+
+    if isinstance(e, LeaseHeld):
+        fail(str(e), "busy")
+    if isinstance(e, GateTampered):
+        fail(str(e), "gates_tampered")
+    if isinstance(e, GoalError | ConfigError | TargetError | HostError | LookupError):
+        fail(str(e), "bad_input")
+    if isinstance(e, StoreError):
+        fail(str(e), "failed")
+    if isinstance(e, OSError):
+        where = f" ({e.filename})" if e.filename else ""
+        fail(f"{e.strerror or e}{where}; check the path, its permissions and free space", "failed")
+    fail(f"internal error: {one_line(e)} — a bug; rerun with --debug for the traceback and report it", "failed")
+
+
+class GuardedGroup(typer.core.TyperGroup):
+    """The one place errors become `error: ...` + an exit code (tracebacks only under --debug)."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> click.Context:
+        opts = args[: args.index("--")] if "--" in args else args
+        ERRORS.json, ERRORS.debug = "--json" in opts, "--debug" in opts
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as e:
+            if ERRORS.debug:
+                raise
+            fail_from(e)
