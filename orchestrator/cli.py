@@ -25,6 +25,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from orchestrator.hosts_cli import hosts_app
+
 __all__ = ["app"]
 
 app = typer.Typer(
@@ -41,6 +43,7 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
+app.add_typer(hosts_app, name="hosts")
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -178,7 +181,7 @@ def _finish(outcome: Any, as_json: bool, report: bool) -> None:
 def goal(
     text: str = typer.Argument(..., help='Goal text, e.g. "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m", or a goal .toml file.'),
     target: str = typer.Option("", "--target", "-t", help="Target TOML (default: examples/targets/hfserve.toml)."),
-    host: str = typer.Option("", "--host", help="Where engines run: local (default)."),
+    host: str = typer.Option("", "--host", help="Where engines run: local (default), ssh://user@host:port, or a name from `infergoal hosts add`."),
     proposer: str = typer.Option("", "--proposer", "-p", help="search (default) or scripted:FILE.json."),
     seed: int | None = typer.Option(None, "--seed", help="Search seed."),
     name: str = typer.Option("", "--name", help="Run name."),

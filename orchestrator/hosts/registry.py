@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from orchestrator.hosts.base import HostError
-from orchestrator.hosts.sshconn import HostSpec
+from orchestrator.hosts.sshconn import HostSpec, parse_ssh_url
 
-__all__ = ["HostRegistry"]
+__all__ = ["HostRegistry", "resolve_spec"]
 
 
 class HostRegistry:
@@ -46,3 +46,10 @@ class HostRegistry:
             raise HostError(f"no host named {name!r}; `infergoal hosts list` shows the known ones")
         del data[name]
         self.path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def resolve_spec(name_or_url: str, state_dir: str | Path) -> HostSpec:
+    """A registered host by name, or an ad-hoc `ssh://user@host:port`."""
+    if name_or_url.startswith("ssh://"):
+        return parse_ssh_url(name_or_url)
+    return HostRegistry(state_dir).get(name_or_url)
