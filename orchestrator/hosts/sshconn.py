@@ -105,7 +105,7 @@ class _Refuse(paramiko.MissingHostKeyPolicy):
 class SSHConnection:
     """A paramiko client that reconnects on demand; `exec` runs one command and returns its output."""
 
-    def __init__(self, spec: HostSpec, known_hosts: str | Path, *, attempts: int = 4) -> None:
+    def __init__(self, spec: HostSpec, known_hosts: str | Path, *, attempts: int = 6) -> None:
         self.spec, self.known_hosts, self.attempts = spec, Path(known_hosts), attempts
         self._client: paramiko.SSHClient | None = None
         self.reconnects = 0

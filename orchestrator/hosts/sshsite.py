@@ -53,27 +53,35 @@ class _Worker:
         self.chan = self.host.conn.open_stream(cmd)
         self.reader = self.chan.makefile("rb")
         self.chan.settimeout(300)  # the worker imports the bench and the gates before it says ready
-        hello = self.reader.readline()
+        try:
+            hello = self.reader.readline()
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            hello = b""
+            if self.chan.get_transport().is_active():
+                raise HostError(f"{self.host.name}: the measurement worker did not answer: {e}") from None
         if not hello:
+            lost = not self.chan.get_transport().is_active() or self.chan.recv_exit_status() == -1
             self.chan = None
+            if lost:
+                raise ConnectionLost(f"{self.host.name}: connection lost while the measurement worker started")
             raise HostError(f"{self.host.name}: the measurement worker did not start; see "
                             f"{w}/logs/worker-{self.host.owner}.log on the host (it needs aiohttp, numpy, pydantic, "
                             "and torch + transformers for the accuracy gate)")
         self.restarts += 1
 
-    def call(self, op: str, timeout_s: float = 3600.0, **req: Any) -> dict:
+    def call(self, op: str, *, wait_s: float = 3600.0, **req: Any) -> dict:
         for attempt in self.host.conn.retrying():
             with attempt:
                 if self.chan is None or self.chan.closed or self.chan.exit_status_ready():
                     self._open()
                 assert self.chan is not None
                 try:
-                    self.chan.settimeout(timeout_s)
+                    self.chan.settimeout(wait_s)
                     self.chan.sendall((json.dumps({"op": op, **req}) + "\n").encode())
                     line = self.reader.readline()
                 except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
                     self.chan = None
-                    raise ConnectionLost(f"{self.host.name}: the measurement worker's connection broke ({e})") from None
+                    raise ConnectionLost(f"{self.host.name}: the measurement worker's connection broke ({type(e).__name__}: {e})") from None
                 if not line:
                     self.chan = None
                     raise ConnectionLost(f"{self.host.name}: the measurement worker went away mid-{op}")

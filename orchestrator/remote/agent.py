@@ -47,6 +47,15 @@ def _alive(pid: int) -> bool:
 
 def op_start(a: argparse.Namespace) -> dict:
     req = json.loads(sys.stdin.read())
+    pid_dir = Path(a.workdir) / "servers"
+    # A start retried after a dropped connection must not launch a second server.
+    for f in pid_dir.glob("*.json"):
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("token") == req["token"]:
+            return {"pid": info["pgid"], "pgid": info["pgid"]}
     log = Path(req["log_path"])
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as fh:
@@ -56,10 +65,9 @@ def op_start(a: argparse.Namespace) -> dict:
                                  start_new_session=True)
         except OSError as e:
             return {"error": f"could not start {req['argv'][0]!r}: {e}"}
-    pid_dir = Path(a.workdir) / "servers"
     pid_dir.mkdir(parents=True, exist_ok=True)
     (pid_dir / f"{p.pid}.json").write_text(json.dumps({
-        "pgid": p.pid, "argv": req["argv"], "owner": req["owner"], "started": time.time(),
+        "pgid": p.pid, "argv": req["argv"], "owner": req["owner"], "token": req["token"], "started": time.time(),
         "start_time": _start_time(p.pid), "log_path": str(log),
     }))
     return {"pid": p.pid, "pgid": p.pid}
