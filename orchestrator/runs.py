@@ -15,7 +15,8 @@ from typing import Any
 
 from orchestrator.controller import Controller
 from orchestrator.goal import GoalSpec
-from orchestrator.hosts import get_host
+from orchestrator.hosts import get_hosts
+from orchestrator.hosts.pool import HostPool, PoolController
 from orchestrator.proposers import get_proposer
 from orchestrator.store import Store
 from orchestrator.targets import TargetSpec, load_target
@@ -70,7 +71,8 @@ def start_run(
     """Create a run row and drive it to a stop."""
     target = load_target(ws.target_path)
     store = open_store(ws)
-    host = get_host(ws.config.host, state_dir=ws.state_dir)
+    hosts = get_hosts(ws.config.host, state_dir=ws.state_dir)
+    host = hosts[0]
     run = store.create_run(
         name=name or f"{target.name}: {goal.describe()}"[:200],
         goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
@@ -80,7 +82,7 @@ def start_run(
     store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": host.fingerprint()})
     if on_run:
         on_run(run.id)
-    return _drive(ws, store, run.id, goal, target, ws.config, host, on_step, on_trial)
+    return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)
 
 
 def resume_run(
@@ -97,20 +99,21 @@ def resume_run(
     goal = GoalSpec(**run.goal)
     target = TargetSpec(**run.target)
     config = Config(**run.config)
-    host = get_host(config.host, state_dir=ws.state_dir)
-    swept = host.sweep_orphans() if hasattr(host, "sweep_orphans") else []
+    hosts = get_hosts(config.host, state_dir=ws.state_dir)
+    swept = [pgid for host in hosts for pgid in (host.sweep_orphans() if hasattr(host, "sweep_orphans") else [])]
     store.add_event(run.id, "resume", f"run {run.id} resumed", data={"orphans_killed": swept})
-    return _drive(ws, store, run.id, goal, target, config, host, on_step, on_trial)
+    return _drive(ws, store, run.id, goal, target, config, hosts, on_step, on_trial)
 
 
 def _drive(
     ws: Workspace, store: Store, run_id: int, goal: GoalSpec, target: TargetSpec, config: Config,
-    host: Any, on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
+    hosts: list[Any], on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
     from orchestrator.bench import builtin_scenarios
     from orchestrator.knowledge import KnowledgeBase
 
     on_step = on_step or (lambda s: None)
+    host = hosts[0]
     on_step("model")
     model_dir = resolve_model(target.model)
     t_session = time.perf_counter()
@@ -135,16 +138,18 @@ def _drive(
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm)
-    controller = Controller(
-        ctx, proposer, repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
-        min_gain=config.min_gain, on_trial=on_trial,
-    )
+    knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
+                 min_gain=config.min_gain, on_trial=on_trial)
+    controller = (Controller(ctx, proposer, **knobs) if len(hosts) == 1
+                  else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
     try:
         reason = controller.run()
     finally:
         # Wall time of this session (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
+        for h in hosts:  # SSH hosts: end the measurement worker and the connection
+            getattr(h, "close", lambda: None)()
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})

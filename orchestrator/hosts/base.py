@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host"]
+__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
 
 
 class HostError(RuntimeError):
@@ -87,3 +87,11 @@ def get_host(spec: str, *, state_dir: str | Path) -> Host:
     if spec in known.names():
         return SSHHost(known.get(spec), state_dir=state_dir)
     raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
+
+
+def get_hosts(spec: str, *, state_dir: str | Path) -> list[Host]:
+    """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
+    parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
+    if len(set(parts)) != len(parts):
+        raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
+    return [get_host(p, state_dir=state_dir) for p in parts]

@@ -113,11 +113,14 @@ class SSHHost:
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
         try:
-            self.agent("stop", str(proc.pgid), "--grace", str(grace_s), timeout_s=grace_s + 60)
+            res = self.agent("stop", str(proc.pgid), "--grace", str(grace_s), timeout_s=grace_s + 60)
         except HostError:
             # The host is unreachable: its pidfile stays, and `hosts clean` / resume stops it later.
-            pass
-        self.fetch_log(proc)
+            return
+        local = self._local_logs.get(proc.log_path)
+        if local is not None and res.get("log"):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(res["log"])
 
     def fetch_log(self, proc: Proc) -> Path | None:
         """Copy the server's log (its last 4 MB) next to the trial's other files; the host keeps its own."""

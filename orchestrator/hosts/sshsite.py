@@ -70,6 +70,12 @@ class _Worker:
         self.restarts += 1
 
     def call(self, op: str, *, wait_s: float = 3600.0, **req: Any) -> dict:
+        try:
+            return self._call(op, wait_s, req)
+        except (paramiko.SSHException, OSError, EOFError) as e:  # still failing after every retry
+            raise HostError(f"{self.host.name}: {op} on the host failed: {type(e).__name__}: {e}") from None
+
+    def _call(self, op: str, wait_s: float, req: dict) -> dict:
         for attempt in self.host.conn.retrying():
             with attempt:
                 if self.chan is None or self.chan.closed or self.chan.exit_status_ready():

@@ -49,14 +49,21 @@ class SearchProposer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = distributions(target)
         # A different seed per step keeps proposals reproducible for a given history.
-        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup)
+        # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
+        # several proposals asked at once spread out instead of piling onto one region.
+        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
+                                             constant_liar=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         seen = set()
         for t in history:
             if t.proposer == "confirm":
                 continue
             seen.add(knob_key(t.knobs))
-            if t.status not in _FINISHED or set(t.knobs) != set(dists):
+            if set(t.knobs) != set(dists):
+                continue
+            if t.status not in _FINISHED:  # in flight on a pool's other host
+                study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions=dists,
+                                                          state=optuna.trial.TrialState.RUNNING))
                 continue
             value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
             study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions=dists, value=value))

@@ -74,9 +74,18 @@ def op_start(a: argparse.Namespace) -> dict:
 
 
 def op_stop(a: argparse.Namespace) -> dict:
+    """Stop the group; answer with the end of its log (one round trip instead of two)."""
     _kill_group(a.pgid, a.grace)
-    (Path(a.workdir) / "servers" / f"{a.pgid}.json").unlink(missing_ok=True)
-    return {"stopped": a.pgid}
+    pidfile = Path(a.workdir) / "servers" / f"{a.pgid}.json"
+    log = ""
+    try:
+        with open(json.loads(pidfile.read_text())["log_path"], "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - 4_000_000))
+            log = fh.read().decode(errors="replace")
+    except (OSError, ValueError, KeyError):
+        pass
+    pidfile.unlink(missing_ok=True)
+    return {"stopped": a.pgid, "log": log}
 
 
 def op_alive(a: argparse.Namespace) -> dict:

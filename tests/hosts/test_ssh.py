@@ -126,6 +126,7 @@ def test_sync_sends_only_what_changed(tmp_path, box):
     assert Path(remote2, "new.txt").read_text() == "changed in the next commit"
 
 
+@pytest.mark.slow  # launches servers on the host
 def test_launch_health_gates_bench_logs_and_fingerprint_on_the_host(tmp_path, box):
     site = box.site()
     src = site.place(FAKE)
@@ -160,6 +161,7 @@ def test_launch_health_gates_bench_logs_and_fingerprint_on_the_host(tmp_path, bo
         site.verify_gates()
 
 
+@pytest.mark.slow  # launches servers on the host
 def test_server_that_never_becomes_healthy_or_crashes(tmp_path, box):
     code = "import time; print('still loading weights', flush=True); time.sleep(600)"
     proc = box.start([sys.executable, "-c", code], env=None, cwd=None, log_path=tmp_path / "a" / "b" / "hang.log")
@@ -191,6 +193,7 @@ def _group_alive(pgid):
         return False
 
 
+@pytest.mark.slow  # launches servers on the host
 def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, sshd):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", ORCHESTRATOR, str(ws / ".infergoal"), str(tmp_path / "x" / "y" / "s.log")],

@@ -3,7 +3,6 @@ goal on the hfserve example with both gates and the bench running on the host.""
 
 import json
 import threading
-import time
 
 import pytest
 from fake_target import write_fake_target
