@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def test_two_hosts_in_parallel_one_dies_and_no_trial_is_lost(tmp_path, sshd, sec
     reg.add(sshd.spec("box1", workdir=tmp_path / "remote1"))
     reg.add(second_sshd.spec("box2", workdir=tmp_path / "remote2"))
     target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 7.0, 6.0, 5.0, 4.0, 7.5, 6.5, 5.5))
-    steps = tmp_path / "steps.json"
+    # A short path: runs.proposer is VARCHAR(64) on PostgreSQL, and it holds "scripted:PATH".
+    steps = Path(tempfile.mkdtemp(prefix="ig")) / "steps.json"
     steps.write_text(json.dumps([{"tpot_ms": v} for v in (7.5, 7.0, 6.5, 6.0, 5.5, 5.0, 4.0)]))
     db = os.environ.get("INFERGOAL_TEST_PG_URL", "")
     ws = Workspace(tmp_path, ['host="box1,box2"', f'target="{target}"', f'proposer="scripted:{steps}"',
