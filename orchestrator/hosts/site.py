@@ -26,7 +26,10 @@ class Site(Protocol):
     """Python that runs the engine there (None = this interpreter)."""
 
     def place(self, path: str | Path, *, kind: str = "tree") -> str:
-        """Make the local folder `path` available there (`kind` "tree" or "model"); return its path there."""
+        """Make the local folder `path` available there; return its path there.
+
+        `kind`: "tree" (the engine's source, may change every trial) or "model" / "reference" /
+        "tokenizer" (fixed for the run)."""
         ...
 
     def verify_gates(self) -> None:

@@ -122,15 +122,16 @@ class RemoteSite:
     def place(self, path: str | Path, *, kind: str = "tree") -> str:
         """Sync a local folder to the host by manifest (only changed files travel); return the host path.
 
-        Models are synced once per session (they do not change under a run); trees every time,
+        Models (kind "model", "reference", "tokenizer") are synced once per session: they do not
+        change under a run. Trees are synced every time,
         and a new tree starts on the host as a copy of the last one, so a commit sends its diff.
         """
         local = Path(path).resolve()
         key = str(local)
-        if kind == "model" and key in self._placed:
+        if kind != "tree" and key in self._placed:
             return self._placed[key]
         t0 = time.perf_counter()
-        folder = "models" if kind == "model" else "trees"
+        folder = "trees" if kind == "tree" else "models"
         remote = f"{self.host.workdir}/{folder}/{local.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
         mine = manifest(local)
         seed = self._last_tree if kind == "tree" and self._last_tree != remote else ""
@@ -161,19 +162,19 @@ class RemoteSite:
 
     def integrity(self, base_url: str, **kw: Any) -> GateResult:
         if kw.get("tokenizer_dir"):
-            kw["tokenizer_dir"] = self.place(kw["tokenizer_dir"], kind="model")
+            kw["tokenizer_dir"] = self.place(kw["tokenizer_dir"], kind="tokenizer")
         for k in ("launched_pids", "listening_pids"):
             if kw.get(k) is not None:
                 kw[k] = sorted(kw[k])
         return GateResult(**self.worker.call("integrity", base_url=base_url, **kw))
 
     def accuracy(self, base_url: str, **kw: Any) -> GateResult:
-        kw["reference_model_dir"] = self.place(kw["reference_model_dir"], kind="model")
+        kw["reference_model_dir"] = self.place(kw["reference_model_dir"], kind="reference")
         return GateResult(**self.worker.call("accuracy", base_url=base_url, **kw))
 
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
               api: str, timeout_s: float) -> ScenarioResult:
-        tok = self.place(tokenizer_dir, kind="model") if tokenizer_dir else None
+        tok = self.place(tokenizer_dir, kind="tokenizer") if tokenizer_dir else None
         res = self.worker.call("bench", base_url=base_url, model=model, scenario=scenario.model_dump(mode="json"),
                                tokenizer=tok, api=api, timeout_s=timeout_s)
         return ScenarioResult.from_dict(res["result"])
