@@ -72,14 +72,15 @@ def start_run(
     target = load_target(ws.target_path)
     store = open_store(ws)
     hosts = get_hosts(ws.config.host, state_dir=ws.state_dir)
-    host = hosts[0]
+    # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
+    fingerprint, *others = [h.fingerprint() for h in hosts]
     run = store.create_run(
         name=name or f"{target.name}: {goal.describe()}"[:200],
         goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
         target_json=target.model_dump(mode="json"), config_json=ws.config.model_dump(mode="json"),
         host=ws.config.host, proposer=ws.config.proposer,
     )
-    store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": host.fingerprint()})
+    store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": fingerprint, **({"pool": others} if others else {})})
     if on_run:
         on_run(run.id)
     return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)

@@ -82,7 +82,7 @@ def get_host(spec: str, *, state_dir: str | Path) -> Host:
     from orchestrator.hosts.sshconn import parse_ssh_url
 
     if spec.startswith("ssh://"):
-        return SSHHost(parse_ssh_url(spec), state_dir=state_dir)
+        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir)  # named by its URL in messages
     known = HostRegistry(state_dir)
     if spec in known.names():
         return SSHHost(known.get(spec), state_dir=state_dir)
