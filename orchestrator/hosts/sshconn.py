@@ -23,7 +23,8 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from orchestrator.hosts.base import HostError
 
 __all__ = [
-    "ConnectionLost", "HostAuthFailed", "HostKeyChanged", "HostKeyUnknown", "HostSpec", "SSHConnection", "parse_ssh_url", "trust_host",
+    "ConnectionLost", "HostAuthFailed", "HostKeyChanged", "HostKeyUnknown", "HostSpec", "SSHConnection", "parse_ssh_url",
+    "remote_cmd", "trust_host",
 ]
 
 

@@ -224,3 +224,16 @@ def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, ssh
         other.close()
         bystander.kill()
         bystander.wait()
+
+
+def test_public_surface():
+    import orchestrator.hosts as hosts_pkg
+    import orchestrator.hosts.pool as pool
+    import orchestrator.hosts.ssh as ssh
+    import orchestrator.hosts.sshconn as sshconn
+
+    assert hosts_pkg.__all__ == ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
+    assert ssh.__all__ == ["PACKAGE_ROOT", "SSHHost", "owner_id"]
+    assert sorted(sshconn.__all__) == ["ConnectionLost", "HostAuthFailed", "HostKeyChanged", "HostKeyUnknown", "HostSpec",
+                                       "SSHConnection", "parse_ssh_url", "remote_cmd", "trust_host"]
+    assert pool.__all__ == ["HostPool", "NoHostsLeft", "PoolController"]

@@ -2,7 +2,13 @@
 goal on the hfserve example with both gates and the bench running on the host."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 from fake_target import write_fake_target
@@ -78,3 +84,58 @@ def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model)
     assert trials[1].score and trials[1].score > 1.2, [(t.number, t.status, t.score, t.error) for t in trials]
     # The reference model is loaded once per run on the host: one worker served every trial.
     assert len(list((tmp_path / "remote" / "models").iterdir())) == 1
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := cond():
+            return v
+        time.sleep(0.3)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_kill_minus_9_of_the_orchestrator_then_resume_stops_the_orphan_on_the_host(tmp_path, sshd, tiny_model):
+    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0))
+    ws = _ssh_ws(tmp_path, sshd, [{"tpot_ms": 6.0}, {"tpot_ms": 4.0}], [f'target="{target}"'])
+    opts = ['host="box"', f'target="{target}"', f'proposer="scripted:{tmp_path / "steps.json"}"', "gates.accuracy=false",
+            "gates.integrity=false", "bench.scale=0.5", "bench.timeout_s=5"]
+    cli = [sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), *sum((["-o", o] for o in opts), [])]
+    p = subprocess.Popen([*cli, "goal", "beat the baseline by 90% on TPOT within 3 trials", "--no-report"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers = tmp_path / "remote" / "servers"
+    db = Path(ws.db_url.removeprefix("sqlite:///"))
+
+    def trial1_serving():
+        if not db.exists():
+            return None
+        store = Store(ws.db_url)
+        run = store.latest_run()
+        t = run and store.get_trial_by_number(run.id, 1)
+        return t and t.status == "running" and list(servers.glob("*.json")) and t.launch_cmd
+
+    _wait_for(trial1_serving, 240, "trial #1's server to start on the host")
+    pgid = int(next(servers.glob("*.json")).stem)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(1)
+    assert _group_alive(pgid), "a server detached on the host outlives its orchestrator"
+    r = subprocess.run([*cli, "resume", "--json", "--no-report"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not _group_alive(pgid), "resume stopped the orphan through its pidfile on the host"
+    store = Store(ws.db_url)
+    run_id = json.loads(r.stdout)["run"]
+    swept = [e.data["orphans_killed"] for e in store.events(run_id, kind="resume") if e.data and "orphans_killed" in e.data]
+    assert swept == [[pgid]]
+    trials = store.list_trials(run_id)
+    assert [t.number for t in trials] == list(range(len(trials))) and len(trials) == 3
+    assert all(t.status in ("kept", "discarded") for t in trials), [(t.status, t.error) for t in trials]
+    assert not list(servers.glob("*.json"))
