@@ -50,6 +50,7 @@ OPS = {"verify": op_verify, "integrity": op_integrity, "accuracy": op_accuracy, 
 def main() -> int:
     # Replies go to the real stdout; anything the gates or libraries print goes to stderr (a log).
     reply = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # native code writing to fd 1 must not corrupt replies
     sys.stdout = sys.stderr
     reply.write(json.dumps({"ready": True}) + "\n")
     reply.flush()
