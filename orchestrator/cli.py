@@ -32,6 +32,7 @@ from rich.table import Table
 
 from orchestrator.audit_cli import audit_app, html_report, query_trials
 from orchestrator.clierrors import ERRORS, GuardedGroup, emit, fail
+from orchestrator.hosts_cli import hosts_app
 
 __all__ = ["app"]
 
@@ -51,6 +52,7 @@ gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_ar
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
 app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/audit_cli.py)
+app.add_typer(hosts_app, name="hosts")
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
@@ -207,7 +209,7 @@ def _finish(outcome: Any, as_json: bool, report: bool) -> None:
 def goal(
     text: str = typer.Argument(..., help='Goal text, e.g. "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m", or a goal .toml file.'),
     target: str = typer.Option("", "--target", "-t", help="Target TOML (default: examples/targets/hfserve.toml)."),
-    host: str = typer.Option("", "--host", help="Where engines run: local (default)."),
+    host: str = typer.Option("", "--host", help="Where engines run: local (default), ssh://user@host:port, a name from `infergoal hosts add`, or several (a pool) separated by commas."),
     proposer: str = typer.Option("", "--proposer", "-p", help="search (default), claude, hybrid or scripted:FILE.json."),
     agent: str = typer.Option("", "--agent", help="Use the code agent: `claude` (same as --proposer claude; with --proposer hybrid, the hybrid)."),
     seed: int | None = typer.Option(None, "--seed", help="Search seed."),

@@ -71,27 +71,7 @@ class Controller:
         self.store.set_run_status(run_id, "running")
         try:
             verify()
-            for trial in self.store.unfinished_trials(run_id):  # resume: redo what a kill interrupted
-                self.store.add_event(run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
-                self.store.reset_trial(trial.id)
-                self._execute(trial, _candidate_of(trial))
-            if not self.store.list_trials(run_id):
-                baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer="baseline")
-                self._execute(self._create(baseline), baseline)
-            self._baseline()  # a failed baseline stops the run here, before a trial is created that never runs
-            while True:
-                self._check_budget()
-                self.ctx.on_step("propose")
-                t0 = _now()
-                candidate = self.proposer.propose(self._history(), self.ctx.target)
-                if candidate is None:
-                    raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
-                try:
-                    candidate = Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
-                except ConstraintViolated as e:  # recorded, never launched (the proposer sees why)
-                    self.store.finish_trial(self._create(candidate).id, "failed", error=f"start-up failure (constraint_violated, not launched): {e}")
-                    continue
-                self._execute(self._create(candidate), candidate, propose_s=_now() - t0)
+            self._loop()
         except StopRun as stop:
             reason = f"{type(stop).__name__}: {stop}"
             self.store.set_run_status(run_id, "finished", stop_reason=reason)
@@ -114,6 +94,41 @@ class Controller:
                 pass
             raise OSError(e.errno, f"disk full ({e.filename or e}); free space, then `infergoal resume` continues the run") from e
 
+    def _start(self) -> None:
+        """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here."""
+        for trial in self.store.unfinished_trials(self.ctx.run_id):  # resume: redo what a kill interrupted
+            self.store.add_event(self.ctx.run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
+            self.store.reset_trial(trial.id)
+            self._execute(trial, _candidate_of(trial))
+        if not self.store.list_trials(self.ctx.run_id):
+            baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer="baseline")
+            self._execute(self._create(baseline), baseline)
+        self._baseline()  # raises if the baseline failed, before a trial is created that never runs
+
+    def _loop(self) -> None:
+        """Resume, run the baseline, then propose and run one trial at a time."""
+        self._start()
+        while True:
+            self._check_budget()
+            t0 = _now()
+            candidate = self._propose()
+            self._execute(self._create(candidate), candidate, propose_s=_now() - t0)
+
+    def _propose(self) -> Candidate:
+        """The proposer's next candidate with its knobs validated. A knob set that breaks one of the
+        target's constraints is recorded as a failed trial, never launched, and the proposer asked again."""
+        while True:
+            self.ctx.on_step("propose")
+            candidate = self.proposer.propose(self._history(), self.ctx.target)
+            if candidate is None:
+                raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
+            try:
+                return Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
+            except ConstraintViolated as e:
+                self.store.finish_trial(self._create(candidate).id, "failed",
+                                        error=f"start-up failure (constraint_violated, not launched): {e}")
+                self._check_budget()
+
     # --- one trial -----------------------------------------------------------------------
     def _create(self, c: Candidate) -> Any:
         trials = self.store.list_trials(self.ctx.run_id)
@@ -124,11 +139,15 @@ class Controller:
         )
 
     def _execute(self, trial: Any, candidate: Candidate, propose_s: float = 0.0) -> None:
-        is_baseline = trial.number == 0
-        baseline = None if is_baseline else self._baseline()
+        baseline = None if trial.number == 0 else self._baseline()
+        self._settle(trial, candidate, self._run(trial, candidate, baseline), baseline, propose_s)
+
+    def _run(self, trial: Any, candidate: Candidate, baseline: Baseline | None, ctx: TrialContext | None = None) -> TrialResult:
+        """Deploy, gate and measure (on `ctx.host`; a pool calls this from its worker threads)."""
+        is_baseline = baseline is None
         try:
-            result = run_trial(
-                self.ctx, trial, candidate,
+            return run_trial(
+                ctx or self.ctx, trial, candidate,
                 repeats=self.baseline_repeats if is_baseline else self.repeats,
                 remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
             )
@@ -136,6 +155,9 @@ class Controller:
             if type(e).__name__ == "GateTampered":  # the trial cannot count: say so, then stop the run
                 self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
             raise
+
+    def _settle(self, trial: Any, candidate: Candidate, result: TrialResult, baseline: Baseline | None, propose_s: float) -> None:
+        """The verdict, recorded: this is the one place keep / discard / stop is decided."""
         status, score, objective, met = self._verdict(trial, result, baseline)
         timings = dict(result.timings, propose=propose_s)
         self.ctx.on_step("record")
@@ -154,7 +176,10 @@ class Controller:
                 self.store.set_best_trial(self.ctx.run_id, original.id)  # the confirmed winner is the answer
                 raise GoalMet(f"{trial.rationale.split(': ')[-1]} meets every objective, confirmed by a clean relaunch (#{trial.number})")
             confirm = Candidate(candidate.knobs, commit=candidate.commit, rationale=f"confirm by a clean relaunch: #{trial.number}", proposer=CONFIRM)
-            self._execute(self._create(confirm), confirm)
+            self._confirm(confirm)
+
+    def _confirm(self, confirm: Candidate) -> None:
+        self._execute(self._create(confirm), confirm)
 
     def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
         """(status, score, objective values, whether the performance gate says the goal is met)."""

@@ -22,7 +22,8 @@ from orchestrator.controller import Controller
 from orchestrator.errors import one_line
 from orchestrator.exitcodes import classify_stop
 from orchestrator.goal import GoalError, GoalSpec
-from orchestrator.hosts import get_host
+from orchestrator.hosts import LocalHost, get_hosts
+from orchestrator.hosts.pool import HostPool, PoolController
 from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
 from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.store import Store, StoreError
@@ -105,18 +106,21 @@ def start_run(
     resolve_model(target.model)
     store = open_store(ws)
     check_host_free(store, ws.config.host, ws.config.allow_concurrent_runs)
-    host = get_host(ws.config.host, state_dir=ws.state_dir)
+    hosts = get_hosts(ws.config.host, state_dir=ws.state_dir)
+    # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
+    fingerprint, *others = [h.fingerprint() for h in hosts]
     run = store.create_run(
         name=name or f"{target.name}: {goal.describe()}"[:200],
         goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
         target_json=target.model_dump(mode="json"), config_json=ws.config.model_dump(mode="json"),
         host=ws.config.host, proposer=ws.config.proposer,
     )
-    with _held(store, run.id, ws.config, host, new=True):
-        store.add_event(run.id, "run.start", f"run {run.id} started", data={"fingerprint": host.fingerprint()})
+    with _held(store, run.id, ws.config, hosts, new=True):
+        store.add_event(run.id, "run.start", f"run {run.id} started",
+                        data={"fingerprint": fingerprint, **({"pool": others} if others else {})})
         if on_run:
             on_run(run.id)
-        return _drive(ws, store, run.id, goal, target, ws.config, host, on_step, on_trial)
+        return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)
 
 
 def resume_run(
@@ -142,17 +146,17 @@ def resume_run(
         # say so in its row instead of leaving it `interrupted` forever.
         store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
         raise
-    host = get_host(config.host, state_dir=ws.state_dir)
-    with _held(store, run.id, config, host):  # refuses a live run, naming its owner
+    hosts = get_hosts(config.host, state_dir=ws.state_dir)
+    with _held(store, run.id, config, hosts):  # refuses a live run, naming its owner
         def run_is_live(rid: int) -> bool:
             r = store.get_run(rid)
             return r is not None and is_live(r)
 
-        swept = host.sweep_orphans(run_is_live) if hasattr(host, "sweep_orphans") else []
+        swept = _sweep_orphans(store, run.id, hosts, run_is_live)
         store.add_event(run.id, "resume", f"run {run.id} resumed", data={"orphans_killed": swept})
         if on_run:
             on_run(run.id)
-        return _drive(ws, store, run.id, goal, target, config, host, on_step, on_trial)
+        return _drive(ws, store, run.id, goal, target, config, hosts, on_step, on_trial)
 
 
 def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
@@ -173,7 +177,7 @@ def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
 
 
 @contextmanager
-def _held(store: Store, run_id: int, config: Config, host: Any, *, new: bool = False) -> Iterator[None]:
+def _held(store: Store, run_id: int, config: Config, hosts: list[Any], *, new: bool = False) -> Iterator[None]:
     """Hold the run's lease; a run that ends by an error is marked failed, never left `running`."""
     lease = Lease(store, run_id, allow_concurrent=config.allow_concurrent_runs)
     try:
@@ -183,8 +187,9 @@ def _held(store: Store, run_id: int, config: Config, host: Any, *, new: bool = F
             store.set_run_status(run_id, "failed", stop_reason=f"Refused: {e}")
         raise
     try:
-        if hasattr(host, "run_id"):
-            host.run_id = run_id  # pidfiles name their run, for the orphan sweep
+        for host in hosts:
+            if hasattr(host, "run_id"):
+                host.run_id = run_id  # pidfiles name their run, for the orphan sweep
         yield
     except Exception as e:
         run = store.get_run(run_id)
@@ -197,13 +202,30 @@ def _held(store: Store, run_id: int, config: Config, host: Any, *, new: bool = F
         lease.__exit__(None, None, None)
 
 
+def _sweep_orphans(store: Store, run_id: int, hosts: list[Any], run_is_live: Callable[[int], bool]) -> list[int]:
+    """Stop servers left behind by dead orchestrators; never a live run's.
+
+    The local host knows each server's owning run and orchestrator pid. An SSH host's sweep stops
+    every server this workspace started there, so it runs only while no other run of the workspace is live.
+    """
+    swept: list[int] = []
+    others_live = any(is_live(r) for r in store.list_runs() if r.id != run_id)  # this run's lease is ours now
+    for host in hosts:
+        if isinstance(host, LocalHost):
+            swept += host.sweep_orphans(run_is_live)
+        elif hasattr(host, "sweep_orphans") and not others_live:
+            swept += host.sweep_orphans()
+    return swept
+
+
 def _drive(
     ws: Workspace, store: Store, run_id: int, goal: GoalSpec, target: TargetSpec, config: Config,
-    host: Any, on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
+    hosts: list[Any], on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
     from orchestrator.knowledge import KnowledgeBase
 
     on_step = on_step or (lambda s: None)
+    host = hosts[0]
     on_step("model")
     model_dir = resolve_model(target.model)
     t_session = time.perf_counter()
@@ -230,16 +252,18 @@ def _drive(
     proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent)
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
-    controller = Controller(
-        ctx, proposer, repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
-        min_gain=config.min_gain, on_trial=on_trial,
-    )
+    knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
+                 min_gain=config.min_gain, on_trial=on_trial)
+    controller = (Controller(ctx, proposer, **knobs) if len(hosts) == 1
+                  else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
     try:
         reason = controller.run()
     finally:
         # Wall time of this session (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
+        for h in hosts:  # SSH hosts: end the measurement worker and the connection
+            getattr(h, "close", lambda: None)()
     if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
         store.set_run_status(run_id, "failed", stop_reason=reason)
     written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
+from orchestrator.hosts.site import Site
 from orchestrator.proposers import Candidate
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
@@ -94,8 +95,6 @@ def run_trial(
     max_remeasure: int = 2,
 ) -> TrialResult:
     """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`."""
-    from gates.lock import verify as verify_gates_lock
-
     result = TrialResult()
     t_start = time.perf_counter()
     trial_dir = ctx.run_dir / f"trial-{trial.number}"
@@ -106,9 +105,12 @@ def run_trial(
     engine = ctx.target.resolve(candidate.knobs)[0]
     try:
         with _timed(result.timings, "deploy", ctx.on_step):
-            source = _checkout(ctx, candidate.commit)
+            site = ctx.host.site()  # where the server runs and is measured (this process, or next to it over SSH)
+            with _timed(result.timings, "sync", ctx.on_step):
+                source = site.place(_checkout(ctx, candidate.commit))
+                model = site.place(ctx.model_dir, kind="model")
             port = ctx.host.free_port()
-            argv = ctx.target.render(candidate.knobs, port=port, model=str(ctx.model_dir), source=str(source))
+            argv = ctx.target.render(candidate.knobs, port=port, model=model, source=source, python=site.python)
             result.launch_cmd = shlex.join(argv)
             log_path = trial_dir / "server.log"
             env = ctx.target.launch_env(candidate.knobs)
@@ -118,25 +120,27 @@ def run_trial(
             base_url = f"http://127.0.0.1:{port}"
             ctx.host.wait_healthy(base_url + engine.health_path, engine.ready_timeout_s, proc)
             healthy = True
+            if facts := site.facts():
+                ctx.store.add_event(ctx.run_id, "trial.host", f"#{trial.number} on {ctx.host.name}", trial_id=trial.id, data=facts)
 
         with _timed(result.timings, "gates", ctx.on_step):
             # The gate files are re-hashed before every trial: a proposer that edited them
             # (or anything else that did) stops the run here, before its numbers can count.
-            verify_gates_lock()
+            site.verify_gates()
             verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate)
             if verdict is None:
-                verdict, result.gate_drift = _run_gates(ctx, trial, candidate, base_url, port, proc)
+                verdict, result.gate_drift = _run_gates(ctx, site, trial, candidate, base_url, port, proc)
             if verdict is not None:
                 result.status_hint, result.error = "invalid", verdict
                 return result
 
         with _timed(result.timings, "bench", ctx.on_step):
-            err = _bench(ctx, trial, base_url, trial_dir, repeats, result)
+            err = _bench(ctx, site, trial, base_url, trial_dir, repeats, result)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.
             while err is None and n < repeats + max_remeasure and remeasure(result):
                 ctx.on_step("re-measure")
-                err = _bench(ctx, trial, base_url, trial_dir, 1, result, first_repeat=n)
+                err = _bench(ctx, site, trial, base_url, trial_dir, 1, result, first_repeat=n)
                 n += 1
             if err is None and not ctx.host.alive(proc):
                 err = "the server died during the benchmark"
@@ -175,14 +179,12 @@ def _checkout(ctx: TrialContext, commit: str | None) -> Path:
 
 
 def _run_gates(
-    ctx: TrialContext, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc
+    ctx: TrialContext, site: Site, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc
 ) -> tuple[str | None, bool]:
     """Integrity first (cheap), then accuracy. Return (rejection reason or None, accuracy drifted)."""
-    from gates import accuracy, integrity
-
     if ctx.integrity_gate:
         diff_text = _diff(ctx, candidate.commit)
-        r = integrity.check(
+        r = site.integrity(
             base_url,
             served_model=ctx.target.served_model_name,
             tokenizer_dir=str(ctx.model_dir),
@@ -194,7 +196,7 @@ def _run_gates(
         if r.status == "fail":
             return f"integrity gate: {r.reason}", False
     if ctx.accuracy_gate:
-        r = accuracy.check(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir))
+        r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir))
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
             return f"accuracy gate: {r.reason}", False
@@ -211,16 +213,15 @@ def _diff(ctx: TrialContext, commit: str | None) -> str | None:
 
 
 def _bench(
-    ctx: TrialContext, trial: Any, base_url: str, trial_dir: Path, repeats: int, result: TrialResult, first_repeat: int = 0
+    ctx: TrialContext, site: Site, trial: Any, base_url: str, trial_dir: Path, repeats: int, result: TrialResult,
+    first_repeat: int = 0,
 ) -> str | None:
-    from orchestrator.bench import run_scenario_sync
-
     for name in ctx.goal.scenarios:
         scenario = ctx.scenarios[name]
         for rep in range(first_repeat, first_repeat + repeats):
             ctx.on_step(f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else ""))
-            res = run_scenario_sync(
-                base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
+            res = site.bench(
+                base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer, tokenizer_dir=str(ctx.model_dir),
                 api=ctx.target.api, timeout_s=ctx.request_timeout_s,
             )
             (trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())

@@ -59,7 +59,7 @@ class Config(BaseModel):
     db: str = ""
     """SQLAlchemy URL; empty = SQLite at `.infergoal/infergoal.db`."""
     host: str = "local"
-    """`local`."""
+    """`local`, `ssh://user@host:port`, a name from `infergoal hosts add`, or several, comma-separated (a pool)."""
     target: str = ""
     """Target TOML path; empty = the shipped hfserve example."""
     proposer: str = "search"

@@ -9,3 +9,15 @@ def tiny_model():
 
     return forge.default_model()
 
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """A real sshd on a loopback port (skipped where OpenSSH's server is not installed)."""
+    from sshd_server import SSHD, Sshd
+
+    if SSHD is None:
+        pytest.skip("OpenSSH server not installed (apt-get install -y openssh-server; .ci/run does it)")
+    server = Sshd.start(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.stop()

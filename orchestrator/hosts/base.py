@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host"]
+__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
 
 
 class HostError(RuntimeError):
@@ -64,15 +64,34 @@ class Host(Protocol):
 
     def free_port(self) -> int: ...
 
+    def site(self) -> Any:
+        """Where this host's trials are measured: an `orchestrator.hosts.site.Site`."""
+        ...
+
 
 def get_host(spec: str, *, state_dir: str | Path) -> Host:
-    """Pick a host by string key: `local` (default)."""
+    """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`."""
+    # Imported here, not at the top: the SSH side needs paramiko, and `orchestrator.hosts` must
+    # stay importable with the standard library alone (the agent shipped to a host imports it).
     from orchestrator.hosts.local import LocalHost
 
     if spec in ("", "local", "localhost"):
         return LocalHost(state_dir=state_dir)
+    from orchestrator.hosts.registry import HostRegistry
+    from orchestrator.hosts.ssh import SSHHost
+    from orchestrator.hosts.sshconn import parse_ssh_url
+
     if spec.startswith("ssh://"):
-        raise HostError(
-            f"host {spec!r}: the SSH host is not part of this release yet; run on the GPU box itself with --host local"
-        )
-    raise HostError(f"unknown host {spec!r}; use 'local'")
+        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir)  # named by its URL in messages
+    known = HostRegistry(state_dir)
+    if spec in known.names():
+        return SSHHost(known.get(spec), state_dir=state_dir)
+    raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
+
+
+def get_hosts(spec: str, *, state_dir: str | Path) -> list[Host]:
+    """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
+    parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
+    if len(set(parts)) != len(parts):
+        raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
+    return [get_host(p, state_dir=state_dir) for p in parts]

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 
@@ -191,6 +192,14 @@ class LocalHost:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+
+    def site(self) -> Any:
+        """Measurement in this process (see orchestrator.hosts.site)."""
+        # Imported on use: the site pulls in the gates and the bench, and this module must stay
+        # standard-library only (the remote agent imports it on hosts that lack those packages).
+        from orchestrator.hosts.site import LocalSite
+
+        return LocalSite()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -54,7 +54,10 @@ class SearchProposer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = distributions(target)
         # A different seed per step keeps proposals reproducible for a given history.
-        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup)
+        # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
+        # several proposals asked at once spread out instead of piling onto one region.
+        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
+                                             constant_liar=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         seen = set()
         for t in history:
@@ -62,7 +65,11 @@ class SearchProposer:
                 continue
             seen.add(knob_key(t.knobs))
             # Conditional knobs: a trial carries only its active knobs (define-by-run).
-            if t.status not in _FINISHED or not set(t.knobs) <= set(dists) or active_only(target, t.knobs) != t.knobs:
+            if not set(t.knobs) <= set(dists) or active_only(target, t.knobs) != t.knobs:
+                continue
+            if t.status not in _FINISHED:  # in flight on a pool's other host
+                study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs},
+                                                          state=optuna.trial.TrialState.RUNNING))
                 continue
             value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
             study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value))

@@ -1,0 +1,189 @@
+"""SSHHost: the Host protocol on a remote machine over SSH (paramiko).
+
+Everything that happens on the host goes through two shipped modules, run with the host's own
+Python: `orchestrator.remote.agent` (one short command per call: start a detached server in its
+own session, stop its group, health, pids, pidfile sweep, tree manifests, fingerprint) and
+`orchestrator.remote.worker` (one long-lived process per run: gates and bench, next to the server).
+The code is shipped once per version (a stamp of its manifest); engine trees and models are
+synced by manifest, so only what changed travels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.sshconn import HostSpec, SSHConnection, remote_cmd
+from orchestrator.hosts.sshsite import RemoteSite
+from orchestrator.remote.manifest import manifest, tar_files, tree_digest
+
+__all__ = ["PACKAGE_ROOT", "SSHHost", "owner_id"]
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+_SHIPPED = ("orchestrator", "gates")
+
+
+def owner_id(state_dir: str | Path) -> str:
+    """Who started a server: this workspace on this machine. `clean` stops only its own."""
+    key = f"{socket.gethostname()}:{Path(state_dir).resolve()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+class SSHHost:
+    """A GPU box over SSH. `state_dir` is the workspace's `.infergoal/` (known_hosts lives there)."""
+
+    def __init__(self, spec: HostSpec, *, state_dir: str | Path, known_hosts: str | Path | None = None) -> None:
+        self.spec, self.name = spec, spec.name
+        self.state_dir = Path(state_dir)
+        self.known_hosts = Path(known_hosts) if known_hosts else self.state_dir / "known_hosts"
+        self.conn = SSHConnection(spec, self.known_hosts)
+        self.owner = owner_id(self.state_dir)
+        self.python = spec.python
+        self._workdir: str | None = None
+        self._code_stamp: str | None = None
+        self._local_logs: dict[str, Path] = {}
+        self._fingerprint: dict | None = None
+        self._site: Any = None
+
+    # --- plumbing ----------------------------------------------------------------------------
+    @property
+    def workdir(self) -> str:
+        """The host's work dir as an absolute path (resolved once)."""
+        if self._workdir is None:
+            rc, out, err = self.conn.exec(f"mkdir -p {self.spec.workdir} && cd {self.spec.workdir} && pwd")
+            if rc != 0:
+                raise HostError(f"{self.name}: cannot create {self.spec.workdir}: {err.decode(errors='replace')[-300:]}")
+            self._workdir = out.decode().strip()
+        return self._workdir
+
+    def ship_code(self) -> bool:
+        """Send orchestrator/ and gates/ to `workdir/code` unless the host has this exact version. True if sent."""
+        files = {f"{pkg}/{rel}": d for pkg in _SHIPPED for rel, d in manifest(PACKAGE_ROOT / pkg).items()}
+        stamp = tree_digest(files)
+        if self._code_stamp == stamp:
+            return False
+        w = self.workdir
+        rc, out, _ = self.conn.exec(f"cat {w}/code/.stamp 2>/dev/null")
+        if out.decode().strip() != stamp:
+            blob = tar_files(PACKAGE_ROOT, sorted(files), {".stamp": stamp.encode()}, gz=True)
+            # Unpack beside, then swap: a half-shipped tree never runs.
+            rc, _, err = self.conn.exec(
+                f"rm -rf {w}/code.new && mkdir -p {w}/code.new && tar -xzf - -C {w}/code.new && "
+                f"rm -rf {w}/code && mv {w}/code.new {w}/code", stdin=blob)
+            if rc != 0:
+                raise HostError(f"{self.name}: shipping the measurement code failed: {err.decode(errors='replace')[-300:]}")
+        self._code_stamp = stamp
+        return True
+
+    def py_cmd(self, module: str, *args: str) -> str:
+        w = self.workdir
+        return remote_cmd(self.spec.python, "-m", module, *args, env={"PYTHONPATH": f"{w}/code"})
+
+    def agent(self, *args: str, stdin: bytes = b"", timeout_s: float = 600.0) -> dict:
+        """Run one agent op on the host and return its JSON answer."""
+        self.ship_code()
+        cmd = self.py_cmd("orchestrator.remote.agent", "--workdir", self.workdir, *args)
+        rc, out, err = self.conn.exec(cmd, stdin=stdin, timeout_s=timeout_s)
+        lines = out.decode(errors="replace").strip().splitlines()
+        if rc != 0 or not lines:
+            detail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise HostError(f"{self.name}: `{args[0]}` failed on the host (exit {rc}): {' | '.join(detail)}"
+                            f" — is {self.spec.python!r} a Python 3.11+ there? (`infergoal hosts check {self.name}`)")
+        return json.loads(lines[-1])
+
+    # --- the Host protocol -------------------------------------------------------------------
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+        local_log = Path(log_path)
+        remote_log = f"{self.workdir}/logs/{self.owner}/{'-'.join(local_log.parts[-3:])}"
+        full_env = dict(env or {})
+        if self.spec.gpus:
+            full_env["CUDA_VISIBLE_DEVICES"] = self.spec.gpus
+        req = {"argv": list(argv), "cwd": cwd, "env": full_env, "log_path": remote_log, "owner": self.owner,
+               "token": uuid.uuid4().hex}
+        res = self.agent("start", stdin=json.dumps(req).encode())
+        if "error" in res:
+            raise HostError(f"{self.name}: {res['error']}")
+        self._local_logs[remote_log] = local_log
+        return Proc(pid=res["pid"], pgid=res["pgid"], argv=tuple(argv), log_path=remote_log)
+
+    def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
+        try:
+            res = self.agent("stop", str(proc.pgid), "--grace", str(grace_s), timeout_s=grace_s + 60)
+        except HostError:
+            # The host is unreachable: its pidfile stays, and `hosts clean` / resume stops it later.
+            return
+        local = self._local_logs.get(proc.log_path)
+        if local is not None and res.get("log"):
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.write_text(res["log"])
+
+    def fetch_log(self, proc: Proc) -> Path | None:
+        """Copy the server's log (its last 4 MB) next to the trial's other files; the host keeps its own."""
+        local = self._local_logs.get(proc.log_path)
+        if local is None:
+            return None
+        try:
+            rc, out, _ = self.conn.exec(remote_cmd("tail", "-c", "4000000", proc.log_path))
+        except HostError:
+            return None
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(out)
+        return local
+
+    def log_tail(self, proc: Proc, lines: int = 30) -> str:
+        return self.agent("tail", proc.log_path, "--lines", str(lines))["tail"]
+
+    def alive(self, proc: Proc) -> bool:
+        return bool(self.agent("alive", str(proc.pid))["alive"])
+
+    def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
+        # The probe runs on the host: the server listens on the host's loopback.
+        res = self.agent("health", url, str(timeout_s), str(proc.pid), proc.log_path, timeout_s=timeout_s + 120)
+        if res.get("error") == "crashed":
+            raise ServerCrashed(f"server exited before it became healthy on {self.name}; last log lines:\n{res['tail']}")
+        if res.get("error") == "timeout":
+            raise ServerTimeout(
+                f"server not healthy at {url} on {self.name} after {timeout_s:.0f}s; last log lines:\n{res['tail']}")
+        return float(res["waited"])
+
+    def listening_pids(self, port: int) -> set[int]:
+        return set(self.agent("listening-pids", str(port))["pids"])
+
+    def group_pids(self, proc: Proc) -> set[int]:
+        return set(self.agent("group-pids", str(proc.pgid))["pids"])
+
+    def fingerprint(self) -> dict:
+        if self._fingerprint is None:
+            fp = self.agent("fingerprint")
+            fp.update(host=f"ssh://{self.spec.user + '@' if self.spec.user else ''}{self.spec.hostname}:{self.spec.port}",
+                      host_name=self.name, gpus_visible=self.spec.gpus or "all")
+            self._fingerprint = fp
+        return dict(self._fingerprint)
+
+    def free_port(self) -> int:
+        return int(self.agent("free-port")["port"])
+
+    def run(self, argv: list[str], timeout_s: float = 600.0) -> tuple[int, str]:
+        rc, out, err = self.conn.exec(remote_cmd(*argv), timeout_s=timeout_s)
+        return rc, (out + err).decode(errors="replace")
+
+    def sweep_orphans(self, *, everyone: bool = False) -> list[int]:
+        """Stop the servers this workspace started on the host (pidfiles there); return their pgids."""
+        args = ["clean", "--all"] if everyone else ["clean", "--owner", self.owner]
+        return list(self.agent(*args)["killed"])
+
+    def site(self) -> Any:
+        if self._site is None:
+            self._site = RemoteSite(self)
+        return self._site
+
+    def close(self) -> None:
+        if self._site is not None:
+            self._site.close()
+        self.conn.close()
+

@@ -1,0 +1,188 @@
+"""RemoteSite: trees synced to an SSH host, gates and bench run there, results read back as JSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import paramiko
+
+from gates import GateResult
+from gates.lock import LOCK_NAME, GateTampered, verify
+from orchestrator.bench import Scenario, ScenarioResult
+from orchestrator.hosts.base import HostError
+from orchestrator.hosts.sshconn import ConnectionLost
+from orchestrator.remote.agent import SYNC_META
+from orchestrator.remote.manifest import diff, manifest, tar_files, tree_digest
+
+if TYPE_CHECKING:  # SSHHost builds its RemoteSite; only the type is needed here
+    from orchestrator.hosts.ssh import SSHHost
+
+__all__ = ["RemoteSite", "SyncStats"]
+
+_GATES_DIR = Path(__file__).resolve().parents[2] / "gates"
+
+
+@dataclass
+class SyncStats:
+    """What the last `place` cost: the number the SSH overhead table in docs/benchmarks.md reports."""
+
+    files_sent: int = 0
+    bytes_sent: int = 0
+    files_deleted: int = 0
+    seconds: float = 0.0
+
+
+class _Worker:
+    """The host's measurement worker over one SSH channel; restarted (and the call retried) if it drops."""
+
+    def __init__(self, host: SSHHost) -> None:
+        self.host = host
+        self.chan: paramiko.Channel | None = None
+        self.restarts = -1
+
+    def _open(self) -> None:
+        self.host.ship_code()
+        w = self.host.workdir
+        cmd = (f"mkdir -p {w}/logs && cd {w} && exec env "
+               + self.host.py_cmd("orchestrator.remote.worker") + f" 2>>{w}/logs/worker-{self.host.owner}.log")
+        self.chan = self.host.conn.open_stream(cmd)
+        self.reader = self.chan.makefile("rb")
+        self.chan.settimeout(300)  # the worker imports the bench and the gates before it says ready
+        try:
+            hello = self.reader.readline()
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            hello = b""
+            if self.chan.get_transport().is_active():
+                raise HostError(f"{self.host.name}: the measurement worker did not answer: {e}") from None
+        if not hello:
+            lost = not self.chan.get_transport().is_active() or self.chan.recv_exit_status() == -1
+            self.chan = None
+            if lost:
+                raise ConnectionLost(f"{self.host.name}: connection lost while the measurement worker started")
+            raise HostError(f"{self.host.name}: the measurement worker did not start; see "
+                            f"{w}/logs/worker-{self.host.owner}.log on the host (it needs aiohttp, numpy, pydantic, "
+                            "and torch + transformers for the accuracy gate)")
+        self.restarts += 1
+
+    def call(self, op: str, *, wait_s: float = 3600.0, **req: Any) -> dict:
+        try:
+            return self._call(op, wait_s, req)
+        except (paramiko.SSHException, OSError, EOFError) as e:  # still failing after every retry
+            raise HostError(f"{self.host.name}: {op} on the host failed: {type(e).__name__}: {e}") from None
+
+    def _call(self, op: str, wait_s: float, req: dict) -> dict:
+        for attempt in self.host.conn.retrying():
+            with attempt:
+                if self.chan is None or self.chan.closed or self.chan.exit_status_ready():
+                    self._open()
+                assert self.chan is not None
+                try:
+                    self.chan.settimeout(wait_s)
+                    self.chan.sendall((json.dumps({"op": op, **req}) + "\n").encode())
+                    line = self.reader.readline()
+                except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
+                    self.chan = None
+                    raise ConnectionLost(f"{self.host.name}: the measurement worker's connection broke ({type(e).__name__}: {e})") from None
+                if not line:
+                    self.chan = None
+                    raise ConnectionLost(f"{self.host.name}: the measurement worker went away mid-{op}")
+                answer = json.loads(line)
+                if "tampered" in answer:
+                    t = answer["tampered"]
+                    raise GateTampered(t["changed"], t["added"], t["removed"], note=f"on host {self.host.name}")
+                if "error" in answer:
+                    raise HostError(f"{self.host.name}: {op} failed on the host: {answer['error']}")
+                return answer["ok"]
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.chan is not None:
+            self.chan.close()
+            self.chan = None
+
+
+class RemoteSite:
+    """The Site of an SSHHost: see orchestrator.hosts.site for the protocol."""
+
+    def __init__(self, host: SSHHost) -> None:
+        self.host = host
+        self.python = host.spec.python
+        self.worker = _Worker(host)
+        self._placed: dict[str, str] = {}
+        self._digests: dict[str, str] = {}
+        self._last_tree = ""
+        self.last_sync = SyncStats()
+
+    # --- trees -------------------------------------------------------------------------------
+    def place(self, path: str | Path, *, kind: str = "tree") -> str:
+        """Sync a local folder to the host by manifest (only changed files travel); return the host path.
+
+        Models (kind "model", "reference", "tokenizer") are synced once per session: they do not
+        change under a run. Trees are synced every time,
+        and a new tree starts on the host as a copy of the last one, so a commit sends its diff.
+        """
+        local = Path(path).resolve()
+        key = str(local)
+        if kind != "tree" and key in self._placed:
+            return self._placed[key]
+        t0 = time.perf_counter()
+        folder = "trees" if kind == "tree" else "models"
+        remote = f"{self.host.workdir}/{folder}/{local.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+        mine = manifest(local)
+        seed = self._last_tree if kind == "tree" and self._last_tree != remote else ""
+        theirs = self.host.agent("manifest", remote, "--seed", seed)["files"]
+        send, delete = diff(mine, theirs)
+        stats = SyncStats(files_sent=len(send), files_deleted=len(delete))
+        if send or delete:
+            blob = tar_files(local, send, {SYNC_META: json.dumps({"delete": delete}).encode()})
+            stats.bytes_sent = len(blob)
+            self.host.agent("receive", remote, stdin=blob)
+        stats.seconds = time.perf_counter() - t0
+        self.last_sync = stats
+        self._digests[kind] = tree_digest(mine)
+        if kind == "tree":
+            self._last_tree = remote
+        self._placed[key] = remote
+        return remote
+
+    # --- gates and bench, on the host ----------------------------------------------------------
+    def verify_gates(self) -> None:
+        """The orchestrator's own gate files first, then the host's copy against the same lock."""
+        verify()
+        locked = json.loads((_GATES_DIR / LOCK_NAME).read_text())["files"]
+        self.host.ship_code()
+        res = self.worker.call("verify", files=locked, gates_dir=f"{self.host.workdir}/code/gates")
+        if res["changed"] or res["added"] or res["removed"]:
+            raise GateTampered(res["changed"], res["added"], res["removed"], note=f"on host {self.host.name}")
+
+    def integrity(self, base_url: str, **kw: Any) -> GateResult:
+        if kw.get("tokenizer_dir"):
+            kw["tokenizer_dir"] = self.place(kw["tokenizer_dir"], kind="tokenizer")
+        for k in ("launched_pids", "listening_pids"):
+            if kw.get(k) is not None:
+                kw[k] = sorted(kw[k])
+        return GateResult(**self.worker.call("integrity", base_url=base_url, **kw))
+
+    def accuracy(self, base_url: str, **kw: Any) -> GateResult:
+        kw["reference_model_dir"] = self.place(kw["reference_model_dir"], kind="reference")
+        return GateResult(**self.worker.call("accuracy", base_url=base_url, **kw))
+
+    def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
+              api: str, timeout_s: float) -> ScenarioResult:
+        tok = self.place(tokenizer_dir, kind="tokenizer") if tokenizer_dir else None
+        res = self.worker.call("bench", base_url=base_url, model=model, scenario=scenario.model_dump(mode="json"),
+                               tokenizer=tok, api=api, timeout_s=timeout_s)
+        return ScenarioResult.from_dict(res["result"])
+
+    def facts(self) -> dict[str, Any]:
+        return {**self.host.fingerprint(), "engine_tree": self._digests.get("tree"), "model_hash": self._digests.get("model"),
+                "sync": self.last_sync.__dict__}
+
+    def close(self) -> None:
+        self.worker.close()
+
