@@ -17,7 +17,10 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
                     prefill), so repeats all under ``cache_time_ratio`` of their fresh time are a cache.
                     A cache that adds back the saved time gains nothing on the bench, so timing
                     is the sound signal rather than output identity (greedy repeats are identical
-                    on honest servers too).
+                    on honest servers too). But *distinct* fresh prompts of one length that all get
+                    the same reply are a cache keyed on less than the prompt (its length, say),
+                    which a timing comparison cannot see: every probe would be a hit. The
+                    accuracy gate's generation check judges every reply against the reference too.
 """
 
 from __future__ import annotations
@@ -151,15 +154,20 @@ def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[li
     """
     ratio = 0.0
     for attempt, prompts in enumerate(prompt_sets, start=1):
-        _completion(base_url, model, prompts[0], n, timeout)  # warm-up, not timed
+        warm, _ = _completion(base_url, model, prompts[0], n, timeout)  # warm-up, not timed
         fresh, repeat = [], []
+        texts = [warm["choices"][0]["text"]]
         for p in prompts[1:]:
             first, t_first = _completion(base_url, model, p, n, timeout)
             second, t_second = _completion(base_url, model, p, n, timeout)
             fresh.append(t_first)
             repeat.append(t_second)
+            texts.append(first["choices"][0]["text"])
             if first.get("id") and first.get("id") == second.get("id"):
                 raise _Failed(f"repeated prompt returned the identical response id {first['id']!r} (replayed reply)")
+        if len(set(texts)) == 1 and len(texts) > 1:
+            raise _Failed(f"{len(texts)} distinct fresh prompts of {len(prompts[0])} ids all got the reply "
+                          f"{texts[0][:40]!r}: response cache keyed on less than the prompt")
         # The *largest* per-pair ratio: a response cache makes every repeat cheap, whereas load
         # noise on an honest server would have to make all pairs of both attempts look cheap.
         ratio = max(r / max(f, 1e-9) for f, r in zip(fresh, repeat, strict=True))

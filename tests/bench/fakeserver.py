@@ -69,12 +69,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None = None) -> bytes:
+    lp_asked = body.get("logprobs")
+    want_lp = lp_asked is not None and lp_asked is not False  # completions' logprobs=0 counts as asked
+
+    def chunk(text: str | None, finish: str | None = None, tid: int | None = None) -> bytes:
+        # With logprobs asked for, a token chunk carries its id (vLLM's return_tokens_as_token_ids shape).
+        tokens = [f"token_id:{tid}"] if want_lp and tid is not None else None
         if chat:
             delta = {"content": text} if text is not None else {"role": "assistant", "content": ""}
-            ch = {"index": 0, "delta": delta, "finish_reason": finish}
+            ch = {"index": 0, "delta": delta, "finish_reason": finish,
+                  "logprobs": {"content": [{"token": t, "logprob": 0.0} for t in tokens]} if tokens else None}
         else:
-            ch = {"index": 0, "text": text or "", "finish_reason": finish}
+            ch = {"index": 0, "text": text or "", "finish_reason": finish,
+                  "logprobs": {"tokens": tokens, "token_logprobs": [0.0]} if tokens else None}
         return b"data: " + json.dumps({"id": rid, "object": obj, "created": 0, "model": body.get("model"),
                                        "choices": [ch]}).encode() + b"\n\n"
 
@@ -93,7 +100,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 break
             if st.fault == "hang":
                 await asyncio.sleep(3600)
-        await resp.write(chunk(" " + VOCAB[i % len(VOCAB)], "length" if i == n - 1 else None))
+        await resp.write(chunk(" " + VOCAB[i % len(VOCAB)], "length" if i == n - 1 else None, tid=i % len(VOCAB)))
     opts = body.get("stream_options") or {}
     if opts.get("include_usage"):
         usage = {"prompt_tokens": plen, "completion_tokens": n, "total_tokens": plen + n}

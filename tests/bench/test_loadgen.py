@@ -86,7 +86,7 @@ def test_tokenizer_prompts_are_exact_token_ids_with_shared_prefix(tmp_path) -> N
     assert all(isinstance(p, list) and len(p) == 20 for p in seen)
     assert all(p[:12] == seen[0][:12] for p in seen)  # shared prefix
     assert len({tuple(p[12:]) for p in seen}) == 4  # unique suffixes
-    assert all(r.client_tokens == 3 for r in res.requests)  # re-tokenized output count
+    assert all(r.client_tokens == 3 for r in res.requests)  # counted from the returned token ids
 
 
 def test_open_loop_constant_rate_and_exports(tmp_path) -> None:

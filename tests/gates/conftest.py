@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from gate_servers import (
     CHEATS,
+    FLAWED_SPECS,
+    GEN_PROXIES,
     PROXY_MODES,
     SERVED_NAME,
     SERVER,
@@ -24,9 +26,15 @@ from gate_servers import (
     free_port,
     model_name,
     spawn,
+    start_fleet,
     stop,
+    stop_fleet,
     wait_healthy,
 )
+
+# Honest configurations beyond the main fleet's fp32/fp16/bf16/batched (the calibration script
+# runs all of them over 20 seeds; here each once).
+EXTRA_HONEST = ("manual", "static", "sdpa")
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +103,15 @@ def fleet(model_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     finally:
         for s in started.values():
             stop(s.proc)
+
+
+@pytest.fixture(scope="session")
+def gen_fleet(fleet: dict[str, Served], model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """The generation check's cases: more honest configurations, flawed decode paths, cheating
+    proxies (in front of the main fleet's ``fp32``); the main fleet's servers are included."""
+    names = [*EXTRA_HONEST, *FLAWED_SPECS, *GEN_PROXIES]
+    started = start_fleet(names, model_dir, tmp_path_factory.mktemp("genlogs"), existing=fleet)
+    try:
+        yield {**fleet, **started}
+    finally:
+        stop_fleet(started)
