@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -47,17 +48,17 @@ def rejudge(run: dict, margin: float | None, cfg: dict) -> tuple[str, str, dict]
 
 def table(runs: dict[str, list[dict]], margin: float | None = None) -> None:
     cfg = load_thresholds()["accuracy"]
-    print("\n| server | runs | pass | drift | fail | offtop rate | worst prompt offtop | nll excess | worst prompt nll"
-          " excess | prefix short | mean s/run |")
+    print("\n| server | runs | pass | drift | fail | offtop rate min-max | worst prompt offtop | nll excess | worst prompt"
+          " nll excess | prefix short | mean s/run |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rs in runs.items():
         judged = [rejudge(r, margin, cfg) for r in rs]
 
-        def worst(key: str, judged: list = judged) -> float:
-            return max((m.get(key, float("nan")) for _, _, m in judged), default=float("nan"))
+        def worst(key: str, judged: list = judged, pick: Any = max) -> float:
+            return pick((m.get(key, float("nan")) for _, _, m in judged), default=float("nan"))
         counts = {s: sum(j[0] == s for j in judged) for s in ("pass", "drift", "fail")}
         print(f"| {name} | {len(rs)} | {counts['pass']} | {counts['drift']} | {counts['fail']} | "
-              f"{worst('gen_offtop_rate'):.4f} | {worst('gen_offtop_worst'):.3f} | {worst('gen_nll_excess'):.4f} | "
+              f"{worst('gen_offtop_rate', pick=min):.4f}-{worst('gen_offtop_rate'):.4f} | {worst('gen_offtop_worst'):.3f} | {worst('gen_nll_excess'):.4f} | "
               f"{worst('gen_nll_excess_worst'):.3f} | {worst('gen_prefix_short'):.3f} | "
               f"{sum(r['seconds'] for r in rs) / max(len(rs), 1):.1f} |")
 
