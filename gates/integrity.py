@@ -9,7 +9,9 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
                     client (streamed chunks, and token ids in a non-streamed reply).
 5. ``usage``      - reported ``prompt_tokens`` / ``completion_tokens`` equal the client's counts
                     (prompt tokenized locally, completion counted as delivered).
-6. ``prompt_dependence`` - fresh random prompts give different greedy outputs.
+6. ``prompt_dependence`` - fresh random prompts give different greedy outputs (a cheap first
+                    screen; every reply is judged against the reference, prompt by prompt, by the
+                    accuracy gate's generation check, ``gen_offtop_worst``).
 7. ``no_cache``   - a response cache shows as a *repeat* of a fresh prompt answered much faster
                     than the first time (or with the very same response id). A never-seen random
                     prompt must cost real prefill+decode; with ``ignore_eos`` and a few dozen
