@@ -64,6 +64,7 @@ default = "off"
     return t
 
 
+@pytest.mark.timeout(1800)  # seven trials with real servers; the generation check judges each
 def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     import gate_damage
 

@@ -23,12 +23,11 @@ def _acc(server: Served, model_dir: Path, seed: int) -> GateResult:
 
 @pytest.mark.parametrize("name", ["manual", "static", "sdpa", "bf16", "batched"])
 def test_honest_decode_paths_pass(gen_fleet: dict[str, Served], model_dir: Path, name: str) -> None:
-    for seed in (11, 12):
-        result = _acc(gen_fleet[name], model_dir, seed)
-        assert result.status == "pass", (seed, result.reason)
-        shapes = {r["shape"] for r in result.details["generation"]}
-        # Both APIs, streamed and not, concurrent and one at a time.
-        assert {"completions concurrent", "completions stream", "chat stream concurrent", "chat"} <= shapes
+    result = _acc(gen_fleet[name], model_dir, seed=11)
+    assert result.status == "pass", result.reason
+    shapes = {r["shape"] for r in result.details["generation"]}
+    # Both APIs, streamed and not, concurrent and one at a time.
+    assert {"completions concurrent", "completions stream", "chat stream concurrent", "chat"} <= shapes
 
 
 @pytest.mark.parametrize("name", ["batch_positions", "kv_quant3", "late_drop_layer", "proxy:split",
