@@ -15,6 +15,10 @@ reference model (the same weights in float32, loaded locally with transformers).
 * ``mean_abs_dlogprob`` - mean |served - reference| log-probability of the actual tokens.
 * ``ppl_log_ratio`` - |ln(perplexity served / perplexity reference)| on the windows.
 
+Then the generation check (:mod:`gates.generation`) judges what the server generates: greedy
+continuations of fresh equal-length prompts, sent concurrently and one at a time, each scored by
+the reference; its ``gen_*`` metrics join the ones above.
+
 Any metric above its hard limit -> ``fail``; above its soft limit only -> ``drift`` (the controller
 marks the trial needs_approval); else ``pass``. Limits live in ``gates/thresholds.toml``.
 """
@@ -32,14 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from gates._http import GateHTTPError, post_json
+from gates.generation import GenerationError, check_generation, draw_probes
 from gates.result import GateResult
 from gates.thresholds import section
 
-__all__ = ["DATA_DIR", "check", "coarse_kl", "draw_windows", "load_reference"]
+__all__ = ["DATA_DIR", "check", "coarse_kl", "draw_windows", "judge", "load_reference"]
 
 DATA_DIR = Path(__file__).with_name("data")
 _REF_LOCK = threading.Lock()
 _REF_CACHE: dict[str, tuple[Any, Any]] = {}
+_HELDOUT_CACHE: dict[int, list[int]] = {}
 _EPS = 1e-9
 
 
@@ -63,8 +69,12 @@ def load_reference(model_dir: Path | str) -> tuple[Any, Any]:
 
 
 def _heldout_ids(tokenizer: Any) -> list[int]:
-    text = "\n\n".join(p.read_text() for p in sorted(DATA_DIR.glob("*.txt")))
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """The held-out text's ids, tokenized once per tokenizer object (the data is locked)."""
+    key = id(tokenizer)
+    if key not in _HELDOUT_CACHE:
+        text = "\n\n".join(p.read_text() for p in sorted(DATA_DIR.glob("*.txt")))
+        _HELDOUT_CACHE[key] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return _HELDOUT_CACHE[key]
 
 
 def draw_windows(ids: list[int], rng: random.Random, count: int, length: int) -> list[list[int]]:
@@ -174,6 +184,7 @@ def check(
     reference_model_dir: Path | str,
     seed: int | None = None,
     thresholds: Mapping[str, Any] | None = None,
+    chat: bool = False,
 ) -> GateResult:
     """Compare the server at ``base_url`` with the float32 reference on fresh held-out windows.
 
@@ -182,6 +193,7 @@ def check(
         reference_model_dir: HF folder with the same weights (and tokenizer) the candidate serves.
         seed: window-drawing seed; None draws a secret one (recorded only as a sha256 prefix).
         thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
+        chat: the target serves ``/v1/chat/completions`` too; generation probes then use it as well.
 
     Returns:
         ``pass``, ``drift`` or ``fail``; ``details["metrics"]`` holds every measured number.
@@ -220,14 +232,31 @@ def check(
             return done("fail", str(exc))
     metrics = summarize(acc)
     details["metrics"] = metrics
+    gcfg = {**cfg["generation"], "timeout_s": cfg["timeout_s"]}
+    probes = draw_probes(_heldout_ids(tok), rng, pairs=int(gcfg["pairs"]), length=int(gcfg["prompt_tokens"]),
+                         tail=int(gcfg["tail_tokens"]), chat=chat)
+    try:
+        gen_metrics, details["generation"] = check_generation(base_url, served_model, model, tok, probes, gcfg)
+    except GenerationError as exc:
+        return done("fail", f"generation: {exc}")
+    except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        return done("fail", f"generation request failed: {exc}")
+    metrics.update(gen_metrics)
+    status, reason = judge(metrics, cfg)
+    return done(status, reason)
+
+
+def judge(metrics: Mapping[str, float], cfg: Mapping[str, Any]) -> tuple[str, str]:
+    """(status, reason) of measured ``metrics`` against the ``[accuracy]`` thresholds ``cfg``."""
     hard, soft = cfg["hard"], cfg["soft"]
     unknown = sorted((set(hard) | set(soft)) - set(metrics))
     if unknown:
         raise ValueError(f"thresholds name unknown accuracy metrics {unknown}; known: {sorted(metrics)}")
     over_hard = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in hard.items() if metrics[m] > lim]
     if over_hard:
-        return done("fail", "accuracy below hard limit: " + "; ".join(over_hard))
+        return "fail", "accuracy below hard limit: " + "; ".join(over_hard)
     over_soft = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in soft.items() if metrics[m] > lim]
     if over_soft:
-        return done("drift", "measurable drift (needs approval): " + "; ".join(over_soft))
-    return done("pass", f"kl_mean={metrics['kl_mean']:.3g}, ppl ratio={metrics['ppl_served'] / metrics['ppl_reference']:.4f}")
+        return "drift", "measurable drift (needs approval): " + "; ".join(over_soft)
+    return "pass", (f"kl_mean={metrics['kl_mean']:.3g}, ppl ratio={metrics['ppl_served'] / metrics['ppl_reference']:.4f}, "
+                    f"generated off-top {metrics['gen_offtop_rate']:.3f}")

@@ -9,7 +9,9 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
                     client (streamed chunks, and token ids in a non-streamed reply).
 5. ``usage``      - reported ``prompt_tokens`` / ``completion_tokens`` equal the client's counts
                     (prompt tokenized locally, completion counted as delivered).
-6. ``prompt_dependence`` - fresh random prompts give different greedy outputs.
+6. ``prompt_dependence`` - fresh random prompts give different greedy outputs (a cheap first
+                    screen; every reply is judged against the reference, prompt by prompt, by the
+                    accuracy gate's generation check, ``gen_offtop_worst``).
 7. ``no_cache``   - a response cache shows as a *repeat* of a fresh prompt answered much faster
                     than the first time (or with the very same response id). A never-seen random
                     prompt must cost real prefill+decode; with ``ignore_eos`` and a few dozen
@@ -17,7 +19,10 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
                     prefill), so repeats all under ``cache_time_ratio`` of their fresh time are a cache.
                     A cache that adds back the saved time gains nothing on the bench, so timing
                     is the sound signal rather than output identity (greedy repeats are identical
-                    on honest servers too).
+                    on honest servers too). But *distinct* fresh prompts of one length that all get
+                    the same reply are a cache keyed on less than the prompt (its length, say),
+                    which a timing comparison cannot see: every probe would be a hit. The
+                    accuracy gate's generation check judges every reply against the reference too.
 """
 
 from __future__ import annotations
@@ -90,14 +95,22 @@ def _probe_lengths(base_url: str, model: str, prompt_ids: list[int], n: int, tim
     """One streamed and one non-streamed request; the client's own counts plus the server's usage."""
     events = post_stream(base_url, "/v1/completions", {
         "model": model, "prompt": prompt_ids, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True}}, timeout=timeout)
-    # A token chunk carries text; the closing chunk (empty text + finish_reason) is not a token.
-    chunks = [e for e in events if e.get("choices")
-              and (e["choices"][0].get("text") or e["choices"][0].get("finish_reason") is None)]
+        "stream": True, "stream_options": {"include_usage": True},
+        "logprobs": 1, "return_tokens_as_token_ids": True}, timeout=timeout)
+    # Count the token ids the chunks carry, never the chunks: vLLM holds back a token that decodes
+    # to a partial UTF-8 character and sends it with the next one (9 tokens in 3-4 chunks).
+    # A server that sends no ids is counted by its content-bearing chunks (the closing chunk,
+    # empty text + finish_reason, is not a token).
+    choices = [e["choices"][0] for e in events if e.get("choices")]
+    id_lists = [(c.get("logprobs") or {}).get("tokens") for c in choices]
+    if any(id_lists):
+        counted = sum(len(ids or []) for ids in id_lists)
+    else:
+        counted = sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
     usages = [e["usage"] for e in events if e.get("usage")]
     reply, _ = _completion(base_url, model, prompt_ids, n, timeout, logprobs=1, return_tokens_as_token_ids=True)
     tokens = ((reply["choices"][0].get("logprobs") or {}).get("tokens")) or []
-    return {"stream_chunks": len(chunks), "stream_usage": usages[-1] if usages else None,
+    return {"stream_chunks": counted, "stream_usage": usages[-1] if usages else None,
             "nonstream_tokens": len(tokens), "nonstream_usage": reply.get("usage")}
 
 
@@ -151,15 +164,20 @@ def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[li
     """
     ratio = 0.0
     for attempt, prompts in enumerate(prompt_sets, start=1):
-        _completion(base_url, model, prompts[0], n, timeout)  # warm-up, not timed
+        warm, _ = _completion(base_url, model, prompts[0], n, timeout)  # warm-up, not timed
         fresh, repeat = [], []
+        texts = [warm["choices"][0]["text"]]
         for p in prompts[1:]:
             first, t_first = _completion(base_url, model, p, n, timeout)
             second, t_second = _completion(base_url, model, p, n, timeout)
             fresh.append(t_first)
             repeat.append(t_second)
+            texts.append(first["choices"][0]["text"])
             if first.get("id") and first.get("id") == second.get("id"):
                 raise _Failed(f"repeated prompt returned the identical response id {first['id']!r} (replayed reply)")
+        if len(set(texts)) == 1 and len(texts) > 1:
+            raise _Failed(f"{len(texts)} distinct fresh prompts of {len(prompts[0])} ids all got the reply "
+                          f"{texts[0][:40]!r}: response cache keyed on less than the prompt")
         # The *largest* per-pair ratio: a response cache makes every repeat cheap, whereas load
         # noise on an honest server would have to make all pairs of both attempts look cheap.
         ratio = max(r / max(f, 1e-9) for f, r in zip(fresh, repeat, strict=True))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.bench.counts import count_violation
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
@@ -145,7 +146,9 @@ def run_trial(
             if err is None and not ctx.host.alive(proc):
                 err = "the server died during the benchmark"
             if err:
-                result.status_hint, result.error = "failed", err
+                # A count violation already marked the trial invalid; anything else is a failure.
+                result.status_hint = "invalid" if result.status_hint == "invalid" else "failed"
+                result.error = err
     except HostError as e:
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
         if not healthy and proc is not None:  # say why it did not start, from its own log
@@ -196,7 +199,8 @@ def _run_gates(
         if r.status == "fail":
             return f"integrity gate: {r.reason}", False
     if ctx.accuracy_gate:
-        r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir))
+        r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir),
+                          chat=ctx.target.api == "chat")
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
             return f"accuracy gate: {r.reason}", False
@@ -229,6 +233,10 @@ def _bench(
             if res.metrics.get("failed", 0) > 0:
                 reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
                 return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
+            bad_counts = count_violation(res.metrics, name)
+            if bad_counts:
+                result.status_hint = "invalid"
+                return bad_counts
             for o in ctx.goal.objectives:
                 if o.scenario == name:
                     result.samples.setdefault(objective_label(name, o.key), []).append(float(res.metrics[o.key]))

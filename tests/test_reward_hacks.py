@@ -2,9 +2,11 @@
 
 A test-only target adds a `variant` knob to the real hfserve server: `half` serves the model
 with half its layers dropped (genuinely faster, genuinely broken), `constant` puts a cheating
-proxy in front of the server (answers ignore the prompt). The scripted proposer tries both
-before an honest batching candidate. The gates must reject both, the store must say why, and
-the best candidate must be the honest one.
+proxy in front of the server (answers ignore the prompt), `cache` a proxy replaying the reply of
+any earlier prompt of the same length (35x "faster" on a bench of equal-length prompts), `split`
+a proxy that scores prompts with the full model but generates with the half one. The scripted
+proposer tries them all before an honest batching candidate. The gates must reject every cheat,
+the store must say why, and the best candidate must be the honest one.
 """
 
 import json
@@ -36,9 +38,15 @@ served_model_name = "tiny"
 source = "{server.parent}"
 ready_timeout_s = 120
 launch = """
-{{% if variant == "constant" %}}
+{{% if variant in ("constant", "cache") %}}
+bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &
+ exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}}
+ --mode {{{{ 'constant' if variant == 'constant' else 'cache_len' }}}} --tokenizer {{{{ model }}}}"
+{{% elif variant == "split" %}}
 bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny &
- exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode constant --tokenizer {{{{ model }}}}"
+ {{{{ python }}}} {server} --model {half} --port {{{{ port + 2 }}}} --served-model-name tiny --batching on &
+ exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode split
+ --generator http://127.0.0.1:{{{{ port + 2 }}}} --tokenizer {{{{ model }}}}"
 {{% else %}}
 {{{{ python }}}} {server} --port {{{{ port }}}} --served-model-name tiny --batching {{{{ batching }}}}
  --model {{% if variant == "half" %}}{half}{{% else %}}{{{{ model }}}}{{% endif %}}
@@ -46,7 +54,7 @@ bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 
 """
 [knobs.variant]
 type = "categorical"
-choices = ["honest", "half", "constant"]
+choices = ["honest", "half", "constant", "cache", "split"]
 default = "honest"
 [knobs.batching]
 type = "categorical"
@@ -56,6 +64,7 @@ default = "off"
     return t
 
 
+@pytest.mark.timeout(1800)  # seven trials with real servers; the generation check judges each
 def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     import gate_damage
 
@@ -65,11 +74,13 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     steps.write_text(json.dumps([
         {"variant": "half", "batching": "on"},
         {"variant": "constant"},
+        {"variant": "cache", "batching": "on"},
+        {"variant": "split", "batching": "on"},
         {"variant": "honest", "batching": "on"},
     ]))
     ws = Workspace(tmp_path, [f'target="{_target(tmp_path, half)}"', f'proposer="scripted:{steps}"',
                               "bench.scale=0.5", "bench.baseline_repeats=1"])
-    outcome = start_run(ws, parse_goal("improve throughput by 1.5x within 6 trials"))
+    outcome = start_run(ws, parse_goal("improve throughput by 1.5x within 8 trials"))
     store = Store(ws.db_url)
     t = {x.number: x for x in store.list_trials(outcome.run_id)}
 
@@ -82,7 +93,15 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     assert integ[0].status == "fail" and "prompt" in integ[0].reason.lower()
     assert not store.measurements(t[2].id), "a rejected candidate is never benchmarked"
 
+    # The length-keyed cache: distinct equal-length prompts all get one reply (integrity), and its
+    # replies are judged against the reference prompt by prompt (accuracy).
+    assert t[3].status == "invalid" and "gate" in t[3].error, t[3].error
+    assert "no_cache" in t[3].error or "gen_" in t[3].error, t[3].error
+    # Scoring by the full model, generating with the half one: only the generation check sees it.
+    assert t[4].status == "invalid" and "accuracy gate" in t[4].error and "gen_" in t[4].error, t[4].error
+    assert not store.measurements(t[3].id) and not store.measurements(t[4].id)
+
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
     assert best.knobs == {"variant": "honest", "batching": "on"} and best.score > 1.5
     md = write_report(store, outcome.run_id, tmp_path / "report").read_text()
-    assert "trial #3" in md and "Gate findings" in md
+    assert "trial #5" in md and "Gate findings" in md

@@ -39,7 +39,13 @@ _now = time.perf_counter_ns
 
 
 def build_payload(api: str, model: str, p: Prompt) -> dict[str, Any]:
-    """OpenAI request body: pinned output length, streaming with usage."""
+    """OpenAI request body: pinned output length, streaming with usage, token ids returned.
+
+    The ids (``return_tokens_as_token_ids`` on the sampled token's logprob) let the client count
+    output tokens exactly: text chunks are not tokens, and re-tokenizing text miscounts (a
+    byte-level tokenizer's half characters arrive as U+FFFD). The accuracy gate sends the same
+    request shape, so a server cannot be honest only when logprobs are asked for.
+    """
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": p.output_tokens,
@@ -47,12 +53,24 @@ def build_payload(api: str, model: str, p: Prompt) -> dict[str, Any]:
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        "return_tokens_as_token_ids": True,
     }
     if api == "chat":
         body["messages"] = [{"role": "user", "content": p.prompt}]
+        body.update(logprobs=True, top_logprobs=0)
     else:
         body["prompt"] = p.prompt
+        body["logprobs"] = 0
     return body
+
+
+def _token_count(ev: dict[str, Any], chat: bool) -> int | None:
+    """Generated tokens this event carries, from its logprobs (None: the event has no logprobs)."""
+    ch = ev.get("choices") or ()
+    lp = ch[0].get("logprobs") if ch else None
+    if not lp:
+        return None
+    return len(lp.get("content") or ()) if chat else len(lp.get("tokens") or ())
 
 
 def _content(ev: dict[str, Any], chat: bool) -> str:
@@ -115,6 +133,9 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | d
                         rec.t_last_token_ns = t
                         rec.chunk_ns.append(t)
                         parts.append(txt)
+                    n_ids = _token_count(ev, chat)
+                    if n_ids is not None:
+                        rec.client_tokens = (rec.client_tokens or 0) + n_ids
                     u = ev.get("usage")
                     if u:
                         rec.usage_prompt_tokens = u.get("prompt_tokens")
@@ -199,14 +220,6 @@ async def _open_loop(session, url, bodies, recs, offsets, cap, chat, timeout_s) 
     await asyncio.gather(*tasks)
 
 
-def _count_tokens(tokenizer: Any, recs: list[RequestRecord]) -> None:
-    if tokenizer is None:
-        return
-    for r in recs:
-        if r.success:
-            r.client_tokens = len(tokenizer.encode(r.text, add_special_tokens=False))
-
-
 async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
                        api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
     """Run warmup (discarded) then the measured requests; always returns a result."""
@@ -247,7 +260,6 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
             await _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
         t1 = _now()
         await lag.stop()
-    _count_tokens(tok, recs)
     metrics = compute_metrics(
         recs, bench_start_ns=t0, bench_end_ns=t1, target_rate=scenario.rate,
         slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms,

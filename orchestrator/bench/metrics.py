@@ -121,11 +121,16 @@ def compute_metrics(
     m["achieved_rate"] = (len(sends) - 1) / span if span > 0 else 0.0
     m["target_rate"] = float(target_rate) if target_rate else 0.0
     # Integrity signals: server usage vs client count; server prompt length vs intended.
+    # Client counts come from token ids only (never re-tokenized text, never chunks: a chunk can
+    # hold several tokens or none); a server that returns no ids is counted as uncounted.
     m["osl_mismatch"] = float(sum(
-        1 for r in ok if r.usage_completion_tokens is not None
-        and r.usage_completion_tokens != (r.client_tokens if r.client_tokens is not None else r.client_chunks)))
+        1 for r in ok if r.usage_completion_tokens is not None and r.client_tokens is not None
+        and r.usage_completion_tokens != r.client_tokens))
     m["osl_usage_missing"] = float(sum(1 for r in ok if r.usage_completion_tokens is None))
-    m["osl_short"] = float(sum(1 for r in ok if r.osl != r.output_tokens))
+    m["osl_uncounted"] = float(sum(1 for r in ok if r.client_tokens is None))
+    # Shorter or longer than asked (every request pins its length with ignore_eos), by either count.
+    m["osl_short"] = float(sum(1 for r in ok if r.osl != r.output_tokens
+                               or (r.client_tokens is not None and r.client_tokens != r.output_tokens)))
     if intended_prompt_check:
         m["isl_mismatch"] = float(sum(1 for r in ok if r.usage_prompt_tokens is not None
                                       and r.usage_prompt_tokens != r.prompt_tokens))

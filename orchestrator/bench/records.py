@@ -23,7 +23,7 @@ class RequestRecord:
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
     client_chunks: int = 0  # content-bearing chunks seen
-    client_tokens: int | None = None  # re-tokenized output length (needs a tokenizer)
+    client_tokens: int | None = None  # output tokens counted from the returned token ids (None: none returned)
     done_seen: bool = False
     success: bool = False
     error: str | None = None  # short reason: timeout, connection_error, http_503, ...

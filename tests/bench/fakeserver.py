@@ -4,8 +4,9 @@ Honours ``max_tokens``, ``ignore_eos`` (always generates max_tokens; without it,
 ``--eos-after`` tokens if set), ``stream_options.include_usage`` (a final usage-only chunk).
 Timing: ``--ttft-ms`` before the first token, ``--tpot-ms`` between tokens.  Each token is the
 word `` wN`` (one token for the whitespace tokenizer made by :func:`make_tokenizer`).
-Fault injection for failure tests: ``--fault {http500,reset,malformed,hang}`` on every
-``--fault-every`` th request.
+Fault injection for failure tests: ``--fault {http500,reset,malformed,hang,usage_lie,short}`` on
+every ``--fault-every`` th request (``usage_lie``: usage reports one token more than streamed;
+``short``: one token fewer than asked, usage agreeing).
 
 Run: ``python tests/bench/fakeserver.py --port 8123 --ttft-ms 20 --tpot-ms 5``.
 """
@@ -63,18 +64,27 @@ async def completions(request: web.Request) -> web.StreamResponse:
     n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     if not body.get("ignore_eos") and st.eos_after is not None:
         n = min(n, st.eos_after)
+    if faulty and st.fault == "short":
+        n -= 1
     plen = _prompt_len(body)
     rid = f"cmpl-{st.count}"
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None = None) -> bytes:
+    lp_asked = body.get("logprobs")
+    want_lp = lp_asked is not None and lp_asked is not False  # completions' logprobs=0 counts as asked
+
+    def chunk(text: str | None, finish: str | None = None, tid: int | None = None) -> bytes:
+        # With logprobs asked for, a token chunk carries its id (vLLM's return_tokens_as_token_ids shape).
+        tokens = [f"token_id:{tid}"] if want_lp and tid is not None else None
         if chat:
             delta = {"content": text} if text is not None else {"role": "assistant", "content": ""}
-            ch = {"index": 0, "delta": delta, "finish_reason": finish}
+            ch = {"index": 0, "delta": delta, "finish_reason": finish,
+                  "logprobs": {"content": [{"token": t, "logprob": 0.0} for t in tokens]} if tokens else None}
         else:
-            ch = {"index": 0, "text": text or "", "finish_reason": finish}
+            ch = {"index": 0, "text": text or "", "finish_reason": finish,
+                  "logprobs": {"tokens": tokens, "token_logprobs": [0.0]} if tokens else None}
         return b"data: " + json.dumps({"id": rid, "object": obj, "created": 0, "model": body.get("model"),
                                        "choices": [ch]}).encode() + b"\n\n"
 
@@ -93,10 +103,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 break
             if st.fault == "hang":
                 await asyncio.sleep(3600)
-        await resp.write(chunk(" " + VOCAB[i % len(VOCAB)], "length" if i == n - 1 else None))
+        await resp.write(chunk(" " + VOCAB[i % len(VOCAB)], "length" if i == n - 1 else None, tid=i % len(VOCAB)))
     opts = body.get("stream_options") or {}
     if opts.get("include_usage"):
-        usage = {"prompt_tokens": plen, "completion_tokens": n, "total_tokens": plen + n}
+        told = n + 1 if faulty and st.fault == "usage_lie" else n
+        usage = {"prompt_tokens": plen, "completion_tokens": told, "total_tokens": plen + told}
         await resp.write(b"data: " + json.dumps({"id": rid, "object": obj, "created": 0, "model": body.get("model"),
                                                  "choices": [], "usage": usage}).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
@@ -146,7 +157,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--ttft-ms", type=float, default=0.0)
     ap.add_argument("--tpot-ms", type=float, default=0.0)
-    ap.add_argument("--fault", choices=("http500", "reset", "malformed", "hang"), default=None)
+    ap.add_argument("--fault", choices=("http500", "reset", "malformed", "hang", "usage_lie", "short"), default=None)
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--eos-after", type=int, default=None)
     ap.add_argument("--empty-first-chunk", action="store_true")

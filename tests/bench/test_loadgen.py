@@ -10,6 +10,7 @@ import pytest
 from conftest import serving
 
 from orchestrator.bench import Scenario, run_scenario, write_exports
+from orchestrator.bench.counts import count_violation
 
 
 def run(app, sc: Scenario, **kw):
@@ -86,7 +87,7 @@ def test_tokenizer_prompts_are_exact_token_ids_with_shared_prefix(tmp_path) -> N
     assert all(isinstance(p, list) and len(p) == 20 for p in seen)
     assert all(p[:12] == seen[0][:12] for p in seen)  # shared prefix
     assert len({tuple(p[12:]) for p in seen}) == 4  # unique suffixes
-    assert all(r.client_tokens == 3 for r in res.requests)  # re-tokenized output count
+    assert all(r.client_tokens == 3 for r in res.requests)  # counted from the returned token ids
 
 
 def test_open_loop_constant_rate_and_exports(tmp_path) -> None:
@@ -146,3 +147,15 @@ def test_prefill_one_token_end_to_end() -> None:
     m = res.metrics
     assert m["completed"] == 3 and m["tpot_ms_count"] == 0 and m["itl_ms_count"] == 0
     assert m["e2e_ms_mean"] == pytest.approx(m["ttft_ms_mean"])
+
+
+@pytest.mark.parametrize("fault, metric", [("usage_lie", "osl_mismatch"), ("short", "osl_short")])
+def test_token_counts_from_ids_make_a_lying_or_short_server_invalid(fault: str, metric: str) -> None:
+    sc = Scenario(name="n", prompt_tokens=4, output_tokens=5, num_requests=4, warmup_requests=0)
+    honest = run(fakeserver.make_app(), sc)
+    assert count_violation(honest.metrics, "n") is None
+    assert all(r.client_tokens == 5 for r in honest.requests)  # one id per streamed token
+    res = run(fakeserver.make_app(fault=fault, fault_every=2), sc)
+    assert res.metrics[metric] == 2 and res.metrics["failed"] == 0  # the requests themselves succeed
+    verdict = count_violation(res.metrics, "n")
+    assert verdict is not None and verdict.startswith("token counts in n:")

@@ -50,8 +50,23 @@ def test_tpot_uses_usage_osl_not_chunk_count() -> None:
     assert r.osl == 4
     assert r.tpot_ns == pytest.approx(30 * MS / 3)
     m = compute_metrics([r], bench_start_ns=0, bench_end_ns=100 * MS)
-    assert m["osl_mismatch"] == 1  # usage 4 vs 2 chunks counted by the client: integrity signal
+    # Chunks are not tokens: without returned ids the request is uncounted, not a mismatch.
+    assert m["osl_mismatch"] == 0 and m["osl_uncounted"] == 1
     assert m["itl_ms_mean"] == pytest.approx(30)  # inter-chunk, not per token
+
+
+def test_usage_that_disagrees_with_the_counted_ids_is_flagged() -> None:
+    liar = rec(0, tokens=(50, 80), usage=8, client_tokens=4)
+    honest = rec(1, tokens=(50, 80), usage=4, client_tokens=4)
+    m = compute_metrics([liar, honest], bench_start_ns=0, bench_end_ns=100 * MS)
+    assert m["osl_mismatch"] == 1 and m["osl_uncounted"] == 0
+    assert m["osl_short"] == 1  # the liar's usage also says 8 tokens where 4 were asked
+
+
+def test_outputs_shorter_than_asked_are_flagged_even_when_usage_agrees() -> None:
+    short = rec(0, tokens=(50, 80), usage=3, client_tokens=3, out=4)
+    m = compute_metrics([short], bench_start_ns=0, bench_end_ns=100 * MS)
+    assert m["osl_mismatch"] == 0 and m["osl_short"] == 1
 
 
 def test_one_token_output_has_no_tpot() -> None:

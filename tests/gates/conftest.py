@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from gate_servers import (
     CHEATS,
+    FLAWED_SPECS,
+    GEN_PROXIES,
     PROXY_MODES,
     SERVED_NAME,
     SERVER,
@@ -24,9 +26,15 @@ from gate_servers import (
     free_port,
     model_name,
     spawn,
+    start_fleet,
     stop,
+    stop_fleet,
     wait_healthy,
 )
+
+# Honest configurations beyond the main fleet's fp32/fp16/bf16/batched (the calibration script
+# runs all of them over 20 seeds; here each once).
+EXTRA_HONEST = ("manual", "static", "sdpa")
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +103,18 @@ def fleet(model_variants: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     finally:
         for s in started.values():
             stop(s.proc)
+
+
+@pytest.fixture(scope="session")
+def gen_fleet(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """The generation check's cases: honest configurations, flawed decode paths and cheating
+    proxies (in front of an fp32 server). Independent of ``fleet``, so the generation tests alone
+    start only what they judge."""
+    if not SERVER.exists():
+        pytest.skip(f"{SERVER} not present yet")
+    names = [*EXTRA_HONEST, "bf16", "batched", *FLAWED_SPECS, *GEN_PROXIES]
+    started = start_fleet(names, model_dir, tmp_path_factory.mktemp("genlogs"))
+    try:
+        yield started
+    finally:
+        stop_fleet(started)

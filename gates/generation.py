@@ -1,0 +1,256 @@
+"""Generation check: what the server *generates*, judged by the float32 reference.
+
+The teacher-forced check (:mod:`gates.accuracy`) judges how a server scores prompts. A server
+can be honest there and broken where the bench looks: decoding with a smaller model, a buggy
+quantized or speculative decode, a batching bug that only shows under concurrency, or a
+response cache. This check sends greedy generation requests and judges every continuation.
+
+Prompts: ``pairs`` pairs of held-out windows, all of one token length and all distinct. The
+second prompt of a pair shares all but its last ``tail_tokens`` ids with the first, so a cache
+keyed on the prompt's length or on a prefix answers it with the first prompt's continuation.
+The first prompts go out *together* (so a batching server decodes them in one batch), the
+second ones one at a time afterwards; the request shapes (completions / chat, streamed / not)
+rotate over the prompts. Every request asks for ``new_tokens`` tokens with ``ignore_eos`` and
+returns its token ids (``return_tokens_as_token_ids`` with logprobs), so counts are exact.
+
+Per continuation, the reference scores the served tokens teacher-forced and generates its own
+greedy continuation. Metrics (limits in ``gates/thresholds.toml``):
+
+* ``gen_offtop_rate`` - served tokens whose reference log-prob is more than ``margin`` below the
+  reference's top-1 at that position. An honest server in bf16 or batched flips greedy tokens
+  only at near-ties (inside the margin) and is judged on its own history afterwards.
+* ``gen_offtop_worst`` - the same rate for the worst single prompt: prompt dependence is judged
+  prompt by prompt, so one prompt answered with another's continuation shows.
+* ``gen_nll_excess`` - reference NLL per token of the served continuation minus that of the
+  reference's own greedy continuation.
+* ``gen_prefix_short`` - 1 - mean fraction of the continuation that agrees with the reference's
+  greedy continuation from the start (soft signal: an honest near-tie flip ends the prefix).
+
+A count that differs from ``new_tokens``, a usage that differs from the counted ids, or a
+prompt whose ids the server reports differently is a failure outright (:class:`GenerationError`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from gates._http import GateHTTPError, post_json, post_stream
+
+__all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "reference_greedy", "summarize_generation"]
+
+_GREEDY_LOCK = threading.Lock()
+# (model id, prompt ids, new tokens) -> (greedy ids, their reference NLL per token). The reference
+# model is deterministic, so a prompt seen again (a relaunch judged with the same seed, a chat
+# prompt shared by modes) is never recomputed.
+_GREEDY_CACHE: dict[tuple[int, tuple[int, ...], int], tuple[list[int], float]] = {}
+SHAPES = (("completions", False), ("completions", True), ("chat", True), ("chat", False))
+
+
+class GenerationError(ValueError):
+    """The server's generation reply is wrong in a way no tolerance covers (counts, usage)."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One generation request of the check."""
+
+    content_ids: list[int]
+    """The held-out window (completions send BOS + these ids; chat sends their text)."""
+    api: str
+    stream: bool
+    concurrent: bool
+
+
+def draw_probes(heldout: Sequence[int], rng: random.Random, *, pairs: int, length: int, tail: int,
+                chat: bool) -> list[Probe]:
+    """``2 * pairs`` distinct prompts of ``length`` ids; the second of a pair shares the first's prefix."""
+    if len(heldout) <= 2 * length or not 0 < tail < length:
+        raise ValueError(f"held-out text of {len(heldout)} tokens cannot give windows of {length} with tail {tail}")
+    shapes = [s for s in SHAPES if chat or s[0] == "completions"]
+    firsts: list[list[int]] = []
+    seconds: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(firsts) < pairs:
+        a = list(heldout[(s := rng.randrange(len(heldout) - length)):s + length])
+        t = rng.randrange(len(heldout) - tail)
+        b = a[:length - tail] + list(heldout[t:t + tail])
+        if tuple(a) in seen or tuple(b) in seen or a == b or b[-1] == a[-1]:
+            continue
+        seen.update({tuple(a), tuple(b)})
+        firsts.append(a)
+        seconds.append(b)
+    # A pair keeps one request shape, so a cache keyed on (shape, prefix or length) is hit too.
+    probes = [Probe(a, *shapes[i % len(shapes)], concurrent=True) for i, a in enumerate(firsts)]
+    probes += [Probe(b, *shapes[i % len(shapes)], concurrent=False) for i, b in enumerate(seconds)]
+    return probes
+
+
+def _ids_of(tokens: Sequence[str] | None) -> list[int]:
+    out = []
+    for t in tokens or ():
+        if not isinstance(t, str) or not t.startswith("token_id:"):
+            raise GenerationError(f"server returned token {t!r} instead of 'token_id:N' (return_tokens_as_token_ids)")
+        out.append(int(t.split(":", 1)[1]))
+    return out
+
+
+def _chat_tokens(lp: Mapping[str, Any] | None) -> list[str]:
+    return [c.get("token") for c in ((lp or {}).get("content") or [])]
+
+
+def _send(base_url: str, model: str, probe: Probe, prompt: Any, n: int, timeout: float) -> tuple[list[int], dict | None]:
+    """Send one greedy request; return (generated ids, usage) exactly as the server delivered them."""
+    body: dict[str, Any] = {"model": model, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+                            "return_tokens_as_token_ids": True}
+    chat = probe.api == "chat"
+    if chat:
+        body.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=0)
+    else:
+        body.update(prompt=prompt, logprobs=0)
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    if not probe.stream:
+        reply, _ = post_json(base_url, path, body, timeout=timeout)
+        lp = reply["choices"][0].get("logprobs")
+        return _ids_of(_chat_tokens(lp) if chat else (lp or {}).get("tokens")), reply.get("usage")
+    events = post_stream(base_url, path, {**body, "stream": True, "stream_options": {"include_usage": True}},
+                         timeout=timeout)
+    ids: list[int] = []
+    usage = None
+    for ev in events:
+        if ev.get("error"):
+            raise GateHTTPError(f"stream error: {str(ev['error'])[:200]}")
+        for ch in ev.get("choices") or ():
+            lp = ch.get("logprobs")
+            ids += _ids_of(_chat_tokens(lp) if chat else (lp or {}).get("tokens"))
+        usage = ev.get("usage") or usage
+    return ids, usage
+
+
+def reference_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """The reference's own greedy continuation of ``n`` tokens (EOS ignored) and its NLL per token."""
+    import torch
+
+    key = (id(model), tuple(prompt), n)
+    with _GREEDY_LOCK:
+        if key in _GREEDY_CACHE:
+            return _GREEDY_CACHE[key]
+    # transformers renamed `past_key_values` to `cache` (5.2x); accept both.
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids = list(prompt)
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        total = 0.0
+        for step in range(n):
+            lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            tok = int(torch.argmax(lp))
+            total -= float(lp[tok])
+            ids.append(tok)
+            if step + 1 < n:
+                cache = getattr(out, "cache", None)
+                cache = cache if cache is not None else getattr(out, "past_key_values", None)
+                out = model(torch.tensor([[tok]]), use_cache=True, **{cache_kw: cache})
+    result = (ids[len(prompt):], total / n)
+    with _GREEDY_LOCK:
+        _GREEDY_CACHE[key] = result
+    return result
+
+
+def _score(model: Any, prompt: list[int], served: list[int]) -> tuple[list[float], float]:
+    """Teacher-forced on the served tokens: per position the gap to the reference's top-1, and NLL per token."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + served])).logits[0].float()
+    rows = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
+    chosen = rows.gather(-1, torch.tensor(served)[:, None])[:, 0]
+    gap = rows.max(dim=-1).values - chosen
+    return gap.tolist(), float(-chosen.mean())
+
+
+def _prompt_of(probe: Probe, tok: Any) -> tuple[Any, list[int]]:
+    """(what to send, the prompt ids the server should see) for a probe."""
+    if probe.api == "chat":
+        text = tok.decode(probe.content_ids)
+        templated = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=False)
+        return text, list(tok(templated, add_special_tokens=False)["input_ids"])
+    bos = getattr(tok, "bos_token_id", None)
+    ids = ([bos] if bos is not None else []) + probe.content_ids
+    return ids, ids
+
+
+def check_generation(base_url: str, served_model: str, model: Any, tok: Any, probes: Sequence[Probe],
+                     cfg: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Run every probe against the server and score it; returns (metrics, per-prompt records).
+
+    Raises:
+        GenerationError: a count, usage or prompt length that disagrees with the request.
+        GateHTTPError, KeyError, IndexError, TypeError: the server failed or answered malformed.
+    """
+    n, timeout, margin = int(cfg["new_tokens"]), float(cfg["timeout_s"]), float(cfg["margin"])
+    prompts = [_prompt_of(p, tok) for p in probes]
+    replies: list[tuple[list[int], dict | None] | None] = [None] * len(probes)
+    together = [i for i, p in enumerate(probes) if p.concurrent]
+    with ThreadPoolExecutor(max_workers=max(1, len(together))) as pool:
+        futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout)
+                   for i in together}
+        for i, fut in futures.items():
+            replies[i] = fut.result()
+    for i, p in enumerate(probes):
+        if not p.concurrent:
+            replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout)
+
+    records: list[dict[str, Any]] = []
+    for probe, (_, prompt_ids), reply in zip(probes, prompts, replies, strict=True):
+        assert reply is not None
+        served, usage = reply
+        shape = f"{probe.api}{' stream' if probe.stream else ''}{' concurrent' if probe.concurrent else ''}"
+        if len(served) != n:
+            raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
+        if not usage or usage.get("completion_tokens") != n:
+            raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
+                                  f"but {n} token ids delivered")
+        if probe.api == "completions" and usage.get("prompt_tokens") != len(prompt_ids):
+            raise GenerationError(f"{shape}: usage prompt_tokens={usage.get('prompt_tokens')} for a prompt "
+                                  f"of {len(prompt_ids)} ids")
+        greedy, nll_ref = reference_greedy(model, prompt_ids, n)
+        gaps, nll = _score(model, prompt_ids, served)
+        prefix = next((j for j, (a, b) in enumerate(zip(served, greedy, strict=True)) if a != b), n)
+        records.append({"shape": shape, "concurrent": probe.concurrent, "offtop": sum(g > margin for g in gaps),
+                        "gaps": sorted(round(g, 3) for g in gaps if g > 1e-6), "prefix": prefix,
+                        "nll": nll, "nll_ref": nll_ref})
+    return summarize_generation(records, n), records
+
+
+def summarize_generation(records: Sequence[Mapping[str, Any]], n: int) -> dict[str, float]:
+    """Metrics over all prompts; the rates that can hide in one phase are the worse of the two phases.
+
+    A batching bug touches only the concurrent phase and a cache only the sequential one; averaging
+    over both would halve their signal.
+    """
+    groups = [[r for r in records if r["concurrent"] == c] for c in (True, False)]
+    groups = [g for g in groups if g] or [list(records)]
+
+    def offtop(rs: Sequence[Mapping[str, Any]]) -> float:
+        return sum(r["offtop"] for r in rs) / (len(rs) * n)
+
+    def excess(rs: Sequence[Mapping[str, Any]]) -> float:
+        return sum(r["nll"] - r["nll_ref"] for r in rs) / len(rs)
+
+    def short(rs: Sequence[Mapping[str, Any]]) -> float:
+        return 1.0 - sum(r["prefix"] for r in rs) / (len(rs) * n)
+
+    return {
+        "gen_prompts": float(len(records)),
+        "gen_offtop_rate": max(offtop(g) for g in groups),
+        "gen_offtop_worst": max(r["offtop"] for r in records) / n,
+        "gen_nll_excess": max(excess(g) for g in groups),
+        "gen_nll_excess_worst": max(r["nll"] - r["nll_ref"] for r in records),
+        "gen_prefix_short": max(short(g) for g in groups),
+    }
