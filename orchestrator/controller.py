@@ -3,6 +3,11 @@
 Stops are exceptions (`GoalMet`, `BudgetExhausted`, `Stalled`, `ProposerExhausted`, and the
 gate suite's `GateTampered`), so the loop body stays straight-line. Every decision is in the
 store before the next one is taken; `resume` needs nothing else.
+
+On a shared host a baseline measured once is not a baseline: the baseline is re-measured
+(`sentinel` trials) every few trials and whenever the host's state moved, each candidate is
+judged against the newest one, and a claim (goal met; the best of a run that stopped) rests on
+a paired A/B confirmation on fresh servers (`orchestrator.paired`), never on the search's screen.
 """
 
 from __future__ import annotations
@@ -12,12 +17,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.measure import idle_state, scale_refusal, state_change
+from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
 from orchestrator.proposers import Candidate, Proposer
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
+from orchestrator.why import why_data
 
 __all__ = ["BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Stalled", "StopRun"]
 
-CONFIRM = "confirm"
+CONFIRM = "confirm"  # runs before paired confirmation: one clean relaunch
+SENTINEL = "sentinel"
+BASELINES = ("baseline", SENTINEL)
+NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL)
+""""Proposers" of trials the loop adds itself: not counted in the trial budget, never the best."""
 
 
 class StopRun(Exception):
@@ -40,6 +52,10 @@ class ProposerExhausted(StopRun):
     pass
 
 
+class Refused(StopRun):
+    """The run cannot give a trustworthy answer as configured (e.g. a bench scale too small)."""
+
+
 @dataclass
 class Baseline:
     samples: dict[str, list[float]]
@@ -48,6 +64,10 @@ class Baseline:
     """objective label -> mean baseline value."""
     noise: float
     """Largest relative spread between baseline repeats (0.0 with one repeat)."""
+    trial: int = 0
+    """Number of the baseline (or sentinel) trial these values come from."""
+    host: dict[str, Any] | None = None
+    """The host's state while it was measured (others' CPU share, GPU clocks)."""
 
 
 class Controller:
@@ -70,6 +90,9 @@ class Controller:
         self.store.set_run_status(run_id, "running")
         try:
             verify()
+            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust)
+            if refusal:
+                raise Refused(refusal)
             for trial in self.store.unfinished_trials(run_id):  # resume: redo what a kill interrupted
                 self.store.add_event(run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
                 self.store.reset_trial(trial.id)
@@ -79,15 +102,20 @@ class Controller:
                 self._execute(self._create(baseline), baseline)
             while True:
                 self._check_budget()
+                self._sentinel_if_needed()
                 self.ctx.on_step("propose")
                 t0 = _now()
-                candidate = self.proposer.propose(self._history(), self.ctx.target)
+                # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
+                search = [t for t in self._history() if t.proposer not in NOT_SEARCH]
+                candidate = self.proposer.propose(search, self.ctx.target)
                 if candidate is None:
                     raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
                 candidate = Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
                 self._execute(self._create(candidate), candidate, propose_s=_now() - t0)
         except StopRun as stop:
             reason = f"{type(stop).__name__}: {stop}"
+            if not isinstance(stop, (GoalMet, Refused)):
+                reason += self._confirm_best()
             self.store.set_run_status(run_id, "finished", stop_reason=reason)
             self.store.add_event(run_id, "stop", reason)
             return reason
@@ -118,13 +146,17 @@ class Controller:
         )
 
     def _execute(self, trial: Any, candidate: Candidate, propose_s: float = 0.0) -> None:
-        is_baseline = trial.number == 0
+        if trial.proposer == PAIRED:  # an interrupted paired round: the confirmation restarts whole
+            self.store.finish_trial(trial.id, "invalid", error="interrupted paired round; not used")
+            return
+        is_baseline = trial.number == 0 or trial.proposer in BASELINES
         baseline = None if is_baseline else self._baseline()
         try:
             result = run_trial(
                 self.ctx, trial, candidate,
                 repeats=self.baseline_repeats if is_baseline else self.repeats,
                 remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
+                host_ref=None if baseline is None else baseline.host,
             )
         except Exception as e:
             if type(e).__name__ == "GateTampered":  # the trial cannot count: say so, then stop the run
@@ -135,20 +167,24 @@ class Controller:
         self.ctx.on_step("record")
         t_rec = _now()
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
-        if status == "kept" and trial.proposer != CONFIRM and (score or 0) >= self._best_score():
+        if status == "kept" and trial.proposer not in NOT_SEARCH and (score or 0) >= self._best_score():
             self.store.set_best_trial(self.ctx.run_id, trial.id)
         timings["record"] = _now() - t_rec
         timings["total"] = timings.get("trial", 0.0) + timings["record"] + timings.get("propose", 0.0)
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
+        self._record_why(trial, status, score, result.error, baseline, screen_met=met)
+        if is_baseline and status == "kept" and trial.number == 0:
+            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust,
+                                    result.metrics, margin=self._smallest_step())
+            if refusal:
+                raise Refused(refusal)
         finished = self.store.get_trial(trial.id)
         self.on_trial(finished)
         if status == "kept" and met:
-            if trial.proposer == CONFIRM:
-                original = self.store.get_trial_by_number(self.ctx.run_id, int(trial.rationale.rsplit("#", 1)[1]))
-                self.store.set_best_trial(self.ctx.run_id, original.id)  # the confirmed winner is the answer
-                raise GoalMet(f"{trial.rationale.split(': ')[-1]} meets every objective, confirmed by a clean relaunch (#{trial.number})")
-            confirm = Candidate(candidate.knobs, commit=candidate.commit, rationale=f"confirm by a clean relaunch: #{trial.number}", proposer=CONFIRM)
-            self._execute(self._create(confirm), confirm)
+            paired = self._confirm_paired(finished, candidate)
+            if paired["met"]:
+                self.store.set_best_trial(self.ctx.run_id, trial.id)  # the confirmed winner is the answer
+                raise GoalMet(f"#{trial.number} meets every objective: paired speedup {describe(paired)} on fresh servers")
 
     def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
         """(status, score, objective values, whether the performance gate says the goal is met)."""
@@ -157,13 +193,14 @@ class Controller:
             return r.status_hint, None, objective, False
         if baseline is None:
             return "kept", 1.0, objective, False
+        if trial.proposer == CONFIRM:  # a run from before paired confirmation, resumed
+            return "discarded", self._score(r, baseline), objective, False
         score = self._score(r, baseline)
         perf = self._perf_gate(r, baseline)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
-        met = perf.status == "pass"
-        if trial.proposer == CONFIRM:
-            return ("kept" if met else "discarded"), score, objective, met
+        # The screen can only say "possibly met": the paired A/B confirmation decides (see _execute).
+        met = perf.status != "fail"
         # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
         if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
             return "discarded", score, objective, met
@@ -222,13 +259,17 @@ class Controller:
         return abs(self._score(r, baseline) / threshold - 1) < max(baseline.noise, 0.01)
 
     def _best_score(self) -> float:
-        kept = [t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score and t.proposer != CONFIRM]
+        kept = [t.score for t in self.store.list_trials(self.ctx.run_id)
+                if t.status == "kept" and t.score and t.proposer not in NOT_SEARCH and t.number]
         return max(kept, default=1.0)
 
     def _baseline(self) -> Baseline:
+        """The newest good baseline measurement (trial #0 or a sentinel): candidates are judged against it."""
         t0 = self.store.get_trial_by_number(self.ctx.run_id, 0)
         if t0 is None or t0.status != "kept":
             raise StopRun(f"the baseline trial failed ({t0.error if t0 else 'missing'}); fix the target and start a new run")
+        sentinels = [t for t in self.store.list_trials(self.ctx.run_id) if t.proposer == SENTINEL and t.status == "kept"]
+        t0 = sentinels[-1] if sentinels else t0
         samples: dict[str, list[float]] = {}
         for m in self.store.measurements(t0.id):
             for o in self.ctx.goal.objectives:
@@ -236,13 +277,75 @@ class Controller:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
         values = {k: sum(v) / len(v) for k, v in samples.items()}
         noise = max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
-        return Baseline(samples=samples, values=values, noise=noise)
+        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number, host=self._host_of(t0.id))
+
+    # --- trusting the numbers --------------------------------------------------------------
+    def _host_of(self, trial_id: int) -> dict[str, Any] | None:
+        """The host's state during a trial's used measurements: others' mean CPU share, last GPU state."""
+        wins = [(e.data or {}).get("window") or {} for e in self.store.events(self.ctx.run_id, kind="measure.host")
+                if e.trial_id == trial_id and not (e.data or {}).get("untrusted")]
+        wins = [w for w in wins if "foreign_load" in w]
+        if not wins:
+            return None
+        mean = {k: sum(w[k] for w in wins) / len(wins) for k in ("foreign_load", "own_load", "foreign_cpu")}
+        return mean | {"gpus": wins[-1].get("gpus") or []}
+
+    def _sentinel_if_needed(self) -> None:
+        """Re-measure the baseline every few trials, and at once when the host's state moved."""
+        base = self._baseline()
+        since = [t for t in self._history() if t.number > base.trial and t.proposer not in NOT_SEARCH]
+        reason = None
+        if len(since) >= self.ctx.trust.sentinel_every:
+            reason = f"{len(since)} trials since baseline #{base.trial}"
+        else:
+            self.ctx.on_step("host probe")
+            reason = state_change(idle_state(self.ctx.host, self.ctx.trust.probe_s), base.host, self.ctx.trust)
+        if reason:
+            self.store.add_event(self.ctx.run_id, "sentinel", f"baseline re-measured: {reason}")
+            c = Candidate(self.ctx.target.baseline_knobs(), rationale=f"baseline sentinel: {reason}", proposer=SENTINEL)
+            self._execute(self._create(c), c)
+
+    def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
+        """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
+        out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create).to_dict()
+        self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
+                             data=out, trial_id=trial.id)
+        if out["score"]:  # the trial's number becomes the paired one: it is the better estimate
+            self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
+                                    error=trial.error, timings=trial.timings)
+        self._record_why(self.store.get_trial(trial.id), trial.status, out["score"] or trial.score, trial.error,
+                         self._baseline(), paired=out, screen_met=True)
+        return out
+
+    def _confirm_best(self) -> str:
+        """At a stop without a met goal: the best kept candidate's paired ratio, for the stop reason."""
+        run = self.store.get_run(self.ctx.run_id)
+        best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
+        if best is None or best.number == 0:
+            return ""
+        paired = latest_paired(self.store, self.ctx.run_id, best.id) or self._confirm_paired(best, _candidate_of(best))
+        return f"; best #{best.number}: paired speedup {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
+
+    def _smallest_step(self) -> float:
+        """The smallest relative change the goal asks a measurement to resolve."""
+        steps = [o.speedup(o.target_for(1.0), 1.0) - 1 for o in self.ctx.goal.objectives if o.kind == "relative"]
+        return min([*steps, self.min_gain * 3])
+
+    def _record_why(self, trial: Any, status: str, score: float | None, error: str | None, baseline: Baseline | None,
+                    paired: dict[str, Any] | None = None, screen_met: bool = False) -> None:
+        best = max([t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score
+                    and t.proposer not in NOT_SEARCH and t.number and t.id != trial.id], default=1.0)
+        d = why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
+                     min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
+                     baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
+                     error=error, paired=paired, screen_met=screen_met)
+        self.store.add_event(self.ctx.run_id, "trial.why", d["sentence"], data=d, trial_id=trial.id)
 
     def _history(self) -> list[Any]:
         return self.store.list_trials(self.ctx.run_id)
 
     def _check_budget(self) -> None:
-        trials = [t for t in self._history() if t.proposer != CONFIRM]
+        trials = [t for t in self._history() if t.proposer not in NOT_SEARCH]
         budget = self.ctx.goal.budget
         if budget.trials is not None and len(trials) >= budget.trials:
             raise BudgetExhausted(f"{len(trials)} trials run, the budget was {budget.trials}")

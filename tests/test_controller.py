@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # launches (fake) servers
 @pytest.fixture
 def fake_ws(tmp_path, tiny_model):
     target = write_fake_target(
-        tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9),
+        tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9, 2.0),
         extra_launch='{% if fault != "none" %} --fault {{ fault }} {% endif %}',
         extra_knobs='[knobs.fault]\ntype = "categorical"\nchoices = ["none", "http500", "hang", "crash"]\ndefault = "none"',
     )
@@ -42,19 +42,31 @@ def _trials(ws, run_id):
     return {t.number: t for t in Store(ws.db_url).list_trials(run_id)}
 
 
-def test_goal_met_is_confirmed_by_a_clean_relaunch(fake_ws):
-    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 4.0}, {"tpot_ms": 7.9}])
+def test_goal_met_is_confirmed_by_paired_ab_on_fresh_servers(fake_ws):
+    # 8 -> 2 ms is 4x by design; on a loaded host every sleep overruns a little, so the measured
+    # ratio is lower (2-3x) but stays clear of the goal's 1.67x.
+    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 2.0}, {"tpot_ms": 7.9}])
     out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 6 trials"))
-    t = _trials(ws, out.run_id)
-    assert t[1].status == "kept" and 1.2 < t[1].score < 1.45  # 8 -> 6 ms: better, not enough
-    assert t[2].status == "kept" and t[2].score > 1.7  # 8 -> 4 ms: meets the 40% cut
-    assert t[3].proposer == "confirm" and t[3].knobs == t[2].knobs and t[3].status == "kept"
-    assert 4 not in t, "the run stops once the goal is confirmed"
-    assert out.stop_reason.startswith("GoalMet") and "#2" in out.stop_reason
+    trials = Store(ws.db_url).list_trials(out.run_id)
+    t = {x.number: x for x in trials}
+    assert t[1].status == "kept" and t[1].score < 1.45  # 8 -> 6 ms: better, not enough
+    assert t[2].status == "kept" and t[2].score > 1.7  # meets the 40% cut
+    # The claim rests on A B A B rounds on fresh servers, not on trial #2's own number.
+    pairs = [x for x in trials if x.proposer == "paired" and x.status == "kept"]
+    assert len(pairs) >= 6 and [p.knobs["tpot_ms"] for p in pairs[:2]] == [8.0, 2.0]
+    assert not [x for x in trials if x.knobs.get("tpot_ms") == 7.9], "the run stops once the goal is confirmed"
+    assert out.stop_reason.startswith("GoalMet") and "#2" in out.stop_reason and "paired" in out.stop_reason
     store = Store(ws.db_url)
     assert store.get_run(out.run_id).best_trial_id == t[2].id
-    perf = {n: [g.status for g in store.gate_results(t[n].id) if g.gate == "performance"] for n in (1, 2, 3)}
-    assert perf == {1: ["fail"], 2: ["pass"], 3: ["pass"]}
+    paired = [e.data for e in store.events(out.run_id, kind="paired")]
+    assert len(paired) == 1 and paired[0]["met"] and paired[0]["lo"] >= 1 / 0.6
+    assert paired[0]["lo"] <= paired[0]["score"] <= paired[0]["hi"]
+    assert abs(t[2].score - paired[0]["score"]) < 1e-9, "the trial's score is the paired ratio"
+    perf = {n: [g.status for g in store.gate_results(t[n].id) if g.gate == "performance"] for n in (1, 2)}
+    assert perf[1] == ["fail"] and perf[2][-1] in ("pass", "remeasure")
+    # Every used measurement carries the host's state.
+    hosts = [e for e in store.events(out.run_id, kind="measure.host") if e.trial_id == t[2].id]
+    assert hosts and {"load1", "steal", "foreign_load", "client_cpu"} <= set(hosts[0].data["window"])
 
 
 def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):

@@ -64,6 +64,12 @@ class Host(Protocol):
 
     def free_port(self) -> int: ...
 
+    def host_state(self, proc: Proc | None = None, *, gpus: bool = True) -> dict:
+        """Load, CPU counters, run queue and (with `gpus`) GPU clocks/temperature/memory now
+        (`orchestrator.hosts.state.snapshot`); `proc`'s group is the server under test, whose CPU
+        and runnable threads are not counted as other tenants' load."""
+        ...
+
 
 def get_host(spec: str, *, state_dir: str | Path) -> Host:
     """Pick a host by string key: `local` (default)."""

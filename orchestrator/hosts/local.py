@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.state import snapshot
 
 __all__ = ["LocalHost", "log_tail"]
 
@@ -170,6 +171,9 @@ class LocalHost:
             except metadata.PackageNotFoundError:
                 pass
         return fp
+
+    def host_state(self, proc: Proc | None = None, *, gpus: bool = True) -> dict:
+        return snapshot(self.group_pids(proc) if proc is not None else (), gpus=gpus)
 
     def free_port(self) -> int:
         with socket.socket() as s:
