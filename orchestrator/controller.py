@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.measure import idle_state, scale_refusal, state_change
+from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
 from orchestrator.proposers import Candidate, Proposer
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
@@ -199,8 +199,11 @@ class Controller:
         perf = self._perf_gate(r, baseline)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
-        # The screen can only say "possibly met": the paired A/B confirmation decides (see _execute).
-        met = perf.status != "fail"
+        # The screen can only say "possibly met" (passed, or borderline with every objective met on
+        # the point estimate); the paired A/B confirmation decides (see _execute).
+        met = perf.status == "pass" or (perf.status == "remeasure" and all(
+            o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
+            for o in self.ctx.goal.objectives))
         # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
         if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
             return "discarded", score, objective, met
@@ -277,19 +280,9 @@ class Controller:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
         values = {k: sum(v) / len(v) for k, v in samples.items()}
         noise = max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
-        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number, host=self._host_of(t0.id))
+        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number, host=host_during(self.store, self.ctx.run_id, t0.id))
 
     # --- trusting the numbers --------------------------------------------------------------
-    def _host_of(self, trial_id: int) -> dict[str, Any] | None:
-        """The host's state during a trial's used measurements: others' mean CPU share, last GPU state."""
-        wins = [(e.data or {}).get("window") or {} for e in self.store.events(self.ctx.run_id, kind="measure.host")
-                if e.trial_id == trial_id and not (e.data or {}).get("untrusted")]
-        wins = [w for w in wins if "foreign_load" in w]
-        if not wins:
-            return None
-        mean = {k: sum(w[k] for w in wins) / len(wins) for k in ("foreign_load", "own_load", "foreign_cpu")}
-        return mean | {"gpus": wins[-1].get("gpus") or []}
-
     def _sentinel_if_needed(self) -> None:
         """Re-measure the baseline every few trials, and at once when the host's state moved."""
         base = self._baseline()
@@ -307,7 +300,8 @@ class Controller:
 
     def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
         """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
-        out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create).to_dict()
+        out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
+                         on_trial=self.on_trial).to_dict()
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
                              data=out, trial_id=trial.id)
         if out["score"]:  # the trial's number becomes the paired one: it is the better estimate

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.bench.saturation import SaturationPolicy, saturation_reasons
 from orchestrator.hosts.state import RunQueueSampler, contention, window
 
-__all__ = ["TrustPolicy", "bench_trusted", "busier_reason", "idle_state", "min_requests_for", "slowdown", "scale_refusal", "state_change"]
+__all__ = ["TrustPolicy", "bench_trusted", "busier_reason", "host_during", "idle_state", "min_requests_for", "slowdown", "scale_refusal", "state_change"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,17 @@ def state_change(now: dict[str, Any], ref: dict[str, Any] | None, policy: TrustP
         if tot and abs(g_now.get("mem_used_mib", 0) - g_ref.get("mem_used_mib", 0)) / tot > policy.state_change:
             return f"GPU {i} memory used by others moved {g_ref.get('mem_used_mib', 0):.0f} -> {g_now.get('mem_used_mib', 0):.0f} MiB"
     return None
+
+
+def host_during(store: Any, run_id: int, trial_id: int) -> dict[str, Any] | None:
+    """The host's state during a trial's used measurements (mean run-queue loads, last GPU state)."""
+    wins = [(e.data or {}).get("window") or {} for e in store.events(run_id, kind="measure.host")
+            if e.trial_id == trial_id and not (e.data or {}).get("untrusted")]
+    wins = [w for w in wins if "foreign_load" in w]
+    if not wins:
+        return None
+    mean = {k: sum(w.get(k, 0.0) for w in wins) / len(wins) for k in ("foreign_load", "own_load", "foreign_cpu")}
+    return mean | {"gpus": wins[-1].get("gpus") or []}
 
 
 def idle_state(host: Any, seconds: float) -> dict[str, Any]:

@@ -50,11 +50,13 @@ class PairedOutcome:
         return asdict(self)
 
 
-def describe(p: dict[str, Any] | PairedOutcome) -> str:
-    """`2.31x [2.10, 2.52] (90%, 3 paired rounds)`."""
+def describe(p: dict[str, Any] | PairedOutcome, *, short: bool = False) -> str:
+    """`2.31x [2.10, 2.52] (90%, 3 paired rounds)`; `short`: `2.31x [2.10, 2.52]`."""
     d = p.to_dict() if isinstance(p, PairedOutcome) else p
     if not d.get("score"):
-        return f"not confirmed ({d.get('why', '')[:160]})"
+        return "not confirmed" if short else f"not confirmed ({d.get('why', '')[:160]})"
+    if short:
+        return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}]"
     return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}] ({d['confidence']:.0%}, {d['rounds']} paired rounds)"
 
 
@@ -65,10 +67,11 @@ def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[
 
 
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
-               create: Any, *, thresholds: dict[str, Any] | None = None) -> PairedOutcome:
+               create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None) -> PairedOutcome:
     """Measure A B A B ... on fresh servers and judge the goal on the paired ratios.
 
-    `create(Candidate) -> trial row` makes the store rows (the controller numbers them)."""
+    `create(Candidate) -> trial row` makes the store rows (the controller numbers them);
+    `on_trial(record)` is told of each finished row, like every other trial of the run."""
     cfg = section(thresholds, "performance")
     first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
     store, n = ctx.store, candidate_trial.number
@@ -85,7 +88,7 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
             res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0))
             halves.append((row, res))
             if res.error:
-                store.finish_trial(row.id, res.status_hint, error=res.error, timings=res.timings)
+                on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
                 return _failed(n, rnd, f"round {rnd + 1} {role} (#{row.number}): {res.error}", pair_trials)
         (a_row, a), (b_row, b) = halves
         ha, hb = _host(a), _host(b)
@@ -95,12 +98,12 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
             why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
                    f"{hb['foreign_load']:.2f}/CPU during the candidate's")
             for row, res in halves:
-                store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=res.timings)
+                on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
             store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=candidate_trial.id)
             redo += 1
             continue
         for row, res in halves:
-            store.finish_trial(row.id, "kept", objective=_obj(res), timings=res.timings)
+            on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
         for label in a.samples:
             base_vals.setdefault(label, []).append(a.mean(label))
             cand_vals.setdefault(label, []).append(b.mean(label))
@@ -151,6 +154,11 @@ def _host(r: Any) -> dict[str, float]:
     if not wins:
         return {}
     return {k: sum(w[k] for w in wins) / len(wins) for k in ("foreign_load", "own_load")}
+
+
+def _timings(r: Any) -> dict[str, float]:
+    """The trial's step times, with `record` and `total` like every controller-recorded trial."""
+    return dict(r.timings, record=0.0, total=r.timings.get("trial", 0.0))
 
 
 def _obj(r: Any) -> dict[str, float]:

@@ -108,7 +108,7 @@ def _drive(
     host: Any, on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
     from orchestrator.bench import builtin_scenarios
-    from orchestrator.knowledge import KnowledgeBase
+    from orchestrator.knowledge import KnowledgeBase, workload_key
 
     on_step = on_step or (lambda s: None)
     on_step("model")
@@ -131,7 +131,8 @@ def _drive(
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()
-    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint)
+    workload = workload_key(goal.scenarios, config.bench.scale)
+    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm)
@@ -145,7 +146,7 @@ def _drive(
         # Wall time of this session (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
-    written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
+    written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
     return RunOutcome(run_id=run_id, stop_reason=reason)

@@ -6,8 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class Burners:

@@ -9,6 +9,8 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.paired import latest_paired
+
 __all__ = ["ReportData", "build_report_data", "write_report"]
 
 STEPS = ("propose", "deploy", "gates", "bench", "teardown", "record")
@@ -29,6 +31,8 @@ class ReportData:
     overhead_s: float
     overhead_pct: float
     gate_rejections: list[dict[str, Any]] = field(default_factory=list)
+    paired: dict[str, Any] | None = None
+    """The best candidate's paired A/B outcome (ratio, interval, rounds), when it was confirmed."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +94,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         trials=rows, best=as_dict(best), baseline=as_dict(base), objectives=objectives,
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
+        paired=latest_paired(store, run_id, best.id) if best else None,
     )
 
 
@@ -107,7 +112,7 @@ def _plot(data: ReportData, out: Path) -> Path:
         score = t["score"] if t["score"] else 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t["number"], score, color=colors.get(t["status"], "black"), zorder=3,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")
-        if t["status"] == "kept" and t["proposer"] != "confirm":
+        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
             best = max(best, score)
         xs.append(t["number"])
         ys.append(best)
