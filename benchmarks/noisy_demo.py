@@ -1,13 +1,18 @@
-"""The demo goal run repeatedly, with and without load that comes and goes: is the reported speedup stable?
+"""The demo goal run repeatedly, with and without load: is the reported speedup stable?
 
-    python benchmarks/noisy_demo.py --runs 3 --json noisy.json [--goal "..."] [--period 20]
+    python benchmarks/noisy_demo.py --runs 3 --json noisy.json [--goal "..."] [--load baseline|duty]
+        [--knobs '{"batching": "on", ...}'] [-o bench.scale=0.5 ...]
 
 Runs alternate quiet / loaded (quiet, loaded, quiet, loaded, ...), each in a fresh workspace
 (its own database and knowledge base, so no run warm-starts the next). "Loaded" means CPU
-burners (2 x cores + 2 busy processes, started and stopped by this script) switched on for the
-first `--period` seconds of every 2 x `--period`, starting with the run: so the baseline is
-measured under load and much of what follows is not. "Quiet" means no burners of ours; the
-machine may be shared with others, which the load average printed per run shows.
+burners (2 x cores + 2 busy processes, started and stopped by this script): `--load baseline`
+(default) runs them while the baseline trial (#0) is measured and stops them when it is done, the
+failure the README demo once had (the baseline measured under load, the candidates after it
+lifted); `--load duty` switches them on for `--period` s of every 2 x `--period`. "Quiet" means
+no burners of ours; the machine may be shared with others, which the load average per run shows.
+
+`--knobs` replaces the search with one scripted candidate (the demo's known winner), so a run
+costs a baseline, one candidate and the paired confirmation instead of a whole search.
 
 For each run: the reported speedup (the paired A/B ratio and its interval), the unpaired number
 the loop used to report (best candidate / baseline trial #0, both measured once), trials, wall
@@ -66,9 +71,14 @@ class _Duty:
         self.burn.stop()
 
 
-def one_run(goal: str, loaded: bool, period: float, seed: int) -> dict:
+def one_run(goal: str, loaded: bool, period: float, seed: int, *, load: str = "baseline",
+            knobs: dict | None = None, overrides: tuple[str, ...] = ()) -> dict:
     ws_dir = Path(tempfile.mkdtemp(prefix="noisy-demo-"))
-    ws = Workspace(ws_dir, [f"seed={seed}"])
+    extra = list(overrides)
+    if knobs:
+        (ws_dir / "steps.json").write_text(json.dumps([knobs]))
+        extra.append(f'proposer="scripted:{ws_dir / "steps.json"}"')
+    ws = Workspace(ws_dir, [f"seed={seed}", *extra])
     loads: list[float] = []
     sampling = threading.Event()
 
@@ -77,15 +87,25 @@ def one_run(goal: str, loaded: bool, period: float, seed: int) -> dict:
             loads.append(os.getloadavg()[0])
 
     threading.Thread(target=sample, daemon=True).start()
-    duty = _Duty(period) if loaded else None
+    duty = _Duty(period) if loaded and load == "duty" else None
+    burn = Burners() if loaded and load == "baseline" else None
+
+    def on_trial(t: object) -> None:
+        if burn and getattr(t, "number", None) == 0:
+            burn.stop()  # the baseline is measured: the load lifts
+
     t0 = time.time()
     if duty:
         duty.start()
+    if burn:
+        burn.start()
     try:
-        out = start_run(ws, parse_goal(goal))
+        out = start_run(ws, parse_goal(goal), on_trial=on_trial)
     finally:
         if duty:
             duty.stop()
+        if burn:
+            burn.stop()
         sampling.set()
     store = Store(ws.db_url)
     run = store.get_run(out.run_id)
@@ -105,7 +125,7 @@ def one_run(goal: str, loaded: bool, period: float, seed: int) -> dict:
         "redos": len(store.events(out.run_id, kind="measure.redo")),
         "best": best.number if best else None, "best_knobs": best.knobs if best else None,
         "unpaired": unpaired, "paired": paired and {k: paired[k] for k in ("score", "lo", "hi", "rounds", "met")},
-        "load_mean": round(sum(loads) / len(loads), 2) if loads else None, "workspace": str(ws_dir),
+        "load_mean": round(sum(loads) / len(loads), 2) if loads else None, "cpus": os.cpu_count(), "workspace": str(ws_dir),
     }
 
 
@@ -120,20 +140,25 @@ def main() -> None:
     ap.add_argument("--goal", default=DEMO_GOAL)
     ap.add_argument("--period", type=float, default=20.0, help="burner on/off period, seconds")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--plan", default="", help="order of runs as q/l letters (default: ql repeated --runs times)")
+    ap.add_argument("--load", choices=("baseline", "duty"), default="baseline")
+    ap.add_argument("--knobs", type=json.loads, default=None, help="one scripted candidate instead of the search")
+    ap.add_argument("-o", dest="overrides", action="append", default=[], help="workspace override, e.g. bench.scale=0.5")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
-    for i in range(args.runs):
-        for loaded in (False, True):
-            r = one_run(args.goal, loaded, args.period, args.seed)
-            rows.append(r)
-            p = r["paired"]
-            print(f"{'loaded' if loaded else 'quiet ':6} run {i + 1}: paired "
-                  + (f"{p['score']:.2f}x [{p['lo']:.2f}, {p['hi']:.2f}]" if p and p["score"] else "—")
-                  + f"  unpaired {r['unpaired'] or 0:.2f}x  trials {r['trials']}  load {r['load_mean']}  "
-                  f"{r['wall_s']:.0f}s  {r['stop_reason'][:100]}", flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(rows, indent=2))
+    for i, kind in enumerate(args.plan or "ql" * args.runs):
+        loaded = kind == "l"
+        r = one_run(args.goal, loaded, args.period, args.seed, load=args.load, knobs=args.knobs,
+                    overrides=tuple(args.overrides))
+        rows.append(r)
+        p = r["paired"]
+        print(f"{'loaded' if loaded else 'quiet ':6} run {i + 1}: paired "
+              + (f"{p['score']:.2f}x [{p['lo']:.2f}, {p['hi']:.2f}]" if p and p["score"] else "—")
+              + f"  unpaired {r['unpaired'] or 0:.2f}x  trials {r['trials']}  load {r['load_mean']}  "
+              f"{r['wall_s']:.0f}s  {r['stop_reason'][:100]}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
     for loaded in (False, True):
         kind = [r for r in rows if r["loaded"] == loaded]
         sp = _spread([r["paired"]["score"] for r in kind if r["paired"]])

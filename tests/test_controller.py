@@ -98,7 +98,8 @@ def test_stall_and_budget_stops(fake_ws, tmp_path):
     goal = tmp_path / "g.toml"
     goal.write_text('[[objectives]]\nmetric = "tpot"\nvalue = 0.5\n[budget]\ntrials = 10\nstall_trials = 3\n')
     out = start_run(ws, load_goal(goal))
-    assert out.stop_reason.startswith("Stalled") and len(_trials(ws, out.run_id)) == 4
+    # 7.9 ms vs 8 ms is inside this host's noise: kept or not, three failures in a row then stall.
+    assert out.stop_reason.startswith("Stalled") and len(_trials(ws, out.run_id)) in (4, 5)
 
 
 def test_gate_file_edited_mid_run_stops_the_run(fake_ws, tmp_path, monkeypatch):

@@ -87,10 +87,10 @@ def _rec(i, chunks):
 def test_saturated_client_signs():
     streamed = [_rec(i, [1000 * i + k for k in range(8)]) for i in range(10)]
     burst = [_rec(i, [1000 * i] * 8) for i in range(10)]
-    assert saturation_reasons({"loop_lag_ms_p90": 0.4}, streamed, 0.3) == []
-    assert "lagged" in saturation_reasons({"loop_lag_ms_p90": 17.0}, streamed, 0.3)[0]
-    assert "core" in saturation_reasons({"loop_lag_ms_p90": 0.4}, streamed, 0.97)[0]
-    assert "one burst" in saturation_reasons({"loop_lag_ms_p90": 0.4}, burst, 0.3)[0]
+    assert saturation_reasons({"loop_lag_ms_p50": 0.4}, streamed, 0.3) == []
+    assert "lagged" in saturation_reasons({"loop_lag_ms_p50": 17.0}, streamed, 0.3)[0]
+    assert "core" in saturation_reasons({"loop_lag_ms_p50": 0.4}, streamed, 0.97)[0]
+    assert "one burst" in saturation_reasons({"loop_lag_ms_p50": 0.4}, burst, 0.3)[0]
 
 
 # --- a bench too small to resolve the goal is refused up front -------------------------------

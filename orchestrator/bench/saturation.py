@@ -21,8 +21,10 @@ __all__ = ["SaturationPolicy", "one_burst_fraction", "saturation_reasons"]
 class SaturationPolicy:
     """Limits beyond which a measurement says more about the client than the server."""
 
-    max_loop_lag_ms: float = 10.0
-    """p90 of the event loop's wake-up delay; a full 10 ms tick late is no longer a stopwatch."""
+    max_loop_lag_ms: float = 5.0
+    """Median wake-up delay of the event loop's 10 ms tick. When half the ticks are half a tick late
+    the client is saturated, not merely sharing a busy host (brief scheduling hiccups move the
+    tail, not the median)."""
     max_client_cpu: float = 0.9
     """The client's CPU as a fraction of one core (asyncio uses one)."""
     max_one_burst: float = 0.5
@@ -43,9 +45,9 @@ def saturation_reasons(metrics: dict[str, float], requests: Sequence[Any], clien
                        policy: SaturationPolicy = SaturationPolicy()) -> list[str]:
     """Why this measurement is the client's, not the server's ([] = trustworthy on these signs)."""
     out = []
-    lag = metrics.get("loop_lag_ms_p90", 0.0)
+    lag = metrics.get("loop_lag_ms_p50", 0.0)
     if lag > policy.max_loop_lag_ms:
-        out.append(f"client event loop lagged {lag:.1f} ms (p90) > {policy.max_loop_lag_ms:g} ms")
+        out.append(f"client event loop lagged {lag:.1f} ms (median) > {policy.max_loop_lag_ms:g} ms")
     if client_cpu is not None and client_cpu > policy.max_client_cpu:
         out.append(f"client used {client_cpu:.0%} of a core > {policy.max_client_cpu:.0%}")
     burst = one_burst_fraction(requests, policy.min_stream_tokens)
