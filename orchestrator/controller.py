@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gates.thresholds import section
 from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
 from orchestrator.proposers import Candidate, Proposer
@@ -174,8 +175,10 @@ class Controller:
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
         self._record_why(trial, status, score, result.error, baseline, screen_met=met)
         if is_baseline and status == "kept" and trial.number == 0:
+            per_request = {o.scenario: o.key.split("_ms_")[0] + "_ms" for o in self.ctx.goal.objectives if "_ms_" in o.key}
             refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust,
-                                    result.metrics, margin=self._smallest_step())
+                                    result.metrics, margin=self._smallest_step(), per_request=per_request,
+                                    rounds=int(section(None, "performance").get("paired_rounds", 3)))
             if refusal:
                 raise Refused(refusal)
         finished = self.store.get_trial(trial.id)
@@ -323,7 +326,7 @@ class Controller:
     def _smallest_step(self) -> float:
         """The smallest relative change the goal asks a measurement to resolve."""
         steps = [o.speedup(o.target_for(1.0), 1.0) - 1 for o in self.ctx.goal.objectives if o.kind == "relative"]
-        return min([*steps, self.min_gain * 3])
+        return min(steps, default=1.0)
 
     def _record_why(self, trial: Any, status: str, score: float | None, error: str | None, baseline: Baseline | None,
                     paired: dict[str, Any] | None = None, screen_met: bool = False) -> None:

@@ -108,11 +108,16 @@ def min_requests_for(cv_request: float, margin: float, z: float = 2.0) -> int:
 
 
 def scale_refusal(scenarios: dict[str, Any], names: list[str], policy: TrustPolicy,
-                  baseline_metrics: dict[str, dict[str, float]] | None = None, margin: float | None = None) -> str | None:
+                  baseline_metrics: dict[str, dict[str, float]] | None = None, margin: float | None = None,
+                  per_request: dict[str, str] | None = None, rounds: int = 1) -> str | None:
     """Why this bench scale cannot resolve the goal (None when it can).
 
     Before any measurement only the request count is known; with the baseline's metrics the
-    per-request spread and the duration are checked too."""
+    duration is checked too, and for objectives on a per-request metric (`per_request`: scenario ->
+    metric prefix such as `tpot_ms`) the number of requests needed to resolve `margin` at the
+    baseline's per-request spread. Throughput has no per-request spread; its noise is what the
+    paired rounds measure. A claim is judged over `rounds` paired rounds, each with the scenario's
+    requests."""
     for name in names:
         sc = scenarios[name]
         if sc.num_requests < policy.min_requests:
@@ -124,12 +129,14 @@ def scale_refusal(scenarios: dict[str, Any], names: list[str], policy: TrustPoli
         if m.get("duration_s", math.inf) < policy.min_seconds:
             return (f"scenario '{name}' ran {m['duration_s']:.2f} s at this bench.scale, shorter than the "
                     f"{policy.min_seconds:g} s a measurement needs on a shared host: raise bench.scale")
-        mean, std = m.get("e2e_ms_mean", 0.0), m.get("e2e_ms_std", 0.0)
+        prefix = (per_request or {}).get(name)
+        mean, std = (m.get(f"{prefix}_mean", 0.0), m.get(f"{prefix}_std", 0.0)) if prefix else (0.0, 0.0)
         if margin is not None and mean > 0:
             need = max(policy.min_requests, min_requests_for(std / mean, margin))
-            if sc.num_requests < need:
-                return (f"scenario '{name}' has {sc.num_requests} requests; at the baseline's per-request spread "
-                        f"({std / mean:.0%}) resolving a {margin:.0%} step needs >= {need}: raise bench.scale")
+            if sc.num_requests * rounds < need:
+                return (f"scenario '{name}' has {sc.num_requests} requests x {rounds} paired rounds; at the baseline's "
+                        f"per-request {prefix} spread ({std / mean:.0%}) resolving the goal's {margin:.0%} step needs "
+                        f">= {need}: raise bench.scale")
     return None
 
 

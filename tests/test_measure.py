@@ -100,8 +100,11 @@ def test_bench_scale_that_cannot_resolve_the_goal_is_refused_with_the_reason():
     assert why and "decode" in why and "raise bench.scale" in why
     assert scale_refusal(builtin_scenarios(1.0), ["decode", "throughput"], POLICY) is None
     # With the baseline measured: a 5% step at 30% per-request spread needs (2*0.3/0.05)^2 = 144 requests.
-    m = {"decode": {"duration_s": 3.0, "e2e_ms_mean": 100.0, "e2e_ms_std": 30.0}}
-    why = scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, m, margin=0.05)
-    assert why and ">= 144" in why
-    short = {"decode": {"duration_s": 0.2, "e2e_ms_mean": 100.0, "e2e_ms_std": 1.0}}
+    m = {"decode": {"duration_s": 3.0, "tpot_ms_mean": 10.0, "tpot_ms_std": 3.0}}
+    why = scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, m, margin=0.05, per_request={"decode": "tpot_ms"})
+    assert why and ">= 144" in why and "tpot_ms spread (30%)" in why
+    assert scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, m, margin=0.5, per_request={"decode": "tpot_ms"}) is None
+    # Throughput has no per-request spread to judge: its noise is what the paired rounds measure.
+    assert scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, m, margin=0.05) is None
+    short = {"decode": {"duration_s": 0.2}}
     assert "shorter" in scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, short, margin=0.5)
