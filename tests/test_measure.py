@@ -8,14 +8,19 @@ import time
 
 import pytest
 from burners import burning
+from fake_target import write_fake_target
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from orchestrator.bench import builtin_scenarios
 from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.saturation import saturation_reasons
+from orchestrator.goal import parse_goal
 from orchestrator.hosts import LocalHost
 from orchestrator.hosts.state import RunQueueSampler, window
 from orchestrator.measure import TrustPolicy, busier_reason, idle_state, scale_refusal, state_change
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
 
 POLICY = TrustPolicy()
 
@@ -108,3 +113,12 @@ def test_bench_scale_that_cannot_resolve_the_goal_is_refused_with_the_reason():
     assert scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, m, margin=0.05) is None
     short = {"decode": {"duration_s": 0.2}}
     assert "shorter" in scale_refusal(builtin_scenarios(1.0), ["decode"], POLICY, short, margin=0.5)
+
+
+def test_a_run_at_a_scale_too_small_is_refused_before_any_server_starts(tmp_path, tiny_model):
+    target = write_fake_target(tmp_path / "fake.toml")
+    ws = Workspace(tmp_path, [f'target="{target}"', "bench.scale=0.2", "gates.accuracy=false", "gates.integrity=false"])
+    out = start_run(ws, parse_goal("beat the baseline by 20% on TPOT"))
+    assert out.stop_reason.startswith("Refused: scenario 'decode' has 3 measured requests")
+    assert "raise bench.scale" in out.stop_reason
+    assert Store(ws.db_url).list_trials(out.run_id) == []

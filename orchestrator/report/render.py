@@ -58,6 +58,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "objective": t.objective or {}, "knobs": t.knobs, "changed": changed,
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
         })
+    paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []
     for o in goal.objectives:
         label = objective_label(o.scenario, o.key)
@@ -69,6 +70,10 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "speedup": o.speedup(v, b) if (b and v) else None,
             "met": o.met(v, b) if (b and v) else False,
         })
+        po = ((paired or {}).get("objectives") or {}).get(label)
+        if po:  # the claim is the paired ratio, not best / baseline #0 measured minutes apart
+            objectives[-1].update(speedup=po["ratio"], lo=po.get("lo"), hi=po.get("hi"), met=po["verdict"] == "pass",
+                                  unpaired=o.speedup(v, b) if (b and v) else None)
     step_totals = {s: sum((t.timings or {}).get(s, 0.0) for t in trials) for s in STEPS}
     total = sum((t.timings or {}).get("total", 0.0) for t in trials)
     engine = sum(step_totals[s] for s in ENGINE_STEPS)
@@ -94,7 +99,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         trials=rows, best=as_dict(best), baseline=as_dict(base), objectives=objectives,
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
-        paired=latest_paired(store, run_id, best.id) if best else None,
+        paired=paired,
     )
 
 
