@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.bench.saturation import SaturationPolicy, saturation_reasons
-from orchestrator.hosts.state import RunQueueSampler, contention, window
+from orchestrator.hosts.state import RunQueueSampler, contention, self_cpu_s, window
 
-__all__ = ["TrustPolicy", "bench_trusted", "busier_reason", "host_during", "idle_state", "min_requests_for", "slowdown", "scale_refusal", "state_change"]
+__all__ = [
+    "TrustPolicy", "bench_trusted", "busier_reason", "host_during", "host_state", "idle_state", "min_requests_for",
+    "scale_refusal", "slowdown", "state_change",
+]
 
 
 @dataclass(frozen=True)
@@ -90,12 +93,21 @@ def host_during(store: Any, run_id: int, trial_id: int) -> dict[str, Any] | None
     return mean | {"gpus": wins[-1].get("gpus") or []}
 
 
+def host_state(host: Any, proc: Any = None, *, gpus: bool = True) -> dict[str, Any]:
+    """`host.host_state(...)`, or only this process's clock and CPU for a host that cannot say more
+    (its measurements are then judged on the client's signs alone)."""
+    if hasattr(host, "host_state"):
+        return host.host_state(proc, gpus=gpus)
+    return {"t": time.monotonic(), "load1": float("nan"), "load5": float("nan"), "cpu_count": 1, "cpu": {},
+            "own_cpu_s": 0.0, "self_cpu_s": self_cpu_s(), "gpus": []}
+
+
 def idle_state(host: Any, seconds: float) -> dict[str, Any]:
     """Host state over `seconds` with no server of ours running: everything busy is someone else's."""
-    before = host.host_state()
-    with RunQueueSampler(lambda: host.host_state(gpus=False), period_s=0.1) as rq:
+    before = host_state(host)
+    with RunQueueSampler(lambda: host_state(host, gpus=False), period_s=0.1) as rq:
         time.sleep(seconds)
-    return window(before, host.host_state()) | rq.loads(int(before.get("cpu_count") or 1))
+    return window(before, host_state(host)) | rq.loads(int(before.get("cpu_count") or 1))
 
 
 def min_requests_for(cv_request: float, margin: float, z: float = 2.0) -> int:
@@ -147,10 +159,10 @@ def bench_trusted(run_once: Any, host: Any, proc: Any, *, ref: dict[str, Any] | 
     Returns (result, host window, reasons it is still untrusted ([] = trusted), attempts made)."""
     attempt = 0
     while True:
-        before = host.host_state(proc)
-        with RunQueueSampler(lambda: host.host_state(proc, gpus=False)) as rq:
+        before = host_state(host, proc)
+        with RunQueueSampler(lambda: host_state(host, proc, gpus=False)) as rq:
             res = run_once()
-        win = window(before, host.host_state(proc)) | rq.loads(int(before.get("cpu_count") or 1))
+        win = window(before, host_state(host, proc)) | rq.loads(int(before.get("cpu_count") or 1))
         reasons = saturation_reasons(res.metrics, res.requests, win["client_cpu"], policy.saturation)
         busier = busier_reason(win, ref, policy)
         if busier:

@@ -137,7 +137,8 @@ class RunQueueSampler:
         while not self._stop.is_set():
             try:
                 st = self.state()
-                self.samples.append((int(st.get("procs_running", 0)), int(st.get("own_running", 0))))
+                if "procs_running" in st:
+                    self.samples.append((int(st["procs_running"]), int(st.get("own_running", 0))))
             except Exception:  # noqa: BLE001 - a host that cannot be sampled just gives no samples
                 pass
             self._stop.wait(self.period_s)
@@ -181,6 +182,10 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     busy = total - d.get("idle", 0.0) - d.get("iowait", 0.0)
     client = after["self_cpu_s"] - before["self_cpu_s"]
     server = max(after["own_cpu_s"] - before["own_cpu_s"], 0.0)
+    if not d:  # a host that reports no CPU counters: only the client's own share is known
+        nan = float("nan")
+        return {"wall_s": wall, "load1": after.get("load1", nan), "load5": after.get("load5", nan), "busy": nan,
+                "steal": nan, "client_cpu": client / wall, "server_cpu": nan, "foreign_cpu": nan, "gpus": []}
     return {
         "wall_s": wall, "load1": after["load1"], "load5": after["load5"],
         "busy": busy / total, "steal": d.get("steal", 0.0) / total,
