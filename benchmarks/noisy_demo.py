@@ -79,16 +79,20 @@ def one_run(goal: str, loaded: bool, period: float, seed: int, *, load: str = "b
         (ws_dir / "steps.json").write_text(json.dumps([knobs]))
         extra.append(f'proposer="scripted:{ws_dir / "steps.json"}"')
     ws = Workspace(ws_dir, [f"seed={seed}", *extra])
+    duty = _Duty(period) if loaded and load == "duty" else None
+    burn = Burners() if loaded and load == "baseline" else None
     loads: list[float] = []
+    foreign_burners: list[int] = []
     sampling = threading.Event()
 
     def sample() -> None:
         while not sampling.wait(5):
             loads.append(os.getloadavg()[0])
+            # Burners this run did not start (e.g. a test running beside it): the run was not "quiet".
+            mine = {p.pid for b in (duty and duty.burn, burn) if b for p in b.procs}
+            foreign_burners.append(len(_burner_pids() - mine))
 
     threading.Thread(target=sample, daemon=True).start()
-    duty = _Duty(period) if loaded and load == "duty" else None
-    burn = Burners() if loaded and load == "baseline" else None
 
     def on_trial(t: object) -> None:
         if burn and getattr(t, "number", None) == 0:
@@ -125,8 +129,22 @@ def one_run(goal: str, loaded: bool, period: float, seed: int, *, load: str = "b
         "redos": len(store.events(out.run_id, kind="measure.redo")),
         "best": best.number if best else None, "best_knobs": best.knobs if best else None,
         "unpaired": unpaired, "paired": paired and {k: paired[k] for k in ("score", "lo", "hi", "rounds", "met")},
-        "load_mean": round(sum(loads) / len(loads), 2) if loads else None, "cpus": os.cpu_count(), "workspace": str(ws_dir),
+        "load_mean": round(sum(loads) / len(loads), 2) if loads else None,
+        "other_burner_samples": sum(1 for n in foreign_burners if n), "samples": len(foreign_burners), "cpus": os.cpu_count(), "workspace": str(ws_dir),
     }
+
+
+def _burner_pids() -> set[int]:
+    """PIDs of busy-loop burners (tests/burners.py) running on this machine now."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"while True: pass" in (d / "cmdline").read_bytes():
+                    out.add(int(d.name))
+            except OSError:
+                pass
+    return out
 
 
 def _spread(values: list[float]) -> float | None:
@@ -156,7 +174,7 @@ def main() -> None:
         print(f"{'loaded' if loaded else 'quiet ':6} run {i + 1}: paired "
               + (f"{p['score']:.2f}x [{p['lo']:.2f}, {p['hi']:.2f}]" if p and p["score"] else "—")
               + f"  unpaired {r['unpaired'] or 0:.2f}x  trials {r['trials']}  load {r['load_mean']}  "
-              f"{r['wall_s']:.0f}s  {r['stop_reason'][:100]}", flush=True)
+              f"{r['wall_s']:.0f}s  other burners {r['other_burner_samples']}/{r['samples']}  {r['stop_reason'][:100]}", flush=True)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=2))
     for loaded in (False, True):
