@@ -29,8 +29,11 @@ __all__ = ["BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Sta
 CONFIRM = "confirm"  # runs before paired confirmation: one clean relaunch
 SENTINEL = "sentinel"
 BASELINES = ("baseline", SENTINEL)
+RETRY = "retry"
 NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL)
-""""Proposers" of trials the loop adds itself: not counted in the trial budget, never the best."""
+""""Proposers" of trials the loop adds itself that are never the best."""
+LOOP_ADDED = (*NOT_SEARCH, RETRY)
+"""Trials the loop adds itself: not counted in the trial budget, not shown to the proposer."""
 
 
 class StopRun(Exception):
@@ -107,7 +110,7 @@ class Controller:
                 self.ctx.on_step("propose")
                 t0 = _now()
                 # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
-                search = [t for t in self._history() if t.proposer not in NOT_SEARCH]
+                search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
                 candidate = self.proposer.propose(search, self.ctx.target)
                 if candidate is None:
                     raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
@@ -183,6 +186,14 @@ class Controller:
                 raise Refused(refusal)
         finished = self.store.get_trial(trial.id)
         self.on_trial(finished)
+        if status == "invalid" and "host busier than at the baseline" in (result.error or "") and trial.proposer != RETRY:
+            # The host stayed busier than when the baseline was measured: the baseline is what is stale.
+            # Measure it again, then give the candidate one more chance against it.
+            self._sentinel(f"host stayed busier during #{trial.number}")
+            retry = Candidate(candidate.knobs, commit=candidate.commit, proposer=RETRY,
+                              rationale=f"re-run of #{trial.number} against a fresh baseline: {candidate.rationale}")
+            self._execute(self._create(retry), retry)
+            return
         if status == "kept" and met:
             paired = self._confirm_paired(finished, candidate)
             if paired["met"]:
@@ -289,7 +300,7 @@ class Controller:
     def _sentinel_if_needed(self) -> None:
         """Re-measure the baseline every few trials, and at once when the host's state moved."""
         base = self._baseline()
-        since = [t for t in self._history() if t.number > base.trial and t.proposer not in NOT_SEARCH]
+        since = [t for t in self._history() if t.number > base.trial and t.proposer not in LOOP_ADDED]
         reason = None
         if len(since) >= self.ctx.trust.sentinel_every:
             reason = f"{len(since)} trials since baseline #{base.trial}"
@@ -297,9 +308,12 @@ class Controller:
             self.ctx.on_step("host probe")
             reason = state_change(idle_state(self.ctx.host, self.ctx.trust.probe_s), base.host, self.ctx.trust)
         if reason:
-            self.store.add_event(self.ctx.run_id, "sentinel", f"baseline re-measured: {reason}")
-            c = Candidate(self.ctx.target.baseline_knobs(), rationale=f"baseline sentinel: {reason}", proposer=SENTINEL)
-            self._execute(self._create(c), c)
+            self._sentinel(reason)
+
+    def _sentinel(self, reason: str) -> None:
+        self.store.add_event(self.ctx.run_id, "sentinel", f"baseline re-measured: {reason}")
+        c = Candidate(self.ctx.target.baseline_knobs(), rationale=f"baseline sentinel: {reason}", proposer=SENTINEL)
+        self._execute(self._create(c), c)
 
     def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
         """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
@@ -342,7 +356,7 @@ class Controller:
         return self.store.list_trials(self.ctx.run_id)
 
     def _check_budget(self) -> None:
-        trials = [t for t in self._history() if t.proposer not in NOT_SEARCH]
+        trials = [t for t in self._history() if t.proposer not in LOOP_ADDED]
         budget = self.ctx.goal.budget
         if budget.trials is not None and len(trials) >= budget.trials:
             raise BudgetExhausted(f"{len(trials)} trials run, the budget was {budget.trials}")
