@@ -283,6 +283,9 @@ class Controller:
     def _baseline(self) -> Baseline:
         """The newest good baseline measurement (trial #0 or a sentinel): candidates are judged against it."""
         t0 = self.store.get_trial_by_number(self.ctx.run_id, 0)
+        if t0 is not None and t0.status == "invalid" and (t0.error or "").startswith("untrusted"):
+            raise StopRun(f"the baseline could not be measured reliably ({t0.error}); the host is too busy to measure: "
+                          "start a new run when it is quieter, or raise bench.scale")
         if t0 is None or t0.status != "kept":
             raise StopRun(f"the baseline trial failed ({t0.error if t0 else 'missing'}); fix the target and start a new run")
         sentinels = [t for t in self.store.list_trials(self.ctx.run_id) if t.proposer == SENTINEL and t.status == "kept"]
