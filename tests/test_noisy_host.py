@@ -34,6 +34,13 @@ def _hf_ws(tmp_path, name, steps):
     return Workspace(d, [*FAST, f'proposer="scripted:{f}"'])
 
 
+def _measurable(out):
+    """A host so busy that the bench client itself is saturated gives no number at all (by design):
+    nothing can be asserted about speedups then, so the test says so instead of failing."""
+    if "too busy to measure" in out.stop_reason:
+        pytest.skip(f"host too busy to measure here: {out.stop_reason[:200]}")
+
+
 def _paired(store, run_id):
     return [e.data for e in store.events(run_id, kind="paired")]
 
@@ -49,6 +56,7 @@ def quiet_ratio(tmp_path_factory, tiny_model):
     """A quiet paired A/B of the baseline and the batched knob set (no burners of ours)."""
     ws = _hf_ws(tmp_path_factory.mktemp("quiet"), "q", [BATCHED])
     out = start_run(ws, parse_goal("improve throughput by 1.2x within 2 trials"))
+    _measurable(out)
     paired = _paired(Store(ws.db_url), out.run_id)
     assert out.stop_reason.startswith("GoalMet") and paired, out.stop_reason
     return paired[-1]["score"]
@@ -74,6 +82,7 @@ def test_load_during_the_baseline_only_gives_no_false_goal_met(tmp_path, quiet_r
     store = Store(ws.db_url)
     assert burn.started == 1
     assert not out.stop_reason.startswith("GoalMet"), out.stop_reason
+    _measurable(out)
     reported = _paired(store, out.run_id)[-1]
     assert not reported["met"]
     assert abs(reported["score"] / quiet_ratio - 1) < 0.25, (reported["score"], quiet_ratio)
@@ -101,6 +110,7 @@ def test_load_during_a_candidate_only_is_remeasured_not_discarded(tmp_path, quie
         out = start_run(ws, parse_goal(goal), on_step=on_step)
     finally:
         burn.stop()
+    _measurable(out)
     store = Store(ws.db_url)
     t1 = next(t for t in store.list_trials(out.run_id) if t.proposer == "scripted")
     redo = [e for e in store.events(out.run_id, kind="measure.redo") if e.trial_id == t1.id]
