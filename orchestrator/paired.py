@@ -88,8 +88,20 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
             res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0))
             halves.append((row, res))
             if res.error:
-                on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
-                return _failed(n, rnd, f"round {rnd + 1} {role} (#{row.number}): {res.error}", pair_trials)
+                break
+        bad = next(((row, res) for row, res in halves if res.error), None)
+        if bad is not None:
+            row, res = bad
+            for other, r in halves:
+                if other.id != row.id:
+                    on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
+                                                timings=_timings(r)))
+            on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
+            if (res.error or "").startswith("untrusted") and redo < ctx.trust.max_redo * first:
+                redo += 1  # the host, not the candidate: measure the round again
+                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone: {res.error}", trial_id=candidate_trial.id)
+                continue
+            return _failed(n, rnd, f"round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
         (a_row, a), (b_row, b) = halves
         ha, hb = _host(a), _host(b)
         x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
