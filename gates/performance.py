@@ -27,7 +27,10 @@ from typing import Any, Literal
 from gates.result import GateResult
 from gates.thresholds import section
 
-__all__ = ["MetricComparison", "check", "compare_metric", "higher_is_better"]
+__all__ = [
+    "MetricComparison", "PairedComparison", "bootstrap_interval", "check", "compare_metric", "higher_is_better",
+    "pair_speedups", "paired_check",
+]
 
 Verdict = Literal["pass", "fail", "remeasure"]
 
@@ -159,3 +162,72 @@ def check(
             return GateResult("performance", verdict, reason, details, time.perf_counter() - start)
     return GateResult("performance", "pass", "all targets met, no guard regressed", details,
                       time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """A paired A/B ratio: baseline and candidate measured alternately on fresh servers.
+
+    ``ratio`` is the geometric mean of the per-pair speedups (>1 is better), ``lo``/``hi`` a
+    two-sided percentile-bootstrap interval at ``confidence`` over the pairs; ``wins`` counts the
+    pairs whose own speedup reached ``required`` (a sign test's statistic).
+    """
+
+    ratio: float
+    lo: float
+    hi: float
+    confidence: float
+    required: float
+    pairs: tuple[float, ...]
+    wins: int
+    verdict: Verdict
+    why: str
+
+
+def pair_speedups(baseline: Sequence[float], candidate: Sequence[float], *, higher_better: bool) -> list[float]:
+    """Per-pair speedups: candidate/baseline when higher is better, baseline/candidate otherwise."""
+    if len(baseline) != len(candidate) or not baseline:
+        raise ValueError("paired comparison needs equally many baseline and candidate measurements (>= 1)")
+    if min(*baseline, *candidate) <= 0:
+        raise ValueError("paired comparison needs positive measurements")
+    return [c / b if higher_better else b / c for b, c in zip(baseline, candidate, strict=True)]
+
+
+def bootstrap_interval(speedups: Sequence[float], *, confidence: float, n_boot: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the geometric mean of `speedups` (resampled in log space).
+
+    Seeded: the same pairs always give the same interval, so a verdict can be re-derived."""
+    import random
+
+    logs = [math.log(s) for s in speedups]
+    if len(logs) == 1:
+        return speedups[0], speedups[0]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(n_boot))
+    tail = (1 - confidence) / 2
+    lo = means[int(tail * (n_boot - 1))]
+    hi = means[int(math.ceil((1 - tail) * (n_boot - 1)))]
+    return math.exp(lo), math.exp(hi)
+
+
+def paired_check(speedups: Sequence[float], *, required: float, thresholds: Mapping[str, Any] | None = None,
+                 can_add_rounds: bool = False) -> PairedComparison:
+    """Judge per-pair speedups against a required speedup factor (2.5 = 2.5x).
+
+    ``pass`` when the interval's lower end reaches ``required``; ``fail`` when its upper end is
+    below it, or when it straddles the line and no more rounds may be added; ``remeasure`` when it
+    straddles and ``can_add_rounds``.
+    """
+    cfg = section(dict(thresholds) if thresholds is not None else None, "performance")
+    conf = float(cfg.get("paired_confidence", 0.9))
+    ratio = math.exp(statistics.fmean(math.log(s) for s in speedups))
+    lo, hi = bootstrap_interval(speedups, confidence=conf)
+    wins = sum(1 for s in speedups if s >= required)
+    band = f"{ratio:.3f}x [{lo:.3f}, {hi:.3f}] ({conf:.0%}, {len(speedups)} pairs)"
+    if lo >= required and wins == len(speedups):
+        verdict, why = "pass", f"paired {band} reaches {required:.3f}x in every pair"
+    elif hi < required or not can_add_rounds:
+        verdict, why = "fail", f"paired {band} does not clear {required:.3f}x ({wins}/{len(speedups)} pairs reach it)"
+    else:
+        verdict, why = "remeasure", f"paired {band} straddles {required:.3f}x: more rounds"
+    return PairedComparison(ratio, lo, hi, conf, required, tuple(speedups), wins, verdict, why)

@@ -276,15 +276,17 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
     from orchestrator.errors import summarize_failure
     from orchestrator.lease import display_status
+    from orchestrator.paired import describe, latest_paired
 
     store = _store(read_only=True)
     rows = []
     for r in store.list_runs() if store else []:
         trials = store.list_trials(r.id)
         best = store.get_trial(r.best_trial_id) if r.best_trial_id else None
+        paired = latest_paired(store, r.id, best.id) if best else None
         rows.append({"id": r.id, "name": r.name, "status": display_status(r), "trials": len(trials),
                      "best_trial": best.number if best else None, "best_score": best.score if best else None,
-                     "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
+                     "paired": paired, "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
                      "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None})
     if as_json:
         return _emit(rows)
@@ -293,8 +295,9 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
         return
     table = Table("run", "status", "trials", "best", "score", "stop reason", "name")
     for r in rows:
+        score = describe(r["paired"], short=True) if r["paired"] else (f"{r['best_score']:.3f}x (unpaired)" if r["best_score"] else "")
         table.add_row(str(r["id"]), r["status"], str(r["trials"]), "" if r["best_trial"] is None else f"#{r['best_trial']}",
-                      f"{r['best_score']:.3f}x" if r["best_score"] else "", (r["stop_reason"] or "")[:60], r["name"][:50])
+                      score, (r["stop_reason"] or "")[:60], r["name"][:50])
     console.print(table)
 
 
@@ -337,11 +340,25 @@ def show(
     t = store.get_trial_by_number(rid, number)
     if t is None:
         _fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
+    from orchestrator.paired import describe, latest_paired
+    from orchestrator.why import why_of
+
     gates = [_trial_dict(g) for g in store.gate_results(t.id)]
     meas = [_trial_dict(m) for m in store.measurements(t.id)]
+    why, paired = why_of(store, rid, t.id), latest_paired(store, rid, t.id)
+    hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
-        return _emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas})
+        return _emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
     console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {t.score:.3f}x" if t.score else ""), highlight=False)
+    if why:
+        console.print(f"  why: {why}", highlight=False)
+    if paired:
+        console.print(f"  paired A/B: {describe(paired)}, goal {'met' if paired['met'] else 'not met'}", highlight=False)
+    for h in hosts:
+        w = h["window"]
+        console.print(f"  host during {h['scenario']} #{h['repeat']}: load {w['load1']:.2f}, others' runnable "
+                      f"{w.get('foreign_load', float('nan')):.2f}/CPU, steal {w['steal']:.0%}, client CPU {w['client_cpu']:.0%}"
+                      + (f", {h['attempts']} attempts" if h["attempts"] > 1 else ""), highlight=False)
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)

@@ -3,6 +3,11 @@
 Stops are exceptions (`GoalMet`, `BudgetExhausted`, `Stalled`, `ProposerExhausted`, and the
 gate suite's `GateTampered`), so the loop body stays straight-line. Every decision is in the
 store before the next one is taken; `resume` needs nothing else.
+
+On a shared host a baseline measured once is not a baseline: the baseline is re-measured
+(`sentinel` trials) every few trials and whenever the host's state moved, each candidate is
+judged against the newest one, and a claim (goal met; the best of a run that stopped) rests on
+a paired A/B confirmation on fresh servers (`orchestrator.paired`), never on the search's screen.
 """
 
 from __future__ import annotations
@@ -12,13 +17,25 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gates.lock import GateTampered, verify
+from gates.thresholds import section
+from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
+from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
 from orchestrator.proposers import Candidate, Proposer
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
+from orchestrator.why import why_data
 
 __all__ = ["BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Stalled", "StopRun"]
 
-CONFIRM = "confirm"
+CONFIRM = "confirm"  # runs before paired confirmation: one clean relaunch
+SENTINEL = "sentinel"
+BASELINES = ("baseline", SENTINEL)
+RETRY = "retry"
+NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL)
+""""Proposers" of trials the loop adds itself that are never the best."""
+LOOP_ADDED = (*NOT_SEARCH, RETRY)
+"""Trials the loop adds itself: not counted in the trial budget, not shown to the proposer."""
 
 
 class StopRun(Exception):
@@ -41,6 +58,10 @@ class ProposerExhausted(StopRun):
     pass
 
 
+class Refused(StopRun):
+    """The run cannot give a trustworthy answer as configured (e.g. a bench scale too small)."""
+
+
 @dataclass
 class Baseline:
     samples: dict[str, list[float]]
@@ -49,6 +70,10 @@ class Baseline:
     """objective label -> mean baseline value."""
     noise: float
     """Largest relative spread between baseline repeats (0.0 with one repeat)."""
+    trial: int = 0
+    """Number of the baseline (or sentinel) trial these values come from."""
+    host: dict[str, Any] | None = None
+    """The host's state while it was measured (others' CPU share, GPU clocks)."""
 
 
 class Controller:
@@ -65,15 +90,18 @@ class Controller:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> str:
         """Run (or resume) until a stop; return the stop reason."""
-        from gates.lock import GateTampered, verify
-
         run_id = self.ctx.run_id
         self.store.set_run_status(run_id, "running")
         try:
             verify()
+            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust)
+            if refusal:
+                raise Refused(refusal)
             self._loop()
         except StopRun as stop:
             reason = f"{type(stop).__name__}: {stop}"
+            if not isinstance(stop, (GoalMet, Refused)):
+                reason += self._confirm_best()
             self.store.set_run_status(run_id, "finished", stop_reason=reason)
             self.store.add_event(run_id, "stop", reason)
             return reason
@@ -110,6 +138,7 @@ class Controller:
         self._start()
         while True:
             self._check_budget()
+            self._sentinel_if_needed()
             t0 = _now()
             candidate = self._propose()
             self._execute(self._create(candidate), candidate, propose_s=_now() - t0)
@@ -119,7 +148,9 @@ class Controller:
         target's constraints is recorded as a failed trial, never launched, and the proposer asked again."""
         while True:
             self.ctx.on_step("propose")
-            candidate = self.proposer.propose(self._history(), self.ctx.target)
+            # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
+            search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
+            candidate = self.proposer.propose(search, self.ctx.target)
             if candidate is None:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
             try:
@@ -139,7 +170,11 @@ class Controller:
         )
 
     def _execute(self, trial: Any, candidate: Candidate, propose_s: float = 0.0) -> None:
-        baseline = None if trial.number == 0 else self._baseline()
+        if trial.proposer == PAIRED:  # an interrupted paired round: the confirmation restarts whole
+            self.store.finish_trial(trial.id, "invalid", error="interrupted paired round; not used")
+            return
+        is_baseline = trial.number == 0 or trial.proposer in BASELINES
+        baseline = None if is_baseline else self._baseline()
         self._settle(trial, candidate, self._run(trial, candidate, baseline), baseline, propose_s)
 
     def _run(self, trial: Any, candidate: Candidate, baseline: Baseline | None, ctx: TrialContext | None = None) -> TrialResult:
@@ -150,36 +185,48 @@ class Controller:
                 ctx or self.ctx, trial, candidate,
                 repeats=self.baseline_repeats if is_baseline else self.repeats,
                 remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
+                host_ref=None if baseline is None else baseline.host,
             )
-        except Exception as e:
-            if type(e).__name__ == "GateTampered":  # the trial cannot count: say so, then stop the run
-                self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
+        except GateTampered as e:  # the trial cannot count: say so, then stop the run
+            self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
             raise
 
     def _settle(self, trial: Any, candidate: Candidate, result: TrialResult, baseline: Baseline | None, propose_s: float) -> None:
         """The verdict, recorded: this is the one place keep / discard / stop is decided."""
+        is_baseline = baseline is None
         status, score, objective, met = self._verdict(trial, result, baseline)
         timings = dict(result.timings, propose=propose_s)
         self.ctx.on_step("record")
         t_rec = _now()
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
-        if status == "kept" and trial.proposer != CONFIRM and (score or 0) >= self._best_score():
+        if status == "kept" and trial.proposer not in NOT_SEARCH and (score or 0) >= self._best_score():
             self.store.set_best_trial(self.ctx.run_id, trial.id)
         timings["record"] = _now() - t_rec
         timings["total"] = timings.get("trial", 0.0) + timings["record"] + timings.get("propose", 0.0)
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
+        self._record_why(trial, status, score, result.error, baseline, screen_met=met)
+        if is_baseline and status == "kept" and trial.number == 0:
+            per_request = {o.scenario: o.key.split("_ms_")[0] + "_ms" for o in self.ctx.goal.objectives if "_ms_" in o.key}
+            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust,
+                                    result.metrics, margin=self._smallest_step(), per_request=per_request,
+                                    rounds=int(section(None, "performance").get("paired_rounds", 3)))
+            if refusal:
+                raise Refused(refusal)
         finished = self.store.get_trial(trial.id)
         self.on_trial(finished)
+        if status == "invalid" and "host busier than at the baseline" in (result.error or "") and trial.proposer != RETRY:
+            # The host stayed busier than when the baseline was measured: the baseline is what is stale.
+            # Measure it again, then give the candidate one more chance against it.
+            self._sentinel(f"host stayed busier during #{trial.number}")
+            retry = Candidate(candidate.knobs, commit=candidate.commit, proposer=RETRY,
+                              rationale=f"re-run of #{trial.number} against a fresh baseline: {candidate.rationale}")
+            self._execute(self._create(retry), retry)
+            return
         if status == "kept" and met:
-            if trial.proposer == CONFIRM:
-                original = self.store.get_trial_by_number(self.ctx.run_id, int(trial.rationale.rsplit("#", 1)[1]))
-                self.store.set_best_trial(self.ctx.run_id, original.id)  # the confirmed winner is the answer
-                raise GoalMet(f"{trial.rationale.split(': ')[-1]} meets every objective, confirmed by a clean relaunch (#{trial.number})")
-            confirm = Candidate(candidate.knobs, commit=candidate.commit, rationale=f"confirm by a clean relaunch: #{trial.number}", proposer=CONFIRM)
-            self._confirm(confirm)
-
-    def _confirm(self, confirm: Candidate) -> None:
-        self._execute(self._create(confirm), confirm)
+            paired = self._confirm_paired(finished, candidate)
+            if paired["met"]:
+                self.store.set_best_trial(self.ctx.run_id, trial.id)  # the confirmed winner is the answer
+                raise GoalMet(f"#{trial.number} meets every objective: paired speedup {describe(paired)} on fresh servers")
 
     def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
         """(status, score, objective values, whether the performance gate says the goal is met)."""
@@ -188,13 +235,17 @@ class Controller:
             return r.status_hint, None, objective, False
         if baseline is None:
             return "kept", 1.0, objective, False
+        if trial.proposer == CONFIRM:  # a run from before paired confirmation, resumed
+            return "discarded", self._score(r, baseline), objective, False
         score = self._score(r, baseline)
         perf = self._perf_gate(r, baseline)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
-        met = perf.status == "pass"
-        if trial.proposer == CONFIRM:
-            return ("kept" if met else "discarded"), score, objective, met
+        # The screen can only say "possibly met" (passed, or borderline with every objective met on
+        # the point estimate); the paired A/B confirmation decides (see _execute).
+        met = perf.status == "pass" or (perf.status == "remeasure" and all(
+            o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
+            for o in self.ctx.goal.objectives))
         # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
         if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
             return "discarded", score, objective, met
@@ -253,13 +304,20 @@ class Controller:
         return abs(self._score(r, baseline) / threshold - 1) < max(baseline.noise, 0.01)
 
     def _best_score(self) -> float:
-        kept = [t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score and t.proposer != CONFIRM]
+        kept = [t.score for t in self.store.list_trials(self.ctx.run_id)
+                if t.status == "kept" and t.score and t.proposer not in NOT_SEARCH and t.number]
         return max(kept, default=1.0)
 
     def _baseline(self) -> Baseline:
+        """The newest good baseline measurement (trial #0 or a sentinel): candidates are judged against it."""
         t0 = self.store.get_trial_by_number(self.ctx.run_id, 0)
+        if t0 is not None and t0.status == "invalid" and (t0.error or "").startswith("untrusted"):
+            raise StopRun(f"the baseline could not be measured reliably ({t0.error}); the host is too busy to measure: "
+                          "start a new run when it is quieter, or raise bench.scale")
         if t0 is None or t0.status != "kept":
             raise StopRun(f"the baseline trial failed ({t0.error if t0 else 'missing'}); fix the target and start a new run")
+        sentinels = [t for t in self.store.list_trials(self.ctx.run_id) if t.proposer == SENTINEL and t.status == "kept"]
+        t0 = sentinels[-1] if sentinels else t0
         samples: dict[str, list[float]] = {}
         for m in self.store.measurements(t0.id):
             for o in self.ctx.goal.objectives:
@@ -267,13 +325,69 @@ class Controller:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
         values = {k: sum(v) / len(v) for k, v in samples.items()}
         noise = max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
-        return Baseline(samples=samples, values=values, noise=noise)
+        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number, host=host_during(self.store, self.ctx.run_id, t0.id))
+
+    # --- trusting the numbers --------------------------------------------------------------
+    def _sentinel_if_needed(self) -> None:
+        """Re-measure the baseline every few trials, and at once when the host's state moved."""
+        base = self._baseline()
+        since = [t for t in self._history() if t.number > base.trial and t.proposer not in LOOP_ADDED]
+        reason = None
+        if len(since) >= self.ctx.trust.sentinel_every:
+            reason = f"{len(since)} trials since baseline #{base.trial}"
+        else:
+            self.ctx.on_step("host probe")
+            reason = state_change(idle_state(self.ctx.host, self.ctx.trust.probe_s), base.host, self.ctx.trust)
+        if reason:
+            self._sentinel(reason)
+
+    def _sentinel(self, reason: str) -> None:
+        self.store.add_event(self.ctx.run_id, "sentinel", f"baseline re-measured: {reason}")
+        c = Candidate(self.ctx.target.baseline_knobs(), rationale=f"baseline sentinel: {reason}", proposer=SENTINEL)
+        self._execute(self._create(c), c)
+
+    def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
+        """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
+        out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
+                         on_trial=self.on_trial).to_dict()
+        self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
+                             data=out, trial_id=trial.id)
+        if out["score"]:  # the trial's number becomes the paired one: it is the better estimate
+            self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
+                                    error=trial.error, timings=trial.timings)
+        self._record_why(self.store.get_trial(trial.id), trial.status, out["score"] or trial.score, trial.error,
+                         self._baseline(), paired=out, screen_met=True)
+        return out
+
+    def _confirm_best(self) -> str:
+        """At a stop without a met goal: the best kept candidate's paired ratio, for the stop reason."""
+        run = self.store.get_run(self.ctx.run_id)
+        best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
+        if best is None or best.number == 0:
+            return ""
+        paired = latest_paired(self.store, self.ctx.run_id, best.id) or self._confirm_paired(best, _candidate_of(best))
+        return f"; best #{best.number}: paired speedup {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
+
+    def _smallest_step(self) -> float:
+        """The smallest relative change the goal asks a measurement to resolve."""
+        steps = [o.speedup(o.target_for(1.0), 1.0) - 1 for o in self.ctx.goal.objectives if o.kind == "relative"]
+        return min(steps, default=1.0)
+
+    def _record_why(self, trial: Any, status: str, score: float | None, error: str | None, baseline: Baseline | None,
+                    paired: dict[str, Any] | None = None, screen_met: bool = False) -> None:
+        best = max([t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score
+                    and t.proposer not in NOT_SEARCH and t.number and t.id != trial.id], default=1.0)
+        d = why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
+                     min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
+                     baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
+                     error=error, paired=paired, screen_met=screen_met)
+        self.store.add_event(self.ctx.run_id, "trial.why", d["sentence"], data=d, trial_id=trial.id)
 
     def _history(self) -> list[Any]:
         return self.store.list_trials(self.ctx.run_id)
 
     def _check_budget(self) -> None:
-        trials = [t for t in self._history() if t.proposer != CONFIRM]
+        trials = [t for t in self._history() if t.proposer not in LOOP_ADDED]
         budget = self.ctx.goal.budget
         if budget.trials is not None and len(trials) >= budget.trials:
             raise BudgetExhausted(f"{len(trials)} trials run, the budget was {budget.trials}")

@@ -222,7 +222,7 @@ def _drive(
     ws: Workspace, store: Store, run_id: int, goal: GoalSpec, target: TargetSpec, config: Config,
     hosts: list[Any], on_step: Callable[[str], None] | None, on_trial: Callable[[Any], None] | None,
 ) -> RunOutcome:
-    from orchestrator.knowledge import KnowledgeBase
+    from orchestrator.knowledge import KnowledgeBase, workload_key
 
     on_step = on_step or (lambda s: None)
     host = hosts[0]
@@ -246,7 +246,8 @@ def _drive(
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()
-    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint)
+    workload = workload_key(goal.scenarios, config.bench.scale)
+    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent)
@@ -266,7 +267,7 @@ def _drive(
             getattr(h, "close", lambda: None)()
     if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
         store.set_run_status(run_id, "failed", stop_reason=reason)
-    written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint)
+    written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
     try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)

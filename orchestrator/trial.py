@@ -20,6 +20,7 @@ from orchestrator.bench.counts import count_violation
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
+from orchestrator.measure import TrustPolicy, bench_trusted
 from orchestrator.proposers import Candidate
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
@@ -54,6 +55,8 @@ class TrialContext:
     integrity_gate: bool = True
     request_timeout_s: float = 120.0
     on_step: Callable[[str], None] = lambda step: None
+    trust: TrustPolicy = TrustPolicy()
+    """When a measurement is redone (client saturated, host busier) and the baseline re-measured."""
 
 
 @dataclass
@@ -70,6 +73,10 @@ class TrialResult:
     launch_cmd: str = ""
     failure_kind: str | None = None
     """Why the server did not start (orchestrator/targets/failures.py KINDS), if it did not."""
+    host: list[dict[str, Any]] = field(default_factory=list)
+    """The host's state during each used measurement (`orchestrator.hosts.state.window`)."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Scenario -> the last used measurement's full metrics."""
 
     def mean(self, label: str) -> float:
         values = self.samples.get(label, [])
@@ -94,8 +101,14 @@ def run_trial(
     repeats: int = 1,
     remeasure: Callable[[TrialResult], bool] = lambda r: False,
     max_remeasure: int = 2,
+    host_ref: dict[str, Any] | None = None,
+    gates: bool = True,
 ) -> TrialResult:
-    """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`."""
+    """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`.
+
+    `host_ref`: the host's state during the reference baseline; a measurement taken while other
+    tenants used clearly more of the host is redone. `gates=False` skips integrity/accuracy (a
+    paired re-measurement of a candidate already gated; the lock is still verified)."""
     result = TrialResult()
     t_start = time.perf_counter()
     trial_dir = ctx.run_dir / f"trial-{trial.number}"
@@ -128,27 +141,28 @@ def run_trial(
             # The gate files are re-hashed before every trial: a proposer that edited them
             # (or anything else that did) stops the run here, before its numbers can count.
             site.verify_gates()
-            verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate)
-            if verdict is None:
+            verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate) if gates else None
+            if verdict is None and gates:
                 verdict, result.gate_drift = _run_gates(ctx, site, trial, candidate, base_url, port, proc)
             if verdict is not None:
                 result.status_hint, result.error = "invalid", verdict
                 return result
 
         with _timed(result.timings, "bench", ctx.on_step):
-            err = _bench(ctx, site, trial, base_url, trial_dir, repeats, result)
+            bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref)
+            err = bench.run(repeats, result)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.
             while err is None and n < repeats + max_remeasure and remeasure(result):
                 ctx.on_step("re-measure")
-                err = _bench(ctx, site, trial, base_url, trial_dir, 1, result, first_repeat=n)
+                err = bench.run(1, result, first_repeat=n)
                 n += 1
             if err is None and not ctx.host.alive(proc):
                 err = "the server died during the benchmark"
             if err:
-                # A count violation already marked the trial invalid; anything else is a failure.
-                result.status_hint = "invalid" if result.status_hint == "invalid" else "failed"
-                result.error = err
+                # A count violation or an untrusted measurement makes the trial invalid; anything else is a failure.
+                invalid = result.status_hint == "invalid" or err.startswith("untrusted")
+                result.status_hint, result.error = ("invalid" if invalid else "failed"), err
     except HostError as e:
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
         if not healthy and proc is not None:  # say why it did not start, from its own log
@@ -216,28 +230,59 @@ def _diff(ctx: TrialContext, commit: str | None) -> str | None:
     return git.Repo(ctx.source_dir, search_parent_directories=True).git.diff(ctx.base_commit, commit)
 
 
-def _bench(
-    ctx: TrialContext, site: Site, trial: Any, base_url: str, trial_dir: Path, repeats: int, result: TrialResult,
-    first_repeat: int = 0,
-) -> str | None:
-    for name in ctx.goal.scenarios:
-        scenario = ctx.scenarios[name]
-        for rep in range(first_repeat, first_repeat + repeats):
-            ctx.on_step(f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else ""))
-            res = site.bench(
-                base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer, tokenizer_dir=str(ctx.model_dir),
-                api=ctx.target.api, timeout_s=ctx.request_timeout_s,
-            )
-            (trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
-            ctx.store.add_measurements(trial.id, name, res.metrics, repeat=rep)
-            if res.metrics.get("failed", 0) > 0:
-                reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
-                return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
-            bad_counts = count_violation(res.metrics, name)
-            if bad_counts:
-                result.status_hint = "invalid"
-                return bad_counts
-            for o in ctx.goal.objectives:
-                if o.scenario == name:
-                    result.samples.setdefault(objective_label(name, o.key), []).append(float(res.metrics[o.key]))
-    return None
+@dataclass
+class _Bench:
+    """The bench step of one trial: every scenario, each measurement redone until it can be trusted."""
+
+    ctx: TrialContext
+    trial: Any
+    base_url: str
+    trial_dir: Path
+    proc: Proc
+    site: Site
+    host_ref: dict[str, Any] | None
+
+    def run(self, repeats: int, result: TrialResult, first_repeat: int = 0) -> str | None:
+        """Measure each goal scenario `repeats` times; return an error, or None."""
+        ctx, store = self.ctx, self.ctx.store
+        for name in ctx.goal.scenarios:
+            scenario = ctx.scenarios[name]
+            for rep in range(first_repeat, first_repeat + repeats):
+                label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
+                ctx.on_step(label)
+
+                def once(scenario: Any = scenario) -> Any:
+                    return self.site.bench(self.base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
+                                           tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
+                                           timeout_s=ctx.request_timeout_s)
+
+                def redo(attempt: int, reasons: list[str], name: str = name, label: str = label) -> None:
+                    ctx.on_step(f"{label}: redo")
+                    store.add_event(ctx.run_id, "measure.redo", f"{name}: redone ({'; '.join(reasons)})",
+                                    data={"scenario": name, "attempt": attempt, "reasons": reasons}, trial_id=self.trial.id)
+
+                res, win, untrusted, attempts = bench_trusted(once, ctx.host, self.proc, ref=self.host_ref,
+                                                              policy=ctx.trust, on_redo=redo)
+                store.add_event(ctx.run_id, "measure.host", f"{name} #{rep}: load {win['load1']:.2f}, others' runnable "
+                                f"{win.get('foreign_load', float('nan')):.2f}/CPU, steal {win['steal']:.0%}, client {win['client_cpu']:.0%}",
+                                data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
+                                      "untrusted": untrusted}, trial_id=self.trial.id)
+                (self.trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
+                if res.metrics.get("failed", 0) > 0:
+                    store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                    reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
+                    return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
+                bad_counts = count_violation(res.metrics, name)
+                if bad_counts:  # outputs shorter/longer than asked, or usage that disagrees with the ids
+                    store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                    result.status_hint = "invalid"
+                    return bad_counts
+                if untrusted:  # never judged on: not stored as a measurement
+                    return f"untrusted measurement in {name} after {attempts} attempts: {'; '.join(untrusted)}"
+                store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                result.host.append(win)
+                result.metrics[name] = dict(res.metrics)
+                for o in ctx.goal.objectives:
+                    if o.scenario == name:
+                        result.samples.setdefault(objective_label(name, o.key), []).append(float(res.metrics[o.key]))
+        return None

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # launches (fake) servers
 @pytest.fixture
 def fake_ws(tmp_path, tiny_model):
     target = write_fake_target(
-        tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9),
+        tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9, 2.0),
         extra_launch='{% if fault != "none" %} --fault {{ fault }} {% endif %}',
         extra_knobs='[knobs.fault]\ntype = "categorical"\nchoices = ["none", "http500", "hang", "crash"]\ndefault = "none"',
     )
@@ -39,22 +39,39 @@ def fake_ws(tmp_path, tiny_model):
 
 
 def _trials(ws, run_id):
-    return {t.number: t for t in Store(ws.db_url).list_trials(run_id)}
+    """The baseline and the proposer's candidates, in order (0 = baseline, 1 = first candidate).
+
+    The loop's own trials (baseline sentinels when the shared host's load moved, paired A/B
+    rounds) are left out: how many there are depends on the machine."""
+    own = ("sentinel", "paired")
+    return dict(enumerate(t for t in Store(ws.db_url).list_trials(run_id) if t.proposer not in own))
 
 
-def test_goal_met_is_confirmed_by_a_clean_relaunch(fake_ws):
-    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 4.0}, {"tpot_ms": 7.9}])
+def test_goal_met_is_confirmed_by_paired_ab_on_fresh_servers(fake_ws):
+    # 8 -> 2 ms is 4x by design; on a loaded host every sleep overruns a little, so the measured
+    # ratio is lower (2-3x) but stays clear of the goal's 1.67x.
+    ws = fake_ws([{"tpot_ms": 6.0}, {"tpot_ms": 2.0}, {"tpot_ms": 7.9}])
     out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 6 trials"))
+    trials = Store(ws.db_url).list_trials(out.run_id)
     t = _trials(ws, out.run_id)
-    assert t[1].status == "kept" and 1.2 < t[1].score < 1.45  # 8 -> 6 ms: better, not enough
-    assert t[2].status == "kept" and t[2].score > 1.7  # 8 -> 4 ms: meets the 40% cut
-    assert t[3].proposer == "confirm" and t[3].knobs == t[2].knobs and t[3].status == "kept"
-    assert 4 not in t, "the run stops once the goal is confirmed"
-    assert out.stop_reason.startswith("GoalMet") and "#2" in out.stop_reason
+    assert t[1].status == "kept" and t[1].score < 1.45  # 8 -> 6 ms: better, not enough
+    assert t[2].status == "kept" and t[2].score > 1.7  # meets the 40% cut
+    # The claim rests on A B A B rounds on fresh servers, not on trial #2's own number.
+    pairs = [x for x in trials if x.proposer == "paired" and x.status == "kept" and f"#{t[2].number}," in x.rationale]
+    assert len(pairs) >= 6 and [p.knobs["tpot_ms"] for p in pairs[:2]] == [8.0, 2.0]
+    assert not [x for x in trials if x.knobs.get("tpot_ms") == 7.9], "the run stops once the goal is confirmed"
+    assert out.stop_reason.startswith("GoalMet") and "#2" in out.stop_reason and "paired" in out.stop_reason
     store = Store(ws.db_url)
     assert store.get_run(out.run_id).best_trial_id == t[2].id
-    perf = {n: [g.status for g in store.gate_results(t[n].id) if g.gate == "performance"] for n in (1, 2, 3)}
-    assert perf == {1: ["fail"], 2: ["pass"], 3: ["pass"]}
+    paired = [e.data for e in store.events(out.run_id, kind="paired")]
+    assert len(paired) == 1 and paired[0]["met"] and paired[0]["lo"] >= 1 / 0.6
+    assert paired[0]["lo"] <= paired[0]["score"] <= paired[0]["hi"]
+    assert abs(t[2].score - paired[0]["score"]) < 1e-9, "the trial's score is the paired ratio"
+    perf = {n: [g.status for g in store.gate_results(t[n].id) if g.gate == "performance"] for n in (1, 2)}
+    assert perf[1] == ["fail"] and perf[2][-1] in ("pass", "remeasure")
+    # Every used measurement carries the host's state.
+    hosts = [e for e in store.events(out.run_id, kind="measure.host") if e.trial_id == t[2].id]
+    assert hosts and {"load1", "steal", "foreign_load", "client_cpu"} <= set(hosts[0].data["window"])
 
 
 def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):
@@ -81,7 +98,8 @@ def test_stall_and_budget_stops(fake_ws, tmp_path):
     goal = tmp_path / "g.toml"
     goal.write_text('[[objectives]]\nmetric = "tpot"\nvalue = 0.5\n[budget]\ntrials = 10\nstall_trials = 3\n')
     out = start_run(ws, load_goal(goal))
-    assert out.stop_reason.startswith("Stalled") and len(_trials(ws, out.run_id)) == 4
+    # 7.9 ms vs 8 ms is inside this host's noise: kept or not, three failures in a row then stall.
+    assert out.stop_reason.startswith("Stalled") and len(_trials(ws, out.run_id)) in (4, 5)
 
 
 def test_gate_file_edited_mid_run_stops_the_run(fake_ws, tmp_path, monkeypatch):
@@ -104,6 +122,8 @@ def test_gate_file_edited_mid_run_stops_the_run(fake_ws, tmp_path, monkeypatch):
     t = _trials(ws, run.id)
     assert run.status == "failed" and "GateTampered" in run.stop_reason
     assert t[1].status == "kept", "the trial measured before the edit stands"
-    assert t[2].status == "invalid" and "thresholds.toml" in t[2].error
-    assert not store.measurements(t[2].id), "nothing measured after the edit counts"
+    # The next trial (candidate #2, or a baseline sentinel if the host's load moved) is refused.
+    last = store.list_trials(run.id)[-1]
+    assert last.status == "invalid" and "thresholds.toml" in last.error
+    assert not store.measurements(last.id), "nothing measured after the edit counts"
     assert [e.kind for e in store.events(run.id, kind="gates.tampered")] == ["gates.tampered"]

@@ -66,6 +66,10 @@ class Host(Protocol):
 
     def site(self) -> Any:
         """Where this host's trials are measured: an `orchestrator.hosts.site.Site`."""
+    def host_state(self, proc: Proc | None = None, *, gpus: bool = True) -> dict:
+        """Load, CPU counters, run queue and (with `gpus`) GPU clocks/temperature/memory now
+        (`orchestrator.hosts.state.snapshot`); `proc`'s group is the server under test, whose CPU
+        and runnable threads are not counted as other tenants' load."""
         ...
 
 

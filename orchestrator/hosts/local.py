@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.state import snapshot
 
 __all__ = ["LocalHost", "log_tail"]
 
@@ -187,6 +188,9 @@ class LocalHost:
             except metadata.PackageNotFoundError:
                 pass
         return fp
+
+    def host_state(self, proc: Proc | None = None, *, gpus: bool = True) -> dict:
+        return snapshot(self.group_pids(proc) if proc is not None else (), gpus=gpus)
 
     def free_port(self) -> int:
         with socket.socket() as s:

@@ -71,10 +71,6 @@ class PoolController(Controller):
     def __init__(self, ctx: Any, proposer: Any, *, pool: HostPool, **kw: Any) -> None:
         super().__init__(ctx, proposer, **kw)
         self.pool = pool
-        self._queue: list[Candidate] = []
-
-    def _confirm(self, confirm: Candidate) -> None:
-        self._queue.append(confirm)  # runs on the next free host, like any other candidate
 
     def _loop(self) -> None:
         self._start()  # resumed trials and the baseline run alone: every later verdict is against the baseline
@@ -122,8 +118,6 @@ class PoolController(Controller):
                         pass
 
     def _next(self) -> tuple[Candidate, float]:
-        if self._queue:
-            return self._queue.pop(0), 0.0
         self._check_budget()
         t0 = _now()
         return self._propose(), _now() - t0

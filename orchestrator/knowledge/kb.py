@@ -6,6 +6,10 @@ finding | playbook), title, applies_to {hardware, engine, model}, status (hypoth
 Findings are written by the loop with provenance (run id, trial ids, measured deltas, hardware);
 each run that reproduces a finding raises its status one step. Contracts are human-owned and
 never written here.
+
+Findings are keyed by workload too (`applies_to.workload`: the goal's scenario set and the bench
+scale, `workload_key`): knobs that won on short single-stream requests prove nothing about a
+batched load, so a finding from another workload is never used to warm-start a run.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["Entry", "KnowledgeBase", "parse_entry"]
+from orchestrator.paired import latest_paired
+
+__all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
 
 _STATUS_RANK = {"refuted": -1, "hypothesis": 0, "probable": 1, "confirmed": 2}
 _PROMOTE = {"hypothesis": "probable", "probable": "confirmed", "confirmed": "confirmed"}
@@ -64,6 +70,11 @@ def _render(meta: dict[str, Any], body: str) -> str:
     return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
 
 
+def workload_key(scenarios: list[str] | tuple[str, ...], scale: float) -> str:
+    """`decode+throughput@1.0`: which scenarios, at which bench scale (order does not matter)."""
+    return "+".join(sorted(scenarios)) + f"@{float(scale):g}"
+
+
 def _hardware_key(fp: dict[str, Any]) -> str:
     gpus = fp.get("gpus") or []
     return gpus[0].split(",")[0].strip() if gpus else f"cpu-{fp.get('machine', '?')}-{fp.get('cpu_count', '?')}c"
@@ -99,9 +110,15 @@ class KnowledgeBase:
             out.append(e)
         return sorted(out, key=lambda e: (-_STATUS_RANK.get(e.status, 0), -float(e.meta.get("speedup", 1.0))))
 
-    def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any]) -> list[dict[str, Any]]:
-        """Knob sets of prior findings for this engine/model/hardware, best first (refuted ones never)."""
+    def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
+        """Knob sets of prior findings for this engine/model/hardware, best first (refuted ones never).
+
+        With `workload`, findings measured on another workload are left out; findings that name no
+        workload (written before workloads were recorded) come after the matching ones."""
         found = self.search(kind="finding", engine=engine, model=model, hardware=_hardware_key(hardware))
+        if workload is not None:
+            same = [e for e in found if e.applies_to.get("workload") == workload]
+            found = same + [e for e in found if e.applies_to.get("workload") in (None, "*")]
         return [dict(e.meta["knobs"]) for e in found if e.meta.get("knobs") and e.status != "refuted"]
 
     def context(self, *, engine: str, hardware: dict[str, Any], limit: int = 20) -> str:
@@ -110,8 +127,13 @@ class KnowledgeBase:
                  for e in self.search(engine=engine, hardware=_hardware_key(hardware))[:limit]]
         return "\n\n".join(parts)
 
-    def write_back(self, store: Any, run_id: int, *, engine: str, model: str, hardware: dict[str, Any]) -> Path | None:
-        """Record the run's best kept candidate as a finding (or strengthen the existing one)."""
+    def write_back(self, store: Any, run_id: int, *, engine: str, model: str, hardware: dict[str, Any],
+                   workload: str | None = None) -> Path | None:
+        """Record the run's best kept candidate as a finding (or strengthen the existing one).
+
+        The speedup recorded is the paired A/B ratio when the run confirmed one (it is the trial's
+        score then), with its interval in the evidence."""
+
         run = store.get_run(run_id)
         if run is None or run.best_trial_id is None:
             return None
@@ -119,7 +141,8 @@ class KnowledgeBase:
         if best is None or best.number == 0 or not best.score:
             return None
         hw = _hardware_key(hardware)
-        digest = hashlib.sha256(json.dumps([engine, model, hw, best.knobs], sort_keys=True, default=str).encode()).hexdigest()[:10]
+        key = [engine, model, hw, best.knobs] + ([workload] if workload else [])
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
         fid = f"finding-{engine}-{digest}"
         path = self.write_dir / "findings" / f"{fid}.md"
         today = dt.date.today().isoformat()
@@ -128,6 +151,12 @@ class KnowledgeBase:
             "objective": {k: round(v, 4) for k, v in (best.objective or {}).items()},
             "confirmed_by_relaunch": "GoalMet" in (run.stop_reason or ""),
         }
+        paired = latest_paired(store, run_id, best.id)
+        if paired and paired.get("score"):
+            evidence["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
+                                  "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
+        if workload:
+            evidence["workload"] = workload
         if path.is_file():
             e = parse_entry(path)
             meta = dict(e.meta)
@@ -141,7 +170,7 @@ class KnowledgeBase:
             meta = {
                 "id": fid, "kind": "finding",
                 "title": f"{engine} on {hw}: knobs giving {best.score:.2f}x on '{run.goal_text}'",
-                "applies_to": {"engine": engine, "model": model, "hardware": hw},
+                "applies_to": {"engine": engine, "model": model, "hardware": hw, **({"workload": workload} if workload else {})},
                 "status": "probable" if evidence["confirmed_by_relaunch"] else "hypothesis",
                 "knobs": best.knobs, "speedup": round(best.score, 4), "evidence": [evidence],
                 "created": today, "updated": today,

@@ -10,6 +10,7 @@ from typing import Any
 import jinja2
 
 from orchestrator.errors import summarize_failure
+from orchestrator.paired import latest_paired
 
 __all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
 
@@ -31,6 +32,8 @@ class ReportData:
     overhead_s: float
     overhead_pct: float
     gate_rejections: list[dict[str, Any]] = field(default_factory=list)
+    paired: dict[str, Any] | None = None
+    """The best candidate's paired A/B outcome (ratio, interval, rounds), when it was confirmed."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +59,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "objective": t.objective or {}, "knobs": t.knobs, "changed": changed,
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
         })
+    paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []
     for o in goal.objectives:
         label = objective_label(o.scenario, o.key)
@@ -67,6 +71,10 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "speedup": o.speedup(v, b) if (b and v) else None,
             "met": o.met(v, b) if (b and v) else False,
         })
+        po = ((paired or {}).get("objectives") or {}).get(label)
+        if po:  # the claim is the paired ratio, not best / baseline #0 measured minutes apart
+            objectives[-1].update(speedup=po["ratio"], lo=po.get("lo"), hi=po.get("hi"), met=po["verdict"] == "pass",
+                                  unpaired=o.speedup(v, b) if (b and v) else None)
     step_totals = {s: sum((t.timings or {}).get(s, 0.0) for t in trials) for s in STEPS}
     total = sum((t.timings or {}).get("total", 0.0) for t in trials)
     engine = sum(step_totals[s] for s in ENGINE_STEPS)
@@ -92,6 +100,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         trials=rows, best=as_dict(best), baseline=as_dict(base), objectives=objectives,
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
+        paired=paired,
     )
 
 
@@ -109,7 +118,7 @@ def _plot(data: ReportData, out: Path) -> Path:
         score = t["score"] if t["score"] else 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t["number"], score, color=colors.get(t["status"], "black"), zorder=3,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")
-        if t["status"] == "kept" and t["proposer"] != "confirm":
+        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
             best = max(best, score)
         xs.append(t["number"])
         ys.append(best)

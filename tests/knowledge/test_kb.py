@@ -77,3 +77,24 @@ def test_no_finding_without_a_winner(tmp_path):
     run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
     kb = KnowledgeBase([SEED], write_dir=tmp_path)
     assert kb.write_back(store, run.id, engine="hfserve", model="m", hardware=HW) is None
+
+
+def test_findings_are_keyed_by_workload_and_carry_the_paired_ratio(tmp_path):
+    from orchestrator.knowledge import workload_key
+
+    store = Store("sqlite://")
+    kb_dir = tmp_path / "kb"
+    knobs = {"batching": "on"}
+    decode, load = workload_key(["decode"], 1.0), workload_key(["throughput", "decode"], 0.5)
+    assert load == "decode+throughput@0.5"
+    rid = _run_with_best(store, knobs, 3.1, "GoalMet: paired")
+    best = store.get_run(rid).best_trial_id
+    store.add_event(rid, "paired", "p", data={"score": 3.1, "lo": 2.9, "hi": 3.3, "rounds": 3, "met": True}, trial_id=best)
+    path = KnowledgeBase([kb_dir], write_dir=kb_dir).write_back(store, rid, engine="hfserve", model="m", hardware=HW,
+                                                                 workload=decode)
+    e = parse_entry(path)
+    assert e.applies_to["workload"] == decode and e.meta["evidence"][0]["paired"]["lo"] == 2.9
+    kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
+    assert kb.warm_start(engine="hfserve", model="m", hardware=HW, workload=decode) == [knobs]
+    # Proven on single-stream decode; not applied to a batched load.
+    assert kb.warm_start(engine="hfserve", model="m", hardware=HW, workload=load) == []

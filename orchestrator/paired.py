@@ -1,0 +1,177 @@
+"""Paired A/B confirmation: the only number a claim rests on.
+
+A candidate that looked good in the search is re-measured against the baseline in rounds, each
+on fresh servers, alternating A (baseline) and B (candidate). The machine's slow drift (another
+tenant, a thermal throttle) hits both halves of a pair alike and cancels in the ratio; a round
+whose two halves saw clearly different host states is redone. The goal is met when the
+bootstrap interval of the paired speedups clears it (`gates.performance.paired_check`).
+
+Each half is a trial row (proposer `paired`) with its own measurements and host state, so the
+evidence is auditable; the outcome is a `paired` event on the candidate's trial.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gates.performance import bootstrap_interval, pair_speedups, paired_check
+from gates.thresholds import section
+from orchestrator.measure import slowdown
+from orchestrator.proposers import Candidate
+from orchestrator.trial import TrialContext, objective_label, run_trial
+
+__all__ = ["PAIRED", "PairedOutcome", "describe", "latest_paired", "run_paired"]
+
+PAIRED = "paired"
+
+
+@dataclass(frozen=True)
+class PairedOutcome:
+    """The paired verdict on one candidate trial."""
+
+    trial: int
+    """Number of the candidate trial that was confirmed."""
+    rounds: int
+    score: float
+    """Geometric mean over pairs of each pair's geomean speedup across the goal's objectives."""
+    lo: float
+    hi: float
+    confidence: float
+    met: bool
+    why: str
+    objectives: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Objective label -> ratio, lo, hi, required, pairs, verdict, why."""
+    pair_trials: list[list[int]] = field(default_factory=list)
+    """[baseline trial number, candidate trial number] per used round."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def describe(p: dict[str, Any] | PairedOutcome, *, short: bool = False) -> str:
+    """`2.31x [2.10, 2.52] (90%, 3 paired rounds)`; `short`: `2.31x [2.10, 2.52]`."""
+    d = p.to_dict() if isinstance(p, PairedOutcome) else p
+    if not d.get("score"):
+        return "not confirmed" if short else f"not confirmed ({d.get('why', '')[:160]})"
+    if short:
+        return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}]"
+    return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}] ({d['confidence']:.0%}, {d['rounds']} paired rounds)"
+
+
+def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[str, Any] | None:
+    """The newest paired outcome of the run (of one candidate trial, when `trial_id` is given)."""
+    found = [e for e in store.events(run_id, kind=PAIRED) if trial_id is None or e.trial_id == trial_id]
+    return dict(found[-1].data) if found else None
+
+
+def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
+               create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None) -> PairedOutcome:
+    """Measure A B A B ... on fresh servers and judge the goal on the paired ratios.
+
+    `create(Candidate) -> trial row` makes the store rows (the controller numbers them);
+    `on_trial(record)` is told of each finished row, like every other trial of the run."""
+    cfg = section(thresholds, "performance")
+    first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
+    store, n = ctx.store, candidate_trial.number
+    base_vals: dict[str, list[float]] = {}
+    cand_vals: dict[str, list[float]] = {}
+    pair_trials: list[list[int]] = []
+    rnd = redo = 0
+    while True:
+        ctx.on_step(f"paired round {rnd + 1}")
+        halves = []
+        for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
+            c = Candidate(dict(knobs), commit=commit, rationale=f"paired A/B of #{n}, round {rnd + 1}: {role}", proposer=PAIRED)
+            row = create(c)
+            res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0))
+            halves.append((row, res))
+            if res.error:
+                break
+        bad = next(((row, res) for row, res in halves if res.error), None)
+        if bad is not None:
+            row, res = bad
+            for other, r in halves:
+                if other.id != row.id:
+                    on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
+                                                timings=_timings(r)))
+            on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
+            if (res.error or "").startswith("untrusted") and redo < ctx.trust.max_redo * first:
+                redo += 1  # the host, not the candidate: measure the round again
+                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone: {res.error}", trial_id=candidate_trial.id)
+                continue
+            return _failed(n, rnd, f"round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
+        (a_row, a), (b_row, b) = halves
+        ha, hb = _host(a), _host(b)
+        x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
+        if max(x, 1 / x) > 1 + ctx.trust.max_slowdown and redo < ctx.trust.max_redo * first:
+            # One half ran beside another tenant, the other did not: this pair measures the tenant.
+            why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
+                   f"{hb['foreign_load']:.2f}/CPU during the candidate's")
+            for row, res in halves:
+                on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
+            store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=candidate_trial.id)
+            redo += 1
+            continue
+        for row, res in halves:
+            on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
+        for label in a.samples:
+            base_vals.setdefault(label, []).append(a.mean(label))
+            cand_vals.setdefault(label, []).append(b.mean(label))
+        pair_trials.append([a_row.number, b_row.number])
+        rnd += 1
+        if rnd < first:
+            continue
+        out = _judge(ctx, n, base_vals, cand_vals, pair_trials, can_add=rnd < most, thresholds=thresholds)
+        if out is not None:
+            return out
+
+
+def _judge(ctx: TrialContext, n: int, base_vals: dict[str, list[float]], cand_vals: dict[str, list[float]],
+           pair_trials: list[list[int]], *, can_add: bool, thresholds: dict[str, Any] | None) -> PairedOutcome | None:
+    """The outcome, or None when the interval straddles the goal and another round may help."""
+    objectives: dict[str, dict[str, Any]] = {}
+    per_pair = [0.0] * len(pair_trials)
+    for o in ctx.goal.objectives:
+        label = objective_label(o.scenario, o.key)
+        sp = pair_speedups(base_vals[label], cand_vals[label], higher_better=o.info.direction == "maximize")
+        per_pair = [acc + math.log(s) / len(ctx.goal.objectives) for acc, s in zip(per_pair, sp, strict=True)]
+        if o.kind == "relative":
+            pc = paired_check(sp, required=o.speedup(o.target_for(1.0), 1.0), thresholds=thresholds, can_add_rounds=can_add)
+            objectives[label] = {"ratio": pc.ratio, "lo": pc.lo, "hi": pc.hi, "required": pc.required, "pairs": list(pc.pairs),
+                                 "verdict": pc.verdict, "why": pc.why}
+        else:
+            ok = all(o.met(c, b) for b, c in zip(base_vals[label], cand_vals[label], strict=True))
+            objectives[label] = {"ratio": math.exp(sum(math.log(s) for s in sp) / len(sp)), "pairs": sp,
+                                 "verdict": "pass" if ok else "fail", "why": f"{o.describe()} {'met' if ok else 'missed'} in every pair"}
+    if any(v["verdict"] == "remeasure" for v in objectives.values()):
+        return None
+    scores = [math.exp(x) for x in per_pair]
+    conf = float(section(thresholds, "performance").get("paired_confidence", 0.9))
+    lo, hi = bootstrap_interval(scores, confidence=conf)
+    score = math.exp(sum(per_pair) / len(per_pair))
+    met = all(v["verdict"] == "pass" for v in objectives.values())
+    why = "; ".join(f"{k}: {v['why']}" for k, v in objectives.items())
+    return PairedOutcome(n, len(pair_trials), score, lo, hi, conf, met, why, objectives, pair_trials)
+
+
+def _failed(n: int, rnd: int, why: str, pair_trials: list[list[int]]) -> PairedOutcome:
+    return PairedOutcome(n, rnd, 0.0, 0.0, 0.0, 0.0, False, why, {}, pair_trials)
+
+
+def _host(r: Any) -> dict[str, float]:
+    """Mean run-queue loads during a half's measurements ({} when the host could not be sampled)."""
+    wins = [w for w in r.host if "foreign_load" in w]
+    if not wins:
+        return {}
+    return {k: sum(w[k] for w in wins) / len(wins) for k in ("foreign_load", "own_load")}
+
+
+def _timings(r: Any) -> dict[str, float]:
+    """The trial's step times, with `record` and `total` like every controller-recorded trial."""
+    return dict(r.timings, record=0.0, total=r.timings.get("trial", 0.0))
+
+
+def _obj(r: Any) -> dict[str, float]:
+    return {label: r.mean(label) for label in r.samples}

@@ -1,0 +1,65 @@
+"""Why a trial was kept or discarded, and the paired speedup, as `show`, `status` and the report say them."""
+
+import json
+
+from typer.testing import CliRunner
+
+from gates.result import GateResult
+from orchestrator.cli import app
+from orchestrator.paired import PairedOutcome, describe
+from orchestrator.store import Store
+from orchestrator.why import why_data
+
+runner = CliRunner()
+PAIRED = PairedOutcome(trial=1, rounds=3, score=4.31, lo=4.12, hi=4.50, confidence=0.9, met=True,
+                       why="throughput:output_throughput: paired 4.31x [4.12, 4.50] reaches 2.500x in every pair",
+                       pair_trials=[[2, 3], [4, 5], [6, 7]]).to_dict()
+
+
+def test_the_sentence_names_score_best_threshold_noise_and_gates():
+    gates = [GateResult("integrity", "pass", "", {}, 0.1), GateResult("performance", "fail", "", {}, 0.0)]
+    d = why_data(number=4, status="discarded", proposer="search", score=1.52, best=1.60, min_gain=0.03, noise=0.08,
+                 baseline_trial=3, gates=gates, error=None)
+    s = d["sentence"]
+    assert s.startswith("#4 discarded: score 1.520x against baseline #3 did not clear 1.728x")
+    assert "best 1.600x + 8.0%, set by baseline noise 8.0%" in s and "integrity pass, performance fail" in s
+    assert d["threshold"] == 1.60 * 1.08 and d["noise"] == 0.08
+    kept = why_data(number=5, status="kept", proposer="search", score=2.0, best=1.6, min_gain=0.03, noise=0.01,
+                    baseline_trial=0, gates=[], error=None, paired=PAIRED, screen_met=True)["sentence"]
+    assert "cleared 1.648x" in kept and "set by min_gain 3%" in kept and "may meet the goal" in kept
+    assert "paired A/B: 4.31x [4.12, 4.50] (90%, 3 paired rounds), goal met" in kept
+    failed = why_data(number=6, status="invalid", proposer="search", score=None, best=1.6, min_gain=0.03, noise=0.0,
+                      baseline_trial=0, gates=[], error="untrusted measurement in throughput after 3 attempts: x")
+    assert failed["sentence"].startswith("#6 invalid: untrusted measurement")
+
+
+def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
+    run = store.create_run("r", "improve throughput by 2.5x", {"objectives": [{"metric": "throughput", "value": 1.5}]},
+                           "h", {"name": "t"}, {}, "local", "search")
+    t0 = store.create_trial(run.id, 0, commit="", knobs={"batching": "off"}, rationale="", proposer="baseline")
+    store.finish_trial(t0.id, "kept", score=1.0, objective={"throughput:output_throughput": 200.0})
+    t1 = store.create_trial(run.id, 1, commit="", knobs={"batching": "on"}, rationale="", proposer="search")
+    store.finish_trial(t1.id, "kept", score=4.31, objective={"throughput:output_throughput": 900.0})
+    store.set_best_trial(run.id, t1.id)
+    store.add_event(run.id, "paired", describe(PAIRED), data=PAIRED, trial_id=t1.id)
+    store.add_event(run.id, "trial.why", "#1 kept: score 4.310x cleared 1.030x", data={"sentence": "#1 kept: score 4.310x cleared 1.030x"},
+                    trial_id=t1.id)
+    store.add_event(run.id, "measure.host", "m", trial_id=t1.id, data={
+        "scenario": "throughput", "repeat": 0, "attempts": 2, "untrusted": [],
+        "window": {"load1": 3.1, "foreign_load": 0.4, "steal": 0.0, "client_cpu": 0.2}})
+    store.set_run_status(run.id, "finished", "GoalMet: #1 meets every objective")
+
+    r = runner.invoke(app, ["-w", str(tmp_path), "show", "1"])
+    assert r.exit_code == 0, r.output
+    assert "why: #1 kept: score 4.310x cleared 1.030x" in r.output
+    assert "paired A/B: 4.31x [4.12, 4.50] (90%, 3 paired rounds), goal met" in r.output
+    assert "load 3.10" in r.output and "2 attempts" in r.output
+    d = json.loads(runner.invoke(app, ["-w", str(tmp_path), "show", "1", "--json"]).output)
+    assert d["paired"]["lo"] == 4.12 and d["why"].startswith("#1 kept") and d["host"][0]["attempts"] == 2
+    r = runner.invoke(app, ["-w", str(tmp_path), "status"], env={"COLUMNS": "200"})
+    assert "4.31x [4.12, 4.50]" in r.output
+    assert json.loads(runner.invoke(app, ["-w", str(tmp_path), "status", "--json"]).output)[0]["paired"]["hi"] == 4.5
+    d = json.loads(runner.invoke(app, ["-w", str(tmp_path), "report", "--json"]).output)
+    text = open(d["report"]).read()
+    assert "paired speedup **4.31× [4.12, 4.50]**" in text and "3 A/B rounds on fresh servers" in text
