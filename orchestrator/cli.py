@@ -25,6 +25,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from orchestrator.cli_kb import kb_app
+
 __all__ = ["app"]
 
 app = typer.Typer(
@@ -41,6 +43,7 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
+app.add_typer(kb_app, name="kb")  # orchestrator/cli_kb.py
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 

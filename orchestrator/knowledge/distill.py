@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import optuna
-
 __all__ = ["Distilled", "classify_failure", "distill"]
 
 _SCORED = ("kept", "discarded")
@@ -97,6 +95,7 @@ def _importance(trials: list[Any], metric: str | None) -> dict[str, float]:
         import sklearn  # noqa: F401 - fANOVA's forest; optional
     except ImportError:
         return _eta2(rows, names, value_of)
+    import optuna  # here, not at the top: the CLI imports this package and should start fast
     dists: dict[str, optuna.distributions.BaseDistribution] = {
         n: optuna.distributions.CategoricalDistribution(sorted({t.knobs[n] for t in rows}, key=repr)) for n in names}
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -151,7 +151,8 @@ def similarity(applies_to: dict[str, Any], here: dict[str, Any]) -> float:
     """How well an entry's `applies_to` fits this run's setting `here` (same keys), in [0, 1].
 
     A product of per-part scores, so one strong mismatch (another engine, CPU vs GPU) dominates.
-    A part the entry leaves unset or sets to `*` applies everywhere."""
+    A part the entry leaves unset or sets to `*` applies everywhere; a part `here` leaves unset
+    (an agent asking without a model) is not compared."""
     eng = applies_to.get("engine")
     if eng not in (None, "*") and here.get("engine") and eng != here.get("engine"):
         return 0.0
@@ -159,11 +160,11 @@ def similarity(applies_to: dict[str, Any], here: dict[str, Any]) -> float:
     va, vb = applies_to.get("engine_version"), here.get("engine_version")
     if va and vb and va != vb:
         s *= 0.9
-    if applies_to.get("model") not in (None, "*"):
+    if applies_to.get("model") not in (None, "*") and here.get("model"):
         if applies_to.get("model") != here.get("model"):
             s *= model_similarity(applies_to.get("model_desc") or {"name": applies_to.get("model")},
                                   here.get("model_desc") or {"name": here.get("model")})
-    if applies_to.get("hardware") not in (None, "*") and applies_to.get("hardware") != here.get("hardware"):
+    if applies_to.get("hardware") not in (None, "*") and here.get("hardware") and applies_to.get("hardware") != here.get("hardware"):
         s *= hardware_similarity(applies_to.get("hardware_desc") or {"class": _class_of(applies_to["hardware"])},
                                  here.get("hardware_desc") or {"class": _class_of(here.get("hardware"))})
     s *= workload_similarity(applies_to.get("workload"), here.get("workload"))
