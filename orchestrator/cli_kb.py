@@ -23,7 +23,9 @@ kb_app = typer.Typer(help="Read and curate the knowledge base; approve contract 
 
 
 def _cli() -> Any:
-    from orchestrator import cli  # the app's workspace options and error helpers; imported late (cli imports us)
+    from orchestrator import (
+        cli,  # the app's workspace options and error helpers; imported late (cli imports us)
+    )
 
     return cli
 

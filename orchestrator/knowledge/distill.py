@@ -70,7 +70,7 @@ def _eta2(rows: list[Any], names: list[str], value_of: Any) -> dict[str, float]:
     out = {}
     for n in names:
         groups: dict[str, list[float]] = defaultdict(list)
-        for t, y in zip(rows, ys):
+        for t, y in zip(rows, ys, strict=False):
             groups[repr(t.knobs.get(n))].append(y)
         between = sum(len(g) * (statistics.fmean(g) - mean) ** 2 for g in groups.values())
         out[n] = round(between / total, 4)
@@ -168,7 +168,7 @@ def distill(store: Any, run_id: int) -> Distilled:
         for t in scored:
             if t.number != 0 and t.knobs.get(knob) != base.knobs[knob]:
                 groups[repr(t.knobs[knob])].append(t)
-        for value, ts in groups.items():
+        for _value, ts in groups.items():
             if len(ts) >= 2 and all(t.score <= 1.0 for t in ts):
                 d.dead_ends.append({"knob": knob, "value": ts[0].knobs[knob], "trials": sorted(t.number for t in ts),
                                     "best_score": round(max(t.score for t in ts), 4)})

@@ -15,7 +15,13 @@ from typing import Any
 from orchestrator.knowledge import reuse
 from orchestrator.knowledge.distill import distill
 from orchestrator.knowledge.entries import STATUS_RANK, Entry, parse_entry
-from orchestrator.knowledge.fingerprint import describe_hardware, describe_model, hardware_key, similarity, workload_key
+from orchestrator.knowledge.fingerprint import (
+    describe_hardware,
+    describe_model,
+    hardware_key,
+    similarity,
+    workload_key,
+)
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
 
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
@@ -126,7 +132,7 @@ class KnowledgeBase:
         constraints = write_constraints(self.write_dir, d, here, key)
         moved = []
         for t in d.warm_trials:
-            for w, e in self.similar(here, kind="finding", min_sim=reuse.MIN_SIMILARITY):
+            for _w, e in self.similar(here, kind="finding", min_sim=reuse.MIN_SIMILARITY):
                 sim = similarity(e.applies_to, here)
                 if sim >= 0.999 or not e.meta.get("knobs"):
                     continue  # the exact setting's own finding is promoted by write_winner

@@ -105,7 +105,7 @@ def warm_knobs(findings: list[tuple[float, Entry]], here: dict[str, Any], avoid:
 def render_context(ranked: list[tuple[float, Entry]], here: dict[str, Any], limit: int) -> str:
     """Markdown digest for an agent: exact entries as they are, transferred ones marked as priors."""
     parts = []
-    for w, e in ranked[:limit]:
+    for _w, e in ranked[:limit]:
         s = similarity(e.applies_to, here)
         a = e.applies_to
         if s >= 0.999 or e.kind in ("contract", "playbook"):

@@ -4,7 +4,12 @@ import json
 
 from orchestrator.knowledge import KnowledgeBase, workload_key
 from orchestrator.knowledge.fingerprint import (
-    describe_hardware, describe_model, hardware_similarity, model_similarity, similarity, workload_similarity,
+    describe_hardware,
+    describe_model,
+    hardware_similarity,
+    model_similarity,
+    similarity,
+    workload_similarity,
 )
 
 CPU2 = {"machine": "x86_64", "cpu_count": 2, "gpus": []}
