@@ -125,6 +125,8 @@ def hardware_similarity(a: dict[str, Any] | None, b: dict[str, Any] | None) -> f
         return 1.0 if not a else 0.5
     if a.get("class") != b.get("class"):
         return 0.1  # CPU findings say little about GPUs and the reverse
+    if set(a) == {"class"} or set(b) == {"class"}:
+        return 1.0  # "any GPU" / "any CPU": a class-wide entry
     if a.get("class") == "cpu":
         arch = 1.0 if a.get("machine") == b.get("machine") else 0.6
         return round(arch * _ratio_sim(a.get("cpu_cores"), b.get("cpu_cores"), decade=0.4), 4)
@@ -164,7 +166,8 @@ def similarity(applies_to: dict[str, Any], here: dict[str, Any]) -> float:
         if applies_to.get("model") != here.get("model"):
             s *= model_similarity(applies_to.get("model_desc") or {"name": applies_to.get("model")},
                                   here.get("model_desc") or {"name": here.get("model")})
-    if applies_to.get("hardware") not in (None, "*") and here.get("hardware") and applies_to.get("hardware") != here.get("hardware"):
+    names_hw = applies_to.get("hardware") not in (None, "*") or bool(applies_to.get("hardware_desc"))
+    if names_hw and here.get("hardware") and applies_to.get("hardware") != here.get("hardware"):
         s *= hardware_similarity(applies_to.get("hardware_desc") or {"class": _class_of(applies_to["hardware"])},
                                  here.get("hardware_desc") or {"class": _class_of(here.get("hardware"))})
     s *= workload_similarity(applies_to.get("workload"), here.get("workload"))
