@@ -84,8 +84,9 @@ class KnowledgeBase:
     def priors(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
         """The warm-start plan with its provenance: knobs, source entry id, weight, similarity."""
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
-        avoid = reuse.avoided(self.similar(here, kind="constraint"))
-        plan = reuse.warm_knobs(self.similar(here, kind="finding"), here, avoid)
+        findings = self.similar(here, kind="finding")
+        avoid = reuse.avoided(self.similar(here, kind="constraint"), won=findings)
+        plan = reuse.warm_knobs(findings, here, avoid)
         return [{"knobs": k, "entry": e.id, "weight": w, "similarity": similarity(e.applies_to, here)} for w, e, k in plan]
 
     def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
@@ -96,7 +97,7 @@ class KnowledgeBase:
     def avoid(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> dict[str, list[Any]]:
         """knob -> values that failed or never paid off on similar settings."""
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
-        return reuse.avoided(self.similar(here, kind="constraint"))
+        return reuse.avoided(self.similar(here, kind="constraint"), won=self.similar(here, kind="finding"))
 
     def context(self, *, engine: str, hardware: dict[str, Any], limit: int = 20, model: str | None = None,
                 workload: str | None = None) -> str:

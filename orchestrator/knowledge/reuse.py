@@ -67,13 +67,20 @@ def translate(knobs: dict[str, Any], src: dict[str, Any], here: dict[str, Any]) 
     return out
 
 
-def avoided(constraints: list[tuple[float, Entry]], min_weight: float = 0.6) -> dict[str, list[Any]]:
-    """knob -> values that failed or never paid off on a similar enough setting."""
+def avoided(constraints: list[tuple[float, Entry]], min_weight: float = 0.5,
+            won: list[tuple[float, Entry]] = ()) -> dict[str, list[Any]]:
+    """knob -> values that failed or never paid off on a similar enough setting.
+
+    A value that is part of a winning knob set on an at least as similar setting is not avoided:
+    it failed alone (or with other knobs) but won in that combination."""
     out: dict[str, list[Any]] = {}
     for w, e in constraints:
         if w < min_weight:
             continue
         for a in e.meta.get("avoid") or []:
+            if any(fw >= w and (f.meta.get("knobs") or {}).get(a["knob"]) == a["value"] and f.status != "refuted"
+                   for fw, f in won):
+                continue
             vals = out.setdefault(str(a["knob"]), [])
             if a["value"] not in vals:
                 vals.append(a["value"])

@@ -83,3 +83,21 @@ def test_batch_knobs_scale_with_kv_room_on_gpus_only():
     assert translate({"max_num_seqs": 64, "x": 1}, src, dst) == {"max_num_seqs": 113, "x": 1}  # 141/80 GB
     cpu = KnowledgeBase.setting(engine="vllm", model="forge:small", hardware=CPU2)
     assert translate({"max_num_seqs": 64}, {**cpu, "model": "forge:tiny"}, cpu) == {"max_num_seqs": 64}
+
+
+def test_failed_directions_are_skipped_unless_they_won_in_combination(tmp_path):
+    store = Store("sqlite://")
+    _kb_with_a_finding(tmp_path, store)  # winner: batching=on, max_batch_size=6
+    # A second run on model A where max_batch_size=6 alone crashed and bfloat16 never paid off.
+    rid = make_run(store, [
+        ({"max_batch_size": 6}, "failed", None, None, "HostError: the server exited before it became healthy"),
+        ({"dtype": "bfloat16"}, "discarded", 0.8, TPS, None), ({"dtype": "bfloat16", "threads": 1}, "discarded", 0.7, TPS, None),
+        ({"threads": 1, "batching": "on"}, "kept", 1.5, TPS, None),
+    ], stop="BudgetExhausted", best=4)
+    KnowledgeBase([tmp_path], write_dir=tmp_path).write_back(store, rid, engine="hfserve", model="forge:tiny",
+                                                              hardware=CPU2, workload="throughput@0.5")
+    kb = KnowledgeBase([tmp_path], write_dir=tmp_path)
+    avoid = kb.avoid(engine="hfserve", model="forge:small", hardware=CPU2, workload="throughput@0.5")
+    assert avoid == {"dtype": ["bfloat16"]}  # max_batch_size=6 won together with batching=on
+    warm = kb.warm_start(engine="hfserve", model="forge:small", hardware=CPU2, workload="throughput@0.5")
+    assert warm[0]["batching"] == "on" and warm[0]["max_batch_size"] == 6
