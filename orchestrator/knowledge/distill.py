@@ -138,7 +138,7 @@ def distill(store: Any, run_id: int) -> Distilled:
     if run.best_trial_id is not None:
         best = store.get_trial(run.best_trial_id)
         if best is not None and best.number != 0 and best.score:
-            d.winner = {"trial": best.number, "knobs": dict(best.knobs), "score": round(best.score, 4),
+            d.winner = {"trial": best.number, "trial_id": best.id, "knobs": dict(best.knobs), "score": round(best.score, 4),
                         "objective": {k: round(v, 4) for k, v in (best.objective or {}).items()},
                         "confirmed_by_relaunch": "GoalMet" in (run.stop_reason or "")}
     scored = [t for t in trials if t.status in _SCORED and t.score is not None and set(t.knobs) == set(base.knobs)]

@@ -24,6 +24,11 @@ from orchestrator.knowledge.fingerprint import (
 )
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
 
+try:
+    from orchestrator.paired import latest_paired
+except ImportError:  # the paired A/B confirmation lands with another branch; without it, no interval
+    latest_paired = None
+
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
 
 _SKIP_DIRS = {"pending"}
@@ -127,7 +132,11 @@ class KnowledgeBase:
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
         hw = here["hardware"]
         key: list[Any] = [engine, model, hw] + ([workload] if workload else [])
-        evidence_extra = {"workload": workload} if workload else {}
+        evidence_extra: dict[str, Any] = {"workload": workload} if workload else {}
+        paired = latest_paired(store, run_id, d.winner["trial_id"]) if latest_paired and d.winner else None
+        if paired and paired.get("score"):  # the paired A/B ratio and its interval, when the run measured one
+            evidence_extra["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
+                                        "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
         winner = write_winner(self.write_dir, d, here, key, evidence_extra)
         effects = write_effects(self.write_dir, d, here, key)
         constraints = write_constraints(self.write_dir, d, here, key)

@@ -93,9 +93,10 @@ def warm_knobs(findings: list[tuple[float, Entry]], here: dict[str, Any], avoid:
     seen: set[str] = set()
     transferred = 0
     for w, e in findings:
-        if not e.meta.get("knobs") or e.status == "refuted" or w < MIN_SIMILARITY * 0.6:
+        sim = similarity(e.applies_to, here)
+        if not e.meta.get("knobs") or e.status == "refuted" or sim < MIN_SIMILARITY:
             continue
-        exact = similarity(e.applies_to, here) >= 0.999
+        exact = sim >= 0.999
         if not exact and transferred >= MAX_TRANSFERRED:
             continue
         knobs = translate(dict(e.meta["knobs"]), e.applies_to, here)

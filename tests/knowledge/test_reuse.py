@@ -101,3 +101,17 @@ def test_failed_directions_are_skipped_unless_they_won_in_combination(tmp_path):
     assert avoid == {"dtype": ["bfloat16"]}  # max_batch_size=6 won together with batching=on
     warm = kb.warm_start(engine="hfserve", model="forge:small", hardware=CPU2, workload="throughput@0.5")
     assert warm[0]["batching"] == "on" and warm[0]["max_batch_size"] == 6
+
+
+def test_a_finding_from_another_workload_does_not_warm_start(tmp_path):
+    store = Store("sqlite://")
+    rid = make_run(store, [(WIN, "kept", 3.0, TPS, None)], best=1)
+    kb_dir = tmp_path / "kb"
+    KnowledgeBase([kb_dir], write_dir=kb_dir).write_back(store, rid, engine="hfserve", model="m", hardware=CPU2,
+                                                         workload="decode@1")
+    kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
+    assert kb.warm_start(engine="hfserve", model="m", hardware=CPU2, workload="decode@1")[0]["batching"] == "on"
+    # Proven on single-stream decode; a batched load is another workload, not even a prior.
+    assert kb.warm_start(engine="hfserve", model="m", hardware=CPU2, workload="decode+throughput@0.5") == []
+    # Same scenarios at another scale: a prior (similarity 0.8).
+    assert kb.priors(engine="hfserve", model="m", hardware=CPU2, workload="decode@2")[0]["similarity"] == 0.8
