@@ -91,16 +91,24 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=12)
     ap.add_argument("--misleading", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kb-a", type=Path, help="Use this KB (written by an earlier model-A run) instead of running A cold.")
+    ap.add_argument("--arms", nargs="+", default=["cold", "warm"], choices=["cold", "warm"],
+                    help="Which B arms to run (to split pairs over processes on a crowded machine).")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kb_reuse_"))
     results: list[dict[str, Any]] = []
     kb_a = tmp / "kb_a"
-    results.append(run_once(tmp, "A-cold", args.model_a, args.seeds[0], kb_a, args.scale, args.budget))
+    if args.kb_a:
+        shutil.copytree(args.kb_a, kb_a)
+    else:
+        results.append(run_once(tmp, "A-cold", args.model_a, args.seeds[0], kb_a, args.scale, args.budget))
     for seed in args.seeds:
-        results.append(run_once(tmp, f"B-cold-s{seed}", args.model_b, seed, tmp / f"kb_cold_s{seed}", args.scale, args.budget))
-        kb_warm = tmp / f"kb_warm_s{seed}"
-        shutil.copytree(kb_a, kb_warm)
-        results.append(run_once(tmp, f"B-warm-s{seed}", args.model_b, seed, kb_warm, args.scale, args.budget))
+        if "cold" in args.arms:
+            results.append(run_once(tmp, f"B-cold-s{seed}", args.model_b, seed, tmp / f"kb_cold_s{seed}", args.scale, args.budget))
+        if "warm" in args.arms:
+            kb_warm = tmp / f"kb_warm_s{seed}"
+            shutil.copytree(kb_a, kb_warm)
+            results.append(run_once(tmp, f"B-warm-s{seed}", args.model_b, seed, kb_warm, args.scale, args.budget))
         if args.misleading:
             kb_bad = _misleading_kb(kb_a, tmp / f"kb_bad_s{seed}")
             results.append(run_once(tmp, f"B-misled-s{seed}", args.model_b, seed, kb_bad, args.scale, args.budget))
