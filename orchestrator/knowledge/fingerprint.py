@@ -164,8 +164,9 @@ def similarity(applies_to: dict[str, Any], here: dict[str, Any]) -> float:
         s *= 0.9
     if applies_to.get("model") not in (None, "*") and here.get("model"):
         if applies_to.get("model") != here.get("model"):
-            s *= model_similarity(applies_to.get("model_desc") or {"name": applies_to.get("model")},
-                                  here.get("model_desc") or {"name": here.get("model")})
+            # Findings written before descriptions existed name the model only: describe it now.
+            s *= model_similarity(applies_to.get("model_desc") or describe_model(str(applies_to["model"])),
+                                  here.get("model_desc") or describe_model(str(here["model"])))
     names_hw = applies_to.get("hardware") not in (None, "*") or bool(applies_to.get("hardware_desc"))
     if names_hw and here.get("hardware") and applies_to.get("hardware") != here.get("hardware"):
         s *= hardware_similarity(applies_to.get("hardware_desc") or {"class": _class_of(applies_to["hardware"])},

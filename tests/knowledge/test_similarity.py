@@ -62,3 +62,10 @@ def test_similarity_of_settings_is_a_product():
     assert similarity(gpu, here) < 0.1
     assert similarity({**other_model, "engine": "vllm"}, here) == 0.0
     assert similarity({"engine": "*"}, here) == 1.0  # a contract applies everywhere
+
+
+def test_old_findings_without_descriptions_are_described_from_the_name():
+    here = KnowledgeBase.setting(engine="hfserve", model="forge:small", hardware=CPU2)
+    old = {"engine": "hfserve", "model": "forge:tiny", "hardware": "cpu-x86_64-2c"}  # written by the first KB
+    assert 0.6 < similarity(old, here) < 1.0
+    assert similarity({**old, "model": "some-unknown-name"}, here) == 0.3
