@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Distilled", "classify_failure", "distill"]
+__all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
 
 _SCORED = ("kept", "discarded")
 _FAILED = ("failed", "invalid", "rejected")
@@ -75,6 +75,15 @@ def _eta2(rows: list[Any], names: list[str], value_of: Any) -> dict[str, float]:
         between = sum(len(g) * (statistics.fmean(g) - mean) ** 2 for g in groups.values())
         out[n] = round(between / total, 4)
     return out
+
+
+def importance_method() -> str:
+    """Which importance the effects carry: Optuna's fANOVA needs scikit-learn, else eta squared."""
+    try:
+        import sklearn  # noqa: F401 - optional
+    except ImportError:
+        return "eta squared (one-way ANOVA)"
+    return "fANOVA (Optuna)"
 
 
 def _importance(trials: list[Any], metric: str | None) -> dict[str, float]:

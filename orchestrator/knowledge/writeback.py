@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.knowledge.distill import Distilled
+from orchestrator.knowledge.distill import Distilled, importance_method
 from orchestrator.knowledge.entries import Entry, demote, parse_entry, promote, render
 
 __all__ = ["digest", "update_prior", "write_constraints", "write_effects", "write_winner"]
@@ -82,7 +82,7 @@ def write_effects(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key
     fid = f"finding-{engine}-knob-effects-{digest(*key)}"
     path = write_dir / "findings" / f"{fid}.md"
     top = d.effects[0]["knob"]
-    evidence = {"run": d.run_id, "top_knob": top,
+    evidence = {"run": d.run_id, "top_knob": top, "importance": importance_method(),
                 "effects": [{"knob": e["knob"], "importance": e["importance"], "values": e["values"],
                              "baseline_value": e["baseline_value"]} for e in d.effects]}
     lines = []
@@ -92,8 +92,8 @@ def write_effects(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key
         for value, row in e["values"].items():
             changes = ", ".join(f"{k.replace(' change', '')} {v:+.0%}" for k, v in row.items() if k.endswith("change"))
             lines.append(f"  - {value}: trials {row['trials']}, median score {row['median_score']:.2f}x" + (f"; {changes}" if changes else ""))
-    body = (f"\nRun {d.run_id} (`{d.goal}`): what each knob did, most important first (fANOVA over the run's "
-            f"scored trials; changes are medians relative to the baseline trial).\n\n" + "\n".join(lines) + "\n")
+    body = (f"\nRun {d.run_id} (`{d.goal}`): what each knob did, most important first ({importance_method()} over "
+            f"the run's scored trials; changes are medians relative to the baseline trial).\n\n" + "\n".join(lines) + "\n")
     if path.is_file():
         old = parse_entry(path)
         meta = dict(old.meta)
