@@ -31,6 +31,7 @@ from rich.progress import (
 from rich.table import Table
 
 from orchestrator.audit_cli import audit_app, html_report, query_trials
+from orchestrator.cli_kb import kb_app
 from orchestrator.clierrors import ERRORS, GuardedGroup, emit, fail
 from orchestrator.hosts_cli import hosts_app
 
@@ -53,6 +54,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
 app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/audit_cli.py)
 app.add_typer(hosts_app, name="hosts")
+app.add_typer(kb_app, name="kb")  # orchestrator/cli_kb.py
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 

@@ -1,83 +1,33 @@
-"""Read, search and write back the knowledge base.
+"""Read, search, reuse and write back the knowledge base.
 
-An entry is a markdown file whose YAML frontmatter carries `id, kind (contract | constraint |
-finding | playbook), title, applies_to {hardware, engine, model}, status (hypothesis | probable
-| confirmed | refuted), evidence [...], created, updated` and, for tuning findings, `knobs`.
-Findings are written by the loop with provenance (run id, trial ids, measured deltas, hardware);
-each run that reproduces a finding raises its status one step. Contracts are human-owned and
-never written here.
-
-Findings are keyed by workload too (`applies_to.workload`: the goal's scenario set and the bench
-scale, `workload_key`): knobs that won on short single-stream requests prove nothing about a
-batched load, so a finding from another workload is never used to warm-start a run.
+Entries live in `read_dirs` (the shipped seed, then the workspace's own; later dirs win on equal
+ids); the loop writes findings and constraints to `write_dir`. Contracts are human-owned: the loop
+can only propose them (`approval.propose_contract`), a person approves.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
-import json
-import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from orchestrator.knowledge import reuse
+from orchestrator.knowledge.distill import distill
+from orchestrator.knowledge.entries import STATUS_RANK, Entry, parse_entry
+from orchestrator.knowledge.fingerprint import (
+    describe_hardware,
+    describe_model,
+    hardware_key,
+    similarity,
+    workload_key,
+)
+from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
 from orchestrator.paired import latest_paired
 
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
 
-_STATUS_RANK = {"refuted": -1, "hypothesis": 0, "probable": 1, "confirmed": 2}
-_PROMOTE = {"hypothesis": "probable", "probable": "confirmed", "confirmed": "confirmed"}
-
-
-@dataclass(frozen=True)
-class Entry:
-    path: Path
-    meta: dict[str, Any]
-    body: str
-
-    @property
-    def id(self) -> str:
-        return str(self.meta.get("id", self.path.stem))
-
-    @property
-    def kind(self) -> str:
-        return str(self.meta.get("kind", "finding"))
-
-    @property
-    def status(self) -> str:
-        return str(self.meta.get("status", "hypothesis"))
-
-    @property
-    def applies_to(self) -> dict[str, Any]:
-        return dict(self.meta.get("applies_to") or {})
-
-
-def parse_entry(path: Path) -> Entry:
-    text = path.read_text()
-    m = re.match(r"^---\n(.*?)\n---\n?(.*)$", text, re.S)
-    if not m:
-        raise ValueError(f"{path}: a knowledge entry must start with YAML frontmatter between '---' lines")
-    meta = yaml.safe_load(m.group(1)) or {}
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: frontmatter must be a mapping")
-    return Entry(path=path, meta=meta, body=m.group(2))
-
-
-def _render(meta: dict[str, Any], body: str) -> str:
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
-
-
-def workload_key(scenarios: list[str] | tuple[str, ...], scale: float) -> str:
-    """`decode+throughput@1.0`: which scenarios, at which bench scale (order does not matter)."""
-    return "+".join(sorted(scenarios)) + f"@{float(scale):g}"
-
-
-def _hardware_key(fp: dict[str, Any]) -> str:
-    gpus = fp.get("gpus") or []
-    return gpus[0].split(",")[0].strip() if gpus else f"cpu-{fp.get('machine', '?')}-{fp.get('cpu_count', '?')}c"
+_SKIP_DIRS = {"pending"}
 
 
 @dataclass
@@ -89,16 +39,34 @@ class KnowledgeBase:
     entries: dict[str, Entry] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.write_dir = Path(self.write_dir)
         for d in self.read_dirs:
             for f in sorted(Path(d).rglob("*.md")) if Path(d).is_dir() else []:
-                if f.name.lower() == "readme.md":
+                if f.name.lower() == "readme.md" or _SKIP_DIRS & set(f.relative_to(d).parts[:-1]):
                     continue
                 e = parse_entry(f)
                 self.entries[e.id] = e
 
+    # --- the setting a run is in ---------------------------------------------------------
+    @staticmethod
+    def setting(*, engine: str, model: str | None = None, hardware: dict[str, Any] | None = None,
+                workload: str | None = None, engine_version: str | None = None, model_dir: Path | None = None) -> dict[str, Any]:
+        """The run's fingerprint in `applies_to` shape: exact names plus descriptions."""
+        out: dict[str, Any] = {"engine": engine}
+        if engine_version:
+            out["engine_version"] = engine_version
+        if model:
+            out["model"], out["model_desc"] = model, describe_model(model, model_dir)
+        if hardware is not None:
+            out["hardware"], out["hardware_desc"] = hardware_key(hardware), describe_hardware(hardware)
+        if workload:
+            out["workload"] = workload
+        return out
+
+    # --- reading ---------------------------------------------------------------------------
     def search(self, *, kind: str | None = None, engine: str | None = None, hardware: str | None = None,
                model: str | None = None) -> list[Entry]:
-        """Entries that apply: each `applies_to` field that is set must match (a `*` matches all)."""
+        """Entries whose exact names match: each `applies_to` field that is set must match (`*` matches all)."""
         out = []
         for e in self.entries.values():
             if kind and e.kind != kind:
@@ -108,78 +76,78 @@ class KnowledgeBase:
                    (("engine", engine), ("hardware", hardware), ("model", model))):
                 continue
             out.append(e)
-        return sorted(out, key=lambda e: (-_STATUS_RANK.get(e.status, 0), -float(e.meta.get("speedup", 1.0))))
+        return sorted(out, key=lambda e: (-STATUS_RANK.get(e.status, 0), -float(e.meta.get("speedup", 1.0))))
+
+    def similar(self, here: dict[str, Any], *, kind: str | None = None, min_sim: float = 0.0) -> list[tuple[float, Entry]]:
+        """(weight, entry) for entries that fit `here` (a `setting`), by similarity x status."""
+        return reuse.rank(list(self.entries.values()), here, kind=kind, min_sim=min_sim)
+
+    def priors(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
+        """The warm-start plan with its provenance: knobs, source entry id, weight, similarity."""
+        here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
+        findings = self.similar(here, kind="finding")
+        avoid = reuse.avoided(self.similar(here, kind="constraint"), won=findings)
+        plan = reuse.warm_knobs(findings, here, avoid)
+        return [{"knobs": k, "entry": e.id, "weight": w, "similarity": similarity(e.applies_to, here)} for w, e, k in plan]
 
     def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
-        """Knob sets of prior findings for this engine/model/hardware, best first (refuted ones never).
+        """Knob sets to try first: this exact setting's findings, then priors from similar settings
+        (another model size, a similar host), translated, best weight first; refuted ones never."""
+        return [p["knobs"] for p in self.priors(engine=engine, model=model, hardware=hardware, workload=workload)]
 
-        With `workload`, findings measured on another workload are left out; findings that name no
-        workload (written before workloads were recorded) come after the matching ones."""
-        found = self.search(kind="finding", engine=engine, model=model, hardware=_hardware_key(hardware))
-        if workload is not None:
-            same = [e for e in found if e.applies_to.get("workload") == workload]
-            found = same + [e for e in found if e.applies_to.get("workload") in (None, "*")]
-        return [dict(e.meta["knobs"]) for e in found if e.meta.get("knobs") and e.status != "refuted"]
+    def avoid(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> dict[str, list[Any]]:
+        """knob -> values that failed or never paid off on similar settings."""
+        here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
+        return reuse.avoided(self.similar(here, kind="constraint"), won=self.similar(here, kind="finding"))
 
-    def context(self, *, engine: str, hardware: dict[str, Any], limit: int = 20) -> str:
-        """A markdown digest of applicable entries, for an agent's prompt."""
-        parts = [f"## {e.meta.get('title', e.id)} ({e.kind}, {e.status})\n{e.body.strip()}"
-                 for e in self.search(engine=engine, hardware=_hardware_key(hardware))[:limit]]
-        return "\n\n".join(parts)
+    def context(self, *, engine: str, hardware: dict[str, Any], limit: int = 20, model: str | None = None,
+                workload: str | None = None) -> str:
+        """A markdown digest of applicable entries for an agent's prompt; priors are marked as such."""
+        here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
+        return reuse.render_context(self.similar(here, min_sim=0.3), here, limit)
+
+    # --- writing ---------------------------------------------------------------------------
+    def _writable(self, e: Entry) -> Entry:
+        """A seed entry is copied into `write_dir` before its status changes (the seed stays as shipped)."""
+        try:
+            e.path.resolve().relative_to(self.write_dir.resolve())
+            return e
+        except ValueError:
+            dst = self.write_dir / e.path.parent.name / e.path.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(e.path, dst)
+            return parse_entry(dst)
 
     def write_back(self, store: Any, run_id: int, *, engine: str, model: str, hardware: dict[str, Any],
-                   workload: str | None = None) -> Path | None:
-        """Record the run's best kept candidate as a finding (or strengthen the existing one).
+                   workload: str | None = None, min_gain: float = 0.0) -> Path | None:
+        """Distill the run into findings and constraints; move the status of priors it tried.
 
-        The speedup recorded is the paired A/B ratio when the run confirmed one (it is the trial's
-        score then), with its interval in the evidence."""
-
-        run = store.get_run(run_id)
-        if run is None or run.best_trial_id is None:
-            return None
-        best = store.get_trial(run.best_trial_id)
-        if best is None or best.number == 0 or not best.score:
-            return None
-        hw = _hardware_key(hardware)
-        key = [engine, model, hw, best.knobs] + ([workload] if workload else [])
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:10]
-        fid = f"finding-{engine}-{digest}"
-        path = self.write_dir / "findings" / f"{fid}.md"
-        today = dt.date.today().isoformat()
-        evidence = {
-            "run": run_id, "trial": best.number, "score": round(best.score, 4),
-            "objective": {k: round(v, 4) for k, v in (best.objective or {}).items()},
-            "confirmed_by_relaunch": "GoalMet" in (run.stop_reason or ""),
-        }
-        paired = latest_paired(store, run_id, best.id)
-        if paired and paired.get("score"):
-            evidence["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
-                                  "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
-        if workload:
-            evidence["workload"] = workload
-        if path.is_file():
-            e = parse_entry(path)
-            meta = dict(e.meta)
-            if not any(ev.get("run") == run_id for ev in meta.get("evidence", [])):
-                meta["evidence"] = [*meta.get("evidence", []), evidence]
-                meta["status"] = _PROMOTE.get(meta.get("status", "hypothesis"), "probable")
-            meta["speedup"] = max(float(meta.get("speedup", 0)), round(best.score, 4))
-            meta["updated"] = today
-            body = e.body
-        else:
-            meta = {
-                "id": fid, "kind": "finding",
-                "title": f"{engine} on {hw}: knobs giving {best.score:.2f}x on '{run.goal_text}'",
-                "applies_to": {"engine": engine, "model": model, "hardware": hw, **({"workload": workload} if workload else {})},
-                "status": "probable" if evidence["confirmed_by_relaunch"] else "hypothesis",
-                "knobs": best.knobs, "speedup": round(best.score, 4), "evidence": [evidence],
-                "created": today, "updated": today,
-            }
-            knob_lines = "\n".join(f"- `{k}` = `{v}`" for k, v in best.knobs.items())
-            body = (f"\nRun {run_id}, trial #{best.number} scored {best.score:.3f}x (geomean speedup over the "
-                    f"baseline) for the goal `{run.goal_text}`.\n\nKnobs:\n{knob_lines}\n\n"
-                    "Warm-starts the search on matching engine/model/hardware; each run that reproduces it "
-                    "raises its status.\n")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_render(meta, body))
-        return path
+        Returns the winner finding's path (None without a winner); the rest is recorded as a
+        `kb.distill` event with every path written."""
+        d = distill(store, run_id)
+        here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
+        hw = here["hardware"]
+        key: list[Any] = [engine, model, hw] + ([workload] if workload else [])
+        evidence_extra: dict[str, Any] = {"workload": workload} if workload else {}
+        paired = latest_paired(store, run_id, d.winner["trial_id"]) if d.winner else None
+        if paired and paired.get("score"):  # the paired A/B ratio and its interval, when the run measured one
+            evidence_extra["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
+                                        "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
+        winner = write_winner(self.write_dir, d, here, key, evidence_extra)
+        effects = write_effects(self.write_dir, d, here, key)
+        constraints = write_constraints(self.write_dir, d, here, key)
+        moved = []
+        for t in d.warm_trials:
+            for _w, e in self.similar(here, kind="finding", min_sim=reuse.MIN_SIMILARITY):
+                sim = similarity(e.applies_to, here)
+                if sim >= 0.999 or not e.meta.get("knobs"):
+                    continue  # the exact setting's own finding is promoted by write_winner
+                if reuse.knob_key(reuse.translate(dict(e.meta["knobs"]), e.applies_to, here)) != reuse.knob_key(t["knobs"]):
+                    continue
+                status = update_prior(self._writable(e), run_id, t, sim, model, min_gain)
+                moved.append({"entry": e.id, "from": e.status, "to": status, "trial": t["trial"]})
+        written = [str(p) for p in (winner, effects, constraints) if p]
+        if store is not None and (written or moved):
+            store.add_event(run_id, "kb.distill", f"{len(written)} entr(ies) written, {len(moved)} prior(s) re-rated",
+                            data={"written": written, "priors": moved, "failures": d.failures, "dead_ends": d.dead_ends})
+        return winner

@@ -87,7 +87,7 @@ class AgentProposer:
         skills = load_skills(PACKAGE_ROOT / "skills")
         self.tools = Toolbox(self.wt, store=ctx.store, run_id=ctx.run_id, target=ctx.target, kb=kb, skills=skills)
         self.conv = Conversation.load(agent_dir / "conversation.json")
-        contracts = kb.context(engine=ctx.target.engine, hardware=ctx.host.fingerprint()) if kb is not None else ""
+        contracts = kb.context(engine=ctx.target.engine, hardware=ctx.host.fingerprint(), model=ctx.target.model) if kb is not None else ""
         goal = f"{ctx.goal.text}\n(read as: {ctx.goal.describe()})"
         system = render("system.md.j2", goal=goal, target=ctx.target, branch=self.branch, contracts=contracts,
                         skills=list(skills.values()))

@@ -1,0 +1,78 @@
+"""Knowledge entries: markdown files with YAML frontmatter, and the status ladder they move on.
+
+An entry's frontmatter carries `id, kind (contract | constraint | finding | playbook), title,
+applies_to, status (refuted | hypothesis | probable | confirmed), evidence [...], created,
+updated`; tuning findings add `knobs` and `speedup`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["KINDS", "STATUS_RANK", "Entry", "demote", "parse_entry", "promote", "render"]
+
+KINDS = ("contract", "constraint", "finding", "playbook")
+STATUS_RANK = {"refuted": -1, "hypothesis": 0, "probable": 1, "confirmed": 2}
+_LADDER = ["refuted", "hypothesis", "probable", "confirmed"]
+
+
+def promote(status: str) -> str:
+    """One step up (a confirmation); `confirmed` stays."""
+    i = _LADDER.index(status) if status in _LADDER else 1
+    return _LADDER[min(i + 1, len(_LADDER) - 1)]
+
+
+def demote(status: str) -> str:
+    """One step down (a contradiction on a similar setting); `refuted` stays."""
+    i = _LADDER.index(status) if status in _LADDER else 1
+    return _LADDER[max(i - 1, 0)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    meta: dict[str, Any]
+    body: str
+
+    @property
+    def id(self) -> str:
+        return str(self.meta.get("id", self.path.stem))
+
+    @property
+    def kind(self) -> str:
+        return str(self.meta.get("kind", "finding"))
+
+    @property
+    def status(self) -> str:
+        return str(self.meta.get("status", "hypothesis"))
+
+    @property
+    def applies_to(self) -> dict[str, Any]:
+        return dict(self.meta.get("applies_to") or {})
+
+    @property
+    def title(self) -> str:
+        return str(self.meta.get("title", self.id))
+
+
+def parse_entry(path: Path) -> Entry:
+    text = Path(path).read_text()
+    m = re.match(r"^---\n(.*?)\n---\n?(.*)$", text, re.S)
+    if not m:
+        raise ValueError(f"{path}: a knowledge entry must start with YAML frontmatter between '---' lines")
+    try:
+        meta = yaml.safe_load(m.group(1)) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: the frontmatter is not valid YAML ({e}); fix it or delete the file") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: frontmatter must be a mapping")
+    return Entry(path=Path(path), meta=meta, body=m.group(2))
+
+
+def render(meta: dict[str, Any], body: str) -> str:
+    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body

@@ -1,0 +1,125 @@
+"""Reuse at run start: rank prior findings by similarity, translate their knobs, avoid dead ends.
+
+A finding measured on another model or host is a *prior* for this run, weighted by how alike the
+two settings are (`fingerprint.similarity`). Only a few transferred knob sets are tried first, so a
+wrong prior costs one or two trials before the search takes over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.knowledge.entries import STATUS_RANK, Entry
+from orchestrator.knowledge.fingerprint import similarity
+
+__all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "knob_key", "rank", "render_context", "translate", "warm_knobs"]
+
+# Below this a finding from another setting is not worth a trial; above it, at most
+# MAX_TRANSFERRED transferred knob sets are enqueued (exact-setting findings are not capped).
+MIN_SIMILARITY = 0.5
+MAX_TRANSFERRED = 2
+_STATUS_WEIGHT = {"confirmed": 1.0, "probable": 0.8, "hypothesis": 0.6, "refuted": 0.0}
+# Knobs whose good value grows with the KV-cache room per sequence (memory-bound engines on GPUs).
+_MEMORY_SCALED = ("max_batch_size", "max_num_seqs", "max_running_requests", "max_batch_prefill_tokens")
+
+
+def knob_key(knobs: dict[str, Any]) -> str:
+    return repr(sorted(knobs.items()))
+
+
+def rank(entries: list[Entry], here: dict[str, Any], *, kind: str | None = None, min_sim: float = 0.0) -> list[tuple[float, Entry]]:
+    """(weight, entry) best first: weight = similarity x status weight; refuted entries last."""
+    out = []
+    for e in entries:
+        if kind and e.kind != kind:
+            continue
+        s = similarity(e.applies_to, here)
+        if s < min_sim or s == 0.0:
+            continue
+        out.append((round(s * _STATUS_WEIGHT.get(e.status, 0.6), 4), s, e))
+    out.sort(key=lambda x: (-x[0], -STATUS_RANK.get(x[2].status, 0), -float(x[2].meta.get("speedup", 1.0))))
+    return [(w, e) for w, _, e in out]
+
+
+def _kv_bytes_per_token(desc: dict[str, Any]) -> float | None:
+    try:
+        return float(desc["layers"]) * float(desc["kv_heads"]) * float(desc["head_dim"])
+    except (KeyError, TypeError):
+        return None
+
+
+def translate(knobs: dict[str, Any], src: dict[str, Any], here: dict[str, Any]) -> dict[str, Any]:
+    """Scale batch-size-like knobs by the KV-cache room ratio when both runs are on GPUs.
+
+    On a CPU the forward pass, not memory, bounds the batch, so knobs transfer unchanged."""
+    hs, hh = src.get("hardware_desc") or {}, here.get("hardware_desc") or {}
+    if hs.get("class") != "gpu" or hh.get("class") != "gpu":
+        return dict(knobs)
+    ks, kh = _kv_bytes_per_token(src.get("model_desc") or {}), _kv_bytes_per_token(here.get("model_desc") or {})
+    ms, mh = hs.get("memory_gb"), hh.get("memory_gb")
+    if not (ks and kh and ms and mh):
+        return dict(knobs)
+    factor = (mh / ms) * (ks / kh)
+    out = dict(knobs)
+    for k in _MEMORY_SCALED:
+        if isinstance(out.get(k), int) and not isinstance(out.get(k), bool):
+            out[k] = max(1, int(round(out[k] * factor)))
+    return out
+
+
+def avoided(constraints: list[tuple[float, Entry]], min_weight: float = 0.5,
+            won: list[tuple[float, Entry]] = ()) -> dict[str, list[Any]]:
+    """knob -> values that failed or never paid off on a similar enough setting.
+
+    A value that is part of a winning knob set on an at least as similar setting is not avoided:
+    it failed alone (or with other knobs) but won in that combination."""
+    out: dict[str, list[Any]] = {}
+    for w, e in constraints:
+        if w < min_weight:
+            continue
+        for a in e.meta.get("avoid") or []:
+            if any(fw >= w and (f.meta.get("knobs") or {}).get(a["knob"]) == a["value"] and f.status != "refuted"
+                   for fw, f in won):
+                continue
+            vals = out.setdefault(str(a["knob"]), [])
+            if a["value"] not in vals:
+                vals.append(a["value"])
+    return out
+
+
+def warm_knobs(findings: list[tuple[float, Entry]], here: dict[str, Any], avoid: dict[str, list[Any]]) -> list[tuple[float, Entry, dict[str, Any]]]:
+    """Knob sets to try first: exact-setting findings, then up to MAX_TRANSFERRED translated priors."""
+    out: list[tuple[float, Entry, dict[str, Any]]] = []
+    seen: set[str] = set()
+    transferred = 0
+    for w, e in findings:
+        sim = similarity(e.applies_to, here)
+        if not e.meta.get("knobs") or e.status == "refuted" or sim < MIN_SIMILARITY:
+            continue
+        exact = sim >= 0.999
+        if not exact and transferred >= MAX_TRANSFERRED:
+            continue
+        knobs = translate(dict(e.meta["knobs"]), e.applies_to, here)
+        if any(knobs.get(k) in vals for k, vals in avoid.items()):
+            continue
+        if knob_key(knobs) in seen:
+            continue
+        seen.add(knob_key(knobs))
+        transferred += 0 if exact else 1
+        out.append((w, e, knobs))
+    return out
+
+
+def render_context(ranked: list[tuple[float, Entry]], here: dict[str, Any], limit: int) -> str:
+    """Markdown digest for an agent: exact entries as they are, transferred ones marked as priors."""
+    parts = []
+    for _w, e in ranked[:limit]:
+        s = similarity(e.applies_to, here)
+        a = e.applies_to
+        if s >= 0.999 or e.kind in ("contract", "playbook"):
+            head = f"## {e.title} ({e.kind}, {e.status})"
+        else:
+            head = (f"## {e.title} ({e.kind}, {e.status}; PRIOR from model {a.get('model', '*')} on "
+                    f"{a.get('hardware', '*')}, similarity {s:.2f}: verify here before relying on it)")
+        parts.append(f"{head}\n{e.body.strip()}")
+    return "\n\n".join(parts)
