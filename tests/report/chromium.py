@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -92,9 +94,11 @@ async def _inspect(port: int, url: str, screenshot: Path | None) -> dict[str, An
 
 def inspect_page(path: Path, screenshot: Path | None = None) -> dict[str, Any]:
     """Load `path` (file://) in headless Chromium; see the module docstring for what comes back."""
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes may still write into the profile for a moment after the browser
+    # exits: the whole group is stopped, and a leftover file does not fail the check.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             port = None
             deadline = time.monotonic() + 60
@@ -108,9 +112,19 @@ def inspect_page(path: Path, screenshot: Path | None = None) -> dict[str, Any]:
                 raise RuntimeError("chromium did not open its DevTools port within 60 s")
             return asyncio.run(_inspect(port, path.resolve().as_uri(), screenshot))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """TERM, then KILL, to the browser's whole process group (renderers and zygotes included)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait()
