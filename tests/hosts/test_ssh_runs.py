@@ -62,7 +62,7 @@ def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_mode
     assert [t.number for t in trials] == list(range(len(trials))), "no trial lost, none duplicated"
     # Keep/discard follows the measured (noisy, shared-machine) speed; what the drops must not
     # cause is a failed trial: every host call and worker request was retried over a new session.
-    assert all(t.status in ("kept", "discarded") for t in trials), [(t.status, t.error) for t in trials]
+    assert all(t.status in ("kept", "discarded") for t in _own(trials)), [(t.status, t.error) for t in trials]
     assert trials[0].status == "kept" and len(trials) >= 4, [(t.status, t.error) for t in trials]
     assert out.stop_reason.startswith(("GoalMet", "ProposerExhausted", "BudgetExhausted")), out.stop_reason
     events = _host_events(store, out.run_id)
@@ -74,11 +74,12 @@ def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_mode
 
 def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model):
     steps = [{"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"}]
-    ws = _ssh_ws(tmp_path, sshd, steps, ["bench.scale=0.5", "bench.baseline_repeats=1"])
+    # Scale 1: at 0.5 a quiet host answers the throughput scenario in under the 1 s a measurement needs.
+    ws = _ssh_ws(tmp_path, sshd, steps, ["bench.scale=1.0", "bench.baseline_repeats=1"])
     out = start_run(ws, parse_goal("beat the baseline by 20% on throughput without accuracy loss within 2 trials"))
     store = Store(ws.db_url)
-    trials = store.list_trials(out.run_id)
-    assert len(trials) >= 2
+    trials = _own(store.list_trials(out.run_id))
+    assert len(trials) >= 2, out.stop_reason
     for t in trials:
         gates = {g.gate: g.status for g in store.gate_results(t.id)}
         assert gates.get("integrity") == "pass" and gates.get("accuracy") in ("pass", "drift"), (t.number, gates, t.error)
@@ -87,6 +88,11 @@ def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model)
     assert trials[1].score and trials[1].score > 1.2, [(t.number, t.status, t.score, t.error) for t in trials]
     # The reference model is loaded once per run on the host: one worker served every trial.
     assert len(list((tmp_path / "remote" / "models").iterdir())) == 1
+
+
+def _own(trials):
+    """The proposer's trials: baseline sentinels and paired A/B rounds are the loop's own (controller.py)."""
+    return [t for t in trials if t.proposer not in ("sentinel", "paired", "retry")]
 
 
 def _group_alive(pgid):
@@ -140,6 +146,7 @@ def test_kill_minus_9_of_the_orchestrator_then_resume_stops_the_orphan_on_the_ho
     swept = [e.data["orphans_killed"] for e in store.events(run_id, kind="resume") if e.data and "orphans_killed" in e.data]
     assert swept == [[pgid]]
     trials = store.list_trials(run_id)
-    assert [t.number for t in trials] == list(range(len(trials))) and len(trials) == 3
-    assert all(t.status in ("kept", "discarded") for t in trials), [(t.status, t.error) for t in trials]
+    assert [t.number for t in trials] == list(range(len(trials))), "no trial lost, none duplicated"
+    own = _own(trials)  # the paired A/B of the best at the stop adds the loop's own trials
+    assert len(own) == 3 and all(t.status in ("kept", "discarded") for t in own), [(t.status, t.error) for t in trials]
     assert not list(servers.glob("*.json"))

@@ -59,7 +59,8 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         out = start_run(ws, parse_goal("improve throughput by 20x within 5 trials"))
         assert api.errors == [], api.errors
     store = Store(ws.db_url)
-    t = {x.number: x for x in store.list_trials(out.run_id)}
+    # The proposers' own trials by position: baseline sentinels and paired rounds are the loop's.
+    t = dict(enumerate(x for x in store.list_trials(out.run_id) if x.proposer not in ("sentinel", "paired", "retry")))
     assert t[1].status == "invalid" and "integrity gate" in t[1].error and "response_cache" in t[1].error
     assert not store.measurements(t[1].id), "a rejected candidate is never benchmarked"
     assert "invalid" in seen["cheat"] and "response_cache" in seen["cheat"], "the agent is told why"
