@@ -31,8 +31,10 @@ class TrustPolicy:
     relative to the reference (baseline) measurement (`hosts.state.contention`)."""
     max_redo: int = 2
     """Extra attempts for one untrusted measurement; after them the trial is invalid, not judged."""
-    min_seconds: float = 1.0
-    """A measured scenario shorter than this cannot resolve a few-percent step on a shared host."""
+    min_seconds: float = 0.3
+    """A measured scenario shorter than this is mostly start-up (first requests, warm caches) and cannot
+    resolve a few-percent step on a shared host. 1 s refused honest runs at bench.scale 0.5 on a quiet
+    2-core machine (0.57 s for the naive baseline's throughput scenario); claims rest on paired rounds."""
     min_requests: int = 8
     """Fewest measured requests per scenario, whatever the noise says."""
     sentinel_every: int = 4
