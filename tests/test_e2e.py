@@ -38,22 +38,23 @@ def _ws(tmp_path, steps=STEPS, extra=()):
 
 def test_loop_end_to_end(tmp_path, tiny_model):
     ws = _ws(tmp_path)
-    goal = parse_goal("beat the baseline by 20% on TPOT and throughput without accuracy loss within 4 trials")
-    # TPOT at concurrency 1 barely moves on this CPU; batching multiplies throughput. The goal is
-    # then not met (no early stop), every scripted step runs, and the geomean must still rise.
+    # Throughput: batching multiplies it on this CPU. (A TPOT objective is refused at this scale: the
+    # naive server's per-request TPOT spread needs far more requests to resolve a 20% step.)
+    goal = parse_goal("beat the baseline by 20% on throughput without accuracy loss within 4 trials")
     seen = []
     outcome = start_run(ws, goal, on_trial=seen.append)
     store = Store(ws.db_url)
     trials = store.list_trials(outcome.run_id)
-    assert [t.number for t in seen] == [t.number for t in trials]
+    assert [t.number for t in seen] == [t.number for t in trials], outcome.stop_reason
     assert trials[0].status == "kept" and trials[0].score == 1.0
+    trials = [t for t in trials if t.proposer not in ("sentinel", "paired", "retry")]  # gated, not re-measurements
     assert all(t.status in ("kept", "discarded", "failed", "invalid", "needs_approval") for t in trials)
     for t in trials:
         assert {"deploy", "gates", "bench", "teardown", "record", "total"} <= set(t.timings), t.timings
         gates = {g.gate: g.status for g in store.gate_results(t.id)}
         assert gates.get("integrity") == "pass" and gates.get("accuracy") in ("pass", "drift"), (t.number, gates)
         assert Path(t.log_path).is_file() and t.launch_cmd
-        assert {m.scenario for m in store.measurements(t.id)} == {"decode", "throughput"}
+        assert {m.scenario for m in store.measurements(t.id)} == {"throughput"}
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
     assert best.number > 0 and best.score > 1.2, [(t.number, t.status, t.score, t.objective) for t in trials]
     assert best.knobs["batching"] == "on", "batching is what multiplies throughput on this CPU"
@@ -75,7 +76,7 @@ def test_kill_minus_9_mid_trial_then_resume(tmp_path, tiny_model):
     steps = tmp_path / "steps.json"
     cli = [sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), *sum((["-o", o] for o in FAST), []),
            "-o", f'proposer="scripted:{steps}"']
-    goal = "beat the baseline by 50% on TPOT and throughput within 3 trials"
+    goal = "improve throughput by 20x within 3 trials"  # not met: every scripted step runs
     p = subprocess.Popen([*cli, "goal", goal, "--no-report"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     db = Store(ws.db_url) if (tmp_path / ".infergoal" / "infergoal.db").exists() else None
 
@@ -108,7 +109,8 @@ def test_kill_minus_9_mid_trial_then_resume(tmp_path, tiny_model):
     numbers = [t.number for t in trials]
     assert numbers == list(range(len(numbers))), "no gaps, no duplicates"
     assert all(t.status not in ("pending", "running") for t in trials)
-    knob_sets = [json.dumps(t.knobs, sort_keys=True) for t in trials if t.proposer != "confirm"]
+    # Sentinels and paired rounds re-measure known knob sets on purpose; the proposer's trials must not repeat.
+    knob_sets = [json.dumps(t.knobs, sort_keys=True) for t in trials if t.proposer not in ("sentinel", "paired", "retry")]
     assert len(knob_sets) == len(set(knob_sets)), "the interrupted trial was re-run, not duplicated"
     t1 = db.get_trial_by_number(run_id, 1)
     assert t1.knobs["decode_loop"] == "manual" and t1.rationale == "own decode loop"
