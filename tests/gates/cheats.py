@@ -83,6 +83,14 @@ class Proxy:
 
     async def get(self, request: web.Request) -> web.Response:
         assert self.session is not None
+        if self.mode == "split" and request.path == "/health":
+            # Healthy only once the generating server answers too (it may still be loading).
+            try:
+                async with self.session.get(self.generator + "/health") as gen:
+                    if gen.status != 200:
+                        return web.json_response({"status": "generator not ready"}, status=503)
+            except aiohttp.ClientError:
+                return web.json_response({"status": "generator not ready"}, status=503)
         async with self.session.get(self.upstream + request.path) as up:
             data = await up.json()
         if self.mode == "wrong_model_name" and request.path == "/v1/models":
