@@ -41,7 +41,13 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
     f = tmp_path / "steps.json"
     f.write_text(json.dumps(steps))
     # Scale 1: at 0.5 vLLM answers the throughput scenario in 0.27 s, under what a measurement needs.
-    ws = Workspace(tmp_path, ["bench.scale=1.0", "bench.baseline_repeats=1", f'target="{EX / "vllm.toml"}"',
+    # On 2 cores vLLM's OpenMP threads on every core starve the bench client beside it (event-loop lag
+    # of 300 ms: the measurement is refused as untrusted). The baseline pins vLLM to core 0 instead.
+    target = tmp_path / "vllm.toml"
+    target.write_text((EX / "vllm.toml").read_text().replace('choices = ["auto", "nobind", "0"]\ndefault = "auto"',
+                                                            'choices = ["auto", "nobind", "0"]\ndefault = "0"')
+                      .replace('python = "', f'source = "{EX}"\npython = "', 1))
+    ws = Workspace(tmp_path, ["bench.scale=1.0", "bench.baseline_repeats=1", f'target="{target}"',
                               f'proposer="scripted:{f}"'])
     outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 3 trials"))
     store = Store(ws.db_url)
