@@ -75,6 +75,17 @@ def fail_from(e: BaseException) -> NoReturn:
     fail(f"internal error: {one_line(e)} — a bug; rerun with --debug for the traceback and report it", "failed")
 
 
+# typer 0.29 runs on its own vendored copy of click (typer._click): its usage errors (an unknown
+# option such as a goal text "-0") are not the installed click's classes, so both are passed through.
+_CLICK_FLOW: tuple[type[BaseException], ...] = (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort)
+try:
+    from typer._click import exceptions as _vendored_click
+except ImportError:  # a typer that uses the installed click
+    pass
+else:
+    _CLICK_FLOW += (_vendored_click.ClickException,)
+
+
 class GuardedGroup(typer.core.TyperGroup):
     """The one place errors become `error: ...` + an exit code (tracebacks only under --debug)."""
 
@@ -86,7 +97,7 @@ class GuardedGroup(typer.core.TyperGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+        except _CLICK_FLOW:  # usage errors, --help, exits: click prints them with their own codes
             raise
         except Exception as e:
             if ERRORS.debug:

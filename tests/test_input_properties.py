@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tomllib
 from fake_target import write_fake_target
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -178,13 +178,14 @@ def test_goal_text_is_parsed_or_refused_with_goal_error(text):
 
 @CLI
 @given(text=goal_texts)
+@example(text="-0")  # found by hypothesis: click reads it as an option (typer's vendored click)
 def test_goal_command_never_tracebacks_or_leaves_a_run(tmp_path, text):
     # The last override makes even a valid goal stop in the pre-run checks (an unknown proposer),
     # so no example launches a server; what matters is that nothing is created before refusing.
     r = runner.invoke(app, ["-w", str(tmp_path), "-o", 'proposer="nope"', "goal", "--no-report", text])
     _no_traceback(r)
     assert r.exit_code == 2, r.output
-    assert r.output.lstrip().startswith("error:") or "error:" in r.output
+    assert "error:" in r.output.lower()  # ours ("error: ...") or click's usage error ("Error: No such option")
     assert _runs(tmp_path) == []
 
 
