@@ -401,17 +401,14 @@ def report(
 
 
 def _decide(number: int, run: int | None, status: str, who: str) -> None:
+    from orchestrator.audit.actions import DecisionError, decide
+
     store = _store()
     rid = _run_id(store, run)
-    t = store.get_trial_by_number(rid, number)
-    if t is None or t.status != "needs_approval":
-        _fail(f"trial #{number} of run {rid} is not waiting for approval (status: {t.status if t else 'missing'})")
-    store.set_trial_status(t.id, status)
-    store.add_event(rid, "approve" if status == "kept" else "reject", f"trial #{number} {status} by {who}", trial_id=t.id, data={"who": who})
-    if status == "kept":
-        best = store.get_trial(store.get_run(rid).best_trial_id) if store.get_run(rid).best_trial_id else None
-        if best is None or (t.score or 0) > (best.score or 0):
-            store.set_best_trial(rid, t.id)
+    try:
+        decide(store, rid, number, status, who)  # the one rule, shared with the shell's /approve
+    except DecisionError as e:
+        _fail(str(e))
     console.print(f"trial #{number}: {status}")
 
 

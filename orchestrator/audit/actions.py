@@ -36,7 +36,7 @@ def record_action(store: Any, run_id: int | None, kind: str, message: str, *, wh
 def decide(store: Any, run_id: int, number: int, status: str, who: str) -> Any:
     """Approve (`kept`) or reject (`rejected`) a `needs_approval` trial; recorded with who and when.
 
-    The same rule as `infergoal approve/reject`: an approved trial becomes the run's best when it
+    `infergoal approve/reject` and the shell call this: an approved trial becomes the run's best when it
     scores higher than the current best.
     """
     t = store.get_trial_by_number(run_id, number)
