@@ -55,7 +55,7 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
     ]
     with MessagesAPI(script) as api:
         ws = Workspace(tmp_path, [f'target="{target}"', 'proposer="claude"', f'agent.base_url="{api.base_url}"',
-                                  "gates.accuracy=false", "bench.scale=0.3", "bench.baseline_repeats=1"])
+                                  "gates.accuracy=false", "bench.scale=1.0", "bench.baseline_repeats=1"])
         out = start_run(ws, parse_goal("improve throughput by 20x within 5 trials"))
         assert api.errors == [], api.errors
     store = Store(ws.db_url)
