@@ -349,7 +349,7 @@ class Controller:
     def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
         """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
-                         on_trial=self.on_trial).to_dict()
+                         on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
                              data=out, trial_id=trial.id)
         if out["score"]:  # the trial's number becomes the paired one: it is the better estimate

@@ -44,6 +44,9 @@ class TrustPolicy:
     large re-measures the baseline."""
     probe_s: float = 1.0
     """Length of the idle host-state probe taken before each candidate."""
+    settle_s: float = 30.0
+    """Before a paired round redone for a busy host: how long to wait for the host to calm down to the
+    baseline's contention (probed every `probe_s`). Redoing at once mostly meets the same tenant."""
     saturation: SaturationPolicy = SaturationPolicy()
 
 

@@ -6,6 +6,12 @@ tenant, a thermal throttle) hits both halves of a pair alike and cancels in the 
 whose two halves saw clearly different host states is redone. The goal is met when the
 bootstrap interval of the paired speedups clears it (`gates.performance.paired_check`).
 
+Both halves are also held to the host state of the reference baseline (`host_ref`): a pair whose
+halves agree with each other but ran beside a tenant the baseline never saw measures the speedup
+under *that* tenant (on 2 cores, an OpenMP server beside one other runnable task slows 2-20x,
+erratically). Such a half is redone; before a redone round the host gets `trust.settle_s` to calm
+down; when it never does, the confirmation says the host is too busy to measure, and claims nothing.
+
 Each half is a trial row (proposer `paired`) with its own measurements and host state, so the
 evidence is auditable; the outcome is a `paired` event on the candidate's trial.
 """
@@ -13,12 +19,13 @@ evidence is auditable; the outcome is a `paired` event on the candidate's trial.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from gates.thresholds import section
-from orchestrator.measure import slowdown
+from orchestrator.measure import idle_state, slowdown
 from orchestrator.proposers import Candidate
 from orchestrator.trial import TrialContext, objective_label, run_trial
 
@@ -67,11 +74,13 @@ def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[
 
 
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
-               create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None) -> PairedOutcome:
+               create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None,
+               host_ref: dict[str, Any] | None = None) -> PairedOutcome:
     """Measure A B A B ... on fresh servers and judge the goal on the paired ratios.
 
     `create(Candidate) -> trial row` makes the store rows (the controller numbers them);
-    `on_trial(record)` is told of each finished row, like every other trial of the run."""
+    `on_trial(record)` is told of each finished row, like every other trial of the run;
+    `host_ref`: the host's state during the reference baseline (None: halves judged only against each other)."""
     cfg = section(thresholds, "performance")
     first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
     store, n = ctx.store, candidate_trial.number
@@ -85,7 +94,7 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
         for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
             c = Candidate(dict(knobs), commit=commit, rationale=f"paired A/B of #{n}, round {rnd + 1}: {role}", proposer=PAIRED)
             row = create(c)
-            res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0))
+            res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref)
             halves.append((row, res))
             if res.error:
                 break
@@ -97,11 +106,14 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
                     on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
                                                 timings=_timings(r)))
             on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
-            if (res.error or "").startswith("untrusted") and redo < ctx.trust.max_redo * first:
-                redo += 1  # the host, not the candidate: measure the round again
-                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone: {res.error}", trial_id=candidate_trial.id)
+            untrusted = (res.error or "").startswith("untrusted")
+            if untrusted and redo < ctx.trust.max_redo * first:
+                redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
+                waited = _settle(ctx, host_ref)
+                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=candidate_trial.id)
                 continue
-            return _failed(n, rnd, f"round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
+            busy = "the host is too busy to measure: " if untrusted else ""
+            return _failed(n, rnd, f"{busy}round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
         (a_row, a), (b_row, b) = halves
         ha, hb = _host(a), _host(b)
         x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
@@ -154,6 +166,25 @@ def _judge(ctx: TrialContext, n: int, base_vals: dict[str, list[float]], cand_va
     met = all(v["verdict"] == "pass" for v in objectives.values())
     why = "; ".join(f"{k}: {v['why']}" for k, v in objectives.items())
     return PairedOutcome(n, len(pair_trials), score, lo, hi, conf, met, why, objectives, pair_trials)
+
+
+def _settle(ctx: TrialContext, ref: dict[str, Any] | None) -> str:
+    """Wait (at most `trust.settle_s`) until an idle probe says the host is no busier than at `ref`.
+
+    Returns a note for the redo event: how long it waited, and whether the host calmed down."""
+    if not ref or "foreign_load" not in ref or ctx.trust.settle_s <= 0:
+        return ""
+    t0 = time.monotonic()
+    while True:
+        now = idle_state(ctx.host, ctx.trust.probe_s)
+        if "foreign_load" not in now:
+            return ""
+        x = slowdown(now, ref, own_load=ref.get("own_load", 0.0))
+        if x <= 1 + ctx.trust.max_slowdown:
+            return f" after {time.monotonic() - t0:.0f} s for the host to calm down"
+        if time.monotonic() - t0 >= ctx.trust.settle_s:
+            return (f" though the host stayed busy for {ctx.trust.settle_s:g} s (others' runnable tasks "
+                    f"{now['foreign_load']:.2f}/CPU vs {ref['foreign_load']:.2f}/CPU at the baseline)")
 
 
 def _failed(n: int, rnd: int, why: str, pair_trials: list[list[int]]) -> PairedOutcome:

@@ -25,6 +25,7 @@ from orchestrator.goal import GoalError, GoalSpec
 from orchestrator.hosts import LocalHost, get_hosts
 from orchestrator.hosts.pool import HostPool, PoolController
 from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
+from orchestrator.measure import TrustPolicy
 from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
@@ -243,6 +244,7 @@ def _drive(
         base_commit=_base_commit(Path(target.source)), source_dir=Path(target.source),
         accuracy_gate=config.gates.accuracy, integrity_gate=config.gates.integrity,
         request_timeout_s=config.bench.timeout_s, on_step=on_step,
+        trust=TrustPolicy(settle_s=config.bench.settle_s),
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()

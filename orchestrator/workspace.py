@@ -40,6 +40,9 @@ class BenchConfig(BaseModel):
     """Measurements of the baseline; their spread is the run's noise estimate."""
     timeout_s: float = Field(120.0, gt=0, le=86400)
     """Per-request timeout in seconds."""
+    settle_s: float = Field(30.0, ge=0, le=3600)
+    """Before a paired A/B round redone because other tenants loaded the host: the longest wait for the
+    host to calm down to the baseline's contention (0 = redo at once)."""
     scenarios: str = ""
     """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
     name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""

@@ -7,9 +7,11 @@ run in tests/test_e2e.py; the lock check and the performance gate stay on.
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
+from burners import Burners
 from fake_target import write_fake_target
 
 import gates.lock
@@ -72,6 +74,48 @@ def test_goal_met_is_confirmed_by_paired_ab_on_fresh_servers(fake_ws):
     # Every used measurement carries the host's state.
     hosts = [e for e in store.events(out.run_id, kind="measure.host") if e.trial_id == t[2].id]
     assert hosts and {"load1", "steal", "foreign_load", "client_cpu"} <= set(hosts[0].data["window"])
+
+
+def _burn_from_paired_round(burn, seconds=None):
+    """on_step: start the burners when the first paired round starts; stop them `seconds` later (None: never)."""
+    def on_step(step):
+        if step.startswith("paired round") and burn.started == 0:
+            burn.start()
+            if seconds is not None:
+                threading.Timer(seconds, burn.stop).start()
+    return on_step
+
+
+def test_a_paired_round_beside_a_tenant_the_baseline_never_saw_is_redone(fake_ws):
+    # Both halves of a round would see the burners alike, so they agree with each other; but they
+    # measure the speedup beside a tenant the baseline never had. The round waits and is redone.
+    ws = fake_ws([{"tpot_ms": 2.0}], extra=["bench.settle_s=20"])
+    burn = Burners()
+    try:
+        out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 2 trials"), on_step=_burn_from_paired_round(burn, 4.0))
+    finally:
+        burn.stop()
+    store = Store(ws.db_url)
+    redo = [e.message for e in store.events(out.run_id, kind="measure.redo")]
+    assert burn.started == 1 and any("busier than at the baseline" in m for m in redo), redo
+    paired = [e.data for e in store.events(out.run_id, kind="paired")]
+    assert out.stop_reason.startswith("GoalMet") and paired[-1]["met"], (out.stop_reason, redo)
+
+
+def test_a_host_that_stays_busy_through_the_confirmation_claims_nothing(fake_ws):
+    ws = fake_ws([{"tpot_ms": 2.0}], extra=["bench.settle_s=1"])
+    burn = Burners()
+    try:
+        out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 2 trials"), on_step=_burn_from_paired_round(burn))
+    finally:
+        burn.stop()
+    store = Store(ws.db_url)
+    paired = [e.data for e in store.events(out.run_id, kind="paired")]
+    assert not out.stop_reason.startswith("GoalMet"), out.stop_reason
+    assert paired and not paired[-1]["met"] and not paired[-1]["score"], paired
+    assert "too busy to measure" in paired[-1]["why"] and "busier than at the baseline" in paired[-1]["why"]
+    redo = [e.message for e in store.events(out.run_id, kind="measure.redo") if e.message.startswith("round")]
+    assert redo and "stayed busy" in redo[0], redo
 
 
 def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):
