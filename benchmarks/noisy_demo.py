@@ -1,7 +1,7 @@
 """The demo goal run repeatedly, with and without load: is the reported speedup stable?
 
     python benchmarks/noisy_demo.py --runs 3 --json noisy.json [--goal "..."] [--load baseline|duty]
-        [--knobs '{"batching": "on", ...}'] [-o bench.scale=0.5 ...]
+        [--knobs '{"batching": "on", ...}'] [--one-thread] [-o bench.scale=0.5 ...]
 
 Runs alternate quiet / loaded (quiet, loaded, quiet, loaded, ...), each in a fresh workspace
 (its own database and knowledge base, so no run warm-starts the next). "Loaded" means CPU
@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from burners import Burners  # noqa: E402
+from hfserve_target import one_thread_target  # noqa: E402
 
 from orchestrator.goal import parse_goal  # noqa: E402
 from orchestrator.paired import latest_paired  # noqa: E402
@@ -72,9 +73,11 @@ class _Duty:
 
 
 def one_run(goal: str, loaded: bool, period: float, seed: int, *, load: str = "baseline",
-            knobs: dict | None = None, overrides: tuple[str, ...] = ()) -> dict:
+            knobs: dict | None = None, overrides: tuple[str, ...] = (), one_thread: bool = False) -> dict:
     ws_dir = Path(tempfile.mkdtemp(prefix="noisy-demo-"))
     extra = list(overrides)
+    if one_thread:
+        extra.append(f'target="{one_thread_target(ws_dir)}"')
     if knobs:
         (ws_dir / "steps.json").write_text(json.dumps([knobs]))
         extra.append(f'proposer="scripted:{ws_dir / "steps.json"}"')
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--plan", default="", help="order of runs as q/l letters (default: ql repeated --runs times)")
     ap.add_argument("--load", choices=("baseline", "duty"), default="baseline")
     ap.add_argument("--knobs", type=json.loads, default=None, help="one scripted candidate instead of the search")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="baseline on one torch thread (tests/hfserve_target.py): stable beside other tenants")
     ap.add_argument("-o", dest="overrides", action="append", default=[], help="workspace override, e.g. bench.scale=0.5")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -168,7 +173,7 @@ def main() -> None:
     for i, kind in enumerate(args.plan or "ql" * args.runs):
         loaded = kind == "l"
         r = one_run(args.goal, loaded, args.period, args.seed, load=args.load, knobs=args.knobs,
-                    overrides=tuple(args.overrides))
+                    overrides=tuple(args.overrides), one_thread=args.one_thread)
         rows.append(r)
         p = r["paired"]
         print(f"{'loaded' if loaded else 'quiet ':6} run {i + 1}: paired "

@@ -135,6 +135,24 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
         rnd += 1
         if rnd < first:
             continue
+        odd = _outlier(_pair_logs(ctx, base_vals, cand_vals, len(pair_trials)))
+        if odd is not None and redo < ctx.trust.max_redo * first:
+            # A stall in one half that the run-queue samples did not see (a page-cache miss, a burst
+            # between two samples): one round far from all the others. Either direction is redone.
+            logs = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
+            rest = sorted(x for i, x in enumerate(logs) if i != odd)
+            why = (f"round redone: its ratio {math.exp(logs[odd]):.2f}x is far from the other rounds' median "
+                   f"{math.exp(rest[len(rest) // 2]):.2f}x")
+            for num in pair_trials[odd]:
+                row = store.get_trial_by_number(ctx.run_id, num)
+                on_trial(store.finish_trial(row.id, "invalid", objective=row.objective, error=why, timings=row.timings))
+            for vals in (*base_vals.values(), *cand_vals.values()):
+                del vals[odd]
+            del pair_trials[odd]
+            store.add_event(ctx.run_id, "measure.redo", why, data={"round": odd + 1}, trial_id=candidate_trial.id)
+            rnd -= 1
+            redo += 1
+            continue
         out = _judge(ctx, n, base_vals, cand_vals, pair_trials, can_add=rnd < most, thresholds=thresholds)
         if out is not None:
             return out
@@ -144,11 +162,10 @@ def _judge(ctx: TrialContext, n: int, base_vals: dict[str, list[float]], cand_va
            pair_trials: list[list[int]], *, can_add: bool, thresholds: dict[str, Any] | None) -> PairedOutcome | None:
     """The outcome, or None when the interval straddles the goal and another round may help."""
     objectives: dict[str, dict[str, Any]] = {}
-    per_pair = [0.0] * len(pair_trials)
+    per_pair = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
     for o in ctx.goal.objectives:
         label = objective_label(o.scenario, o.key)
         sp = pair_speedups(base_vals[label], cand_vals[label], higher_better=o.info.direction == "maximize")
-        per_pair = [acc + math.log(s) / len(ctx.goal.objectives) for acc, s in zip(per_pair, sp, strict=True)]
         if o.kind == "relative":
             pc = paired_check(sp, required=o.speedup(o.target_for(1.0), 1.0), thresholds=thresholds, can_add_rounds=can_add)
             objectives[label] = {"ratio": pc.ratio, "lo": pc.lo, "hi": pc.hi, "required": pc.required, "pairs": list(pc.pairs),
@@ -166,6 +183,37 @@ def _judge(ctx: TrialContext, n: int, base_vals: dict[str, list[float]], cand_va
     met = all(v["verdict"] == "pass" for v in objectives.values())
     why = "; ".join(f"{k}: {v['why']}" for k, v in objectives.items())
     return PairedOutcome(n, len(pair_trials), score, lo, hi, conf, met, why, objectives, pair_trials)
+
+
+def _pair_logs(ctx: TrialContext, base_vals: dict[str, list[float]], cand_vals: dict[str, list[float]], n: int) -> list[float]:
+    """Per pair: the log of its geomean speedup across the goal's objectives."""
+    per_pair = [0.0] * n
+    for o in ctx.goal.objectives:
+        label = objective_label(o.scenario, o.key)
+        sp = pair_speedups(base_vals[label], cand_vals[label], higher_better=o.info.direction == "maximize")
+        per_pair = [acc + math.log(x) / len(ctx.goal.objectives) for acc, x in zip(per_pair, sp, strict=True)]
+    return per_pair
+
+
+OUTLIER_FACTOR = 1.25
+"""A round whose ratio is more than this factor away from the median of the other rounds (and than 3
+robust standard deviations of them) is an outlier. 25%: the spread of honest rounds on a shared
+2-core host was within +-10% (docs/benchmarks.md)."""
+
+
+def _outlier(logs: list[float]) -> int | None:
+    """Index of the round farthest from the median of the others, when it is an outlier (3+ rounds)."""
+    if len(logs) < 3:
+        return None
+    worst, far = None, 0.0
+    for i, x in enumerate(logs):
+        rest = sorted(y for j, y in enumerate(logs) if j != i)
+        med = (rest[len(rest) // 2] + rest[(len(rest) - 1) // 2]) / 2
+        mad = sorted(abs(y - med) for y in rest)[len(rest) // 2]
+        dist = abs(x - med)
+        if dist > max(math.log(OUTLIER_FACTOR), 3 * 1.4826 * mad) and dist > far:
+            worst, far = i, dist
+    return worst
 
 
 def _settle(ctx: TrialContext, ref: dict[str, Any] | None) -> str:

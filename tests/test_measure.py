@@ -44,6 +44,18 @@ def test_paired_ratio_straddling_the_goal_asks_for_more_rounds_then_fails():
     assert r.verdict == "fail" and r.lo < 4.0 < r.hi and r.wins == 2
 
 
+def test_a_round_far_from_the_others_is_an_outlier_either_way():
+    from math import log
+
+    from orchestrator.paired import _outlier
+    # The mirror test's run: one candidate half stalled (1.37x among rounds of 2.2-2.4x).
+    assert _outlier([log(x) for x in (1.37, 2.34, 2.43)]) == 0
+    assert _outlier([log(x) for x in (2.34, 3.40, 2.43, 2.20)]) == 1  # a stalled baseline half: too good
+    # Honest rounds on a shared host spread +-10%: none is an outlier; two rounds cannot say which is odd.
+    assert _outlier([log(x) for x in (2.1, 2.34, 2.43, 2.2, 2.5)]) is None
+    assert _outlier([log(1.0), log(3.0)]) is None
+
+
 def test_bootstrap_interval_is_deterministic_and_brackets_the_geomean():
     sp = [1.9, 2.1, 2.0, 2.3, 1.8]
     lo, hi = bootstrap_interval(sp, confidence=0.9)

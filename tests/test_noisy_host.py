@@ -4,6 +4,10 @@ The load is switched on and off from the controller's step callback, so it lands
 test wants it: only while the baseline is measured, or only while a candidate is. Gates are off
 (they have their own tests); the performance judging, the sentinels, the redo of untrusted
 measurements and the paired A/B confirmation are all real.
+
+Both sides run one torch thread (`hfserve_target.one_thread_target`): the test's own burners are
+then the load it measures, not the erratic stalls of 2 OpenMP threads beside whatever else shares
+the machine.
 """
 
 import json
@@ -14,6 +18,7 @@ import threading
 import pytest
 from burners import Burners
 from fake_target import write_fake_target
+from hfserve_target import one_thread_target
 
 from orchestrator.goal import parse_goal
 from orchestrator.runs import start_run
@@ -32,7 +37,7 @@ def _hf_ws(tmp_path, name, steps):
     d.mkdir()
     f = d / "steps.json"
     f.write_text(json.dumps(steps))
-    return Workspace(d, [*FAST, f'proposer="scripted:{f}"'])
+    return Workspace(d, [*FAST, f'proposer="scripted:{f}"', f'target="{one_thread_target(d)}"'])
 
 
 def _measurable(out):
@@ -121,11 +126,16 @@ def test_load_during_a_candidate_only_is_remeasured_not_discarded(tmp_path, quie
         burn.stop()
     _measurable(out)
     store = Store(ws.db_url)
-    t1 = next(t for t in store.list_trials(out.run_id) if t.proposer == "scripted")
+    trials = store.list_trials(out.run_id)
+    t1 = next(t for t in trials if t.proposer == "scripted")
     redo = [e for e in store.events(out.run_id, kind="measure.redo") if e.trial_id == t1.id]
     assert burn.started == 1 and redo, [e.message for e in store.events(out.run_id)]
     assert any(w in redo[0].message for w in ("busier", "lagged", "core")), redo[0].message
-    assert t1.status == "kept", (t1.status, t1.score)
+    # Not discarded: kept on a redone measurement, or (when other tenants kept the host busier than at
+    # the baseline through every redo) invalid, then re-run against a fresh baseline and kept.
+    retry = [t for t in trials if t.proposer == "retry" and t.knobs == t1.knobs]
+    assert t1.status == "kept" or (t1.status == "invalid" and "untrusted" in t1.error and retry
+                                   and retry[0].status == "kept"), (t1.status, t1.error, [(t.status, t.error) for t in retry])
     assert out.stop_reason.startswith("GoalMet"), out.stop_reason
     assert abs(_paired(store, out.run_id)[-1]["score"] / quiet_ratio - 1) < 0.25
 
