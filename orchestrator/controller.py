@@ -101,7 +101,7 @@ class Controller:
         except StopRun as stop:
             reason = f"{type(stop).__name__}: {stop}"
             if not isinstance(stop, (GoalMet, Refused)):
-                reason += self._confirm_best()
+                reason = self._confirm_best(reason)
             self.store.set_run_status(run_id, "finished", stop_reason=reason)
             self.store.add_event(run_id, "stop", reason)
             return reason
@@ -359,14 +359,20 @@ class Controller:
                          self._baseline(), paired=out, screen_met=True)
         return out
 
-    def _confirm_best(self) -> str:
-        """At a stop without a met goal: the best kept candidate's paired ratio, for the stop reason."""
+    def _confirm_best(self, reason: str) -> str:
+        """At a stop without a met goal: the best kept candidate's paired ratio, added to the stop reason.
+
+        The search screens on single measurements; a winner whose screen fell short (a noisy
+        baseline, a stall) but whose paired rounds meet the goal did meet it: the stop is `GoalMet`."""
         run = self.store.get_run(self.ctx.run_id)
         best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
         if best is None or best.number == 0:
-            return ""
+            return reason
         paired = latest_paired(self.store, self.ctx.run_id, best.id) or self._confirm_paired(best, _candidate_of(best))
-        return f"; best #{best.number}: paired speedup {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
+        if paired["met"]:
+            return (f"GoalMet: #{best.number} meets every objective: paired speedup {describe(paired)} on fresh "
+                    f"servers, confirmed at the stop ({reason})")
+        return f"{reason}; best #{best.number}: paired speedup {describe(paired)}, goal not met"
 
     def _smallest_step(self) -> float:
         """The smallest relative change the goal asks a measurement to resolve."""
