@@ -114,4 +114,4 @@ class ApiMode:
             parts.append("counts from re-tokenized text (no token ids)")
         if not self.prompt_ids:
             parts.append("text prompts")
-        return " [judged as: " + "; ".join(parts) + "]"
+        return " (judged as: " + "; ".join(parts) + ")"  # no brackets: rich would read them as markup

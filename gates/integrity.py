@@ -148,15 +148,18 @@ def _check_max_tokens(probe: Mapping[str, Any], n: int, mode: ApiMode = ApiMode(
 
 def _check_usage(probe: Mapping[str, Any], n: int, prompt_len: int, text_prompt_lens: set[int],
                  text_usage: Mapping[str, Any] | None, mode: ApiMode = ApiMode(), tolerance: float = 0.0) -> str:
-    for label, counted in (("stream_usage", "stream_chunks"), ("nonstream_usage", "nonstream_tokens")):
+    for label, counted, finish in (("stream_usage", "stream_chunks", "stream_finish"),
+                                   ("nonstream_usage", "nonstream_tokens", "nonstream_finish")):
         usage = probe[label]
         if not usage:
             raise _Failed(f"{label}: server reported no usage")
         done = usage.get("completion_tokens")
         # Pinned lengths: the server must bill exactly max_tokens. Bounded lengths: what it billed
-        # must be what the client counted (exactly with ids, within the tolerance from text).
+        # must be what the client counted (exactly with ids, within the tolerance from text; an
+        # early stop bills its EOS, which has no text).
+        eos = int(not mode.token_ids and not mode.ignore_eos and probe[finish] == "stop")
         ok = done == n if mode.ignore_eos and mode.token_ids else (
-            isinstance(done, int) and done <= n and mode.agree(probe[counted], done, tolerance))
+            isinstance(done, int) and done <= n and mode.agree(probe[counted] + eos, done, tolerance))
         if not ok or usage.get("prompt_tokens") != prompt_len:
             raise _Failed(f"{label}: server reported prompt_tokens={usage.get('prompt_tokens')}, "
                           f"completion_tokens={done}; client counted "
