@@ -101,12 +101,12 @@ class ApiMode:
             "accuracy": "teacher-forced logprobs + generation" if self.echo_logprobs else "generation check only",
         }
 
-    def note(self) -> str:
-        """A few words for a gate's reason; empty when every check ran the exact way."""
+    def note(self, gate: str = "accuracy") -> str:
+        """A few words for ``gate``'s reason; empty when every check ran the exact way."""
         if self.exact:
             return ""
         parts = []
-        if not self.echo_logprobs:
+        if not self.echo_logprobs and gate == "accuracy":
             parts.append("generation check only (no echo logprobs)")
         if not self.ignore_eos:
             parts.append("lengths bounded by max_tokens (no ignore_eos)")

@@ -143,7 +143,7 @@ def _check_max_tokens(probe: Mapping[str, Any], n: int, mode: ApiMode = ApiMode(
             raise _Failed(f"max_tokens={n} not honoured: client counted {count} ({key}) with finish_reason "
                           f"{probe[finish]!r}; only a reply that stopped at EOS may be shorter")
         notes.append(f"{key} {count}" + (" (stopped at EOS)" if stopped and count < n else ""))
-    return f"max_tokens={n}: " + ", ".join(notes) + mode.note()
+    return f"max_tokens={n}: " + ", ".join(notes) + mode.note("integrity")
 
 
 def _check_usage(probe: Mapping[str, Any], n: int, prompt_len: int, text_prompt_lens: set[int],
@@ -169,7 +169,7 @@ def _check_usage(probe: Mapping[str, Any], n: int, prompt_len: int, text_prompt_
                       f"{(text_usage or {}).get('prompt_tokens')}, local tokenizer counts {sorted(text_prompt_lens)}")
     if mode.exact:
         return "usage equals the client's counts (id and text prompts, streamed and not)"
-    return "usage agrees with the client's counts (streamed and not)" + mode.note()
+    return "usage agrees with the client's counts (streamed and not)" + mode.note("integrity")
 
 
 def _check_prompt_dependence(base_url: str, model: str, prompts: Sequence[str], n: int, timeout: float,
@@ -322,5 +322,5 @@ def check(
         status = "skipped" if note.startswith("skipped") else "pass"
         checks.append({"name": name, "status": status, "detail": note, "duration_s": time.perf_counter() - t0})
     details.update({k: v for k, v in state.items() if k in ("probe", "cache")})
-    return GateResult("integrity", "pass", "all integrity probes passed" + mode.note(), details,
+    return GateResult("integrity", "pass", "all integrity probes passed" + mode.note("integrity"), details,
                       time.perf_counter() - start)
