@@ -11,7 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from orchestrator.cli import app
 from orchestrator.goal import parse_goal
 from orchestrator.hosts import LocalHost
 from orchestrator.runs import start_run
@@ -113,3 +115,7 @@ def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
     fp = json.loads((ws.run_dir(outcome.run_id) / f"trial-{trials[1].number}" / "engine.json").read_text())
     assert fp["engine"] == "transformers-serve" and fp["version_installed"].startswith("transformers 5.")
     assert fp["capabilities"]["token_ids"] is False
+    # `infergoal show` says how the trial was judged and measured.
+    shown = CliRunner().invoke(app, ["-w", str(tmp_path), "show", str(trials[1].number), "-r", str(outcome.run_id)])
+    assert shown.exit_code == 0 and "(judged as:" in shown.output, shown.output
+    assert "bench: output lengths bounded by max_tokens, not pinned" in shown.output, shown.output
