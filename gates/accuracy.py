@@ -19,6 +19,10 @@ Then the generation check (:mod:`gates.generation`) judges what the server gener
 continuations of fresh equal-length prompts, sent concurrently and one at a time, each scored by
 the reference; its ``gen_*`` metrics join the ones above.
 
+An engine that returns no ``echo`` prompt logprobs (``transformers serve``) is judged by the
+generation check alone, which needs only the text it generates (:mod:`gates.api`); the metrics
+that check cannot measure are listed in ``details["not_measured"]`` and the reason says so.
+
 Any metric above its hard limit -> ``fail``; above its soft limit only -> ``drift`` (the controller
 marks the trial needs_approval); else ``pass``. Limits live in ``gates/thresholds.toml``.
 """
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gates._http import GateHTTPError, post_json
+from gates.api import ApiMode
 from gates.generation import GenerationError, check_generation, draw_probes
 from gates.result import GateResult
 from gates.thresholds import section
@@ -185,6 +190,7 @@ def check(
     seed: int | None = None,
     thresholds: Mapping[str, Any] | None = None,
     chat: bool = False,
+    capabilities: Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Compare the server at ``base_url`` with the float32 reference on fresh held-out windows.
 
@@ -194,6 +200,7 @@ def check(
         seed: window-drawing seed; None draws a secret one (recorded only as a sha256 prefix).
         thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
         chat: the target serves ``/v1/chat/completions`` too; generation probes then use it as well.
+        capabilities: what the engine's API lacks (a target's ``[capabilities]``): see :mod:`gates.api`.
 
     Returns:
         ``pass``, ``drift`` or ``fail``; ``details["metrics"]`` holds every measured number.
@@ -207,8 +214,11 @@ def check(
                                "windows": int(cfg["windows"]), "window_tokens": int(cfg["window_tokens"]),
                                "top_k": int(cfg["top_k"])}
 
+    mode = ApiMode.of(capabilities)
+    details["api"] = mode.describe()
+
     def done(status: str, reason: str) -> GateResult:
-        return GateResult("accuracy", status, reason, details, time.perf_counter() - start)  # type: ignore[arg-type]
+        return GateResult("accuracy", status, reason + mode.note(), details, time.perf_counter() - start)  # type: ignore[arg-type]
 
     import torch
 
@@ -218,7 +228,9 @@ def check(
     windows = draw_windows(_heldout_ids(tok), rng, int(cfg["windows"]), int(cfg["window_tokens"]))
     bos = getattr(tok, "bos_token_id", None)
     acc: dict[str, list[float]] = {key: [] for key in ("kl", "dlp", "nll_ref", "nll_srv", "mismatch", "uncontained")}
-    for window in windows:
+    # Without echo logprobs there is no teacher-forced score to read; the windows are still drawn
+    # (the generation probes come after them from the same seeded stream).
+    for window in windows if mode.echo_logprobs else ():
         ids = ([bos] if bos is not None else []) + window
         try:
             token_lps, tops = _served_logprobs(base_url, served_model, ids, k, float(cfg["timeout_s"]))
@@ -230,18 +242,23 @@ def check(
             _score(torch.log_softmax(logits, dim=-1), ids, token_lps, tops, k, acc)
         except ValueError as exc:
             return done("fail", str(exc))
-    metrics = summarize(acc)
+    metrics = summarize(acc) if mode.echo_logprobs else {}
     details["metrics"] = metrics
     gcfg = {**cfg["generation"], "timeout_s": cfg["timeout_s"]}
     probes = draw_probes(_heldout_ids(tok), rng, pairs=int(gcfg["pairs"]), length=int(gcfg["prompt_tokens"]),
                          tail=int(gcfg["tail_tokens"]), chat=chat)
     try:
-        gen_metrics, details["generation"] = check_generation(base_url, served_model, model, tok, probes, gcfg)
+        gen_metrics, details["generation"] = check_generation(base_url, served_model, model, tok, probes, gcfg, mode)
     except GenerationError as exc:
         return done("fail", f"generation: {exc}")
     except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
         return done("fail", f"generation request failed: {exc}")
     metrics.update(gen_metrics)
+    if not mode.echo_logprobs:  # judged on what could be measured; the rest is named, not dropped silently
+        limits = set(cfg["hard"]) | set(cfg["soft"])
+        details["not_measured"] = sorted(limits - set(metrics))
+        cfg = {**cfg, "hard": {m: v for m, v in cfg["hard"].items() if m in metrics},
+               "soft": {m: v for m, v in cfg["soft"].items() if m in metrics}}
     status, reason = judge(metrics, cfg)
     return done(status, reason)
 
@@ -258,5 +275,7 @@ def judge(metrics: Mapping[str, float], cfg: Mapping[str, Any]) -> tuple[str, st
     over_soft = [f"{m}={metrics[m]:.4g} > {lim:g}" for m, lim in soft.items() if metrics[m] > lim]
     if over_soft:
         return "drift", "measurable drift (needs approval): " + "; ".join(over_soft)
+    if "kl_mean" not in metrics:
+        return "pass", f"generated off-top {metrics['gen_offtop_rate']:.3f} (worst prompt {metrics['gen_offtop_worst']:.3f})"
     return "pass", (f"kl_mean={metrics['kl_mean']:.3g}, ppl ratio={metrics['ppl_served'] / metrics['ppl_reference']:.4f}, "
                     f"generated off-top {metrics['gen_offtop_rate']:.3f}")

@@ -28,6 +28,12 @@ greedy continuation. Metrics (limits in ``gates/thresholds.toml``):
 
 A count that differs from ``new_tokens``, a usage that differs from the counted ids, or a
 prompt whose ids the server reports differently is a failure outright (:class:`GenerationError`).
+
+An engine without ``ignore_eos``, token ids or id prompts (:mod:`gates.api`) is asked without
+them: its text is spelled back into ids with the reference's help (:mod:`gates.textalign`) and
+scored the same way; counts agree
+within ``retokenize_tolerance``; a reply that stops early has its EOS scored as one more served
+token, and an EOS more than ``eos_gap_limit`` below the reference's top-1 fails outright.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gates._http import GateHTTPError, post_json, post_stream
+from gates.api import ApiMode
+from gates.textalign import align_text
 
 __all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "reference_greedy", "summarize_generation"]
 
@@ -104,8 +112,18 @@ def _chat_tokens(lp: Mapping[str, Any] | None) -> list[str]:
     return [c.get("token") for c in ((lp or {}).get("content") or [])]
 
 
-def _send(base_url: str, model: str, probe: Probe, prompt: Any, n: int, timeout: float) -> tuple[list[int], dict | None]:
-    """Send one greedy request; return (generated ids, usage) exactly as the server delivered them."""
+@dataclass(frozen=True)
+class _Reply:
+    ids: list[int]
+    """Generated ids as delivered (empty when the engine returns none)."""
+    usage: dict | None
+    finish: str | None
+    text: str
+
+
+def _send(base_url: str, model: str, probe: Probe, prompt: Any, n: int, timeout: float,
+          mode: ApiMode = ApiMode()) -> _Reply:
+    """Send one greedy request; return what the server delivered, exactly as it delivered it."""
     body: dict[str, Any] = {"model": model, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
                             "return_tokens_as_token_ids": True}
     chat = probe.api == "chat"
@@ -113,23 +131,30 @@ def _send(base_url: str, model: str, probe: Probe, prompt: Any, n: int, timeout:
         body.update(messages=[{"role": "user", "content": prompt}], logprobs=True, top_logprobs=0)
     else:
         body.update(prompt=prompt, logprobs=0)
+    body = mode.body(body)
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if not probe.stream:
         reply, _ = post_json(base_url, path, body, timeout=timeout)
-        lp = reply["choices"][0].get("logprobs")
-        return _ids_of(_chat_tokens(lp) if chat else (lp or {}).get("tokens")), reply.get("usage")
+        ch = reply["choices"][0]
+        lp = ch.get("logprobs")
+        text = (ch.get("message") or {}).get("content") if chat else ch.get("text")
+        return _Reply(_ids_of(_chat_tokens(lp) if chat else (lp or {}).get("tokens")), reply.get("usage"),
+                      ch.get("finish_reason"), text or "")
     events = post_stream(base_url, path, {**body, "stream": True, "stream_options": {"include_usage": True}},
                          timeout=timeout)
     ids: list[int] = []
-    usage = None
+    usage = finish = None
+    parts: list[str] = []
     for ev in events:
         if ev.get("error"):
             raise GateHTTPError(f"stream error: {str(ev['error'])[:200]}")
         for ch in ev.get("choices") or ():
             lp = ch.get("logprobs")
             ids += _ids_of(_chat_tokens(lp) if chat else (lp or {}).get("tokens"))
+            parts.append(((ch.get("delta") or {}).get("content") if chat else ch.get("text")) or "")
+            finish = ch.get("finish_reason") or finish
         usage = ev.get("usage") or usage
-    return ids, usage
+    return _Reply(ids, usage, finish, "".join(parts))
 
 
 def reference_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], float]:
@@ -173,7 +198,7 @@ def _score(model: Any, prompt: list[int], served: list[int]) -> tuple[list[float
     return gap.tolist(), float(-chosen.mean())
 
 
-def _prompt_of(probe: Probe, tok: Any) -> tuple[Any, list[int]]:
+def _prompt_of(probe: Probe, tok: Any, mode: ApiMode = ApiMode()) -> tuple[Any, list[int]]:
     """(what to send, the prompt ids the server should see) for a probe."""
     if probe.api == "chat":
         text = tok.decode(probe.content_ids)
@@ -182,11 +207,11 @@ def _prompt_of(probe: Probe, tok: Any) -> tuple[Any, list[int]]:
         return text, list(tok(templated, add_special_tokens=False)["input_ids"])
     bos = getattr(tok, "bos_token_id", None)
     ids = ([bos] if bos is not None else []) + probe.content_ids
-    return ids, ids
+    return mode.prompt(tok, ids)
 
 
 def check_generation(base_url: str, served_model: str, model: Any, tok: Any, probes: Sequence[Probe],
-                     cfg: Mapping[str, Any]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                     cfg: Mapping[str, Any], mode: ApiMode = ApiMode()) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Run every probe against the server and score it; returns (metrics, per-prompt records).
 
     Raises:
@@ -194,38 +219,69 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
         GateHTTPError, KeyError, IndexError, TypeError: the server failed or answered malformed.
     """
     n, timeout, margin = int(cfg["new_tokens"]), float(cfg["timeout_s"]), float(cfg["margin"])
-    prompts = [_prompt_of(p, tok) for p in probes]
-    replies: list[tuple[list[int], dict | None] | None] = [None] * len(probes)
+    prompts = [_prompt_of(p, tok, mode) for p in probes]
+    replies: list[_Reply | None] = [None] * len(probes)
     together = [i for i, p in enumerate(probes) if p.concurrent]
     with ThreadPoolExecutor(max_workers=max(1, len(together))) as pool:
-        futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout)
+        futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout, mode)
                    for i in together}
         for i, fut in futures.items():
             replies[i] = fut.result()
     for i, p in enumerate(probes):
         if not p.concurrent:
-            replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout)
+            replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout, mode)
 
     records: list[dict[str, Any]] = []
     for probe, (_, prompt_ids), reply in zip(probes, prompts, replies, strict=True):
         assert reply is not None
-        served, usage = reply
+        served, usage = reply.ids, reply.usage
         shape = f"{probe.api}{' stream' if probe.stream else ''}{' concurrent' if probe.concurrent else ''}"
-        if len(served) != n:
-            raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
-        if not usage or usage.get("completion_tokens") != n:
-            raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
-                                  f"but {n} token ids delivered")
+        stopped = False
+        if mode.ignore_eos and mode.token_ids:
+            if len(served) != n:
+                raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
+            if not usage or usage.get("completion_tokens") != n:
+                raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
+                                      f"but {n} token ids delivered")
+        else:
+            served, stopped = _counted(reply, shape, n, (model, tok, prompt_ids), mode, float(cfg["retokenize_tolerance"]))
         if probe.api == "completions" and usage.get("prompt_tokens") != len(prompt_ids):
             raise GenerationError(f"{shape}: usage prompt_tokens={usage.get('prompt_tokens')} for a prompt "
                                   f"of {len(prompt_ids)} ids")
         greedy, nll_ref = reference_greedy(model, prompt_ids, n)
-        gaps, nll = _score(model, prompt_ids, served)
-        prefix = next((j for j, (a, b) in enumerate(zip(served, greedy, strict=True)) if a != b), n)
+        # An early stop is one more generated token, EOS, judged like the others (gates.api).
+        scored = served + [tok.eos_token_id] if stopped else served
+        gaps, nll = _score(model, prompt_ids, scored)
+        if stopped and gaps[-1] > float(cfg["eos_gap_limit"]):
+            raise GenerationError(f"{shape}: stopped at EOS after {len(served)} of {n} tokens where the reference "
+                                  f"puts EOS {gaps[-1]:.2f} below its top choice (limit {cfg['eos_gap_limit']})")
+        prefix = next((j for j, (a, b) in enumerate(zip(scored, greedy, strict=False)) if a != b), min(len(scored), n))
         records.append({"shape": shape, "concurrent": probe.concurrent, "offtop": sum(g > margin for g in gaps),
                         "gaps": sorted(round(g, 3) for g in gaps if g > 1e-6), "prefix": prefix,
-                        "nll": nll, "nll_ref": nll_ref})
+                        "nll": nll, "nll_ref": nll_ref, "tokens": len(scored)})
     return summarize_generation(records, n), records
+
+
+def _counted(reply: _Reply, shape: str, n: int, ref: tuple[Any, Any, list[int]], mode: ApiMode,
+             tolerance: float) -> tuple[list[int], bool]:
+    """(the served ids to score, stopped early at EOS) for an engine judged without exact ids or
+    pinned lengths; ``ref`` is (reference model, tokenizer, prompt ids) for spelling out text."""
+    usage = reply.usage or {}
+    done = usage.get("completion_tokens")
+    model, tok, prompt_ids = ref
+    served = reply.ids if mode.token_ids else align_text(model, tok, prompt_ids, reply.text, n)
+    if not isinstance(done, int):
+        raise GenerationError(f"{shape}: no usage.completion_tokens")
+    if done > n:
+        raise GenerationError(f"{shape}: usage completion_tokens={done} for max_tokens={n}")
+    stopped = not mode.ignore_eos and reply.finish == "stop" and done < n
+    # The server bills the EOS it stopped at; the text carries none.
+    if not mode.agree(len(served), done - 1 if stopped and not mode.token_ids else done, tolerance):
+        raise GenerationError(f"{shape}: usage completion_tokens={done} but the client counted {len(served)} "
+                              f"({mode.describe()['counts']})")
+    if not stopped and not mode.agree(len(served), n, tolerance):
+        raise GenerationError(f"{shape}: {len(served)} tokens for max_tokens={n}, finish_reason {reply.finish!r}")
+    return served[:n], stopped
 
 
 def summarize_generation(records: Sequence[Mapping[str, Any]], n: int) -> dict[str, float]:
@@ -237,8 +293,11 @@ def summarize_generation(records: Sequence[Mapping[str, Any]], n: int) -> dict[s
     groups = [[r for r in records if r["concurrent"] == c] for c in (True, False)]
     groups = [g for g in groups if g] or [list(records)]
 
+    def tokens(r: Mapping[str, Any]) -> int:  # n, unless an engine without ignore_eos stopped early
+        return int(r.get("tokens", n))
+
     def offtop(rs: Sequence[Mapping[str, Any]]) -> float:
-        return sum(r["offtop"] for r in rs) / (len(rs) * n)
+        return sum(r["offtop"] for r in rs) / sum(tokens(r) for r in rs)
 
     def excess(rs: Sequence[Mapping[str, Any]]) -> float:
         return sum(r["nll"] - r["nll_ref"] for r in rs) / len(rs)
@@ -249,7 +308,7 @@ def summarize_generation(records: Sequence[Mapping[str, Any]], n: int) -> dict[s
     return {
         "gen_prompts": float(len(records)),
         "gen_offtop_rate": max(offtop(g) for g in groups),
-        "gen_offtop_worst": max(r["offtop"] for r in records) / n,
+        "gen_offtop_worst": max(r["offtop"] / tokens(r) for r in records),
         "gen_nll_excess": max(excess(g) for g in groups),
         "gen_nll_excess_worst": max(r["nll"] - r["nll_ref"] for r in records),
         "gen_prefix_short": max(short(g) for g in groups),

@@ -6,7 +6,9 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
 2. ``process``    - every pid listening on the port is one the host launched (no proxy in front).
 3. ``models``     - ``/v1/models`` lists the declared model name.
 4. ``max_tokens`` - with ``ignore_eos``, exactly ``max_tokens`` tokens come back, counted by the
-                    client (streamed chunks, and token ids in a non-streamed reply).
+                    client (streamed chunks, and token ids in a non-streamed reply). An engine
+                    without ``ignore_eos`` or token ids is judged the way :mod:`gates.api` says
+                    (never more than ``max_tokens``; a shorter reply must say it stopped).
 5. ``usage``      - reported ``prompt_tokens`` / ``completion_tokens`` equal the client's counts
                     (prompt tokenized locally, completion counted as delivered).
 6. ``prompt_dependence`` - fresh random prompts give different greedy outputs (a cheap first
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from gates._http import GateHTTPError, get_json, post_json, post_stream
+from gates.api import ApiMode
 from gates.diffscan import DEFAULT_PROTECTED, scan_diff
 from gates.result import GateResult
 from gates.thresholds import section
@@ -65,10 +68,10 @@ def random_prompt(rng: random.Random, words: int) -> str:
 
 
 def _completion(base_url: str, model: str, prompt: Any, max_tokens: int, timeout: float,
-                **extra: Any) -> tuple[dict[str, Any], float]:
+                mode: ApiMode = ApiMode(), **extra: Any) -> tuple[dict[str, Any], float]:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, **extra}
-    return post_json(base_url, "/v1/completions", body, timeout=timeout)
+    return post_json(base_url, "/v1/completions", mode.body(body), timeout=timeout)
 
 
 def _check_process(launched: Iterable[int] | None, listening: Iterable[int] | None) -> str:
@@ -91,55 +94,87 @@ def _check_models(base_url: str, served_model: str) -> str:
     return f"lists {names}"
 
 
-def _probe_lengths(base_url: str, model: str, prompt_ids: list[int], n: int, timeout: float) -> dict[str, Any]:
+def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: float,
+                   mode: ApiMode = ApiMode(), tok: Any = None) -> dict[str, Any]:
     """One streamed and one non-streamed request; the client's own counts plus the server's usage."""
-    events = post_stream(base_url, "/v1/completions", {
-        "model": model, "prompt": prompt_ids, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+    events = post_stream(base_url, "/v1/completions", mode.body({
+        "model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
         "stream": True, "stream_options": {"include_usage": True},
-        "logprobs": 1, "return_tokens_as_token_ids": True}, timeout=timeout)
+        "logprobs": 1, "return_tokens_as_token_ids": True}), timeout=timeout)
     # Count the token ids the chunks carry, never the chunks: vLLM holds back a token that decodes
     # to a partial UTF-8 character and sends it with the next one (9 tokens in 3-4 chunks).
     # A server that sends no ids is counted by its content-bearing chunks (the closing chunk,
-    # empty text + finish_reason, is not a token).
+    # empty text + finish_reason, is not a token), or, when the target says it has no ids, by
+    # re-tokenizing the text it sent (gates.api).
     choices = [e["choices"][0] for e in events if e.get("choices")]
     id_lists = [(c.get("logprobs") or {}).get("tokens") for c in choices]
-    if any(id_lists):
+    if not mode.token_ids:
+        counted = mode.count(tok, None, "".join(c.get("text") or "" for c in choices))
+    elif any(id_lists):
         counted = sum(len(ids or []) for ids in id_lists)
     else:
         counted = sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
     usages = [e["usage"] for e in events if e.get("usage")]
-    reply, _ = _completion(base_url, model, prompt_ids, n, timeout, logprobs=1, return_tokens_as_token_ids=True)
-    tokens = ((reply["choices"][0].get("logprobs") or {}).get("tokens")) or []
+    finishes = [c["finish_reason"] for c in choices if c.get("finish_reason")]
+    reply, _ = _completion(base_url, model, prompt, n, timeout, mode, logprobs=1, return_tokens_as_token_ids=True)
+    choice = reply["choices"][0]
+    tokens = ((choice.get("logprobs") or {}).get("tokens")) or []
     return {"stream_chunks": counted, "stream_usage": usages[-1] if usages else None,
-            "nonstream_tokens": len(tokens), "nonstream_usage": reply.get("usage")}
+            "stream_finish": finishes[-1] if finishes else None,
+            "nonstream_tokens": mode.count(tok, tokens, choice.get("text") or ""),
+            "nonstream_usage": reply.get("usage"), "nonstream_finish": choice.get("finish_reason")}
 
 
-def _check_max_tokens(probe: Mapping[str, Any], n: int) -> str:
+def _check_max_tokens(probe: Mapping[str, Any], n: int, mode: ApiMode = ApiMode(), tolerance: float = 0.0) -> str:
     got = {"stream_chunks": probe["stream_chunks"], "nonstream_tokens": probe["nonstream_tokens"]}
-    wrong = {k: v for k, v in got.items() if v != n}
-    if wrong:
-        raise _Failed(f"max_tokens={n} not honoured (ignore_eos): client counted {wrong}")
-    return f"{n} tokens delivered streamed and non-streamed"
+    if mode.ignore_eos and mode.token_ids:
+        wrong = {k: v for k, v in got.items() if v != n}
+        if wrong:
+            raise _Failed(f"max_tokens={n} not honoured (ignore_eos): client counted {wrong}")
+        return f"{n} tokens delivered streamed and non-streamed"
+    # Without ignore_eos a reply may end at EOS (and say "stop"); it may never run past max_tokens.
+    # Without ids the client's count is the re-tokenized text, so it agrees within a tolerance.
+    notes = []
+    for key, finish in (("stream_chunks", "stream_finish"), ("nonstream_tokens", "nonstream_finish")):
+        count, stopped = got[key], probe[finish] == "stop" and not mode.ignore_eos
+        if count > n and not mode.agree(count, n, tolerance):
+            raise _Failed(f"max_tokens={n} not honoured: client counted {count} ({key}, {mode.describe()['counts']})")
+        if not stopped and not mode.agree(count, n, tolerance):
+            raise _Failed(f"max_tokens={n} not honoured: client counted {count} ({key}) with finish_reason "
+                          f"{probe[finish]!r}; only a reply that stopped at EOS may be shorter")
+        notes.append(f"{key} {count}" + (" (stopped at EOS)" if stopped and count < n else ""))
+    return f"max_tokens={n}: " + ", ".join(notes) + mode.note("integrity")
 
 
 def _check_usage(probe: Mapping[str, Any], n: int, prompt_len: int, text_prompt_lens: set[int],
-                 text_usage: Mapping[str, Any] | None) -> str:
-    for label in ("stream_usage", "nonstream_usage"):
+                 text_usage: Mapping[str, Any] | None, mode: ApiMode = ApiMode(), tolerance: float = 0.0) -> str:
+    for label, counted, finish in (("stream_usage", "stream_chunks", "stream_finish"),
+                                   ("nonstream_usage", "nonstream_tokens", "nonstream_finish")):
         usage = probe[label]
         if not usage:
             raise _Failed(f"{label}: server reported no usage")
-        if usage.get("completion_tokens") != n or usage.get("prompt_tokens") != prompt_len:
+        done = usage.get("completion_tokens")
+        # Pinned lengths: the server must bill exactly max_tokens. Bounded lengths: what it billed
+        # must be what the client counted (exactly with ids, within the tolerance from text; an
+        # early stop bills its EOS, which has no text).
+        eos = int(not mode.token_ids and not mode.ignore_eos and probe[finish] == "stop")
+        ok = done == n if mode.ignore_eos and mode.token_ids else (
+            isinstance(done, int) and done <= n and mode.agree(probe[counted] + eos, done, tolerance))
+        if not ok or usage.get("prompt_tokens") != prompt_len:
             raise _Failed(f"{label}: server reported prompt_tokens={usage.get('prompt_tokens')}, "
-                          f"completion_tokens={usage.get('completion_tokens')}; client counted "
-                          f"prompt_tokens={prompt_len}, completion_tokens={n}")
+                          f"completion_tokens={done}; client counted "
+                          f"prompt_tokens={prompt_len}, completion_tokens={probe[counted]} (max_tokens={n})")
     if not text_usage or text_usage.get("prompt_tokens") not in text_prompt_lens:
         raise _Failed(f"text prompt: server reported prompt_tokens="
                       f"{(text_usage or {}).get('prompt_tokens')}, local tokenizer counts {sorted(text_prompt_lens)}")
-    return "usage equals the client's counts (id and text prompts, streamed and not)"
+    if mode.exact:
+        return "usage equals the client's counts (id and text prompts, streamed and not)"
+    return "usage agrees with the client's counts (streamed and not)" + mode.note("integrity")
 
 
-def _check_prompt_dependence(base_url: str, model: str, prompts: Sequence[str], n: int, timeout: float) -> str:
-    outputs = [_completion(base_url, model, p, n, timeout)[0]["choices"][0]["text"] for p in prompts]
+def _check_prompt_dependence(base_url: str, model: str, prompts: Sequence[str], n: int, timeout: float,
+                             mode: ApiMode = ApiMode()) -> str:
+    outputs = [_completion(base_url, model, p, n, timeout, mode)[0]["choices"][0]["text"] for p in prompts]
     distinct = len(set(outputs))
     if distinct < 2:
         raise _Failed(f"{len(prompts)} fresh random prompts all gave the same output {outputs[0][:60]!r}")
@@ -152,8 +187,8 @@ def _random_ids(rng: random.Random, tok: Any, length: int) -> list[int]:
     return [t for t in (rng.randrange(len(tok)) for _ in range(4 * length)) if t not in special][:length]
 
 
-def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[list[int]]], n: int,
-                    ratio_limit: float, timeout: float, record: dict[str, Any]) -> str:
+def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[Any]], n: int,
+                    ratio_limit: float, timeout: float, record: dict[str, Any], mode: ApiMode = ApiMode()) -> str:
     """Each fresh prompt twice; every repeat fast, on every attempt (one per prompt set), is a cache.
 
     All prompts of a set have the same token length and the set's first prompt is a discarded
@@ -164,12 +199,12 @@ def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[li
     """
     ratio = 0.0
     for attempt, prompts in enumerate(prompt_sets, start=1):
-        warm, _ = _completion(base_url, model, prompts[0], n, timeout)  # warm-up, not timed
+        warm, _ = _completion(base_url, model, prompts[0], n, timeout, mode)  # warm-up, not timed
         fresh, repeat = [], []
         texts = [warm["choices"][0]["text"]]
         for p in prompts[1:]:
-            first, t_first = _completion(base_url, model, p, n, timeout)
-            second, t_second = _completion(base_url, model, p, n, timeout)
+            first, t_first = _completion(base_url, model, p, n, timeout, mode)
+            second, t_second = _completion(base_url, model, p, n, timeout, mode)
             fresh.append(t_first)
             repeat.append(t_second)
             texts.append(first["choices"][0]["text"])
@@ -200,6 +235,7 @@ def check(
     allowed_paths: Sequence[str] | None = None,
     seed: int | None = None,
     thresholds: Mapping[str, Any] | None = None,
+    capabilities: Mapping[str, Any] | None = None,
 ) -> GateResult:
     """Run the integrity probes against the server at ``base_url``.
 
@@ -212,6 +248,8 @@ def check(
         allowed_paths: globs/folders the diff may touch (None = anything not protected).
         seed: seed of the random probes; None draws a secret one (recorded only as a hash).
         thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
+        capabilities: what the engine's API lacks (a target's ``[capabilities]``); the probes are
+            then asked and counted as :mod:`gates.api` says, recorded in ``details["api"]``.
 
     Returns:
         ``pass`` or ``fail``; the reason names the first failing sub-check.
@@ -223,6 +261,9 @@ def check(
     timeout = float(cfg["timeout_s"])
     checks: list[dict[str, Any]] = []
     details: dict[str, Any] = {"seed_sha256": hashlib.sha256(str(seed).encode()).hexdigest()[:16], "checks": checks}
+    mode = ApiMode.of(capabilities)
+    details["api"] = mode.describe()
+    tol = 0.0 if mode.token_ids else float(cfg["retokenize_tolerance"])
     n_len, n_cache, words = int(cfg["max_tokens_probe"]), int(cfg["cache_probe_tokens"]), int(cfg["prompt_words"])
     state: dict[str, Any] = {}
 
@@ -241,12 +282,13 @@ def check(
         tok = _tokenizer(tokenizer_dir)
         text = random_prompt(rng, words)
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        state["probe"] = _probe_lengths(base_url, served_model, ids, n_len, timeout)
-        state["prompt_len"] = len(ids)
+        prompt, seen = mode.prompt(tok, ids)
+        state["probe"] = _probe_lengths(base_url, served_model, prompt, n_len, timeout, mode, tok)
+        state["prompt_len"] = len(seen)
         text_lens = {len(tok(text)["input_ids"]), len(ids)}  # with or without the BOS the server may add
         state["text_lens"] = text_lens
-        state["text_usage"] = _completion(base_url, served_model, text, 1, timeout)[0].get("usage")
-        return _check_max_tokens(state["probe"], n_len)
+        state["text_usage"] = _completion(base_url, served_model, text, 1, timeout, mode)[0].get("usage")
+        return _check_max_tokens(state["probe"], n_len, mode, tol)
 
     steps = [
         ("diff", diff),
@@ -254,15 +296,15 @@ def check(
         ("models", lambda: _check_models(base_url, served_model)),
         ("max_tokens", lengths),
         ("usage", lambda: _check_usage(state["probe"], n_len, state["prompt_len"], state["text_lens"],
-                                       state["text_usage"])),
+                                       state["text_usage"], mode, tol)),
         ("prompt_dependence", lambda: _check_prompt_dependence(
             base_url, served_model, [random_prompt(rng, words) for _ in range(int(cfg["dependence_prompts"]))],
-            n_len, timeout)),
+            n_len, timeout, mode)),
         ("no_cache", lambda: _check_no_cache(
             base_url, served_model,
-            [[_random_ids(rng, _tokenizer(tokenizer_dir), int(cfg["cache_prompt_tokens"]))
+            [[mode.prompt(_tokenizer(tokenizer_dir), _random_ids(rng, _tokenizer(tokenizer_dir), int(cfg["cache_prompt_tokens"])))[0]
               for _ in range(int(cfg["cache_probes"]) + 1)] for _ in range(2)],
-            n_cache, float(cfg["cache_time_ratio"]), timeout, state.setdefault("cache", {}))),
+            n_cache, float(cfg["cache_time_ratio"]), timeout, state.setdefault("cache", {}), mode)),
     ]
     for name, run in steps:
         t0 = time.perf_counter()
@@ -280,4 +322,5 @@ def check(
         status = "skipped" if note.startswith("skipped") else "pass"
         checks.append({"name": name, "status": status, "detail": note, "duration_s": time.perf_counter() - t0})
     details.update({k: v for k, v in state.items() if k in ("probe", "cache")})
-    return GateResult("integrity", "pass", "all integrity probes passed", details, time.perf_counter() - start)
+    return GateResult("integrity", "pass", "all integrity probes passed" + mode.note("integrity"), details,
+                      time.perf_counter() - start)

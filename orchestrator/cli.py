@@ -368,6 +368,10 @@ def show(
     console.print("  timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in (t.timings or {}).items()), highlight=False)
     for g in gates:
         console.print(f"  gate {g['gate']}: {g['status']} — {g['reason']}", highlight=False)
+    if any(m["metric"] == "osl_pinned" and m["value"] == 0 for m in meas):  # an engine without ignore_eos (gates/api.py)
+        eos = int(sum(m["value"] for m in meas if m["metric"] == "osl_eos_short"))
+        console.print(f"  bench: output lengths bounded by max_tokens, not pinned (the engine has no ignore_eos); "
+                      f"{eos} request(s) stopped at EOS", highlight=False)
     table = Table("scenario", "repeat", "metric", "value")
     keep = ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "output_throughput", "request_throughput", "completed", "failed")
     for m in meas:

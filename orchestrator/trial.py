@@ -143,13 +143,14 @@ def run_trial(
             site.verify_gates()
             verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate) if gates else None
             if verdict is None and gates:
-                verdict, result.gate_drift = _run_gates(ctx, site, trial, candidate, base_url, port, proc)
+                verdict, result.gate_drift = _run_gates(ctx, site, trial, candidate, base_url, port, proc,
+                                                        engine.capabilities.model_dump())
             if verdict is not None:
                 result.status_hint, result.error = "invalid", verdict
                 return result
 
         with _timed(result.timings, "bench", ctx.on_step):
-            bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref)
+            bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump())
             err = bench.run(repeats, result)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.
@@ -196,7 +197,8 @@ def _checkout(ctx: TrialContext, commit: str | None) -> Path:
 
 
 def _run_gates(
-    ctx: TrialContext, site: Site, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc
+    ctx: TrialContext, site: Site, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc,
+    caps: dict[str, Any] | None = None,
 ) -> tuple[str | None, bool]:
     """Integrity first (cheap), then accuracy. Return (rejection reason or None, accuracy drifted)."""
     if ctx.integrity_gate:
@@ -208,13 +210,14 @@ def _run_gates(
             launched_pids=ctx.host.group_pids(proc),
             listening_pids=ctx.host.listening_pids(port),
             diff_text=diff_text,
+            capabilities=caps,
         )
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
             return f"integrity gate: {r.reason}", False
     if ctx.accuracy_gate:
         r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir),
-                          chat=ctx.target.api == "chat")
+                          chat=ctx.target.api == "chat", capabilities=caps)
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
             return f"accuracy gate: {r.reason}", False
@@ -241,6 +244,7 @@ class _Bench:
     proc: Proc
     site: Site
     host_ref: dict[str, Any] | None
+    caps: dict[str, Any] | None = None
 
     def run(self, repeats: int, result: TrialResult, first_repeat: int = 0) -> str | None:
         """Measure each goal scenario `repeats` times; return an error, or None."""
@@ -254,7 +258,7 @@ class _Bench:
                 def once(scenario: Any = scenario) -> Any:
                     return self.site.bench(self.base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
                                            tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
-                                           timeout_s=ctx.request_timeout_s)
+                                           timeout_s=ctx.request_timeout_s, capabilities=self.caps)
 
                 def redo(attempt: int, reasons: list[str], name: str = name, label: str = label) -> None:
                     ctx.on_step(f"{label}: redo")

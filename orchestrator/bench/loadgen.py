@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from gates.api import ApiMode
+
 from .metrics import compute_metrics, failures
 from .prompts import Prompt, PromptFactory, load_tokenizer
 from .records import RequestRecord
@@ -38,13 +40,15 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 _now = time.perf_counter_ns
 
 
-def build_payload(api: str, model: str, p: Prompt) -> dict[str, Any]:
+def build_payload(api: str, model: str, p: Prompt, mode: ApiMode = ApiMode()) -> dict[str, Any]:
     """OpenAI request body: pinned output length, streaming with usage, token ids returned.
 
     The ids (``return_tokens_as_token_ids`` on the sampled token's logprob) let the client count
     output tokens exactly: text chunks are not tokens, and re-tokenizing text miscounts (a
     byte-level tokenizer's half characters arrive as U+FFFD). The accuracy gate sends the same
-    request shape, so a server cannot be honest only when logprobs are asked for.
+    request shape, so a server cannot be honest only when logprobs are asked for. An engine that
+    refuses some of these fields (``mode``, from the target's capabilities) is sent the rest, as
+    the gates send them (gates/api.py).
     """
     body: dict[str, Any] = {
         "model": model,
@@ -61,7 +65,7 @@ def build_payload(api: str, model: str, p: Prompt) -> dict[str, Any]:
     else:
         body["prompt"] = p.prompt
         body["logprobs"] = 0
-    return body
+    return mode.body(body)
 
 
 def _token_count(ev: dict[str, Any], chat: bool) -> int | None:
@@ -136,6 +140,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | d
                     n_ids = _token_count(ev, chat)
                     if n_ids is not None:
                         rec.client_tokens = (rec.client_tokens or 0) + n_ids
+                    for ch in ev.get("choices") or ():
+                        rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
                     u = ev.get("usage")
                     if u:
                         rec.usage_prompt_tokens = u.get("prompt_tokens")
@@ -152,8 +158,10 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | d
     rec.client_chunks = len(rec.chunk_ns)
     rec.text = "".join(parts)
     if rec.error is None:
-        if not rec.done_seen:
-            rec.error = "incomplete_stream"  # body ended without [DONE]: server died mid-stream
+        # A body that ends without [DONE] means the server died mid-stream, unless it said why it
+        # finished: `transformers serve` ends its streams after the finish_reason + usage chunk.
+        if not rec.done_seen and rec.finish_reason is None:
+            rec.error = "incomplete_stream"
         elif rec.output_tokens >= 1 and not rec.chunk_ns:
             rec.error = "empty_output"
     if rec.t_done_ns is None:
@@ -221,16 +229,21 @@ async def _open_loop(session, url, bodies, recs, offsets, cap, chat, timeout_s) 
 
 
 async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
-                       api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
-    """Run warmup (discarded) then the measured requests; always returns a result."""
+                       api: str = "completions", timeout_s: float = 60.0,
+                       capabilities: dict[str, Any] | None = None) -> ScenarioResult:
+    """Run warmup (discarded) then the measured requests; always returns a result.
+
+    ``capabilities``: what the engine's API lacks (a target's ``[capabilities]``); requests then
+    leave out what it refuses, and outputs are counted and judged as :func:`compute_metrics` says."""
     if api not in ("completions", "chat"):
         raise ValueError("api must be 'completions' or 'chat'")
     chat = api == "chat"
+    mode = ApiMode.of(capabilities)
     tok = load_tokenizer(tokenizer)
     url = base_url.rstrip("/") + ("/v1/chat/completions" if chat else "/v1/completions")
     if base_url.rstrip("/").endswith("/v1"):
         url = base_url.rstrip("/") + ("/chat/completions" if chat else "/completions")
-    factory = PromptFactory(scenario, tok, text=chat)
+    factory = PromptFactory(scenario, tok, text=chat or not mode.prompt_ids)
     if scenario.arrival == "trace":
         prompts = [factory.from_trace(e) for e in load_trace(scenario.trace_path or "")]
         prompts = prompts[: scenario.num_requests]
@@ -240,7 +253,7 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
     warm = [factory.make(i, warmup=True) for i in range(scenario.warmup_requests)]
 
     def mk(ps: list[Prompt]) -> tuple[list[bytes], list[RequestRecord]]:
-        return ([_dumps(build_payload(api, model, p)) for p in ps],
+        return ([_dumps(build_payload(api, model, p, mode)) for p in ps],
                 [RequestRecord(index=i, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens)
                  for i, p in enumerate(ps)])
 
@@ -260,20 +273,25 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
             await _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
         t1 = _now()
         await lag.stop()
+    if not mode.token_ids and tok is not None:  # counted after the clock stopped: no client CPU in the numbers
+        for r in recs:
+            r.client_tokens = len(tok(r.text, add_special_tokens=False)["input_ids"]) if r.success else None
+            r.client_tokens_from_text = True
     metrics = compute_metrics(
         recs, bench_start_ns=t0, bench_end_ns=t1, target_rate=scenario.rate,
         slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms,
         slo_e2e_ms=scenario.slo_e2e_ms, loop_lag_ms=lag.lags_ms,
-        intended_prompt_check=tok is not None and not chat)
+        intended_prompt_check=tok is not None and not chat and mode.prompt_ids, mode=mode)
     return ScenarioResult(scenario=scenario, metrics=metrics, requests=recs, failures=failures(recs),
-                          meta={"base_url": base_url, "model": model, "api": api,
+                          meta={"base_url": base_url, "model": model, "api": api, "engine_api": mode.describe(),
                                 "origin_ns": t0, "tokenizer": tok is not None,
                                 "date": time.strftime("%Y%m%d-%H%M%S")})
 
 
 def run_scenario_sync(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
-                      api: str = "completions", timeout_s: float = 60.0) -> ScenarioResult:
+                      api: str = "completions", timeout_s: float = 60.0,
+                      capabilities: dict[str, Any] | None = None) -> ScenarioResult:
     """Blocking wrapper around :func:`run_scenario` (own stdlib event loop; uvloop was not
     consistently faster in the client-ceiling runs, see docs/benchmarks.md)."""
     return asyncio.run(run_scenario(base_url, model, scenario, tokenizer=tokenizer, api=api,
-                                    timeout_s=timeout_s))
+                                    timeout_s=timeout_s, capabilities=capabilities))

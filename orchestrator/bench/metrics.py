@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gates.api import ApiMode
+
 from .records import RequestRecord
 
 STAT_NAMES = ("mean", "median", "std", "p50", "p90", "p95", "p99", "min", "max")
@@ -77,8 +79,19 @@ def compute_metrics(
     slo_e2e_ms: float | None = None,
     loop_lag_ms: Sequence[float] = (),
     intended_prompt_check: bool = False,
+    mode: ApiMode = ApiMode(),
+    tolerance: float | None = None,
 ) -> dict[str, float]:
-    """Flat metric dict for one measured (post-warmup) run."""
+    """Flat metric dict for one measured (post-warmup) run.
+
+    ``mode``: the engine's API (gates/api.py). Lengths are pinned with ``ignore_eos`` where it
+    exists, and any output of another length counts in ``osl_short`` (the trial is invalid).
+    Without it they are bounded: an output that stopped at EOS (``finish_reason: "stop"``) is
+    counted in ``osl_eos_short`` and its per-token metrics use the tokens it delivered (TPOT
+    per request, throughput over delivered tokens, as AIPerf and ``vllm bench serve`` without
+    ``--ignore-eos`` do); one longer than asked, or short without saying so, is still ``osl_short``.
+    Without token ids the client's count is the re-tokenized text, agreeing with usage within
+    ``tolerance`` (the gates' ``retokenize_tolerance``)."""
     ok = [r for r in records if r.success]
     m: dict[str, float] = {}
     m.update(stats("ttft_ms", [r.ttft_ns / 1e6 for r in ok if r.ttft_ns is not None]))
@@ -123,14 +136,28 @@ def compute_metrics(
     # Integrity signals: server usage vs client count; server prompt length vs intended.
     # Client counts come from token ids only (never re-tokenized text, never chunks: a chunk can
     # hold several tokens or none); a server that returns no ids is counted as uncounted.
+    if tolerance is None:
+        from gates.thresholds import load_thresholds
+
+        tolerance = float(load_thresholds()["integrity"]["retokenize_tolerance"]) if not mode.token_ids else 0.0
+
+    def stopped(r: RequestRecord) -> bool:  # ended at EOS, which an engine without ignore_eos may do
+        return not mode.ignore_eos and r.finish_reason == "stop" and r.osl < r.output_tokens
+
+    def disagree(r: RequestRecord) -> bool:
+        client = r.client_tokens + (1 if r.client_tokens_from_text and stopped(r) else 0)  # usage bills the EOS; its text is empty
+        return not mode.agree(client, r.usage_completion_tokens, tolerance)
+
     m["osl_mismatch"] = float(sum(
-        1 for r in ok if r.usage_completion_tokens is not None and r.client_tokens is not None
-        and r.usage_completion_tokens != r.client_tokens))
+        1 for r in ok if r.usage_completion_tokens is not None and r.client_tokens is not None and disagree(r)))
     m["osl_usage_missing"] = float(sum(1 for r in ok if r.usage_completion_tokens is None))
     m["osl_uncounted"] = float(sum(1 for r in ok if r.client_tokens is None))
     # Shorter or longer than asked (every request pins its length with ignore_eos), by either count.
-    m["osl_short"] = float(sum(1 for r in ok if r.osl != r.output_tokens
-                               or (r.client_tokens is not None and r.client_tokens != r.output_tokens)))
+    m["osl_short"] = float(sum(1 for r in ok if not stopped(r) and (
+        r.osl != r.output_tokens
+        or (r.client_tokens is not None and not mode.agree(r.client_tokens, r.output_tokens, tolerance)))))
+    m["osl_eos_short"] = float(sum(1 for r in ok if stopped(r)))
+    m["osl_pinned"] = float(mode.ignore_eos)
     if intended_prompt_check:
         m["isl_mismatch"] = float(sum(1 for r in ok if r.usage_prompt_tokens is not None
                                       and r.usage_prompt_tokens != r.prompt_tokens))

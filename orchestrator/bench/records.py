@@ -24,6 +24,8 @@ class RequestRecord:
     usage_completion_tokens: int | None = None
     client_chunks: int = 0  # content-bearing chunks seen
     client_tokens: int | None = None  # output tokens counted from the returned token ids (None: none returned)
+    client_tokens_from_text: bool = False  # the engine returns no ids: client_tokens is the text re-tokenized
+    finish_reason: str | None = None  # the last finish_reason the stream carried ("length", "stop")
     done_seen: bool = False
     success: bool = False
     error: str | None = None  # short reason: timeout, connection_error, http_503, ...

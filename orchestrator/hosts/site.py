@@ -41,7 +41,7 @@ class Site(Protocol):
     def accuracy(self, base_url: str, **kw: Any) -> GateResult: ...
 
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
-              api: str, timeout_s: float) -> ScenarioResult: ...
+              api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult: ...
 
     def facts(self) -> dict[str, Any]:
         """What this trial ran on (host fingerprint, engine tree digest, model hash); {} when local."""
@@ -66,8 +66,9 @@ class LocalSite:
         return accuracy.check(base_url, **kw)
 
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
-              api: str, timeout_s: float) -> ScenarioResult:
-        return run_scenario_sync(base_url, model, scenario, tokenizer=tokenizer, api=api, timeout_s=timeout_s)
+              api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult:
+        return run_scenario_sync(base_url, model, scenario, tokenizer=tokenizer, api=api, timeout_s=timeout_s,
+                                 capabilities=capabilities)
 
     def facts(self) -> dict[str, Any]:
         return {}

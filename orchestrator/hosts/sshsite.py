@@ -173,10 +173,10 @@ class RemoteSite:
         return GateResult(**self.worker.call("accuracy", base_url=base_url, **kw))
 
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
-              api: str, timeout_s: float) -> ScenarioResult:
+              api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult:
         tok = self.place(tokenizer_dir, kind="tokenizer") if tokenizer_dir else None
         res = self.worker.call("bench", base_url=base_url, model=model, scenario=scenario.model_dump(mode="json"),
-                               tokenizer=tok, api=api, timeout_s=timeout_s)
+                               tokenizer=tok, api=api, timeout_s=timeout_s, capabilities=capabilities)
         return ScenarioResult.from_dict(res["result"])
 
     def facts(self) -> dict[str, Any]:

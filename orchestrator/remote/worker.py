@@ -40,7 +40,8 @@ def op_accuracy(req: dict) -> dict:
 
 def op_bench(req: dict) -> dict:
     res = run_scenario_sync(req["base_url"], req["model"], Scenario(**req["scenario"]), tokenizer=req.get("tokenizer"),
-                            api=req.get("api", "completions"), timeout_s=req.get("timeout_s", 120.0))
+                            api=req.get("api", "completions"), timeout_s=req.get("timeout_s", 120.0),
+                            capabilities=req.get("capabilities"))
     return {"result": res.to_dict()}
 
 

@@ -3,10 +3,11 @@
 * `engine_fingerprint`: the engine's name, declared and installed version, interpreter, command
   prefix and launch environment; stored with every trial (an `engine` event and
   `trial-N/engine.json`), so a result can be traced to the engine that produced it.
-* `capability_verdict`: the gates judge with `ignore_eos` (integrity: exact output lengths) and
-  `echo` prompt logprobs (accuracy: teacher-forced KL against the reference). An engine whose
-  target declares it lacks one of these cannot be judged that way; rather than skip a gate
-  silently, the trial gets a recorded gate result saying so and is invalid.
+* `capability_verdict`: the gates judge with `ignore_eos`, token ids and `echo` prompt logprobs
+  where the engine has them, and another way where its target declares it has not (gates/api.py:
+  bounded lengths, re-tokenized counts, the generation check alone), naming the way in each gate
+  result. Only an engine without /v1/completions cannot be judged at all; rather than skip a
+  gate silently, its trial gets a recorded gate result saying so and is invalid.
 """
 
 from __future__ import annotations
@@ -58,14 +59,11 @@ def record_engine(store: Any, run_id: int, trial_id: int, engine: TargetSpec, ar
 
 
 def capability_verdict(store: Any, trial_id: int, caps: Capabilities, integrity: bool, accuracy: bool) -> str | None:
-    """None when the gates can judge this engine their usual way; else record why not and reject."""
+    """None when the gates can judge this engine (their usual way or the one its capabilities
+    call for); else record why not and reject."""
     missing: list[tuple[str, str]] = []
-    if integrity and not caps.ignore_eos:
-        missing.append(("integrity", "the engine declares no `ignore_eos`, so the integrity gate cannot check that "
-                        "exactly max_tokens tokens are generated and billed"))
-    if accuracy and not caps.echo_logprobs:
-        missing.append(("accuracy", "the engine declares no `echo` prompt logprobs, so the accuracy gate cannot "
-                        "compare teacher-forced logprobs with the float32 reference"))
+    if integrity and not caps.completions:
+        missing.append(("integrity", "the engine declares no /v1/completions, which the integrity gate's probes need"))
     if accuracy and not caps.completions:
         missing.append(("accuracy", "the engine declares no /v1/completions, which the accuracy gate's probe needs"))
     if not missing:

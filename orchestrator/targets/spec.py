@@ -44,13 +44,21 @@ class Constraint(BaseModel):
 
 
 class Capabilities(BaseModel):
-    """What the engine's OpenAI API can do; the gates judge an engine that cannot another way."""
+    """What the engine's OpenAI API can do; the gates and the bench judge an engine that cannot
+    another way, and say which (gates/api.py; docs/engines.md)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
     ignore_eos: bool = True
-    """Accepts `ignore_eos` (vLLM, SGLang, hfserve do; `transformers serve` answers 422)."""
+    """Accepts `ignore_eos` (vLLM, SGLang, hfserve do; `transformers serve` answers 422).
+    Without it output lengths are bounded by max_tokens, not pinned."""
     echo_logprobs: bool = True
-    """Returns prompt logprobs for `echo: true, max_tokens: 0` on /v1/completions."""
+    """Returns prompt logprobs for `echo: true, max_tokens: 0` on /v1/completions. Without them
+    the accuracy gate judges by its generation check alone."""
+    token_ids: bool = True
+    """Returns generated token ids (`return_tokens_as_token_ids` with `logprobs`). Without them
+    tokens are counted from the text, re-tokenized."""
+    prompt_ids: bool = True
+    """Accepts a prompt as a list of token ids on /v1/completions. Without it prompts go as text."""
     completions: bool = True
     """Serves /v1/completions (not only /v1/chat/completions)."""
 

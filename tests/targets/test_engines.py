@@ -155,7 +155,7 @@ def test_search_proposes_only_launchable_knob_sets_across_engines():
     assert engines == {"hfserve", "vllm"}
 
 
-def test_capabilities_make_the_gates_say_they_cannot_judge():
+def test_capabilities_change_how_the_gates_judge_and_only_no_completions_is_not_judged(tmp_path):
     class Store:
         def __init__(self):
             self.rows = []
@@ -165,12 +165,22 @@ def test_capabilities_make_the_gates_say_they_cannot_judge():
 
     s = Store()
     assert capability_verdict(s, 1, Capabilities(), True, True) is None and not s.rows
+    # transformers serve lacks ignore_eos, token ids, id prompts and echo logprobs: the gates judge it
+    # another way (gates/api.py; tests/gates/test_gates_textonly.py), so there is no verdict here.
     caps = load_target(EX / "transformers-serve.toml").capabilities
-    verdict = capability_verdict(s, 7, caps, True, True)
-    assert "ignore_eos" in verdict and "echo" in verdict
+    assert not (caps.ignore_eos or caps.token_ids or caps.prompt_ids or caps.echo_logprobs)
+    assert capability_verdict(s, 7, caps, True, True) is None and not s.rows
+    # TGI serves chat only: the gates' /v1/completions probes cannot run, and the trial says so.
+    tgi = load_target(EX / "tgi.toml").capabilities
+    verdict = capability_verdict(s, 8, tgi, True, True)
+    assert "/v1/completions" in verdict
     assert [(r[1], r[2]) for r in s.rows] == [("integrity", "fail"), ("accuracy", "fail")]
     assert all(r[3].startswith("not judged:") for r in s.rows)
-    assert capability_verdict(Store(), 1, caps, False, False) is None  # gates turned off in the config: nothing to judge
+    assert capability_verdict(Store(), 1, tgi, False, False) is None  # gates turned off in the config: nothing to judge
+    bad = tmp_path / "t.toml"
+    bad.write_text('name = "x"\nlaunch = "x"\n[capabilities]\nignore_eoss = false\n')
+    with pytest.raises(TargetError, match="ignore_eoss"):  # a misspelt capability is refused, not ignored
+        load_target(bad)
 
 
 def test_fingerprint_names_engine_version_and_env():

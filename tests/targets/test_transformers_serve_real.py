@@ -1,6 +1,9 @@
-"""Real `transformers serve` started from examples/targets/transformers-serve.toml: it starts, serves
-/v1/completions, and the capabilities the target declares missing are really missing (so the
-gates' "not judged" verdict is the truth, not a guess). Slow: it launches a server."""
+"""Real `transformers serve` started from examples/targets/transformers-serve.toml: the API it
+really has (so the capabilities the target declares missing are the truth, and the gates' other
+way of judging it is needed), and one short goal run over its knobs that passes gates and bench.
+
+Slow: it launches servers (transformers serve is ready in ~5 s here; the gates take ~20-45 s).
+"""
 
 import json
 import urllib.error
@@ -8,9 +11,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from orchestrator.cli import app
+from orchestrator.goal import parse_goal
 from orchestrator.hosts import LocalHost
+from orchestrator.runs import start_run
+from orchestrator.store import Store
 from orchestrator.targets import load_target
+from orchestrator.workspace import Workspace
 
 for _mod in ("fastapi", "uvicorn", "accelerate"):  # the `test` extra installs them
     pytest.importorskip(_mod, reason="transformers serve needs fastapi, uvicorn and accelerate")
@@ -18,11 +27,13 @@ pytestmark = pytest.mark.slow
 EX = Path(__file__).resolve().parents[2] / "examples" / "targets"
 
 
-def _post(url, body):
+def _post(url, body, stream=False):
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
+            raw = r.read().decode()
+            return r.status, ([line[5:].strip() for line in raw.splitlines() if line.startswith("data:")]
+                              if stream else json.loads(raw))
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
@@ -37,14 +48,74 @@ def test_transformers_serve_declared_capabilities_are_true(tmp_path, tiny_model)
     base = f"http://127.0.0.1:{port}"
     try:
         host.wait_healthy(base + t.health_path, t.ready_timeout_s, proc)
-        url, model = base + "/v1/completions", str(tiny_model)
-        status, reply = _post(url, {"model": model, "prompt": "The module", "max_tokens": 4, "temperature": 0})
-        assert status == 200 and reply["choices"][0]["text"], reply
+        # Served under the target's served_model_name, by the process that was launched.
+        assert host.listening_pids(port) <= host.group_pids(proc)
+        with urllib.request.urlopen(base + "/v1/models", timeout=30) as r:
+            assert [m["id"] for m in json.load(r)["data"]] == [t.served_model_name]
+        url, model = base + "/v1/completions", t.served_model_name
+        ask = {"model": model, "prompt": "The module", "max_tokens": 4, "temperature": 0}
+        status, reply = _post(url, ask)
+        assert status == 200 and reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] == 4, reply
         assert not t.capabilities.ignore_eos
-        status, reply = _post(url, {"model": model, "prompt": "The module", "max_tokens": 4, "ignore_eos": True})
+        status, reply = _post(url, {**ask, "ignore_eos": True})
         assert status == 422 and "ignore_eos" in reply, reply
+        assert not t.capabilities.token_ids
+        status, reply = _post(url, {**ask, "return_tokens_as_token_ids": True, "logprobs": 1})
+        assert status == 422 and "return_tokens_as_token_ids" in reply, reply
+        status, reply = _post(url, {**ask, "logprobs": 1})
+        assert status == 200 and not reply["choices"][0].get("logprobs"), reply  # accepted, ignored
+        assert not t.capabilities.prompt_ids
+        status, reply = _post(url, {**ask, "prompt": [0, 5, 6, 7]})
+        assert status == 400 and "string" in reply, reply
         assert not t.capabilities.echo_logprobs
-        status, reply = _post(url, {"model": model, "prompt": "The module", "max_tokens": 1, "echo": True, "logprobs": 2})
+        status, reply = _post(url, {**ask, "max_tokens": 1, "echo": True, "logprobs": 2})
         assert status != 200 or not reply["choices"][0].get("logprobs"), reply  # accepted but ignored
+        # Streams end after the finish_reason + usage chunk, without `data: [DONE]` (the bench accepts that).
+        status, events = _post(url, {**ask, "stream": True}, stream=True)
+        assert status == 200 and "[DONE]" not in events, events
+        last = json.loads(events[-1])
+        assert last["choices"][0]["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 4
     finally:
         host.stop(proc)
+
+
+def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
+    steps = [
+        {"knobs": {"continuous_batching": True}, "rationale": "continuous batching"},
+        # Refused before launch: a paged KV cache of 16 x 32 tokens cannot hold one 1024-token sequence.
+        {"knobs": {"continuous_batching": True, "cb_block_size": 16, "cb_num_blocks": 32}, "rationale": "impossible"},
+        {"knobs": {"dtype": "bfloat16", "attn_implementation": "eager"}, "rationale": "bf16, eager attention"},
+    ]
+    f = tmp_path / "steps.json"
+    f.write_text(json.dumps(steps))
+    ws = Workspace(tmp_path, ["bench.scale=0.5", "bench.baseline_repeats=1", f'target="{EX / "transformers-serve.toml"}"',
+                              f'proposer="scripted:{f}"'])
+    # Out of reach on purpose: every scripted step runs, and no paired confirmation follows.
+    outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 4 trials"))
+    store = Store(ws.db_url)
+    trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
+    summary = [(t.number, t.status, t.score, (t.error or "")[:200]) for t in trials]
+    assert len(trials) == 4 and trials[0].status == "kept", summary
+    assert trials[2].status == "failed" and "constraint_violated, not launched" in trials[2].error, summary
+    for t in (trials[0], trials[1], trials[3]):
+        assert t.status in ("kept", "discarded", "needs_approval") and t.score > 0, summary
+        gates = {g.gate: g for g in store.gate_results(t.id)}
+        assert gates["integrity"].status == "pass" and gates["accuracy"].status in ("pass", "drift"), (
+            summary, {k: g.reason for k, g in gates.items()})
+        # How the gates judged this engine is in every result (gates/api.py), never a silent skip.
+        for g in (gates["integrity"], gates["accuracy"]):
+            assert "judged as:" in g.reason and g.details["api"]["lengths"].startswith("bounded"), g.reason
+        assert "kl_mean" in gates["accuracy"].details["not_measured"]
+        checks = {c["name"]: c["status"] for c in gates["integrity"].details["checks"]}
+        assert checks["process"] == checks["models"] == checks["no_cache"] == "pass", checks
+        meas = {m.metric: m.value for m in store.measurements(t.id) if m.scenario == "throughput"}
+        assert meas["completed"] > 0 and meas["osl_pinned"] == 0 and meas["osl_short"] == 0, meas
+        assert "transformers.cli.transformers serve tiny" in t.launch_cmd
+    assert "--continuous-batching" in trials[1].launch_cmd and "--dtype bfloat16" in trials[3].launch_cmd
+    fp = json.loads((ws.run_dir(outcome.run_id) / f"trial-{trials[1].number}" / "engine.json").read_text())
+    assert fp["engine"] == "transformers-serve" and fp["version_installed"].startswith("transformers 5.")
+    assert fp["capabilities"]["token_ids"] is False
+    # `infergoal show` says how the trial was judged and measured.
+    shown = CliRunner().invoke(app, ["-w", str(tmp_path), "show", str(trials[1].number), "-r", str(outcome.run_id)])
+    assert shown.exit_code == 0 and "(judged as:" in shown.output, shown.output
+    assert "bench: output lengths bounded by max_tokens, not pinned" in shown.output, shown.output
