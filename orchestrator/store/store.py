@@ -76,6 +76,17 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer infergoal whose schema this version cannot read."""
 
 
+def fit(text: str, limit: int) -> str:
+    """`text` shortened to a VARCHAR column's width, keeping its head (the kind) and tail (the file).
+
+    The run's full settings stay in `config_json`; PostgreSQL refuses an over-long VARCHAR outright
+    (`scripted:/a/long/workspace/path/steps.json` overflowed the 64-character proposer column)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return text[:head] + "…" + text[-(limit - head - 1):]
+
+
 def _dumps(value: Any) -> str:
     # sort_keys keeps stored JSON stable, so equal payloads compare equal as text too.
     return json.dumps(value, sort_keys=True)
@@ -300,8 +311,8 @@ class Store:
                 goal_hash=goal_hash,
                 target_json=_as_json_text(target_json),
                 config_json=_as_json_text(config_json),
-                host=host,
-                proposer=proposer,
+                host=fit(host, 255),
+                proposer=fit(proposer, 64),
             )
             session.add(row)
             session.flush()
@@ -383,7 +394,7 @@ class Store:
                 knobs_json=_dumps(dict(knobs)),
                 rationale=rationale,
                 prediction=prediction,
-                proposer=proposer,
+                proposer=fit(proposer, 64),
                 optuna_trial_number=optuna_trial_number,
             )
             session.add(row)

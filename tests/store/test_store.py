@@ -74,6 +74,16 @@ class TestStore:
         got = store.get_run(run.id)
         assert got is not None and got.created_at.utcoffset() == timezone.utc.utcoffset(None)
 
+    def test_long_proposer_and_host_fit_their_columns(self, store: Store) -> None:
+        # A scripted proposer names its file: a deep workspace path overflowed VARCHAR(64) on PostgreSQL.
+        long = "scripted:/tmp/pytest-of-root/pytest-99/" + "a-very-long-test-name/" * 4 + "steps.json"
+        run = store.create_run(name="r", goal_text="g", goal_json={}, goal_hash="h", target_json={}, config_json={},
+                               host="ssh://u@" + "h" * 300, proposer=long)
+        assert len(run.proposer) == 64 and run.proposer.startswith("scripted:") and run.proposer.endswith("steps.json")
+        assert len(run.host) == 255
+        t = store.create_trial(run.id, 0, commit="c", knobs={}, rationale="", proposer=long)
+        assert store.get_trial(t.id).proposer == run.proposer
+
     def test_missing_lookups_return_none(self, store: Store) -> None:
         assert store.get_run(999) is None
         assert store.latest_run() is None
