@@ -21,7 +21,7 @@ demo: $(VENV)/.serve
 	$(VENV)/bin/infergoal goal "$(DEMO_GOAL)"
 
 test: $(VENV)/.test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: $(VENV)/.test
 	$(VENV)/bin/ruff check orchestrator gates tests benchmarks examples
