@@ -253,7 +253,9 @@ class AgentProposer:
 
     def _record_usage(self, usage: Usage, history: Sequence[Any]) -> None:
         """Tokens and dollars of this proposal, as an event tied to the trial it produced."""
-        nxt = max((t.number for t in history), default=-1) + 1
+        # The store's numbering, not `history`'s: the loop's own trials (sentinels, paired rounds) are
+        # left out of the history but take numbers too.
+        nxt = max((t.number for t in self.store.list_trials(self.run_id)), default=-1) + 1
         self.store.add_event(self.run_id, "agent.usage",
                              f"{usage.calls} call(s), {usage.input_tokens}+{usage.cache_read_input_tokens} cached in, "
                              f"{usage.output_tokens} out, ${usage.cost_usd:.4f}",
