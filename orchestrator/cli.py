@@ -132,7 +132,10 @@ class _Progress:
         self.progress.update(self.task, step=name)
 
     def trial(self, t: Any) -> None:
-        self.progress.advance(self.task)
+        from orchestrator.controller import LOOP_ADDED
+
+        if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
+            self.progress.advance(self.task)
         score = f"{t.score:.3f}x" if t.score else "—"
         obj = "  ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
         colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
