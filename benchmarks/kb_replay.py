@@ -1,0 +1,212 @@
+"""Replay the loop's real proposer and knowledge-base reuse against measured tables, over many seeds.
+
+    python benchmarks/kb_replay.py --seeds 20 --budget 40 [--json out.json]
+
+What is measured and what is replayed:
+- measured once, on the real hfserve server with the real bench (`benchmarks/kb_table.py`): the
+  throughput of every distinct knob set of the hfserve space for model B (`forge:small`), paired
+  against interleaved baselines; and, live during this script's first use, the knob sets model A's
+  (`forge:tiny`) two cold runs asked for (throughput goal; decode/TPOT goal). All in
+  `benchmarks/data/`;
+- replayed: everything the loop decides. Each replayed run has a real SQLite store (`Store`), the
+  real `SearchProposer` (Optuna TPE, seeded, rebuilt from the stored history each step) with the
+  warm start from the real `KnowledgeBase.priors` (similarity, translation, avoid lists); A's runs
+  are distilled into a knowledge base by the real `KnowledgeBase.write_back`. A trial's score is
+  the table's paired ratio for its knob set instead of a fresh server (no confirmation relaunch).
+
+Arms on model B (same seeds): cold (empty KB), warm (A's KB from A's throughput run), misled-workload
+(A's KB from its decode-latency run: another workload), misled-forced (A's decode winner written as
+if it came from A's throughput setting, so the similarity cannot filter it: the worst case), and
+random search (the same proposer with every trial a random start-up trial, i.e. Optuna's random
+sampling without repeats). Reported: trials to the goal (a miss counts budget + 1), the best score
+within the budget, and trials until within 5% of the table's best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kb_table import PRIMARY, Measurer, behaviour_key, grid_target  # noqa: E402
+
+from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
+from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
+from orchestrator.proposers.search import SearchProposer  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
+HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
+MODELS = {"A": "forge:tiny", "B": "forge:small"}
+
+
+class Table:
+    """Paired ratios per behaviour key: a candidate over the geomean of its neighbouring baselines."""
+
+    def __init__(self, rows: list[dict[str, Any]], model: str, workload: str) -> None:
+        metric, sign = PRIMARY[workload]
+        rows = [r for r in rows if r["model"] == model and r["workload"] == workload]
+        self.ratios: dict[str, float | None] = {}
+        self.base_values: list[float] = [r["metrics"][metric] for r in rows if r["role"] == "baseline" and r.get("metrics")]
+        for i, r in enumerate(rows):
+            if r["role"] != "candidate":
+                continue
+            if r.get("error") or not r.get("metrics"):
+                self.ratios[r["key"]] = None
+                continue
+            before = next((x for x in reversed(rows[:i]) if x["role"] == "baseline" and x.get("metrics")), None)
+            after = next((x for x in rows[i + 1:] if x["role"] == "baseline" and x.get("metrics")), None)
+            bases = [b["metrics"][metric] for b in (before, after) if b]
+            base = math.exp(statistics.fmean(math.log(b) for b in bases))
+            self.ratios[r["key"]] = (r["metrics"][metric] / base) ** sign
+        self.ratios.setdefault(behaviour_key(grid_target().baseline_knobs()), 1.0)
+
+    def ratio(self, knobs: dict[str, Any]) -> float | None:
+        return self.ratios[behaviour_key(knobs)]
+
+    @property
+    def best(self) -> float:
+        return max(v for v in self.ratios.values() if v is not None)
+
+
+def load_rows(*paths: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for p in paths if p.is_file() for line in p.read_text().splitlines() if line.strip()]
+
+
+def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
+               warm: list[dict[str, Any]] = (), random_search: bool = False, stop_at_goal: bool = False) -> dict[str, Any]:
+    """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed)."""
+    run = store.create_run(name=label, goal_text=f"improve throughput by {goal_x}x within {budget} trials",
+                           goal_json={}, goal_hash=label, target_json={}, config_json={}, host="replay", proposer="search")
+    t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
+    store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
+    proposer = SearchProposer(seed=seed, warm_start=warm, n_startup=budget + 1 if random_search else 4)
+    best, scores, hit = 1.0, [], None
+    for n in range(1, budget + 1):
+        cand = proposer.propose(store.list_trials(run.id), target)
+        if cand is None:
+            break
+        t = store.create_trial(run.id, n, commit="base", knobs=cand.knobs, rationale=cand.rationale, proposer=cand.proposer)
+        r = score(cand.knobs)
+        if r is None:
+            store.finish_trial(t.id, "failed", error="the server did not start or failed the bench")
+        else:
+            kept = r > best * (1 + MIN_GAIN) or (r >= goal_x and best < goal_x)
+            store.finish_trial(t.id, "kept" if kept else "discarded", score=r, objective={"score": r})
+            if kept:
+                best = r
+                store.set_best_trial(run.id, t.id)
+        scores.append(r)
+        if hit is None and r is not None and r >= goal_x:
+            hit = n
+            if stop_at_goal:
+                break
+    store.set_run_status(run.id, "finished", stop_reason=f"GoalMet: #{hit}" if hit else "BudgetExhausted")
+    return {"label": label, "seed": seed, "run_id": run.id, "trials_to_goal": hit or budget + 1, "goal_met": hit is not None,
+            "best": round(max([s for s in scores if s is not None], default=1.0), 4), "scores": scores,
+            "warm": [dict(k) for k in warm]}
+
+
+def within(scores: list[float | None], target_value: float) -> int | None:
+    """Trials until a score within 5% of `target_value` (1-based), None if never."""
+    return next((i for i, s in enumerate(scores, 1) if s is not None and s >= 0.95 * target_value), None)
+
+
+def _live(table_path: Path, model: str, model_dir: str | None, workload: str) -> Any:
+    """score(knobs) from the table; a knob set not in it is measured now (real server) and appended."""
+    measurer = Measurer(table_path, model, model_dir, workload) if model_dir else None
+
+    def score(knobs: dict[str, Any]) -> float | None:
+        key = behaviour_key(knobs)
+        table = Table(load_rows(table_path), model, workload)
+        if key not in table.ratios:
+            if measurer is None:
+                raise SystemExit(f"{table_path} lacks {key}; pass --model-a-dir to measure it (real server)")
+            measurer.candidate(knobs)
+            table = Table(load_rows(table_path), model, workload)
+        return table.ratio(knobs)
+
+    score.close = (lambda: measurer.close()) if measurer else (lambda: None)  # type: ignore[attr-defined]
+    return score
+
+
+def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, target: Any, store: Store, kb_dir: Path) -> dict[str, Any]:
+    """Model A optimised cold (seed 0, stops at its goal like the loop), distilled into `kb_dir`."""
+    score = _live(DATA / f"kb_table_tiny_{workload}.jsonl", MODELS["A"], model_dir, workload)
+    res = replay_run(score, target, store, label=f"A-{workload}", seed=0, budget=budget, goal_x=goal_x, stop_at_goal=True)
+    score.close()
+    kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
+    kb.write_back(store, res["run_id"], engine="hfserve", model=MODELS["A"], hardware=HOST, workload=workload_key([workload], 1.0))
+    return res
+
+
+def forced_kb(src: Path, dst: Path, applies_from: Path) -> Path:
+    """`src`'s winner relabelled with `applies_from`'s setting (A's throughput run): the similarity
+    cannot tell it is from another workload, so it is enqueued. The worst case for a wrong prior."""
+    from orchestrator.knowledge.entries import parse_entry, render
+
+    setting = next(parse_entry(f).applies_to for f in (applies_from / "findings").glob("*.md") if parse_entry(f).meta.get("knobs"))
+    (dst / "findings").mkdir(parents=True)
+    for f in (src / "findings").glob("*.md"):
+        e = parse_entry(f)
+        if e.meta.get("knobs"):
+            (dst / "findings" / f.name).write_text(render({**e.meta, "applies_to": setting}, e.body))
+    return dst
+
+
+def summarise(rows: list[dict[str, Any]], best_within: int, table_best: float) -> dict[str, Any]:
+    def med(xs: list[float]) -> float:
+        return round(statistics.median(xs), 3)
+
+    return {"runs": len(rows), "median_trials_to_goal": med([r["trials_to_goal"] for r in rows]),
+            "goal_met": sum(r["goal_met"] for r in rows),
+            f"median_best_in_{best_within}": med([max([s for s in r["scores"][:best_within] if s is not None], default=1.0) for r in rows]),
+            "median_trials_to_5pct": med([within(r["scores"], table_best) or len(r["scores"]) + 1 for r in rows]),
+            "reached_5pct": sum(within(r["scores"], table_best) is not None for r in rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=60, help="trials per replayed run on B")
+    ap.add_argument("--best-within", type=int, default=20, help="the fixed budget for 'best score'")
+    ap.add_argument("--goal", type=float, default=3.0, help="B's goal: improve throughput by this factor")
+    ap.add_argument("--goal-a", type=float, default=3.0, help="A's throughput goal")
+    ap.add_argument("--goal-a-decode", type=float, default=1.5, help="A's decode goal: improve TPOT by this factor")
+    ap.add_argument("--budget-a", type=int, default=20)
+    ap.add_argument("--model-a-dir", help="forge:tiny's directory: measure A's missing knob sets live (real server)")
+    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "misled-workload", "misled-forced", "random"])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    target = grid_target()
+    tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
+    store = Store(f"sqlite:///{tmp / 'replay.db'}")
+    table_b = Table(load_rows(DATA / "kb_table_small_throughput.jsonl"), MODELS["B"], "throughput")
+    a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a")
+    a_dec = run_a("decode", args.goal_a_decode, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_decode")
+    forced = forced_kb(tmp / "kb_a_decode", tmp / "kb_forced", tmp / "kb_a")
+    kbs = {"cold": None, "warm": tmp / "kb_a", "misled-workload": tmp / "kb_a_decode", "misled-forced": forced, "random": None}
+    here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
+    plans = {arm: (KnowledgeBase([d], write_dir=tmp / f"w-{arm}").priors(**here) if d else []) for arm, d in kbs.items()}
+    out: dict[str, Any] = {"A": {"throughput": a_thr, "decode": a_dec}, "priors": plans, "table_b_best": round(table_b.best, 4),
+                           "table_b_size": len(table_b.ratios), "goal": args.goal, "runs": {}}
+    for arm in args.arms:
+        warm = [p["knobs"] for p in plans[arm]]
+        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=s, budget=args.budget,
+                                       goal_x=args.goal, warm=warm, random_search=arm == "random") for s in range(args.seeds)]
+    out["summary"] = {arm: summarise(rows, args.best_within, table_b.best) for arm, rows in out["runs"].items()}
+    print(json.dumps({k: out[k] for k in ("table_b_best", "table_b_size", "goal", "summary")}, indent=1))
+    print(json.dumps({arm: [(p["entry"], p["similarity"], p["weight"], p["knobs"]) for p in ps] for arm, ps in plans.items()}, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
