@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kb_table import PRIMARY, Measurer, behaviour_key, grid_target  # noqa: E402
+from kb_table import Measurer, behaviour_key, grid_target, trusted  # noqa: E402
 
 from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
 from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
@@ -48,28 +47,22 @@ MODELS = {"A": "forge:tiny", "B": "forge:small"}
 
 
 class Table:
-    """Paired ratios per behaviour key: a candidate over the geomean of its neighbouring baselines."""
+    """Paired ratio per behaviour key (`kb_table.Measurer`); a trusted re-measure wins over an untrusted row."""
 
     def __init__(self, rows: list[dict[str, Any]], model: str, workload: str) -> None:
-        metric, sign = PRIMARY[workload]
-        rows = [r for r in rows if r["model"] == model and r["workload"] == workload]
-        self.ratios: dict[str, float | None] = {}
-        self.base_values: list[float] = [r["metrics"][metric] for r in rows if r["role"] == "baseline" and r.get("metrics")]
-        for i, r in enumerate(rows):
-            if r["role"] != "candidate":
+        chosen: dict[str, tuple[bool, float | None]] = {}
+        for r in rows:
+            if r["model"] != model or r["workload"] != workload or (chosen.get(r["key"], (False,))[0] and not trusted(r)):
                 continue
-            if r.get("error") or not r.get("metrics"):
-                self.ratios[r["key"]] = None
-                continue
-            before = next((x for x in reversed(rows[:i]) if x["role"] == "baseline" and x.get("metrics")), None)
-            after = next((x for x in rows[i + 1:] if x["role"] == "baseline" and x.get("metrics")), None)
-            bases = [b["metrics"][metric] for b in (before, after) if b]
-            base = math.exp(statistics.fmean(math.log(b) for b in bases))
-            self.ratios[r["key"]] = (r["metrics"][metric] / base) ** sign
-        self.ratios.setdefault(behaviour_key(grid_target().baseline_knobs()), 1.0)
+            # an error: the server did not start or did not answer; the loop scores that as failed
+            chosen[r["key"]] = (trusted(r) or bool(r.get("error")), None if r.get("error") else r["ratio"])
+        self.ratios: dict[str, float | None] = {k: v for k, (_, v) in chosen.items()}
+        self.untrusted = sorted(k for k, (ok, _) in chosen.items() if not ok)
+        self.workload = workload
+        self.ratios.setdefault(behaviour_key(grid_target().baseline_knobs(), workload), 1.0)
 
     def ratio(self, knobs: dict[str, Any]) -> float | None:
-        return self.ratios[behaviour_key(knobs)]
+        return self.ratios[behaviour_key(knobs, self.workload)]
 
     @property
     def best(self) -> float:
@@ -124,7 +117,7 @@ def _live(table_path: Path, model: str, model_dir: str | None, workload: str) ->
     measurer = Measurer(table_path, model, model_dir, workload) if model_dir else None
 
     def score(knobs: dict[str, Any]) -> float | None:
-        key = behaviour_key(knobs)
+        key = behaviour_key(knobs, workload)
         table = Table(load_rows(table_path), model, workload)
         if key not in table.ratios:
             if measurer is None:
@@ -133,7 +126,7 @@ def _live(table_path: Path, model: str, model_dir: str | None, workload: str) ->
             table = Table(load_rows(table_path), model, workload)
         return table.ratio(knobs)
 
-    score.close = (lambda: measurer.close()) if measurer else (lambda: None)  # type: ignore[attr-defined]
+    score.close = measurer.close if measurer else (lambda: None)  # type: ignore[attr-defined]
     return score
 
 

@@ -1,7 +1,7 @@
 """Measure the hfserve knob space's response surface once, with the real server and the real bench.
 
     python benchmarks/kb_table.py --model small=DIR --workload throughput \
-        --out benchmarks/data/kb_table_small_throughput.jsonl [--baseline-every 4] [--max-minutes 60]
+        --out benchmarks/data/kb_table_small_throughput.jsonl [--rounds 2] [--max-minutes 60]
 
 The table behind the replayed knowledge-base benchmark (`benchmarks/kb_replay.py`), in the style
 of tabular HPO benchmarks (HPOBench, NAS-Bench): every knob set of a fixed space measured once,
@@ -12,12 +12,15 @@ on the grid 1, 2, 4, ..., 32: 576 knob sets. Several of them launch a server tha
 same, because the server ignores a knob under another (`behaviour_key`, from server.py: batching
 uses the manual loop and its own cache, so `decode_loop` and `kv_cache` do nothing with batching
 on; `max_batch_size` does nothing with batching off; `kv_cache` only acts on `generate()`). Each
-distinct behaviour (108 per model) is measured once, on a fresh server launched from the target's
+distinct behaviour (56 for the throughput scenario, 32 for decode) is measured once, on a fresh server launched from the target's
 own launch template, with a scenario of `orchestrator.bench` (sized down, see WORKLOADS).
 
-Paired against load drift: baseline, N candidates, baseline, ... on the same host; a candidate's
-ratio is taken against the geometric mean of the baselines just before and after it. Rows are
-appended to a JSONL file as they are measured, so a killed run resumes where it stopped.
+Paired against load (the dev host is shared): a baseline server stays up, and each candidate's
+fresh server is measured in short blocks interleaved with baseline blocks (B C B C B); its ratio
+is the geometric mean of candidate over the neighbouring baseline blocks (`Measurer`). The CPU
+other processes used during the blocks is recorded; rows above FOREIGN_MAX cores are untrusted
+and re-measured by the next invocation. Rows are appended to a JSONL file as they are measured,
+so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ import platform
 import random
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -46,19 +51,23 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32)
 # measure on a shared 2-core host): throughput keeps its shape (c=8, ISL 128, OSL 32), decode
 # its (c=1, ISL 32, OSL 64). Metric: output tok/s (higher) and mean TPOT (lower).
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "throughput": {"num_requests": 16, "warmup_requests": 4},
-    "decode": {"num_requests": 8, "warmup_requests": 2},
+    "throughput": {"num_requests": 12, "warmup_requests": 2},
+    "decode": {"num_requests": 5, "warmup_requests": 1},
 }
+ROUNDS = 2
 # A knob set whose bench takes longer than this is recorded as "slower than" the rate this bound
 # implies (bfloat16 on a CPU without bf16 units takes minutes); its exact slowness never matters
 # to a search for the fastest.
-BENCH_CAP_S = 20.0
+BENCH_CAP_S = 25.0
 FOREIGN_MAX = 0.3  # cores other processes may use during a bench that counts
+CONCURRENCY = {"throughput": 8, "decode": 1}  # of the builtin scenarios (checked in `scenario`)
+# torch.get_num_threads() on the 2-core host the tables were measured on (checked before measuring).
+HOST_THREADS = 2
 PRIMARY = {"throughput": ("output_throughput", 1), "decode": ("tpot_ms_mean", -1)}
 METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_mean", "e2e_ms_mean",
            "completed", "failed", "duration_s")
 
-__all__ = ["BATCH_GRID", "Measurer", "behaviour_key", "grid_target", "knob_grid", "scenario"]
+__all__ = ["BATCH_GRID", "Measurer", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
 
 
 def grid_target(path: Path = TARGET) -> Any:
@@ -77,22 +86,32 @@ def knob_grid(target: Any) -> list[dict[str, Any]]:
     return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(target.knobs[n].choices for n in names))]
 
 
-def behaviour_key(knobs: dict[str, Any]) -> str:
-    """The knob set with the knobs the server ignores under the others blanked (see the docstring)."""
+def behaviour_key(knobs: dict[str, Any], workload: str) -> str:
+    """The knob set with the knobs that change nothing under the others (and this workload) blanked.
+
+    From server.py: batching uses the manual loop and its own cache (`decode_loop`, `kv_cache` do
+    nothing with batching on); `max_batch_size` does nothing with batching off and cannot exceed
+    the scenario's concurrency (the batch only holds requests in flight); `kv_cache` only acts on
+    `generate()`; `threads` 0 means torch's default, which is HOST_THREADS on the measuring host."""
     k = dict(knobs)
     if k["batching"] == "on":
         k["decode_loop"], k["kv_cache"] = "manual", "-"
+        k["max_batch_size"] = min(int(k["max_batch_size"]), CONCURRENCY[workload])
     else:
         k["max_batch_size"] = "-"
         if k["decode_loop"] == "manual":
             k["kv_cache"] = "-"
+    if k["threads"] == 0:
+        k["threads"] = HOST_THREADS
     return json.dumps(k, sort_keys=True)
 
 
 def scenario(workload: str) -> Any:
     from orchestrator.bench.scenarios import builtin_scenarios
 
-    return builtin_scenarios(1.0)[workload].model_copy(update=WORKLOADS[workload])
+    sc = builtin_scenarios(1.0)[workload].model_copy(update=WORKLOADS[workload])
+    assert sc.concurrency == CONCURRENCY[workload], "CONCURRENCY is out of date with the builtin scenarios"
+    return sc
 
 
 def _free_port() -> int:
@@ -116,29 +135,58 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout: float) -> str | None:
     return "not healthy in time"
 
 
-def _cpu_snapshot(pid: int) -> tuple[float, float, float]:
-    """(host busy s, server process s, this process s): /proc/stat and /proc/PID/stat in seconds."""
-    tick = os.sysconf("SC_CLK_TCK")
+def _cpu_busy() -> float:
+    """Seconds of CPU the whole host has been busy (/proc/stat)."""
     f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = (sum(f[:8]) - f[3] - f[4]) / tick
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
     try:
         st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        server = (int(st[11]) + int(st[12])) / tick
+        return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError):
-        server = 0.0
+        return 0.0
+
+
+def _own_cpu(pids: list[int]) -> float:
     t = os.times()
-    return busy, server, t.user + t.system
+    return t.user + t.system + sum(_proc_cpu(p) for p in pids)
 
 
-def _bench(target: Any, port: int, model_dir: str, workload: str, pid: int) -> dict[str, Any]:
-    """One bench of a running server, with the CPU others used meanwhile (in cores)."""
+class Server:
+    """One hfserve server launched from the target's template; stopped with its process group."""
+
+    def __init__(self, target: Any, knobs: dict[str, Any], model_dir: str, log: Path) -> None:
+        self.port = _free_port()
+        argv = target.render(knobs, port=self.port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
+        t0 = time.time()
+        with open(log, "ab") as fh:
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.error = _wait_ready(self.proc, self.url, 120)
+        self.ready_s = round(time.time() - t0, 2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _bench(server: Server, target: Any, model_dir: str, workload: str, pids: list[int]) -> dict[str, Any]:
+    """One block of the scenario on one server, with the CPU others used meanwhile (in cores)."""
     from orchestrator.bench.loadgen import run_scenario
 
     sc = scenario(workload)
-    c0, t0 = _cpu_snapshot(pid), time.monotonic()
+    busy0, own0, t0 = _cpu_busy(), _own_cpu(pids), time.monotonic()
     out: dict[str, Any] = {}
     try:
-        res = asyncio.run(asyncio.wait_for(run_scenario(f"http://127.0.0.1:{port}", target.served_model_name or "tiny", sc,
+        res = asyncio.run(asyncio.wait_for(run_scenario(server.url, target.served_model_name or "tiny", sc,
                                                         tokenizer=model_dir, timeout_s=120), BENCH_CAP_S))
         out["metrics"] = {m: round(float(res.metrics.get(m, 0.0)), 4) for m in METRICS}
         if res.failures:
@@ -147,73 +195,79 @@ def _bench(target: Any, port: int, model_dir: str, workload: str, pid: int) -> d
         tokens = (sc.num_requests + sc.warmup_requests) * sc.output_tokens
         out["capped"] = True
         out["metrics"] = {"output_throughput": round(tokens / BENCH_CAP_S, 4), "tpot_ms_mean": round(1000 * BENCH_CAP_S / tokens, 4)}
-    c1, wall = _cpu_snapshot(pid), time.monotonic() - t0
-    out["foreign_cores"] = round(max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1]) - (c1[2] - c0[2])) / wall, 3)
+    wall = time.monotonic() - t0
+    out["foreign_cores"] = round(max(0.0, (_cpu_busy() - busy0) - (_own_cpu(pids) - own0)) / wall, 3)
     return out
 
 
-def measure_one(target: Any, knobs: dict[str, Any], model_dir: str, workload: str, log: Path) -> dict[str, Any]:
-    """Launch one fresh server with these knobs (the target's launch template), bench it, stop it.
-
-    A bench during which other processes used more than FOREIGN_MAX cores is redone on the same
-    server (up to 3 tries; the last is kept and flagged): the project's rule, a measurement taken
-    while the host was busy is not used."""
-    port = _free_port()
-    argv = target.render(knobs, port=port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
-    t0 = time.time()
-    with open(log, "ab") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    out: dict[str, Any] = {"started": round(t0, 2), "loadavg": os.getloadavg()[0]}
-    try:
-        err = _wait_ready(proc, f"http://127.0.0.1:{port}", 120)
-        out["ready_s"] = round(time.time() - t0, 2)
-        if err:
-            out["error"] = err
-            return out
-        for attempt in range(1, 4):
-            b = _bench(target, port, model_dir, workload, proc.pid)
-            out.update(b, attempts=attempt)
-            if b["foreign_cores"] <= FOREIGN_MAX or b.get("error"):
-                break
-            time.sleep(2 * attempt)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    out["wall_s"] = round(time.time() - t0, 2)
-    return out
+def trusted(row: dict[str, Any]) -> bool:
+    """Measured while the host was quiet enough: other processes used at most FOREIGN_MAX cores on average."""
+    return "ratio" in row and row.get("foreign_cores", 0.0) <= FOREIGN_MAX
 
 
 class Measurer:
-    """Appends measured rows to a JSONL table; a baseline before every `every` candidates."""
+    """Paired A/B against a baseline server kept running: base, cand, base, cand, ..., base.
 
-    def __init__(self, path: Path, model: str, model_dir: str, workload: str, every: int = 4) -> None:
-        self.path, self.model, self.model_dir, self.workload, self.every = Path(path), model, model_dir, workload, every
+    Each candidate's ratio is the geometric mean over ROUNDS of its block over the mean of the
+    baseline blocks just before and after it, seconds apart, so a load change that lasts longer
+    than a block cancels out. The baseline server is launched once per table (and again if it
+    dies); every candidate runs on a fresh server of its own. Rows go to a JSONL file."""
+
+    def __init__(self, path: Path, model: str, model_dir: str, workload: str, rounds: int = ROUNDS) -> None:
+        self.path, self.model, self.model_dir, self.workload, self.rounds = Path(path), model, model_dir, workload, rounds
         self.target = grid_target()
-        self.base = self.target.baseline_knobs()
-        self.since_base = every  # a baseline first
-        self.log = self.path.with_suffix(".log")
+        self.base_knobs = self.target.baseline_knobs()
+        self.log = Path(tempfile.gettempdir()) / f"{self.path.stem}.server.log"  # server logs: not data
+        self.base: Server | None = None
 
-    def _row(self, role: str, knobs: dict[str, Any]) -> dict[str, Any]:
-        row = {"model": self.model, "workload": self.workload, "role": role, "key": behaviour_key(knobs), "knobs": knobs}
-        row.update(measure_one(self.target, knobs, self.model_dir, self.workload, self.log))
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("role", "key", "ready_s", "wall_s", "error", "foreign_cores", "attempts")} |
-                         {"primary": (row.get("metrics") or {}).get(PRIMARY[self.workload][0])}), flush=True)
-        return row
+    def _baseline(self) -> Server:
+        if self.base is None or self.base.proc.poll() is not None:
+            self.base = Server(self.target, self.base_knobs, self.model_dir, self.log)
+            if self.base.error:
+                raise SystemExit(f"the baseline server did not start: {self.base.error}")
+            _bench(self.base, self.target, self.model_dir, self.workload, [self.base.proc.pid])  # warm its caches
+        return self.base
 
     def candidate(self, knobs: dict[str, Any]) -> dict[str, Any]:
-        if self.since_base >= self.every:
-            self._row("baseline", self.base)
-            self.since_base = 0
-        self.since_base += 1
-        return self._row("candidate", knobs)
+        metric, sign = PRIMARY[self.workload]
+        row: dict[str, Any] = {"model": self.model, "workload": self.workload, "key": behaviour_key(knobs, self.workload), "knobs": knobs,
+                               "loadavg": os.getloadavg()[0], "started": round(time.time(), 2)}
+        base = self._baseline()
+        t0 = time.time()
+        cand = Server(self.target, knobs, self.model_dir, self.log)
+        row["ready_s"] = cand.ready_s
+        try:
+            if cand.error:
+                row["error"] = cand.error
+            else:
+                pids = [base.proc.pid, cand.proc.pid]
+                blocks = [_bench(base, self.target, self.model_dir, self.workload, pids)]
+                for _ in range(self.rounds):
+                    blocks.append(_bench(cand, self.target, self.model_dir, self.workload, pids))
+                    blocks.append(_bench(base, self.target, self.model_dir, self.workload, pids))
+                errors = [b["error"] for b in blocks[1::2] if b.get("error")]
+                if errors:
+                    row["error"] = errors[0]
+                else:
+                    b_vals = [b["metrics"][metric] for b in blocks[0::2]]
+                    c_vals = [b["metrics"][metric] for b in blocks[1::2]]
+                    ratios = [(c / math.sqrt(b_vals[i] * b_vals[i + 1])) ** sign for i, c in enumerate(c_vals)]
+                    row["ratio"] = round(math.exp(statistics.fmean(math.log(r) for r in ratios)), 4)
+                    row["ratios"] = [round(r, 4) for r in ratios]
+                    row["base"], row["cand"] = b_vals, c_vals
+                    row["capped"] = any(b.get("capped") for b in blocks)
+                row["foreign_cores"] = round(statistics.fmean(b["foreign_cores"] for b in blocks), 3)
+        finally:
+            cand.stop()
+        row["wall_s"] = round(time.time() - t0, 2)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps({k: row.get(k) for k in ("key", "ratio", "ratios", "ready_s", "wall_s", "error", "foreign_cores")}), flush=True)
+        return row
 
     def close(self) -> None:
-        self._row("baseline", self.base)
+        if self.base is not None:
+            self.base.stop()
 
 
 def host_state() -> dict[str, Any]:
@@ -231,36 +285,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="NAME=DIR (a Hugging Face-format model dir)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="throughput")
-    ap.add_argument("--baseline-every", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help="candidate blocks per knob set (each between two baseline blocks)")
     ap.add_argument("--max-minutes", type=float, default=90.0, help="stop starting servers after this long")
     ap.add_argument("--seed", type=int, default=0, help="measurement order")
-    ap.add_argument("--out", type=Path, required=True, help="JSONL table (appended; rows already there are skipped)")
+    ap.add_argument("--out", type=Path, required=True, help="JSONL table (appended; trusted rows already there are skipped)")
     args = ap.parse_args()
     name, model_dir = args.model.split("=", 1)
-    m = Measurer(args.out, name, model_dir, args.workload, args.baseline_every)
+    import torch
+
+    if torch.get_num_threads() != HOST_THREADS:
+        raise SystemExit(f"torch's default is {torch.get_num_threads()} threads here, the table assumes {HOST_THREADS} (HOST_THREADS)")
+    m = Measurer(args.out, name, model_dir, args.workload, args.rounds)
     done = set()
     if args.out.is_file():
         done = {r["key"] for r in map(json.loads, args.out.read_text().splitlines())
-                if r["role"] == "candidate" and r["model"] == name and r["workload"] == args.workload}
+                if r["model"] == name and r["workload"] == args.workload and trusted(r)}
     distinct: dict[str, dict[str, Any]] = {}
     for k in knob_grid(m.target):
-        distinct.setdefault(behaviour_key(k), k)
+        distinct.setdefault(behaviour_key(k, args.workload), k)
     todo = [k for key, k in distinct.items() if key not in done]
     random.Random(args.seed).shuffle(todo)
     with open(args.out.with_suffix(".host.json"), "a") as fh:
         fh.write(json.dumps({"command": " ".join(sys.argv), "start": host_state()}) + "\n")
     deadline = time.time() + 60 * args.max_minutes
-    for k in todo:
-        if time.time() > deadline:
-            break
-        m.candidate(k)
-    m.close()
+    try:
+        rows = [m.candidate(k) for k in todo if time.time() < deadline]
+        # a second pass over the knob sets measured while the host was busy
+        again = [r["knobs"] for r in rows if not trusted(r) and not r.get("error")]
+        for k in again:
+            if time.time() < deadline:
+                m.candidate(k)
+    finally:
+        m.close()
     with open(args.out.with_suffix(".host.json"), "a") as fh:
         fh.write(json.dumps({"end": host_state()}) + "\n")
     rows = [json.loads(x) for x in args.out.read_text().splitlines()]
-    print(f"{sum(r['role'] == 'candidate' for r in rows)} of {len(distinct)} distinct knob sets measured; "
-          f"median server wall {sorted(r.get('wall_s', 0) for r in rows)[len(rows) // 2]:.1f} s; "
-          f"geomean primary {math.exp(sum(math.log(r['metrics'][PRIMARY[args.workload][0]] or 1e-9) for r in rows if r.get('metrics')) / len(rows)):.2f}")
+    print(f"{len({r['key'] for r in rows})} of {len(distinct)} distinct knob sets measured, {sum(map(trusted, rows))} rows trusted; "
+          f"median wall per knob set {sorted(r.get('wall_s', 0) for r in rows)[len(rows) // 2]:.1f} s")
 
 
 if __name__ == "__main__":

@@ -34,30 +34,34 @@ def _score(k):
 def test_grid_and_equivalent_knob_sets():
     t = T.grid_target()
     grid = T.knob_grid(t)
-    assert len(grid) == 576 and len({T.behaviour_key(k) for k in grid}) == 108
+    def key(k, w="throughput"):
+        return T.behaviour_key(k, w)
+
+    assert len(grid) == 576 and len({key(k) for k in grid}) == 56 and len({key(k, "decode") for k in grid}) == 32
     # batching on ignores decode_loop and kv_cache; batching off ignores max_batch_size
-    assert T.behaviour_key(B) == T.behaviour_key(B | {"decode_loop": "generate", "kv_cache": "static"})
+    assert key(B) == key(B | {"decode_loop": "generate", "kv_cache": "static"})
     off = B | {"batching": "off", "decode_loop": "generate"}
-    assert T.behaviour_key(off) == T.behaviour_key(off | {"max_batch_size": 1})
-    assert T.behaviour_key(off) != T.behaviour_key(off | {"kv_cache": "static"})
+    assert key(off) == key(off | {"max_batch_size": 1}) != key(off | {"kv_cache": "static"})
+    # the batch never exceeds the requests in flight (8 in the throughput scenario, 1 in decode)
+    assert key(B) == key(B | {"max_batch_size": 32}) != key(B | {"max_batch_size": 4})
+    assert key(B, "decode") == key(B | {"max_batch_size": 1}, "decode")
+    assert key(B) == key(B | {"threads": 0}) != key(B | {"threads": 1})  # torch's default: 2 threads here
     assert t.render(B, port=1, model="M", source="S", python="py")[:2] == ["py", "S/server.py"]
 
 
-def _row(role, knobs, thr, error=None):
-    r = {"model": "m", "workload": "throughput", "role": role, "key": T.behaviour_key(knobs), "knobs": knobs,
-         "metrics": {"output_throughput": thr, "tpot_ms_mean": 1000 / thr}}
-    return r | ({"error": error} if error else {})
+def _row(knobs, ratio, error=None, foreign=0.1):
+    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_cores": foreign}
+    return r | ({"error": error} if error else {"ratio": ratio})
 
 
-def test_table_ratio_is_paired_with_neighbouring_baselines():
-    base = T.grid_target().baseline_knobs()
-    rows = [_row("baseline", base, 100.0), _row("candidate", B, 300.0), _row("baseline", base, 400.0),
-            _row("candidate", B | {"threads": 1}, 50.0, error="boom")]
+def test_table_prefers_trusted_rows_and_scores_failures_as_none():
+    rows = [_row(B, 9.0, foreign=1.5), _row(B, 1.5), _row(B, 7.0, foreign=1.2),
+            _row(B | {"threads": 1}, None, error="boom"), _row(B | {"threads": 1, "max_batch_size": 4}, 2.0, foreign=1.0)]
     tab = R.Table(rows, "m", "throughput")
-    assert tab.ratio(B) == pytest.approx(300.0 / 200.0)  # geomean of 100 and 400
-    assert tab.ratio(B | {"threads": 1}) is None and tab.ratio(base) == 1.0
-    dec = R.Table([r | {"workload": "decode"} for r in rows], "m", "decode")
-    assert dec.ratio(B) == pytest.approx(300.0 / 200.0)  # TPOT: lower is better, the ratio still >1 when faster
+    assert tab.ratio(B) == 1.5  # the trusted row, not the busy-host rows around it
+    assert tab.ratio(B | {"threads": 1}) is None and tab.ratio(T.grid_target().baseline_knobs()) == 1.0
+    assert tab.untrusted == [T.behaviour_key(B | {"threads": 1, "max_batch_size": 4}, "throughput")] and tab.best == 2.0
+    assert not T.trusted(_row(B, 2.0, foreign=1.0)) and T.trusted(_row(B, 2.0))
 
 
 def test_warm_start_from_a_run_reaches_b_first_and_random_differs(tmp_path):
@@ -82,10 +86,8 @@ def test_warm_start_from_a_run_reaches_b_first_and_random_differs(tmp_path):
 
 def test_live_score_measures_misses_only_when_allowed(tmp_path):
     path = tmp_path / "t.jsonl"
-    base = T.grid_target().baseline_knobs()
-    path.write_text("\n".join(json.dumps(r) for r in [_row("baseline", base, 100.0), _row("candidate", B, 250.0),
-                                                      _row("baseline", base, 100.0)]))
+    path.write_text(json.dumps(_row(B, 2.5)) + "\n")
     score = R._live(path, "m", None, "throughput")
     assert score(B) == pytest.approx(2.5)
     with pytest.raises(SystemExit, match="lacks"):
-        score(B | {"threads": 0})
+        score(B | {"threads": 1})
