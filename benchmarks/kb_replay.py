@@ -74,13 +74,14 @@ def load_rows(*paths: Path) -> list[dict[str, Any]]:
 
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
-               warm: list[dict[str, Any]] = (), random_search: bool = False, stop_at_goal: bool = False) -> dict[str, Any]:
+               warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
+               stop_at_goal: bool = False) -> dict[str, Any]:
     """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed)."""
     run = store.create_run(name=label, goal_text=f"improve throughput by {goal_x}x within {budget} trials",
                            goal_json={}, goal_hash=label, target_json={}, config_json={}, host="replay", proposer="search")
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
-    proposer = SearchProposer(seed=seed, warm_start=warm, n_startup=budget + 1 if random_search else 4)
+    proposer = SearchProposer(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4)
     best, scores, hit = 1.0, [], None
     for n in range(1, budget + 1):
         cand = proposer.propose(store.list_trials(run.id), target)
@@ -104,7 +105,7 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
     store.set_run_status(run.id, "finished", stop_reason=f"GoalMet: #{hit}" if hit else "BudgetExhausted")
     return {"label": label, "seed": seed, "run_id": run.id, "trials_to_goal": hit or budget + 1, "goal_met": hit is not None,
             "best": round(max([s for s in scores if s is not None], default=1.0), 4), "scores": scores,
-            "warm": [dict(k) for k in warm]}
+            "warm": [dict(k) for k in warm], "priors": len(priors)}
 
 
 def within(scores: list[float | None], target_value: float) -> int | None:
@@ -175,7 +176,7 @@ def main() -> None:
     ap.add_argument("--goal-a-decode", type=float, default=1.5, help="A's decode goal: improve TPOT by this factor")
     ap.add_argument("--budget-a", type=int, default=20)
     ap.add_argument("--model-a-dir", help="forge:tiny's directory: measure A's missing knob sets live (real server)")
-    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "misled-workload", "misled-forced", "random"])
+    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced", "random"])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     target = grid_target()
@@ -185,18 +186,26 @@ def main() -> None:
     a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a")
     a_dec = run_a("decode", args.goal_a_decode, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_decode")
     forced = forced_kb(tmp / "kb_a_decode", tmp / "kb_forced", tmp / "kb_a")
-    kbs = {"cold": None, "warm": tmp / "kb_a", "misled-workload": tmp / "kb_a_decode", "misled-forced": forced, "random": None}
+    kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_decode",
+           "misled-forced": forced, "random": None}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
-    plans = {arm: (KnowledgeBase([d], write_dir=tmp / f"w-{arm}").priors(**here) if d else []) for arm, d in kbs.items()}
+    plans, priors = {}, {}
+    for arm, d in kbs.items():
+        kb = KnowledgeBase([d], write_dir=tmp / f"w-{arm}") if d else None
+        plans[arm] = kb.priors(**here) if kb else []
+        # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
+        priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
     out: dict[str, Any] = {"A": {"throughput": a_thr, "decode": a_dec}, "priors": plans, "table_b_best": round(table_b.best, 4),
-                           "table_b_size": len(table_b.ratios), "goal": args.goal, "runs": {}}
+                           "table_b_size": len(table_b.ratios), "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
     for arm in args.arms:
         warm = [p["knobs"] for p in plans[arm]]
         out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=s, budget=args.budget,
-                                       goal_x=args.goal, warm=warm, random_search=arm == "random") for s in range(args.seeds)]
+                                       goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random")
+                            for s in range(args.seeds)]
     out["summary"] = {arm: summarise(rows, args.best_within, table_b.best) for arm, rows in out["runs"].items()}
     print(json.dumps({k: out[k] for k in ("table_b_best", "table_b_size", "goal", "summary")}, indent=1))
     print(json.dumps({arm: [(p["entry"], p["similarity"], p["weight"], p["knobs"]) for p in ps] for arm, ps in plans.items()}, indent=1))
+    print(json.dumps({arm: len(ps) for arm, ps in priors.items()}))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
 

@@ -50,7 +50,7 @@ def test_grid_and_equivalent_knob_sets():
 
 
 def _row(knobs, ratio, error=None, foreign=0.1):
-    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_cores": foreign}
+    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_spread": foreign}
     return r | ({"error": error} if error else {"ratio": ratio})
 
 
