@@ -18,10 +18,9 @@ own launch template, with a scenario of `orchestrator.bench` (sized down, see WO
 Paired against load (the dev host is shared): a baseline server stays up, and each candidate's
 fresh server is measured in short blocks interleaved with baseline blocks (B C B C B); its ratio
 is the geometric mean of candidate over the neighbouring baseline blocks (`Measurer`). The CPU
-other processes used during each block is recorded: a knob set whose candidate and baseline
-blocks saw loads more than FOREIGN_SPREAD cores apart is untrusted and measured again (the host
-was rarely idle while the tables were made, so a steady foreign load is tolerated, an unequal one
-is not). Rows are appended to a JSONL file as they are measured,
+other processes used during each block is recorded; each knob set waits (up to a minute) for a
+quiet host first (3 quiet seconds in a row, up to 5 minutes), and one measured while others used more than FOREIGN_MAX cores (`trusted`) is
+measured again at the end of the pass and by the next invocation. Rows are appended to a JSONL file as they are measured,
 so a killed run resumes where it stopped.
 """
 
@@ -61,7 +60,7 @@ ROUNDS = 1
 # implies (bfloat16 on a CPU without bf16 units takes minutes); its exact slowness never matters
 # to a search for the fastest.
 BENCH_CAP_S = 25.0
-FOREIGN_SPREAD = 0.35  # cores by which the foreign load of a candidate block and its baselines may differ
+FOREIGN_MAX = 0.3  # cores other processes may use during any block of a trusted measurement
 CONCURRENCY = {"throughput": 8, "decode": 1}  # of the builtin scenarios (checked in `scenario`)
 # torch.get_num_threads() on the 2-core host the tables were measured on (checked before measuring).
 HOST_THREADS = 2
@@ -72,14 +71,18 @@ METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_m
 __all__ = ["BATCH_GRID", "Measurer", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
 
 
-def grid_target(path: Path = TARGET) -> Any:
-    """The shipped hfserve target with `max_batch_size` categorical on BATCH_GRID (same default)."""
+def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None) -> Any:
+    """The shipped hfserve target with `max_batch_size` categorical on BATCH_GRID (same default);
+    `fixed` pins knobs to one value (a smaller space, the launch template unchanged)."""
     from orchestrator.targets import load_target
 
     t = load_target(path)
     knobs = dict(t.knobs)
     knobs["max_batch_size"] = knobs["max_batch_size"].model_copy(
         update={"type": "categorical", "choices": list(BATCH_GRID), "low": None, "high": None, "log": False})
+    for name, value in (fixed or {}).items():
+        knobs[name] = knobs[name].model_copy(update={"type": "categorical", "choices": [value], "default": value,
+                                                     "low": None, "high": None, "log": False})
     return t.model_copy(update={"knobs": knobs})
 
 
@@ -202,9 +205,24 @@ def _bench(server: Server, target: Any, model_dir: str, workload: str, pids: lis
     return out
 
 
+def _wait_quiet(max_s: float = 300.0, probe_s: float = 1.0, need: int = 3) -> float:
+    """Wait up to `max_s` until other processes used at most FOREIGN_MAX cores for `need` probes in a row."""
+    t0, quiet = time.monotonic(), 0
+    while time.monotonic() - t0 < max_s and quiet < need:
+        busy0, own0 = _cpu_busy(), _own_cpu([])
+        time.sleep(probe_s)
+        quiet = quiet + 1 if (_cpu_busy() - busy0) - (_own_cpu([]) - own0) <= FOREIGN_MAX * probe_s else 0
+    return round(time.monotonic() - t0, 1)
+
+
 def trusted(row: dict[str, Any]) -> bool:
-    """Candidate and baseline blocks saw the same foreign load (within FOREIGN_SPREAD cores)."""
-    return "ratio" in row and row.get("foreign_spread", 0.0) <= FOREIGN_SPREAD
+    """No block hit the time cap, and other processes used at most FOREIGN_MAX cores in every block.
+
+    A steady foreign load does not cancel out in the ratio: with one core taken, a 2-thread server
+    waits on its starved thread at every OpenMP barrier (measured: the baseline fell from ~260 to
+    13 tok/s while a 1-thread candidate kept 818), so the ranking itself changes."""
+    foreign = row.get("foreign_cores") or [0.0]
+    return "ratio" in row and not row.get("capped") and max(foreign) <= FOREIGN_MAX
 
 
 class Measurer:
@@ -215,8 +233,9 @@ class Measurer:
     than a block cancels out. The baseline server is launched once per table (and again if it
     dies); every candidate runs on a fresh server of its own. Rows go to a JSONL file."""
 
-    def __init__(self, path: Path, model: str, model_dir: str, workload: str, rounds: int = ROUNDS) -> None:
+    def __init__(self, path: Path, model: str, model_dir: str, workload: str, rounds: int = ROUNDS, quiet_max_s: float = 300.0) -> None:
         self.path, self.model, self.model_dir, self.workload, self.rounds = Path(path), model, model_dir, workload, rounds
+        self.quiet_max_s = quiet_max_s
         self.target = grid_target()
         self.base_knobs = self.target.baseline_knobs()
         self.log = Path(tempfile.gettempdir()) / f"{self.path.stem}.server.log"  # server logs: not data
@@ -235,6 +254,7 @@ class Measurer:
         row: dict[str, Any] = {"model": self.model, "workload": self.workload, "key": behaviour_key(knobs, self.workload), "knobs": knobs,
                                "loadavg": os.getloadavg()[0], "started": round(time.time(), 2)}
         base = self._baseline()
+        row["quiet_wait_s"] = _wait_quiet(self.quiet_max_s)
         t0 = time.time()
         cand = Server(self.target, knobs, self.model_dir, self.log)
         row["ready_s"] = cand.ready_s
@@ -259,14 +279,12 @@ class Measurer:
                     row["base"], row["cand"] = b_vals, c_vals
                     row["capped"] = any(b.get("capped") for b in blocks)
                 row["foreign_cores"] = [b["foreign_cores"] for b in blocks]
-                row["foreign_spread"] = round(max(abs(c["foreign_cores"] - (blocks[i]["foreign_cores"] + blocks[i + 2]["foreign_cores"]) / 2)
-                                                  for i, c in zip(range(0, len(blocks) - 1, 2), blocks[1::2], strict=True)), 3)
         finally:
             cand.stop()
         row["wall_s"] = round(time.time() - t0, 2)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("key", "ratio", "ratios", "ready_s", "wall_s", "error", "foreign_cores", "foreign_spread")}), flush=True)
+        print(json.dumps({k: row.get(k) for k in ("key", "ratio", "ratios", "ready_s", "wall_s", "error", "foreign_cores")}), flush=True)
         return row
 
     def close(self) -> None:
@@ -292,6 +310,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=ROUNDS, help="candidate blocks per knob set (each between two baseline blocks)")
     ap.add_argument("--max-minutes", type=float, default=90.0, help="stop starting servers after this long")
     ap.add_argument("--seed", type=int, default=0, help="measurement order")
+    ap.add_argument("--quiet-max-s", type=float, default=300.0, help="longest wait for a quiet host before each knob set")
+    ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE", help="measure only the knob sets with this value")
     ap.add_argument("--out", type=Path, required=True, help="JSONL table (appended; trusted rows already there are skipped)")
     args = ap.parse_args()
     name, model_dir = args.model.split("=", 1)
@@ -299,16 +319,19 @@ def main() -> None:
 
     if torch.get_num_threads() != HOST_THREADS:
         raise SystemExit(f"torch's default is {torch.get_num_threads()} threads here, the table assumes {HOST_THREADS} (HOST_THREADS)")
-    m = Measurer(args.out, name, model_dir, args.workload, args.rounds)
+    m = Measurer(args.out, name, model_dir, args.workload, args.rounds, quiet_max_s=args.quiet_max_s)
     done = set()
     if args.out.is_file():
         done = {r["key"] for r in map(json.loads, args.out.read_text().splitlines())
                 if r["model"] == name and r["workload"] == args.workload and trusted(r)}
     distinct: dict[str, dict[str, Any]] = {}
-    for k in knob_grid(m.target):
+    fixed = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
+    for k in knob_grid(grid_target(fixed=fixed)):
         distinct.setdefault(behaviour_key(k, args.workload), k)
     todo = [k for key, k in distinct.items() if key not in done]
     random.Random(args.seed).shuffle(todo)
+    # The float32 / dynamic-cache sub-space first: on a busy host it is the part sure to be complete.
+    todo.sort(key=lambda k: (k["dtype"] != "float32", k["kv_cache"] != "dynamic"))
     with open(args.out.with_suffix(".host.json"), "a") as fh:
         fh.write(json.dumps({"command": " ".join(sys.argv), "start": host_state()}) + "\n")
     deadline = time.time() + 60 * args.max_minutes

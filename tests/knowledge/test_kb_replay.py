@@ -50,7 +50,7 @@ def test_grid_and_equivalent_knob_sets():
 
 
 def _row(knobs, ratio, error=None, foreign=0.1):
-    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_spread": foreign}
+    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_cores": [0.0, foreign, 0.0]}
     return r | ({"error": error} if error else {"ratio": ratio})
 
 
@@ -62,6 +62,7 @@ def test_table_prefers_trusted_rows_and_scores_failures_as_none():
     assert tab.ratio(B | {"threads": 1}) is None and tab.ratio(T.grid_target().baseline_knobs()) == 1.0
     assert tab.untrusted == [T.behaviour_key(B | {"threads": 1, "max_batch_size": 4}, "throughput")] and tab.best == 2.0
     assert not T.trusted(_row(B, 2.0, foreign=1.0)) and T.trusted(_row(B, 2.0))
+    assert not T.trusted(_row(B, 2.0) | {"capped": True})  # a block hit the time cap: a bound, not a value
 
 
 def test_warm_start_from_a_run_reaches_b_first_and_random_differs(tmp_path):
