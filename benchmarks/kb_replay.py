@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kb_table import Measurer, behaviour_key, grid_target, knob_grid, trusted  # noqa: E402
+from kb_table import PRIMARY, Measurer, behaviour_key, grid_target, knob_grid, quiet_blocks, trusted  # noqa: E402
 
 from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
 from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
@@ -44,19 +44,31 @@ DATA = Path(__file__).resolve().parent / "data"
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
 HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
 MODELS = {"A": "forge:tiny", "B": "forge:small"}
-QUIET_MAX_S = 120.0  # A's knob sets are measured while its run waits: a shorter wait for a quiet host
+QUIET_MAX_S = 10.0  # A's knob sets are measured while its run waits: wait briefly for a quiet host
 
 
 class Table:
-    """Paired ratio per behaviour key (`kb_table.Measurer`); a trusted re-measure wins over an untrusted row."""
+    """Per behaviour key: the best quiet candidate block over the median quiet baseline block of the table.
+
+    Quiet: other processes used at most FOREIGN_MAX cores during the block (`kb_table`). A knob set
+    with no quiet candidate block keeps its best block and is listed in `untrusted`."""
 
     def __init__(self, rows: list[dict[str, Any]], model: str, workload: str) -> None:
+        sign = PRIMARY[workload][1]
+        best = max if sign > 0 else min
+        rows = [r for r in rows if r["model"] == model and r["workload"] == workload]
+        base = [v for r in rows for v in quiet_blocks(r, "base")]
+        self.base_ref = statistics.median(base) if base else None
         chosen: dict[str, tuple[bool, float | None]] = {}
         for r in rows:
-            if r["model"] != model or r["workload"] != workload or (chosen.get(r["key"], (False,))[0] and not trusted(r)):
+            ok = trusted(r)
+            if chosen.get(r["key"], (False,))[0] and not ok:
+                continue  # a trusted measurement is not replaced by a busy-host one
+            if r.get("error"):  # the server did not start or did not answer: the loop scores it as failed
+                chosen[r["key"]] = (True, None)
                 continue
-            # an error: the server did not start or did not answer; the loop scores that as failed
-            chosen[r["key"]] = (trusted(r) or bool(r.get("error")), None if r.get("error") else r["ratio"])
+            vals = quiet_blocks(r, "cand") or r["cand"]
+            chosen[r["key"]] = (ok, (best(vals) / self.base_ref) ** sign)
         self.ratios: dict[str, float | None] = {k: v for k, (_, v) in chosen.items()}
         self.untrusted = sorted(k for k, (ok, _) in chosen.items() if not ok)
         self.workload = workload

@@ -15,9 +15,11 @@ on; `max_batch_size` does nothing with batching off; `kv_cache` only acts on `ge
 distinct behaviour (56 for the throughput scenario, 32 for decode) is measured once, on a fresh server launched from the target's
 own launch template, with a scenario of `orchestrator.bench` (sized down, see WORKLOADS).
 
-Paired against load (the dev host is shared): a baseline server stays up, and each candidate's
-fresh server is measured in short blocks interleaved with baseline blocks (B C B C B); its ratio
-is the geometric mean of candidate over the neighbouring baseline blocks (`Measurer`). The CPU
+Against load (the dev host is shared): a baseline server stays up; each candidate's fresh server
+is measured in ROUNDS short blocks, with a baseline block every BASE_EVERY knob sets, each block
+with the CPU other processes used meanwhile. The table's value for a knob set
+(`kb_replay.Table`) is its best quiet block over the median quiet baseline block of the whole
+table: a block counts as quiet when others used at most FOREIGN_MAX cores. The CPU
 other processes used during each block is recorded; each knob set waits (up to a minute) for a
 quiet host first (3 quiet seconds in a row, up to 5 minutes), and one measured while others used more than FOREIGN_MAX cores (`trusted`) is
 measured again at the end of the pass and by the next invocation. Rows are appended to a JSONL file as they are measured,
@@ -30,13 +32,11 @@ import argparse
 import asyncio
 import itertools
 import json
-import math
 import os
 import platform
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +55,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "throughput": {"num_requests": 8, "warmup_requests": 2},
     "decode": {"num_requests": 4, "warmup_requests": 1},
 }
-ROUNDS = 1
+ROUNDS = 3
+BASE_EVERY = 3  # knob sets per baseline block (the table's baseline is the median of its quiet blocks)
 # A knob set whose bench takes longer than this is recorded as "slower than" the rate this bound
 # implies (bfloat16 on a CPU without bf16 units takes minutes); its exact slowness never matters
 # to a search for the fastest.
@@ -68,7 +69,7 @@ PRIMARY = {"throughput": ("output_throughput", 1), "decode": ("tpot_ms_mean", -1
 METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_mean", "e2e_ms_mean",
            "completed", "failed", "duration_s")
 
-__all__ = ["BATCH_GRID", "Measurer", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
+__all__ = ["BATCH_GRID", "Measurer", "quiet_blocks", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
 
 
 def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None) -> Any:
@@ -215,14 +216,23 @@ def _wait_quiet(max_s: float = 300.0, probe_s: float = 1.0, need: int = 3) -> fl
     return round(time.monotonic() - t0, 1)
 
 
-def trusted(row: dict[str, Any]) -> bool:
-    """No block hit the time cap, and other processes used at most FOREIGN_MAX cores in every block.
+def quiet_blocks(row: dict[str, Any], side: str) -> list[float]:
+    """The row's `base` or `cand` block values measured while others used at most FOREIGN_MAX cores."""
+    if f"{side}_foreign" in row:
+        f = row[f"{side}_foreign"]
+    else:  # rows of the first format: B C B ... blocks interleaved in one list
+        foreign = row.get("foreign_cores") or []
+        f = foreign[0::2] if side == "base" else foreign[1::2]
+    return [v for v, fv in zip(row.get(side) or [], f, strict=False) if fv <= FOREIGN_MAX]
 
-    A steady foreign load does not cancel out in the ratio: with one core taken, a 2-thread server
-    waits on its starved thread at every OpenMP barrier (measured: the baseline fell from ~260 to
-    13 tok/s while a 1-thread candidate kept 818), so the ranking itself changes."""
-    foreign = row.get("foreign_cores") or [0.0]
-    return "ratio" in row and not row.get("capped") and max(foreign) <= FOREIGN_MAX
+
+def trusted(row: dict[str, Any]) -> bool:
+    """At least one candidate block ran while other processes used at most FOREIGN_MAX cores, and none hit the cap.
+
+    A steady foreign load does not cancel out in a ratio: with one core taken, a 2-thread server
+    waits on its starved thread at every OpenMP barrier (measured: the 2-thread baseline fell from
+    ~260 to 13 tok/s while a 1-thread candidate kept 818), so only quiet blocks count."""
+    return "cand" in row and not row.get("capped") and bool(quiet_blocks(row, "cand"))
 
 
 class Measurer:
@@ -236,6 +246,7 @@ class Measurer:
     def __init__(self, path: Path, model: str, model_dir: str, workload: str, rounds: int = ROUNDS, quiet_max_s: float = 300.0) -> None:
         self.path, self.model, self.model_dir, self.workload, self.rounds = Path(path), model, model_dir, workload, rounds
         self.quiet_max_s = quiet_max_s
+        self.n = 0
         self.target = grid_target()
         self.base_knobs = self.target.baseline_knobs()
         self.log = Path(tempfile.gettempdir()) / f"{self.path.stem}.server.log"  # server logs: not data
@@ -250,6 +261,7 @@ class Measurer:
         return self.base
 
     def candidate(self, knobs: dict[str, Any]) -> dict[str, Any]:
+        """ROUNDS blocks on a fresh server with these knobs; a baseline block first every BASE_EVERY knob sets."""
         metric, sign = PRIMARY[self.workload]
         row: dict[str, Any] = {"model": self.model, "workload": self.workload, "key": behaviour_key(knobs, self.workload), "knobs": knobs,
                                "loadavg": os.getloadavg()[0], "started": round(time.time(), 2)}
@@ -263,28 +275,24 @@ class Measurer:
                 row["error"] = cand.error
             else:
                 pids = [base.proc.pid, cand.proc.pid]
-                blocks = [_bench(base, self.target, self.model_dir, self.workload, pids)]
-                for _ in range(self.rounds):
-                    blocks.append(_bench(cand, self.target, self.model_dir, self.workload, pids))
-                    blocks.append(_bench(base, self.target, self.model_dir, self.workload, pids))
-                errors = [b["error"] for b in blocks[1::2] if b.get("error")]
+                b_blocks = [_bench(base, self.target, self.model_dir, self.workload, pids)] if self.n % BASE_EVERY == 0 else []
+                c_blocks = [_bench(cand, self.target, self.model_dir, self.workload, pids) for _ in range(self.rounds)]
+                errors = [b["error"] for b in c_blocks if b.get("error")]
                 if errors:
                     row["error"] = errors[0]
                 else:
-                    b_vals = [b["metrics"][metric] for b in blocks[0::2]]
-                    c_vals = [b["metrics"][metric] for b in blocks[1::2]]
-                    ratios = [(c / math.sqrt(b_vals[i] * b_vals[i + 1])) ** sign for i, c in enumerate(c_vals)]
-                    row["ratio"] = round(math.exp(statistics.fmean(math.log(r) for r in ratios)), 4)
-                    row["ratios"] = [round(r, 4) for r in ratios]
-                    row["base"], row["cand"] = b_vals, c_vals
-                    row["capped"] = any(b.get("capped") for b in blocks)
-                row["foreign_cores"] = [b["foreign_cores"] for b in blocks]
+                    row["base"] = [b["metrics"][metric] for b in b_blocks]
+                    row["cand"] = [b["metrics"][metric] for b in c_blocks]
+                    row["capped"] = any(b.get("capped") for b in c_blocks)
+                row["base_foreign"] = [b["foreign_cores"] for b in b_blocks]
+                row["cand_foreign"] = [b["foreign_cores"] for b in c_blocks]
         finally:
             cand.stop()
+        self.n += 1
         row["wall_s"] = round(time.time() - t0, 2)
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row) + "\n")
-        print(json.dumps({k: row.get(k) for k in ("key", "ratio", "ratios", "ready_s", "wall_s", "error", "foreign_cores")}), flush=True)
+        print(json.dumps({k: row.get(k) for k in ("key", "base", "cand", "ready_s", "wall_s", "error", "cand_foreign", "quiet_wait_s")}), flush=True)
         return row
 
     def close(self) -> None:
