@@ -1,25 +1,26 @@
 """Replay the loop's real proposer and knowledge-base reuse against measured tables, over many seeds.
 
-    python benchmarks/kb_replay.py --seeds 20 --budget 40 [--json out.json]
+    python benchmarks/kb_replay.py --fix dtype=float32 --fix kv_cache=dynamic --seeds 20 --goal 2.5 \
+        [--model-a-dir DIR] [--json out.json]          (docs/benchmarks.md has the exact commands)
 
 What is measured and what is replayed:
-- measured once, on the real hfserve server with the real bench (`benchmarks/kb_table.py`): the
-  throughput of every distinct knob set of the hfserve space for model B (`forge:small`), paired
-  against interleaved baselines; and, live during this script's first use, the knob sets model A's
-  (`forge:tiny`) two cold runs asked for (throughput goal; decode/TPOT goal). All in
-  `benchmarks/data/`;
+- measured, on the real hfserve server with the real bench (`benchmarks/kb_table.py`): model B's
+  (`forge:small`) table of the space; and the knob sets model A's (`forge:tiny`) two cold runs ask
+  for (throughput; another workload, prefill by default), measured live when missing and
+  `--model-a-dir` is given. All in `benchmarks/data/`;
 - replayed: everything the loop decides. Each replayed run has a real SQLite store (`Store`), the
   real `SearchProposer` (Optuna TPE, seeded, rebuilt from the stored history each step) with the
-  warm start from the real `KnowledgeBase.priors` (similarity, translation, avoid lists); A's runs
-  are distilled into a knowledge base by the real `KnowledgeBase.write_back`. A trial's score is
-  the table's paired ratio for its knob set instead of a fresh server (no confirmation relaunch).
+  warm start and priors from the real `KnowledgeBase` (`priors`, `prior_observations`); A's runs are
+  distilled into a knowledge base by the real `KnowledgeBase.write_back`. A trial's score is the
+  table's value for its knob set instead of a fresh server (no sentinels, no confirmation relaunch).
 
-Arms on model B (same seeds): cold (empty KB), warm (A's KB from A's throughput run), misled-workload
-(A's KB from its decode-latency run: another workload), misled-forced (A's decode winner written as
-if it came from A's throughput setting, so the similarity cannot filter it: the worst case), and
-random search (the same proposer with every trial a random start-up trial, i.e. Optuna's random
-sampling without repeats). Reported: trials to the goal (a miss counts budget + 1), the best score
-within the budget, and trials until within 5% of the table's best.
+Arms on model B (same seeds): cold (empty KB), warm (A's throughput KB), warm-enqueue-only (A's
+winner enqueued, no search prior: the mechanism before priors), misled-workload (A's KB from the
+other workload), misled-forced (that run's winner relabelled as A's throughput setting, so the
+similarity cannot filter it), misled-adversarial (constructed: B's worst knob set as the winner,
+A's scores mirrored), and random (the same proposer with every trial a random start-up trial).
+Reported: trials to the goal (a miss counts budget + 1), the best score within `--best-within`
+trials, and trials until within 5% of the space's best.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Table:
         best = max if sign > 0 else min
         rows = [r for r in rows if r["model"] == model and r["workload"] == workload]
         base = [v for r in rows for v in quiet_blocks(r, "base")]
-        self.base_ref = statistics.median(base) if base else None
+        # no quiet baseline block yet (a live table's first rows): the least disturbed one
+        self.base_ref = statistics.median(base) if base else best([v for r in rows for v in r.get("base") or []], default=None)
         chosen: dict[str, tuple[bool, float | None]] = {}
         for r in rows:
             ok = trusted(r)
@@ -70,7 +72,7 @@ class Table:
             vals = quiet_blocks(r, "cand") or r["cand"]
             chosen[r["key"]] = (ok, (best(vals) / self.base_ref) ** sign)
         self.ratios: dict[str, float | None] = {k: v for k, (_, v) in chosen.items()}
-        self.untrusted = sorted(k for k, (ok, _) in chosen.items() if not ok)
+        self.untrusted = sorted(k for k, (ok, _) in chosen.items() if not ok)  # see `space_untrusted`
         self.workload = workload
         self.ratios.setdefault(behaviour_key(grid_target().baseline_knobs(), workload), 1.0)
 
@@ -172,6 +174,23 @@ def forced_kb(src: Path, dst: Path, applies_from: Path) -> Path:
     return dst
 
 
+def adversarial_kb(src: Path, dst: Path, worst: dict[str, Any]) -> Path:
+    """A's throughput knowledge base turned against B (constructed, not measured): the winner's knobs
+    replaced by B's worst measured knob set, and the observations' scores mirrored (best <-> worst).
+    Same setting, so the similarity lets it through: it prices a wrong prior that nothing filters."""
+    from orchestrator.knowledge.entries import parse_entry, render
+
+    (dst / "findings").mkdir(parents=True)
+    for f in (src / "findings").glob("*.md"):
+        e = parse_entry(f)
+        if e.meta.get("knobs"):
+            obs = e.meta.get("observations") or []
+            hi, lo = max(o["score"] for o in obs), min(o["score"] for o in obs)
+            meta = {**e.meta, "knobs": worst, "observations": [{**o, "score": round(hi + lo - o["score"], 4)} for o in obs]}
+            (dst / "findings" / f.name).write_text(render(meta, e.body))
+    return dst
+
+
 def summarise(rows: list[dict[str, Any]], best_within: int, table_best: float) -> dict[str, Any]:
     def med(xs: list[float]) -> float:
         return round(statistics.median(xs), 3)
@@ -190,10 +209,13 @@ def main() -> None:
     ap.add_argument("--best-within", type=int, default=20, help="the fixed budget for 'best score'")
     ap.add_argument("--goal", type=float, default=3.0, help="B's goal: improve throughput by this factor")
     ap.add_argument("--goal-a", type=float, default=3.0, help="A's throughput goal")
-    ap.add_argument("--goal-a-decode", type=float, default=1.5, help="A's decode goal: improve TPOT by this factor")
+    ap.add_argument("--other-workload", default="prefill", choices=["decode", "prefill"],
+                    help="the workload of A's second run, whose knowledge base is the misleading prior")
+    ap.add_argument("--goal-a-other", type=float, default=1.3, help="A's goal on that workload (TPOT or TTFT, by this factor)")
     ap.add_argument("--budget-a", type=int, default=20)
     ap.add_argument("--model-a-dir", help="forge:tiny's directory: measure A's missing knob sets live (real server)")
-    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced", "random"])
+    ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced",
+                                                  "misled-adversarial", "random"])
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--json", type=Path)
@@ -209,10 +231,14 @@ def main() -> None:
         raise SystemExit(f"the table of model B lacks {e}; measure it with benchmarks/kb_table.py (or --fix a smaller space)") from None
     best = max(space)
     a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a")
-    a_dec = run_a("decode", args.goal_a_decode, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_decode")
-    forced = forced_kb(tmp / "kb_a_decode", tmp / "kb_forced", tmp / "kb_a")
-    kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_decode",
-           "misled-forced": forced, "random": None}
+    a_dec = run_a(args.other_workload, args.goal_a_other, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_other")
+    forced = forced_kb(tmp / "kb_a_other", tmp / "kb_forced", tmp / "kb_a")
+    grid = knob_grid(target)
+    # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
+    worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
+    adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst)
+    kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
+           "misled-forced": forced, "misled-adversarial": adversarial, "random": None}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
     for arm, d in kbs.items():
@@ -220,13 +246,17 @@ def main() -> None:
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
         priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
-    out: dict[str, Any] = {"A": {"throughput": a_thr, "decode": a_dec}, "priors": plans, "fixed": fixed,
+    out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "priors": plans, "fixed": fixed,
                            "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
     for arm in args.arms:
         warm = [p["knobs"] for p in plans[arm]]
-        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=s, budget=args.budget,
+        # Seeds 1000 apart: SearchProposer seeds each step with seed + len(history), so seeds 0, 1, 2
+        # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
+        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=1000 * s, budget=args.budget,
                                        goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random")
                             for s in range(args.seeds)]
+    in_space = {behaviour_key(k, "throughput") for k in knob_grid(target)}
+    out["untrusted"] = [k for k in table_b.untrusted if k in in_space]
     out["space"] = {"knob_sets": len(space), "best": round(best, 4), "meet_goal": sum(v >= args.goal for v in space),
                     "within_5pct": sum(v >= 0.95 * best for v in space)}
     out["summary"] = {arm: summarise(rows, args.best_within, best) for arm, rows in out["runs"].items()}

@@ -54,6 +54,7 @@ BATCH_GRID = (1, 2, 4, 8, 16, 32)
 WORKLOADS: dict[str, dict[str, Any]] = {
     "throughput": {"num_requests": 8, "warmup_requests": 2},
     "decode": {"num_requests": 4, "warmup_requests": 1},
+    "prefill": {"num_requests": 4, "warmup_requests": 1},
 }
 ROUNDS = 3
 BASE_EVERY = 3  # knob sets per baseline block (the table's baseline is the median of its quiet blocks)
@@ -62,10 +63,10 @@ BASE_EVERY = 3  # knob sets per baseline block (the table's baseline is the medi
 # to a search for the fastest.
 BENCH_CAP_S = 25.0
 FOREIGN_MAX = 0.3  # cores other processes may use during any block of a trusted measurement
-CONCURRENCY = {"throughput": 8, "decode": 1}  # of the builtin scenarios (checked in `scenario`)
+CONCURRENCY = {"throughput": 8, "decode": 1, "prefill": 1}  # of the builtin scenarios (checked in `scenario`)
 # torch.get_num_threads() on the 2-core host the tables were measured on (checked before measuring).
 HOST_THREADS = 2
-PRIMARY = {"throughput": ("output_throughput", 1), "decode": ("tpot_ms_mean", -1)}
+PRIMARY = {"throughput": ("output_throughput", 1), "decode": ("tpot_ms_mean", -1), "prefill": ("ttft_ms_mean", -1)}
 METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_mean", "e2e_ms_mean",
            "completed", "failed", "duration_s")
 

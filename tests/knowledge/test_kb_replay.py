@@ -49,20 +49,27 @@ def test_grid_and_equivalent_knob_sets():
     assert t.render(B, port=1, model="M", source="S", python="py")[:2] == ["py", "S/server.py"]
 
 
-def _row(knobs, ratio, error=None, foreign=0.1):
-    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs, "foreign_cores": [0.0, foreign, 0.0]}
-    return r | ({"error": error} if error else {"ratio": ratio})
+def _row(knobs, cand, base=(100.0, 100.0), foreign=0.1, error=None):
+    """A measured row: baseline and candidate blocks interleaved (B C B ...), others' load per block."""
+    r = {"model": "m", "workload": "throughput", "key": T.behaviour_key(knobs, "throughput"), "knobs": knobs,
+         "base": list(base), "cand": list(cand), "foreign_cores": [0.0] + [foreign, 0.0] * len(cand)}
+    return r | ({"error": error} if error else {})
 
 
-def test_table_prefers_trusted_rows_and_scores_failures_as_none():
-    rows = [_row(B, 9.0, foreign=1.5), _row(B, 1.5), _row(B, 7.0, foreign=1.2),
-            _row(B | {"threads": 1}, None, error="boom"), _row(B | {"threads": 1, "max_batch_size": 4}, 2.0, foreign=1.0)]
+def test_table_uses_quiet_blocks_against_the_tables_quiet_baseline():
+    rows = [_row(B, [900.0], foreign=1.5), _row(B, [140.0, 150.0]), _row(B, [700.0], foreign=1.2),
+            _row(B | {"threads": 1}, [], error="boom"), _row(B | {"threads": 1, "max_batch_size": 4}, [200.0], foreign=1.0),
+            _row(B | {"max_batch_size": 2}, [120.0], base=(90.0, 20.0, 110.0))]
+    rows[-1]["foreign_cores"] = [0.0, 0.0, 1.0]  # the second baseline block ran beside a busy core
     tab = R.Table(rows, "m", "throughput")
-    assert tab.ratio(B) == 1.5  # the trusted row, not the busy-host rows around it
+    assert tab.base_ref == 100.0  # median of the quiet baseline blocks; the 20 tok/s one is left out
+    assert tab.ratio(B) == 1.5  # the trusted row's best block, not the busy-host rows around it
     assert tab.ratio(B | {"threads": 1}) is None and tab.ratio(T.grid_target().baseline_knobs()) == 1.0
     assert tab.untrusted == [T.behaviour_key(B | {"threads": 1, "max_batch_size": 4}, "throughput")] and tab.best == 2.0
-    assert not T.trusted(_row(B, 2.0, foreign=1.0)) and T.trusted(_row(B, 2.0))
-    assert not T.trusted(_row(B, 2.0) | {"capped": True})  # a block hit the time cap: a bound, not a value
+    assert not T.trusted(_row(B, [2.0], foreign=1.0)) and T.trusted(_row(B, [2.0]))
+    assert not T.trusted(_row(B, [2.0]) | {"capped": True})  # a block hit the time cap: a bound, not a value
+    dec = R.Table([rows[1] | {"workload": "decode", "key": T.behaviour_key(B, "decode")}], "m", "decode")
+    assert dec.ratio(B) == pytest.approx(100.0 / 140.0)  # TPOT: lower is better (here the values are TPOTs)
 
 
 def test_warm_start_from_a_run_reaches_b_first_and_random_differs(tmp_path):
@@ -87,7 +94,7 @@ def test_warm_start_from_a_run_reaches_b_first_and_random_differs(tmp_path):
 
 def test_live_score_measures_misses_only_when_allowed(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps(_row(B, 2.5)) + "\n")
+    path.write_text(json.dumps(_row(B, [250.0])) + "\n")
     score = R._live(path, "m", None, "throughput")
     assert score(B) == pytest.approx(2.5)
     with pytest.raises(SystemExit, match="lacks"):
