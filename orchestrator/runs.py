@@ -252,7 +252,11 @@ def _drive(
     warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
-    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent)
+    priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
+    if priors and not store.list_trials(run_id):
+        store.add_event(run_id, "kb.priors", f"{len(priors)} knob set(s) measured on similar settings steer the search",
+                        data={"entries": sorted({p["entry"] for p in priors}), "weight": max(p["weight"] for p in priors)})
+    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors)
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,

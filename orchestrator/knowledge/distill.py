@@ -32,6 +32,8 @@ class Distilled:
     failures: list[dict[str, Any]] = field(default_factory=list)
     dead_ends: list[dict[str, Any]] = field(default_factory=list)
     warm_trials: list[dict[str, Any]] = field(default_factory=list)
+    observations: list[dict[str, Any]] = field(default_factory=list)
+    """Every search trial's knob set and score (failed ones 0.0): what a later run's search starts from."""
 
 
 def _log_tail(path: str | None, limit: int = 4000) -> str:
@@ -167,6 +169,8 @@ def distill(store: Any, run_id: int) -> Distilled:
             kind, reason = classify_failure(t.status, t.error, store.gate_results(t.id), _log_tail(t.log_path), bool(t.launch_cmd))
             changed = {k: v for k, v in t.knobs.items() if base.knobs.get(k) != v}
             d.failures.append({"trial": t.number, "status": t.status, "kind": kind, "reason": reason, "changed": changed})
+        if t.number and set(t.knobs) == set(base.knobs) and (t.status in _FAILED or (t.status in _SCORED and t.score is not None)):
+            d.observations.append({"knobs": dict(t.knobs), "score": 0.0 if t.status in _FAILED else round(t.score, 4)})
         if (t.rationale or "").startswith("warm start"):
             d.warm_trials.append({"trial": t.number, "knobs": dict(t.knobs), "status": t.status,
                                   "score": None if t.score is None else round(t.score, 4)})

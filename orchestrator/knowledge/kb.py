@@ -95,6 +95,11 @@ class KnowledgeBase:
         (another model size, a similar host), translated, best weight first; refuted ones never."""
         return [p["knobs"] for p in self.priors(engine=engine, model=model, hardware=hardware, workload=workload)]
 
+    def prior_observations(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
+        """Knob sets measured on similar settings, with scores and weights: the search's prior."""
+        here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
+        return reuse.prior_observations(self.similar(here, kind="finding"), here)
+
     def avoid(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> dict[str, list[Any]]:
         """knob -> values that failed or never paid off on similar settings."""
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)

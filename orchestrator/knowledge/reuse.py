@@ -12,7 +12,8 @@ from typing import Any
 from orchestrator.knowledge.entries import STATUS_RANK, Entry
 from orchestrator.knowledge.fingerprint import similarity
 
-__all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "knob_key", "rank", "render_context", "translate", "warm_knobs"]
+__all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "knob_key", "prior_observations", "rank", "render_context",
+           "translate", "warm_knobs"]
 
 # Below this a finding from another setting is not worth a trial; above it, at most
 # MAX_TRANSFERRED transferred knob sets are enqueued (exact-setting findings are not capped).
@@ -108,6 +109,24 @@ def warm_knobs(findings: list[tuple[float, Entry]], here: dict[str, Any], avoid:
         transferred += 0 if exact else 1
         out.append((w, e, knobs))
     return out
+
+
+def prior_observations(findings: list[tuple[float, Entry]], here: dict[str, Any]) -> list[dict[str, Any]]:
+    """The knob sets a similar setting's run measured, with their scores, for the search's model.
+
+    Not facts about this run: the search proposer uses them as pseudo-observations only until the
+    run has enough of its own, and drops them once the transferred winner loses here
+    (`SearchProposer`). Each carries the finding's weight; a knob set seen twice keeps the higher."""
+    out: dict[str, dict[str, Any]] = {}
+    for w, e in findings:
+        if e.status == "refuted" or similarity(e.applies_to, here) < MIN_SIMILARITY:
+            continue
+        for o in e.meta.get("observations") or []:
+            knobs = translate(dict(o["knobs"]), e.applies_to, here)
+            k = knob_key(knobs)
+            if k not in out or out[k]["weight"] < w:
+                out[k] = {"knobs": knobs, "score": float(o["score"]), "weight": w, "entry": e.id}
+    return list(out.values())
 
 
 def render_context(ranked: list[tuple[float, Entry]], here: dict[str, Any], limit: int) -> str:

@@ -53,6 +53,7 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
             meta["evidence"] = [*meta.get("evidence", []), evidence]
             meta["status"] = promote(meta.get("status", "hypothesis"))
         meta["speedup"] = max(float(meta.get("speedup", 0)), w["score"])
+        meta["observations"] = _merge_observations(meta.get("observations") or [], d.observations)
         meta["updated"] = _today()
         return _write(path, meta, e.body)
     meta = {
@@ -61,6 +62,7 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
         "applies_to": applies_to,
         "status": "probable" if w["confirmed_by_relaunch"] else "hypothesis",
         "knobs": w["knobs"], "speedup": w["score"], "evidence": [evidence], "created": _today(), "updated": _today(),
+        "observations": _merge_observations([], d.observations),
     }
     knob_lines = "\n".join(f"- `{k}` = `{v}`" for k, v in w["knobs"].items())
     body = (f"\nRun {d.run_id}, trial #{w['trial']} scored {w['score']:.3f}x (geomean speedup over the "
@@ -69,6 +71,16 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
             "a similar host) as a prior weighted by similarity. Each run that reproduces it raises its status; "
             "a similar run where it loses to the baseline lowers it.\n")
     return _write(path, meta, body)
+
+
+MAX_OBSERVATIONS = 60
+
+
+def _merge_observations(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Knob set -> its latest score, best first, at most MAX_OBSERVATIONS (a later run's search
+    model starts from them, see `reuse.prior_observations`)."""
+    by_key = {json.dumps(o["knobs"], sort_keys=True, default=str): o for o in [*old, *new]}
+    return sorted(by_key.values(), key=lambda o: -float(o["score"]))[:MAX_OBSERVATIONS]
 
 
 def write_effects(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key: list[Any]) -> Path | None:

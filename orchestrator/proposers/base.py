@@ -52,6 +52,7 @@ class RunBound(Protocol):
 
 def get_proposer(
     spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any]] = (), agent: Any = None,
+    priors: Sequence[dict[str, Any]] = (),
 ) -> Proposer:
     """Pick a proposer by key: `search` (default), `scripted:FILE.json` (a list of knob dicts),
     `claude` (the code agent; `agent` is its AgentConfig) or `hybrid` (agent + knob search)."""
@@ -59,7 +60,7 @@ def get_proposer(
     from orchestrator.proposers.search import SearchProposer
 
     if spec in ("", "search"):
-        return SearchProposer(seed=seed, warm_start=warm_start)
+        return SearchProposer(seed=seed, warm_start=warm_start, priors=priors)
     if spec.startswith("scripted:"):
         path = Path(spec.split(":", 1)[1])
         if not path.is_file():

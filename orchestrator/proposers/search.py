@@ -40,15 +40,45 @@ def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDist
     return out
 
 
+# A transferred prior steers the search until the run has this many scored trials of its own
+# (times the prior's weight), or until its winner loses here; then the run's own evidence rules.
+PRIOR_HORIZON = 12
+
+
 class SearchProposer:
-    """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first."""
+    """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first.
+
+    `priors` ({knobs, score, weight}, from `KnowledgeBase.prior_observations`): what a similar
+    setting measured. They enter the TPE model as extra finished trials while they still fit
+    (`_prior_trials`), so the first proposals already avoid what failed there and aim at what won."""
 
     name = "search"
 
-    def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = ()) -> None:
+    def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
+                 priors: Sequence[dict[str, Any]] = ()) -> None:
         self.seed = seed
         self.n_startup = n_startup
         self.warm_start = list(warm_start)
+        self.priors = list(priors)
+
+    def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:
+        """The priors as Optuna trials, or none once they stopped fitting this run."""
+        if not self.priors:
+            return []
+        warm = [t for t in history if (t.rationale or "").startswith("warm start") and t.status in _FINISHED]
+        if any(t.status not in ("kept", "discarded") or (t.score or 0.0) <= 1.0 for t in warm):
+            return []  # the transferred winner lost here: the setting differs more than its similarity said
+        own = sum(1 for t in history if t.number and t.status in ("kept", "discarded") and t.score)
+        if own >= round(PRIOR_HORIZON * max(p["weight"] for p in self.priors)):
+            return []
+        out = []
+        for p in self.priors:
+            knobs = p["knobs"]
+            if not set(knobs) <= set(dists) or active_only(target, knobs) != knobs:
+                continue
+            out.append(optuna.trial.create_trial(params=knobs, distributions={k: dists[k] for k in knobs},
+                                                 value=float(p["score"]) or FAILED_VALUE))
+        return out
 
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -59,6 +89,7 @@ class SearchProposer:
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
                                              constant_liar=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
+        study.add_trials(self._prior_trials(history, target, dists))
         seen = set()
         for t in history:
             if t.proposer == "confirm":

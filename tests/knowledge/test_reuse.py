@@ -115,3 +115,19 @@ def test_a_finding_from_another_workload_does_not_warm_start(tmp_path):
     assert kb.warm_start(engine="hfserve", model="m", hardware=CPU2, workload="decode+throughput@0.5") == []
     # Same scenarios at another scale: a prior (similarity 0.8).
     assert kb.priors(engine="hfserve", model="m", hardware=CPU2, workload="decode@2")[0]["similarity"] == 0.8
+
+
+def test_a_runs_measured_knob_sets_become_the_search_prior_of_a_similar_run(tmp_path):
+    store = Store("sqlite://")
+    rid = make_run(store, [(WIN, "kept", 4.0, TPS, None), ({"dtype": "bfloat16"}, "discarded", 0.6, TPS, None),
+                           ({"threads": 1}, "failed", None, None, "server exited")], best=1)
+    kb = KnowledgeBase([tmp_path], write_dir=tmp_path)
+    winner = parse_entry(kb.write_back(store, rid, engine="hfserve", model="forge:tiny", hardware=CPU2, workload="throughput@0.5"))
+    assert [o["score"] for o in winner.meta["observations"]] == [4.0, 0.6, 0.0]  # failures count as 0
+    kb = KnowledgeBase([tmp_path], write_dir=tmp_path)
+    obs = kb.prior_observations(engine="hfserve", model="forge:small", hardware=CPU2, workload="throughput@0.5")
+    assert len(obs) == 3 and all(0.5 < o["weight"] < 1.0 for o in obs)
+    assert obs[0]["knobs"] == {**WIN, "dtype": "float32", "threads": 2}
+    # not a prior where the setting is too different (another hardware class, another workload)
+    assert kb.prior_observations(engine="hfserve", model="forge:small", hardware=H100, workload="throughput@0.5") == []
+    assert kb.prior_observations(engine="hfserve", model="forge:small", hardware=CPU2, workload="decode@0.5") == []

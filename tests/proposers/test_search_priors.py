@@ -1,0 +1,60 @@
+"""The search proposer's prior: a similar run's measurements steer TPE until they stop fitting."""
+
+import statistics
+import sys
+from pathlib import Path
+
+import optuna
+
+from orchestrator.proposers.search import PRIOR_HORIZON, SearchProposer, distributions
+from orchestrator.store import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import kb_table as T  # noqa: E402
+
+TARGET = T.grid_target()
+
+
+def _score(k):
+    good = k["batching"] == "on" and k["max_batch_size"] >= 8 and k["dtype"] == "float32"
+    return (3.0 if good else 1.2 if k["batching"] == "on" else 0.8) * (1.2 if k["attn"] == "sdpa" else 1.0)
+
+
+def _history(store, knobs_list, rationale="TPE proposal"):
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    t0 = store.create_trial(run.id, 0, commit="", knobs=TARGET.baseline_knobs(), rationale="", proposer="baseline")
+    store.finish_trial(t0.id, "kept", score=1.0)
+    for n, k in enumerate(knobs_list, 1):
+        t = store.create_trial(run.id, n, commit="", knobs=k, rationale=rationale if n == 1 else "TPE proposal", proposer="search")
+        store.finish_trial(t.id, "kept", score=_score(k))
+    return store.list_trials(run.id)
+
+
+def _priors(n=40, seed=0, weight=0.7):
+    """A run on a similar setting that sampled the space and measured it."""
+    import random
+
+    grid = T.knob_grid(TARGET)
+    return [{"knobs": k, "score": _score(k), "weight": weight} for k in random.Random(seed).sample(grid, n)]
+
+
+def test_priors_steer_the_first_proposals_towards_what_won_before():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = Store("sqlite://")
+    hist = _history(store, [])
+    with_p = [_score(SearchProposer(seed=s, priors=_priors(seed=s)).propose(hist, TARGET).knobs) for s in range(12)]
+    without = [_score(SearchProposer(seed=s).propose(hist, TARGET).knobs) for s in range(12)]
+    assert statistics.mean(with_p) > statistics.mean(without) + 0.5
+
+
+def test_priors_are_dropped_once_the_transferred_winner_loses_or_the_run_has_its_own_evidence():
+    store = Store("sqlite://")
+    good = TARGET.baseline_knobs() | {"batching": "on", "max_batch_size": 16}
+    bad = TARGET.baseline_knobs() | {"dtype": "bfloat16"}
+    p = SearchProposer(priors=_priors(weight=1.0))
+    dists = distributions(TARGET)
+    assert len(p._prior_trials(_history(store, [good], "warm start: a prior best"), TARGET, dists)) == 40
+    assert p._prior_trials(_history(store, [bad], "warm start: a prior best"), TARGET, dists) == []  # lost here (0.8x)
+    own = [TARGET.baseline_knobs() | {"max_batch_size": m, "attn": a} for m in T.BATCH_GRID for a in ("eager", "sdpa")]
+    assert len(own) == PRIOR_HORIZON
+    assert p._prior_trials(_history(store, own), TARGET, dists) == []
