@@ -118,6 +118,27 @@ def test_a_host_that_stays_busy_through_the_confirmation_claims_nothing(fake_ws)
     assert redo and "stayed busy" in redo[0], redo
 
 
+def test_a_winner_whose_screen_stalled_is_confirmed_at_the_stop(tmp_path, tiny_model):
+    # 8 -> 2 ms is 4x, but the candidate's first server runs 3x slow (6 ms: 1.33x, under the goal's
+    # 1.67x): kept, not confirmed during the search. At the stop its pairs, on fresh servers at
+    # speed, meet the goal: the run ends GoalMet, not "BudgetExhausted ... goal met".
+    marker = tmp_path / "slow-once"
+    target = write_fake_target(
+        tmp_path / "fake.toml", choices=(8.0, 2.0), extra_launch='{% if slow_once %} --slow-once {{ slow_once }} {% endif %}',
+        extra_knobs=f'[knobs.slow_once]\ntype = "categorical"\nchoices = ["", "{marker}"]\ndefault = ""')
+    f = tmp_path / "steps.json"
+    f.write_text(json.dumps([{"tpot_ms": 2.0, "slow_once": str(marker)}]))
+    ws = Workspace(tmp_path, [f'target="{target}"', f'proposer="scripted:{f}"', "gates.accuracy=false",
+                              "gates.integrity=false", "bench.scale=0.5", "bench.timeout_s=3"])
+    out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 2 trials"))
+    t = _trials(ws, out.run_id)
+    assert marker.exists() and t[1].status == "kept"
+    why = [e.message for e in Store(ws.db_url).events(out.run_id, kind="trial.why") if e.trial_id == t[1].id]
+    assert "may meet the goal" not in why[0], why  # the screen said no
+    assert out.stop_reason.startswith("GoalMet") and "confirmed at the stop (BudgetExhausted" in out.stop_reason, out.stop_reason
+    assert Store(ws.db_url).get_run(out.run_id).best_trial_id == t[1].id
+
+
 def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):
     ws = fake_ws([{"fault": "http500"}, {"fault": "hang"}, {"tpot_ms": 4.0}])
     out = start_run(ws, parse_goal("beat the baseline by 10% on TPOT within 4 trials"))

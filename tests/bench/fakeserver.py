@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 
@@ -161,7 +162,12 @@ def main() -> None:
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--eos-after", type=int, default=None)
     ap.add_argument("--empty-first-chunk", action="store_true")
+    ap.add_argument("--slow-once", default="", help="marker file: the first server started with it (the file is "
+                    "absent) runs 3x slower between tokens, later ones at speed (a stalled screen measurement)")
     a = ap.parse_args()
+    if a.slow_once and not os.path.exists(a.slow_once):
+        open(a.slow_once, "w").close()
+        a.tpot_ms *= 3
     try:  # uvloop if present: the server must not be the bottleneck in ceiling runs
         import uvloop
 
