@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
@@ -135,14 +136,13 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
         rnd += 1
         if rnd < first:
             continue
-        odd = _outlier(_pair_logs(ctx, base_vals, cand_vals, len(pair_trials)))
+        logs = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
+        odd = _outlier(logs)
         if odd is not None and redo < ctx.trust.max_redo * first:
             # A stall in one half that the run-queue samples did not see (a page-cache miss, a burst
             # between two samples): one round far from all the others. Either direction is redone.
-            logs = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
-            rest = sorted(x for i, x in enumerate(logs) if i != odd)
             why = (f"round redone: its ratio {math.exp(logs[odd]):.2f}x is far from the other rounds' median "
-                   f"{math.exp(rest[len(rest) // 2]):.2f}x")
+                   f"{math.exp(median(logs[:odd] + logs[odd + 1:])):.2f}x")
             for num in pair_trials[odd]:
                 row = store.get_trial_by_number(ctx.run_id, num)
                 on_trial(store.finish_trial(row.id, "invalid", objective=row.objective, error=why, timings=row.timings))
@@ -207,8 +207,8 @@ def _outlier(logs: list[float]) -> int | None:
         return None
     worst, far = None, 0.0
     for i, x in enumerate(logs):
-        rest = sorted(y for j, y in enumerate(logs) if j != i)
-        med = (rest[len(rest) // 2] + rest[(len(rest) - 1) // 2]) / 2
+        rest = logs[:i] + logs[i + 1:]
+        med = median(rest)
         mad = sorted(abs(y - med) for y in rest)[len(rest) // 2]
         dist = abs(x - med)
         if dist > max(math.log(OUTLIER_FACTOR), 3 * 1.4826 * mad) and dist > far:
