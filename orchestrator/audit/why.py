@@ -20,6 +20,9 @@ CONFIRM = "confirm"
 #: Trials that re-measure a candidate or the baseline rather than propose one: they never set the
 #: best and do not count against the budget (a clean relaunch, the halves of a paired A/B, a sentinel).
 NOT_SEARCH = ("confirm", "paired", "sentinel")
+#: ...and with a host-busy re-run of a search trial ("retry": it may set the best), the trials the
+#: loop adds itself, which do not count against the trial budget (`controller.LOOP_ADDED`).
+LOOP_ADDED = (*NOT_SEARCH, "retry")
 #: Event kinds in which the controller records its own decision on a trial.
 DECISION_EVENTS = ("trial.why", "decision", "verdict", "trial.decision")
 # Error prefixes the trial writes (`ExcType: message`) -> what broke, in words.
@@ -262,7 +265,7 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         raise LookupError(f"no run with id {run_id}; list them with `infergoal status`")
     trials = store.list_trials(run_id)
     budget = GoalSpec(**run.goal).budget
-    counted = [t for t in trials if t.proposer not in NOT_SEARCH]
+    counted = [t for t in trials if t.proposer not in LOOP_ADDED]
     spent = sum((t.timings or {}).get("total", 0.0) for t in trials)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     usage = _sum_usage(store.events(run_id))

@@ -89,6 +89,18 @@ def test_run_level_why_holds_the_budget_and_the_agent_cost(no_files):
     assert r["used"]["tokens"] == 1500 and r["best"] == {"number": 7, "score": 2.0}
 
 
+def test_a_host_busy_retry_does_not_count_against_the_budget(no_files):
+    store, rid = no_files
+    last = max(t.number for t in store.list_trials(rid))
+    t = store.create_trial(rid, last + 1, commit="base", knobs={}, rationale="re-run of #3: host busier than at the baseline",
+                           proposer="retry")
+    store.finish_trial(t.id, "discarded", score=1.1)
+    assert explain_run(store, rid)["used"]["trials"] == 9
+    t = store.create_trial(rid, last + 2, commit="base", knobs={}, rationale="a search trial", proposer="search")
+    store.finish_trial(t.id, "discarded", score=1.1)
+    assert explain_run(store, rid)["used"]["trials"] == 10
+
+
 def test_the_controllers_recorded_decision_and_paired_outcome_are_quoted(no_files):
     # The controller records each verdict as a `trial.why` event (score, best, threshold, noise,
     # gate verdicts, sentence) and a paired A/B as a `paired` event; `why` quotes them.
