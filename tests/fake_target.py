@@ -5,7 +5,7 @@ from pathlib import Path
 FAKE_SERVER_DIR = Path(__file__).resolve().parent / "bench"
 
 
-def write_fake_target(path, *, choices=(8.0, 6.0, 4.0), extra_launch="", extra_knobs=""):
+def write_fake_target(path, *, choices=(8.0, 6.0, 4.0), extra_launch="", extra_knobs="", ready_timeout_s=30):
     """A target TOML for the bench's torch-free fake streaming server, with `tpot_ms` as a knob.
 
     Speedups are then known in advance (8 -> 4 ms is 2x); tests add knobs (e.g. faults) through
@@ -17,7 +17,7 @@ engine = "fake"
 model = "forge:tiny"
 served_model_name = "fake"
 source = "{FAKE_SERVER_DIR}"
-ready_timeout_s = 30
+ready_timeout_s = {ready_timeout_s}
 launch = """{{{{ python }}}} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}
 {extra_launch}"""
 [knobs.tpot_ms]

@@ -22,7 +22,11 @@ def shell(tmp_path, tiny_model):
     store = Store(f"sqlite:///{state / 'infergoal.db'}")
     build_run(store, state)  # run 1: finished, trial #9 waits for approval
     store.close()
-    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9))
+    # Trial #1 (tpot 6 ms) does not come up while `hold` exists: the run is surely still going when
+    # the test asks /status and /stop, however fast the machine is (a quiet one finished it first).
+    hold = tmp_path / "hold"
+    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9), ready_timeout_s=300,
+                               extra_launch=f"{{% if tpot_ms == 6.0 %}} --hold-while {hold} {{% endif %}}")
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps([{"tpot_ms": 6.0}, {"tpot_ms": 4.0}]))
     args = ["-m", "orchestrator.cli", "-w", str(tmp_path), "-o", f'target="{target}"', "-o", f'proposer="scripted:{steps}"',
@@ -48,6 +52,7 @@ def test_goal_status_approve_stop_resume(shell):
     child.expect_exact("trial #9: kept")
     child.sendline("/why 9")
     child.expect(r"#9 kept \(decided by approval\): approved by \S+ at ")
+    (root / "hold").touch()
     child.sendline("/goal beat the baseline by 40% on TPOT within 8 trials")
     child.expect_exact("run 2 started")
     child.expect(r"#0 kept 1\.000x")  # the baseline, printed as the store records it
@@ -61,6 +66,8 @@ def test_goal_status_approve_stop_resume(shell):
     child.expect(r"run 2 stopped; /resume continues it")
     store = Store(f"sqlite:///{root / '.infergoal' / 'infergoal.db'}")
     assert store.get_run(2).status == "stopped"
+    assert [t.number for t in store.list_trials(2) if t.status == "kept"] == [0], "stopped while #1 was coming up"
+    (root / "hold").unlink()
     child.sendline("/resume")
     child.expect(r"#\d+ kept \d\.\d+x \{'tpot_ms': 4\.0\}", timeout=240)  # 8 -> 4 ms: about 2x
     child.expect(r"run 2 finished: (GoalMet|ProposerExhausted)", timeout=240)

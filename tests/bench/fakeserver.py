@@ -164,7 +164,11 @@ def main() -> None:
     ap.add_argument("--empty-first-chunk", action="store_true")
     ap.add_argument("--slow-once", default="", help="marker file: the first server started with it (the file is "
                     "absent) runs 3x slower between tokens, later ones at speed (a stalled screen measurement)")
+    ap.add_argument("--hold-while", default="", help="file: while it exists the server does not listen yet (a test "
+                    "keeps a run's trial in flight for as long as it needs, whatever the machine's speed)")
     a = ap.parse_args()
+    while a.hold_while and os.path.exists(a.hold_while):
+        time.sleep(0.05)
     if a.slow_once and not os.path.exists(a.slow_once):
         open(a.slow_once, "w").close()
         a.tpot_ms *= 3
