@@ -59,7 +59,13 @@ def _servers_by_run(ws: Path) -> dict[int, set[int]]:
 
 
 def test_resume_with_two_live_runs_touches_no_live_server(tmp_path, tiny_model):
-    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 7.9, 7.8))
+    # Each live run's second trial (tpot 7.8 ms) does not come up while `hold` exists, so both runs
+    # are surely live, each with a server up, for the whole test (on a quiet machine a run could
+    # otherwise stall out before the resumes); run 3's one trial (7.9 ms) is not held.
+    hold = tmp_path / "hold"
+    hold.touch()
+    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 7.9, 7.8), ready_timeout_s=600,
+                               extra_launch=f"{{% if tpot_ms == 7.8 %}} --hold-while {hold} {{% endif %}}")
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps([{"tpot_ms": v} for v in (7.9, 7.8) * 20]))
     common = ["-o", f"target={json.dumps(str(target))}", "-o", f"proposer={json.dumps('scripted:' + str(steps))}",
