@@ -7,6 +7,7 @@ the database, and the store stays the single source of truth.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SearchProposer", "distributions"]
+__all__ = ["SearchProposer", "distributions", "prior_region"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -61,20 +62,25 @@ class SearchProposer:
         self.warm_start = list(warm_start)
         self.priors = list(priors)
 
-    def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:
-        """The priors as Optuna trials, or none once they stopped fitting this run."""
+    def _priors_hold(self, history: Sequence[Any]) -> bool:
+        """Whether the priors still steer: the transferred winner did not lose here, and the run has
+        fewer than PRIOR_HORIZON x weight scored trials of its own."""
         if not self.priors:
-            return []
+            return False
         warm = [t for t in history if (t.rationale or "").startswith("warm start") and t.status in _FINISHED]
         if any(t.status not in ("kept", "discarded") or (t.score or 0.0) <= 1.0 for t in warm):
-            return []  # the transferred winner lost here: the setting differs more than its similarity said
+            return False  # the transferred winner lost here: the setting differs more than its similarity said
         own = sum(1 for t in history if t.number and t.status in ("kept", "discarded") and t.score)
-        if own >= round(PRIOR_HORIZON * max(p["weight"] for p in self.priors)):
+        return own < round(PRIOR_HORIZON * max(p["weight"] for p in self.priors))
+
+    def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:
+        """The priors as Optuna trials, or none once they stopped fitting this run."""
+        if not self._priors_hold(history):
             return []
         out = []
         for p in self.priors:
             knobs = p["knobs"]
-            if not set(knobs) <= set(dists) or active_only(target, knobs) != knobs:
+            if not _fits(knobs, dists) or active_only(target, knobs) != knobs:
                 continue
             out.append(optuna.trial.create_trial(params=knobs, distributions={k: dists[k] for k in knobs},
                                                  value=float(p["score"]) or FAILED_VALUE))
@@ -83,27 +89,7 @@ class SearchProposer:
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = distributions(target)
-        # A different seed per step keeps proposals reproducible for a given history.
-        # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
-        # several proposals asked at once spread out instead of piling onto one region.
-        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
-                                             constant_liar=True)
-        study = optuna.create_study(direction="maximize", sampler=sampler)
-        study.add_trials(self._prior_trials(history, target, dists))
-        seen = set()
-        for t in history:
-            if t.proposer == "confirm":
-                continue
-            seen.add(knob_key(t.knobs))
-            # Conditional knobs: a trial carries only its active knobs (define-by-run).
-            if not set(t.knobs) <= set(dists) or active_only(target, t.knobs) != t.knobs:
-                continue
-            if t.status not in _FINISHED:  # in flight on a pool's other host
-                study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs},
-                                                          state=optuna.trial.TrialState.RUNNING))
-                continue
-            value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
-            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value))
+        seen = {knob_key(t.knobs) for t in history if t.proposer != "confirm"}
         for knobs in self.warm_start:
             try:
                 knobs = target.validate_knobs(knobs)
@@ -111,8 +97,43 @@ class SearchProposer:
                 continue
             if knob_key(knobs) not in seen:
                 return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
-        # Skip knob sets already measured; a small space can run out, which ends the search.
         refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
+        # While the priors hold, search first inside the region they support (`prior_region`);
+        # once it is used up, or the priors stop holding, the whole space.
+        region = prior_region(self.priors, target) if self._priors_hold(history) else {}
+        if region:
+            narrowed = {k: restrict(d, region[k]) if k in region else d for k, d in dists.items()}
+            cand = self._ask(history, target, narrowed, seen, refused, priors=True)
+            if cand is not None:
+                return dataclasses.replace(cand, rationale=cand.rationale + "; inside the region where a similar "
+                                           "setting's run found its best (knowledge base)")
+        return self._ask(history, target, dists, seen, refused, priors=True)
+
+    def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
+             refused: set[tuple[str, str]], *, priors: bool) -> Candidate | None:
+        """One TPE proposal over `dists` (the whole space or a region of it) that was not measured yet."""
+        # A different seed per step keeps proposals reproducible for a given history.
+        # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
+        # several proposals asked at once spread out instead of piling onto one region.
+        sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
+                                             constant_liar=True)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        if priors:
+            study.add_trials(self._prior_trials(history, target, dists))
+        for t in history:
+            if t.proposer == "confirm":
+                continue
+            # Conditional knobs: a trial carries only its active knobs (define-by-run). Outside a
+            # region, a trial is not part of that region's model.
+            if not _fits(t.knobs, dists) or active_only(target, t.knobs) != t.knobs:
+                continue
+            if t.status not in _FINISHED:  # in flight on a pool's other host
+                study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs},
+                                                          state=optuna.trial.TrialState.RUNNING))
+                continue
+            value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
+            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value))
+        # Skip knob sets already measured; a small space can run out, which ends the search.
         for _ in range(50):
             trial = study.ask()
             params = _suggest(trial, target, dists)
@@ -132,6 +153,113 @@ class SearchProposer:
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return None
+
+
+# Within this fraction of a prior run's best, an observation counts as one of its top results: the
+# source run could not tell them apart (its own noise), so none of their values is ruled out.
+NEAR_TOP = 0.10
+
+
+def prior_region(priors: Sequence[dict[str, Any]], target: TargetSpec) -> dict[str, Any]:
+    """knob -> the values (categorical) or [low, high] (numeric) a prior run's evidence still allows.
+
+    Per source entry, knobs are narrowed in the target's order: a value is ruled out only when the
+    source *measured* it inside the region narrowed so far and it lost to the source's top results
+    (all within NEAR_TOP of its best). A value the source never measured there stays open: the
+    source not having tried it says nothing about it. Narrowing inside the region, rather than over
+    all observations, keeps one knob's bad neighbours from condemning another's value (sdpa measured
+    only with tiny batches is not evidence against sdpa with large ones). Sources are joined by
+    union; an empty dict means no narrowing."""
+    by_entry: dict[Any, list[dict[str, Any]]] = {}
+    for p in priors:
+        by_entry.setdefault(p.get("entry"), []).append(p)
+    region: dict[str, Any] = {}
+    for obs in by_entry.values():
+        one = _region_one(obs, target)
+        for name, allowed in one.items():
+            if name not in region:
+                region[name] = allowed
+            elif isinstance(allowed, tuple):
+                region[name] = (min(region[name][0], allowed[0]), max(region[name][1], allowed[1]))
+            else:
+                region[name] = [c for c in target.knobs[name].choices if c in region[name] or c in allowed] \
+                    if target.knobs[name].type == "categorical" else sorted(set(region[name]) | set(allowed), key=repr)
+    # A region over fewer sources than there are must not narrow a knob only some of them judged.
+    return {k: v for k, v in region.items() if all(k in _region_one(o, target) for o in by_entry.values())}
+
+
+def _region_one(obs: list[dict[str, Any]], target: TargetSpec) -> dict[str, Any]:
+    scored = [o for o in obs if float(o.get("score") or 0.0) > 0.0]
+    if len(scored) < 3:
+        return {}
+    best = max(float(o["score"]) for o in scored)
+    top = [o for o in scored if float(o["score"]) >= best * (1 - NEAR_TOP)]
+    inside = list(obs)
+    out: dict[str, Any] = {}
+    left = list(target.knobs)
+    while left:  # a decision tree of top against the rest: the most decisive knob, inside the region so far
+        name = min(left, key=lambda n: _decisive(inside, top, n))
+        left.remove(name)
+        knob = target.knobs[name]
+        good = [o["knobs"][name] for o in top if name in o["knobs"]]
+        if not good:
+            continue
+        tried = [o["knobs"][name] for o in inside if name in o["knobs"]]
+        lost = [v for v in tried if v not in good]
+        if knob.type in ("categorical", "bool"):
+            choices = list(knob.choices) if knob.type == "categorical" else [False, True]
+            allowed: Any = [c for c in choices if c not in lost]
+        else:
+            lo, hi = min(good), max(good)
+            below, above = [v for v in lost if v < lo], [v for v in lost if v > hi]
+            step = 1 if knob.type == "int" else 0
+            allowed = (max(below) + step if below else knob.low, min(above) - step if above else knob.high)
+        out[name] = allowed
+        inside = [o for o in inside if name not in o["knobs"] or _allows(allowed, o["knobs"][name])]
+    return out
+
+
+def _decisive(obs: list[dict[str, Any]], top: list[dict[str, Any]], name: str) -> tuple[float, int]:
+    """Sort key, most decisive knob first: the best score any value outside the top's reached
+    (lower: the knob's other values never came close), then how often they were measured.
+
+    A loss that could be blamed on two knobs (sdpa tried only with small batches) is blamed on the
+    one with more evidence against it; with a wrong attribution the region only misleads while the
+    prior holds (PRIOR_HORIZON), then the whole space is searched."""
+    good = [o["knobs"][name] for o in top if name in o["knobs"]]
+    losers = [float(o.get("score") or 0.0) for o in obs if name in o["knobs"] and o["knobs"][name] not in good]
+    return (max(losers), -len(losers)) if losers else (float("inf"), 0)
+
+
+def _allows(allowed: Any, value: Any) -> bool:
+    return allowed[0] <= value <= allowed[1] if isinstance(allowed, tuple) else value in allowed
+
+
+def restrict(d: optuna.distributions.BaseDistribution, allowed: Any) -> optuna.distributions.BaseDistribution:
+    """`d` limited to `allowed` (values, or [low, high]); unchanged where they do not meet (this
+    run's space pins the knob elsewhere: the region says nothing about it)."""
+    if isinstance(d, optuna.distributions.CategoricalDistribution):
+        kept = [c for c in d.choices if c in allowed]
+        return optuna.distributions.CategoricalDistribution(kept) if kept else d
+    lo, hi = max(d.low, allowed[0]), min(d.high, allowed[1])
+    if lo > hi:
+        return d
+    if isinstance(d, optuna.distributions.IntDistribution):
+        return optuna.distributions.IntDistribution(int(lo), int(hi), log=d.log)
+    return optuna.distributions.FloatDistribution(lo, hi, log=d.log)
+
+
+def _fits(knobs: dict[str, Any], dists: dict[str, Any]) -> bool:
+    for k, v in knobs.items():
+        d = dists.get(k)
+        if d is None:
+            return False
+        if isinstance(d, optuna.distributions.CategoricalDistribution):
+            if v not in d.choices:
+                return False
+        elif not d.low <= v <= d.high:
+            return False
+    return True
 
 
 def _suggest(trial: optuna.trial.Trial, target: TargetSpec, dists: dict[str, Any]) -> dict[str, Any]:
