@@ -8,7 +8,6 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator.proposers.base import knob_key
 from orchestrator.proposers.search import SearchProposer, prior_region
 from orchestrator.store import Store
 
