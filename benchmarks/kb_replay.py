@@ -150,10 +150,11 @@ def _live(table_path: Path, model: str, model_dir: str | None, workload: str) ->
     return score
 
 
-def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, target: Any, store: Store, kb_dir: Path) -> dict[str, Any]:
-    """Model A optimised cold (seed 0, stops at its goal like the loop), distilled into `kb_dir`."""
+def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, target: Any, store: Store, kb_dir: Path,
+          seed: int = 0) -> dict[str, Any]:
+    """Model A optimised cold (stops at its goal like the loop), distilled into `kb_dir`."""
     score = _live(DATA / f"kb_table_tiny_{workload}.jsonl", MODELS["A"], model_dir, workload)
-    res = replay_run(score, target, store, label=f"A-{workload}", seed=0, budget=budget, goal_x=goal_x, stop_at_goal=True)
+    res = replay_run(score, target, store, label=f"A-{workload}", seed=seed, budget=budget, goal_x=goal_x, stop_at_goal=True)
     score.close()
     kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
     kb.write_back(store, res["run_id"], engine="hfserve", model=MODELS["A"], hardware=HOST, workload=workload_key([workload], 1.0))
@@ -213,6 +214,8 @@ def main() -> None:
                     help="the workload of A's second run, whose knowledge base is the misleading prior")
     ap.add_argument("--goal-a-other", type=float, default=1.3, help="A's goal on that workload (TPOT or TTFT, by this factor)")
     ap.add_argument("--budget-a", type=int, default=20)
+    ap.add_argument("--seed-a", type=int, default=0, help="the seed of A's runs (another seed: another run of A, "
+                    "another knowledge base; its knob sets are measured live with --model-a-dir)")
     ap.add_argument("--model-a-dir", help="forge:tiny's directory: measure A's missing knob sets live (real server)")
     ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced",
                                                   "misled-adversarial", "random"])
@@ -230,18 +233,21 @@ def main() -> None:
     except KeyError as e:
         raise SystemExit(f"the table of model B lacks {e}; measure it with benchmarks/kb_table.py (or --fix a smaller space)") from None
     best = max(space)
-    a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a")
-    a_dec = run_a(args.other_workload, args.goal_a_other, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_other")
-    forced = forced_kb(tmp / "kb_a_other", tmp / "kb_forced", tmp / "kb_a")
+    a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a", seed=args.seed_a)
+    misled = any(a.startswith("misled") for a in args.arms)  # only they need A's other-workload run
+    a_dec = run_a(args.other_workload, args.goal_a_other, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a_other",
+                  seed=args.seed_a) if misled else None
+    forced = forced_kb(tmp / "kb_a_other", tmp / "kb_forced", tmp / "kb_a") if misled else None
     grid = knob_grid(target)
     # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
     worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
-    adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst)
+    adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst) if misled else None
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
            "misled-forced": forced, "misled-adversarial": adversarial, "random": None}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
-    for arm, d in kbs.items():
+    for arm in args.arms:
+        d = kbs[arm]
         kb = KnowledgeBase([d], write_dir=tmp / f"w-{arm}") if d else None
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)

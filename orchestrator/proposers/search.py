@@ -43,7 +43,9 @@ def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDist
 
 # A transferred prior steers the search until the run has this many scored trials of its own
 # (times the prior's weight), or until its winner loses here; then the run's own evidence rules.
-PRIOR_HORIZON = 12
+# 6, not 12: over five runs of model A replayed on model B (docs/benchmarks.md) a prior that held
+# longer cost more trials at the top goal than it saved, because B's best lay where A's did not.
+PRIOR_HORIZON = 6
 
 
 class SearchProposer:
