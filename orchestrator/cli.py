@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,11 @@ def main(
     STATE.workspace = workspace
     STATE.overrides = list(override) + ([f"db={json.dumps(db)}"] if db else [])
     ERRORS.debug = debug
+    # SIGINT is how a run is stopped cleanly (Ctrl-C, the shell's /stop, a pool's supervisor). A
+    # process started from a background job inherits SIGINT *ignored*, and Python then never raises
+    # KeyboardInterrupt: the run could only be killed, leaving it "running". Take SIGINT back.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # --- running ------------------------------------------------------------------------------

@@ -144,3 +144,33 @@ def test_resume_with_two_live_runs_touches_no_live_server(tmp_path, tiny_model):
     while (left := {pg for pgs in _servers_by_run(tmp_path).values() for pg in pgs if _group_alive(pg)}):
         assert time.monotonic() < deadline, (left, _servers_by_run(tmp_path), [Path(f"/proc/{pg}/cmdline").read_bytes() for pg in left])
         time.sleep(0.2)
+
+
+def test_a_run_started_with_sigint_ignored_still_stops_cleanly_on_sigint(tmp_path, tiny_model):
+    # A process started from a background job (`cmd &` in a script, nohup) inherits SIGINT ignored;
+    # the CLI takes it back, so SIGINT (Ctrl-C, the shell's /stop) still stops the run cleanly.
+    hold = tmp_path / "hold"
+    hold.touch()  # trial #1 stays in flight until the test is done with it
+    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 7.9), ready_timeout_s=600,
+                               extra_launch=f"{{% if tpot_ms == 7.9 %}} --hold-while {hold} {{% endif %}}")
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps([{"tpot_ms": 7.9}]))
+    p = _cli(tmp_path, "-o", f"target={json.dumps(str(target))}", "-o", f"proposer={json.dumps('scripted:' + str(steps))}",
+             "-o", "gates.accuracy=false", "-o", "gates.integrity=false", "-o", "bench.scale=0.5",
+             "goal", "--no-report", "beat the baseline by 60% on TPOT within 3 trials",
+             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    db = tmp_path / ".infergoal" / "infergoal.db"
+    deadline = time.monotonic() + 120
+    while not (db.exists() and (runs := Store(f"sqlite:///{db}").list_runs())
+               and any(t.number == 1 for t in Store(f"sqlite:///{db}").list_trials(runs[0].id))):
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    try:
+        out, errs = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("SIGINT was ignored: the run had to be killed")
+    run = Store(f"sqlite:///{db}").list_runs()[0]
+    assert run.status == "stopped" and run.heartbeat_at is None, (run, errs)
+    assert not any(_group_alive(pg) for pgs in _servers_by_run(tmp_path).values() for pg in pgs)

@@ -2,6 +2,7 @@
 status, approve a trial, stop the run, resume it to the end; history and Tab completion work."""
 
 import json
+import signal
 import sys
 
 import pytest
@@ -58,6 +59,7 @@ def test_goal_status_approve_stop_resume(shell):
     child.expect(r"#0 kept 1\.000x")  # the baseline, printed as the store records it
     child.sendline("/status")
     child.expect(r"run 2 running: \d+ trials.*\[background: running\]")
+    child.expect_exact(PROMPT)
     child.sendintr()  # Ctrl-C at the prompt clears the line; the background run goes on
     child.expect_exact("/quit leaves the shell, /stop stops the run")
     child.sendline("/status")
@@ -95,9 +97,14 @@ def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
     state.mkdir()
     store = Store(f"sqlite:///{state / 'infergoal.db'}")
     build_run(store, state)
+    # Started with SIGINT ignored, as from a background job: Ctrl-C at the prompt still works.
     child = pexpect.spawn(sys.executable, ["-m", "orchestrator.cli", "-w", str(tmp_path), "shell"], cwd=str(tmp_path),
                           encoding="utf-8", timeout=60, dimensions=(40, 200),
-                          env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)})
+                          env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    child.expect_exact(PROMPT)
+    child.sendintr()
+    child.expect_exact("/quit leaves the shell, /stop stops the run")
     child.expect_exact(PROMPT)
     child.send("/ap\t")
     child.expect_exact("/approve")  # completed from "/ap"
