@@ -43,10 +43,13 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
     # Scale 1: at 0.5 vLLM answers the throughput scenario in 0.27 s, under what a measurement needs.
     # On 2 cores vLLM's OpenMP threads on every core starve the bench client beside it (event-loop lag
     # of 300 ms: the measurement is refused as untrusted). The baseline pins vLLM to core 0 instead.
+    # Pinning the OpenMP threads is not enough: vLLM's API server and engine-core loop ran on the other
+    # core beside the client (event-loop lag 32 ms median: refused). The whole server goes to core 0
+    # (the target's command `prefix`), so the client keeps core 1.
     target = tmp_path / "vllm.toml"
     target.write_text((EX / "vllm.toml").read_text().replace('choices = ["auto", "nobind", "0"]\ndefault = "auto"',
                                                             'choices = ["auto", "nobind", "0"]\ndefault = "0"')
-                      .replace('python = "', f'source = "{EX}"\npython = "', 1))
+                      .replace('python = "', f'source = "{EX}"\nprefix = "taskset -c 0"\npython = "', 1))
     ws = Workspace(tmp_path, ["bench.scale=1.0", "bench.baseline_repeats=1", f'target="{target}"',
                               f'proposer="scripted:{f}"'])
     outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 3 trials"))
@@ -60,7 +63,7 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
         gates = {g.gate: g.status for g in store.gate_results(t.id)}
         assert gates["integrity"] == "pass" and gates["accuracy"] in ("pass", "drift"), (summary, gates)
         assert {m.scenario for m in store.measurements(t.id)} >= {"throughput"}
-        assert "vllm.entrypoints.openai.api_server" in t.launch_cmd
+        assert "vllm.entrypoints.openai.api_server" in t.launch_cmd and t.launch_cmd.startswith("taskset -c 0 ")
     assert trials[2].status in ("kept", "discarded", "needs_approval") and trials[2].score > 0, summary
     assert "--max-num-seqs 16" in trials[2].launch_cmd and "--no-enable-prefix-caching" in trials[2].launch_cmd
     fp = json.loads((ws.run_dir(outcome.run_id) / f"trial-{trials[2].number}" / "engine.json").read_text())
