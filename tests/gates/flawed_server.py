@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,10 @@ def patch(flaw: str) -> None:
 
     if flaw == "batch_positions":
         def _decode_step(self: Any, seqs: list, cache: Any, mask: torch.Tensor) -> list[int]:
+            # A step of the forge's tiny model takes ~1 ms, so a 32-token request can be over before
+            # the next concurrent one is admitted, and the bug never runs (1 full run in 6: off-top
+            # 0.000). 5 ms per step, like a real model's, makes the gate's concurrent probes overlap.
+            time.sleep(0.005)
             if len(seqs) == 1:
                 return decode_step(self, seqs, cache, mask)
 
