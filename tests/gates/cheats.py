@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from proxybase import UpstreamProxy, serve
 from tokenizers import Tokenizer
 
 FIXED_PROMPT = "def main():\n    "
@@ -45,22 +46,14 @@ def _count_prompt(tok: Tokenizer, prompt: Any) -> int:
     return len(tok.encode(prompt).ids)
 
 
-class Proxy:
+class Proxy(UpstreamProxy):
     """The proxy's state: upstream session, mode, reply cache."""
 
     def __init__(self, upstream: str, mode: str, tokenizer_dir: str, generator: str | None = None) -> None:
-        self.upstream, self.mode = upstream.rstrip("/"), mode
+        super().__init__(upstream, mode)
         self.generator = (generator or upstream).rstrip("/")
         self.tok = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
         self.cache: dict[str, Any] = {}
-        self.session: aiohttp.ClientSession | None = None
-
-    async def start(self, app: web.Application) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
-
-    async def stop(self, app: web.Application) -> None:
-        assert self.session is not None
-        await self.session.close()
 
     def _rewrite_request(self, body: dict[str, Any]) -> dict[str, Any]:
         body = dict(body)
@@ -175,13 +168,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", required=True, help="model folder holding tokenizer.json")
     ap.add_argument("--generator", default=None, help="split mode: the server that generates")
     args = ap.parse_args()
-    proxy = Proxy(args.upstream, args.mode, args.tokenizer, args.generator)
-    app = web.Application()
-    app.on_startup.append(proxy.start)
-    app.on_cleanup.append(proxy.stop)
-    app.router.add_get("/{tail:.*}", proxy.get)
-    app.router.add_post("/{tail:.*}", proxy.post)
-    web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+    serve(Proxy(args.upstream, args.mode, args.tokenizer, args.generator), args.port)
 
 
 if __name__ == "__main__":

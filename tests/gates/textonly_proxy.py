@@ -21,29 +21,13 @@ import argparse
 import json
 from typing import Any
 
-import aiohttp
 from aiohttp import web
+from proxybase import UpstreamProxy, serve
 
 REFUSED = ("ignore_eos", "min_tokens", "return_tokens_as_token_ids")
 
 
-class TextOnly:
-    def __init__(self, upstream: str, mode: str) -> None:
-        self.upstream, self.mode = upstream.rstrip("/"), mode
-        self.session: aiohttp.ClientSession | None = None
-
-    async def start(self, app: web.Application) -> None:
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300))
-
-    async def stop(self, app: web.Application) -> None:
-        assert self.session is not None
-        await self.session.close()
-
-    async def get(self, request: web.Request) -> web.Response:
-        assert self.session is not None
-        async with self.session.get(self.upstream + request.path) as up:
-            return web.json_response(await up.json(), status=up.status)
-
+class TextOnly(UpstreamProxy):
     def _strip(self, event: dict[str, Any], asked: int, stopped: bool) -> None:
         for ch in event.get("choices") or ():
             ch.pop("logprobs", None)
@@ -97,13 +81,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--mode", default="honest", choices=("honest", "stop_early"))
     args = ap.parse_args()
-    proxy = TextOnly(args.upstream, args.mode)
-    app = web.Application()
-    app.on_startup.append(proxy.start)
-    app.on_cleanup.append(proxy.stop)
-    app.router.add_get("/{tail:.*}", proxy.get)
-    app.router.add_post("/{tail:.*}", proxy.post)
-    web.run_app(app, host="127.0.0.1", port=args.port, print=None)
+    serve(TextOnly(args.upstream, args.mode), args.port)
 
 
 if __name__ == "__main__":
