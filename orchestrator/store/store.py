@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, delete, event, inspect, select, text, update
+from sqlalchemy import Connection, Engine, create_engine, delete, event, inspect, select, text, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -246,19 +246,28 @@ class Store:
                 )
         if self._read_only:
             return
-        try:
-            Base.metadata.create_all(self._engine)
-        except SQLAlchemyError:
-            # Another process opening the same fresh database created the tables first.
-            Base.metadata.create_all(self._engine)
-        try:
-            _add_missing_columns(self._engine)
-        except SQLAlchemyError:
-            # Another process opening the same database added them first; re-check once.
-            _add_missing_columns(self._engine)
-        with self._session("stamping the schema version") as session:
-            if session.get(SchemaVersionModel, 1) is None:
-                session.add(SchemaVersionModel(id=1, version=SCHEMA_VERSION))
+        # One write transaction, one process at a time: a run creating its store while `infergoal
+        # status` opens it, or two runs sharing a PostgreSQL database, must not both create tables
+        # or both stamp the version. SQLite: BEGIN IMMEDIATE takes the write lock before
+        # create_all reads the catalogue (in a deferred transaction the later upgrade deadlocks,
+        # and SQLite answers "database is locked" at once, without waiting on the busy timeout).
+        # PostgreSQL: a transaction-scoped advisory lock; its DDL is transactional.
+        with self._writer() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+            Base.metadata.create_all(conn)
+            _add_missing_columns(conn)
+            stamped = conn.scalar(select(SchemaVersionModel.version).where(SchemaVersionModel.id == 1))
+            if stamped is None:
+                conn.execute(SchemaVersionModel.__table__.insert().values(id=1, version=SCHEMA_VERSION))
+
+    @contextmanager
+    def _writer(self) -> Iterator[Connection]:
+        """A connection in a write transaction, committed on success."""
+        with self._engine.connect() as conn:
+            conn.execution_options(infergoal_write=True)
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def _session(self, action: str, *, write: bool = True) -> Iterator[Session]:
@@ -670,18 +679,20 @@ def _read_only_sqlite(path: Path, timeout_s: float) -> Callable[[], Any]:
     return connect
 
 
-def _add_missing_columns(engine: Engine) -> None:
+_SCHEMA_LOCK_KEY = 0x1F6E_60A1  # pg_advisory_xact_lock key: "infergoal schema"
+
+
+def _add_missing_columns(conn: Connection) -> None:
     """Add nullable columns that newer code declares to tables an older version created."""
-    with engine.begin() as conn:
-        insp = inspect(conn)
-        for table in Base.metadata.sorted_tables:
-            if not insp.has_table(table.name):
-                continue
-            have = {c["name"] for c in insp.get_columns(table.name)}
-            for col in table.columns:
-                if col.name not in have and col.nullable:
-                    kind = col.type.compile(dialect=conn.dialect)
-                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
+    insp = inspect(conn)
+    for table in Base.metadata.sorted_tables:
+        if not insp.has_table(table.name):
+            continue
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name not in have and col.nullable:
+                kind = col.type.compile(dialect=conn.dialect)
+                conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}'))
 
 
 # -- row -> record (only ever called inside a session scope) ----------------------------------

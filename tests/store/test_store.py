@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from datetime import timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -321,6 +322,36 @@ class TestStore:
             th.join()
         assert sorted(outcomes) == ["created"] * 15 + ["duplicate"] * 15
         assert [t.number for t in a.list_trials(run.id)] == list(range(15))
+
+    def test_processes_opening_a_fresh_database_at_once_all_succeed(self, backend: Backend, tmp_path: Path) -> None:
+        # A run creating its store while `infergoal status` (or a second run) opens it: CI saw
+        # "database is locked" from CREATE TABLE, raised at once instead of waiting its turn.
+        if not backend.persistent:
+            pytest.skip("an in-memory database is not shared between processes")
+        go = tmp_path / "go"
+        script = (
+            "import pathlib, sys, time\n"
+            "from orchestrator.store import Store\n"
+            "go = pathlib.Path(sys.argv[2])\n"
+            "while not go.exists(): time.sleep(0.001)\n"
+            "s = Store(sys.argv[1])\n"
+            "s.list_runs()\n"
+            "s.close()\n"
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        procs = [subprocess.Popen([sys.executable, "-c", script, backend.url, str(go)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
+        try:
+            time.sleep(3.0)  # every process imported sqlalchemy and is polling for `go`
+            go.touch()
+            results = [p.communicate(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        failed = [err.decode()[-600:] for p, (_, err) in zip(procs, results, strict=True) if p.returncode != 0]
+        assert not failed, failed
+        with backend.open() as store:
+            assert store.list_runs() == []
 
     def test_kill_9_loses_nothing_returned(self, backend: Backend) -> None:
         if not backend.persistent:
