@@ -169,7 +169,7 @@ def reference_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], 
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids = list(prompt)
     with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
+        out = model(torch.tensor([ids], device=model.device), use_cache=True)
         total = 0.0
         for step in range(n):
             lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
@@ -179,7 +179,7 @@ def reference_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], 
             if step + 1 < n:
                 cache = getattr(out, "cache", None)
                 cache = cache if cache is not None else getattr(out, "past_key_values", None)
-                out = model(torch.tensor([[tok]]), use_cache=True, **{cache_kw: cache})
+                out = model(torch.tensor([[tok]], device=model.device), use_cache=True, **{cache_kw: cache})
     result = (ids[len(prompt):], total / n)
     with _GREEDY_LOCK:
         _GREEDY_CACHE[key] = result
@@ -191,7 +191,7 @@ def _score(model: Any, prompt: list[int], served: list[int]) -> tuple[list[float
     import torch
 
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + served])).logits[0].float()
+        logits = model(torch.tensor([prompt + served], device=model.device)).logits[0].float().cpu()
     rows = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
     chosen = rows.gather(-1, torch.tensor(served)[:, None])[:, 0]
     gap = rows.max(dim=-1).values - chosen

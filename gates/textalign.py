@@ -36,7 +36,7 @@ def align_text(model: Any, tok: Any, prompt: list[int], text: str, limit: int) -
     ids: list[int] = []
     shown, partial = "", 0
     with torch.no_grad():
-        out = model(torch.tensor([prompt]), use_cache=True)
+        out = model(torch.tensor([prompt], device=model.device), use_cache=True)
         while shown != text and len(ids) < limit + 8:
             order = torch.argsort(out.logits[0, -1].float(), descending=True)[:_CANDIDATES].tolist()
             pick = None
@@ -57,5 +57,5 @@ def align_text(model: Any, tok: Any, prompt: list[int], text: str, limit: int) -
             ids.append(pick)
             cache = getattr(out, "cache", None)
             cache = cache if cache is not None else getattr(out, "past_key_values", None)
-            out = model(torch.tensor([[pick]]), use_cache=True, **{cache_kw: cache})
+            out = model(torch.tensor([[pick]], device=model.device), use_cache=True, **{cache_kw: cache})
     return ids

@@ -57,7 +57,7 @@ LEFT=$((LIMIT - (SECONDS - START) - 40 - RESERVE))
 cd "$WS"
 HAS_RUN=$(python3 -c "import sqlite3; print(sqlite3.connect('.infergoal/infergoal.db').execute(\"select count(*) from runs where status != 'finished'\").fetchone()[0])" 2>/dev/null || echo 0)
 if [ "$LEFT" -gt 60 ]; then
-  if [ "$HAS_RUN" = "0" ]; then CMD=(goal "$ROOT/benchmarks/gpu/goal.toml" --name h200-7b); else CMD=(resume); fi
+  if [ "$HAS_RUN" = "0" ]; then CMD=(goal "$ROOT/benchmarks/gpu/goal.toml" --name "${RUN_NAME:-h200-7b}"); else CMD=(resume); fi
   log "loop: infergoal ${CMD[*]} for ${LEFT}s"
   timeout -s INT -k 25 "$LEFT" python3 -m orchestrator.cli "${CMD[@]}" > "$OUT/loop.log" 2>&1
   log "loop exit $?"; tail -30 "$OUT/loop.log"

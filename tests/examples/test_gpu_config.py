@@ -17,6 +17,7 @@ from orchestrator.bench.scenarios import load_scenarios_file
 from orchestrator.goal import load_goal
 from orchestrator.runs import _scenarios
 from orchestrator.targets import load_target
+from orchestrator.targets.space import active_only
 from orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,13 +36,21 @@ def _server_parser():
 @pytest.mark.parametrize("engine", ["hf-generate", "hf-manual", "fast-eager", "fast-graphs"])
 def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
-    knobs = {**target.baseline_knobs(), "engine": engine, "batching": "on"}
-    argv = target.render(knobs, port=8000, model="/m", source="/s")
-    args = _server_parser()(argv[2:])  # drop the interpreter and the script
+    parse = _server_parser()
+    every = {"engine": engine, "batching": "on", "max_batch_size": 16, "prefill_chunk": 256, "sdpa": "flash"}
+    knobs = active_only(target, every)  # what the search proposes: only the knobs that exist here
+    fast = engine.startswith("fast")
+    assert set(knobs) == {"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa"} if fast else set())
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])  # drop the interpreter and the script
     assert args.device == "cuda" and args.dtype == "bfloat16"
-    assert args.engine == ("fast" if engine.startswith("fast") else "hf")
+    assert args.engine == ("fast" if fast else "hf")
     assert args.cuda_graphs == ("on" if engine == "fast-graphs" else "off")
     assert args.decode_loop == ("manual" if engine == "hf-manual" else "generate")
+    assert (args.batching, args.max_batch_size) == ("on", 16)
+    assert (args.prefill_chunk, args.sdpa) == ((256, "flash") if fast else (0, "auto"))
+    # Batching off: the batch size does not exist, so it cannot be passed.
+    off = active_only(target, every | {"batching": "off"})
+    assert "max_batch_size" not in off and "--max-batch-size" not in target.render(off, port=8000, model="/m", source="/s")
 
 
 def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
