@@ -176,10 +176,34 @@ def summarize(acc: dict[str, list[float]]) -> dict[str, float]:
         "containment_fail_rate": sum(acc["uncontained"]) / n,
         "mean_abs_dlogprob": sum(acc["dlp"]) / n,
         "max_abs_dlogprob": max(acc["dlp"]),
+        "p99_abs_dlogprob": _quantile(acc["dlp"], 0.99),
         "ppl_reference": ppl_ref,
         "ppl_served": ppl_srv,
         "ppl_log_ratio": abs(math.log(ppl_srv / ppl_ref)),
     }
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The ``q`` quantile of ``xs`` (nearest rank): a few outlying positions do not move it."""
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def generation_margin(gcfg: Mapping[str, Any], metrics: Mapping[str, float]) -> float:
+    """The off-top margin for this server: the configured one, widened to its own precision noise.
+
+    A served token that the reference ranks ``gap`` below its top-1 can be an honest flip only if
+    the server's log-probs err by about ``gap`` (the two candidates' errors differ by more than the
+    gap). The teacher-forced windows measure that error on this very server: honest bf16 on a 7B
+    errs up to ~0.1 nats (H200, 2026-11-30), where the tiny model's bf16 errs ~0.02, so one fixed
+    margin rejected honest batched bf16 on the 7B. The margin is ``margin_noise_factor`` x the
+    99th percentile of |dlogprob|, never below ``margin`` and never above ``margin_cap``: a server
+    that scores prompts exactly (every decode-path flaw and cheat we know) keeps ``margin``, and one
+    that adds noise to its scoring to hide a broken decode buys at most the cap.
+    """
+    base = float(gcfg["margin"])
+    noise = float(metrics.get("p99_abs_dlogprob", 0.0))
+    return min(float(gcfg["margin_cap"]), max(base, float(gcfg["margin_noise_factor"]) * noise))
 
 
 def check(
@@ -245,6 +269,7 @@ def check(
     metrics = summarize(acc) if mode.echo_logprobs else {}
     details["metrics"] = metrics
     gcfg = {**cfg["generation"], "timeout_s": cfg["timeout_s"]}
+    gcfg["margin"] = generation_margin(gcfg, metrics)
     probes = draw_probes(_heldout_ids(tok), rng, pairs=int(gcfg["pairs"]), length=int(gcfg["prompt_tokens"]),
                          tail=int(gcfg["tail_tokens"]), chat=chat)
     try:
@@ -254,6 +279,7 @@ def check(
     except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
         return done("fail", f"generation request failed: {exc}")
     metrics.update(gen_metrics)
+    metrics["gen_margin"] = float(gcfg["margin"])
     if not mode.echo_logprobs:  # judged on what could be measured; the rest is named, not dropped silently
         limits = set(cfg["hard"]) | set(cfg["soft"])
         details["not_measured"] = sorted(limits - set(metrics))

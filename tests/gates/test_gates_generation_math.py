@@ -49,3 +49,50 @@ def test_rejudge_uses_todays_thresholds_and_margin() -> None:
     assert status == "pass" and metrics["gen_offtop_rate"] == 0.0
     status, reason, _ = calibrate.rejudge({**base, "records": records}, 0.1, cfg)
     assert status == "fail" and "gen_offtop_rate" in reason
+
+
+# The concurrent phase of trial 4 of the H200 run (benchmarks/gpu/results/h200_cond_run.db): the fast
+# engine, batched bf16, on the 7B. Teacher-forced it erred like the baseline (mean |dlogprob| 0.018,
+# max 0.098); one prompt's greedy path flipped at near-ties and then went its own way.
+H200_BATCHED_BF16 = [[], [], [], [], [], [0.069, 0.071, 0.076, 0.103]]
+
+
+def _phase(gaps_per_prompt: list[list[float]], margin: float, n: int = 32) -> dict[str, float]:
+    recs = [_rec(True, sum(g > margin for g in gaps), n, gaps) for gaps in gaps_per_prompt]
+    return summarize_generation(recs, n)
+
+
+def test_the_margin_widens_to_the_servers_own_noise_and_no_further() -> None:
+    from gates.accuracy import generation_margin
+
+    g = load_thresholds()["accuracy"]["generation"]
+    base, cap = float(g["margin"]), float(g["margin_cap"])
+    assert generation_margin(g, {"p99_abs_dlogprob": 0.0}) == base  # exact scoring: every known flaw and cheat
+    assert generation_margin(g, {}) == base  # no echo logprobs (text-only engines): nothing measured
+    assert generation_margin(g, {"p99_abs_dlogprob": 0.01}) == base  # the tiny model's bf16 noise
+    assert generation_margin(g, {"p99_abs_dlogprob": 0.06}) == 0.06 * float(g["margin_noise_factor"])
+    assert generation_margin(g, {"p99_abs_dlogprob": 5.0}) == cap  # noise added to scoring buys the cap, no more
+
+
+def test_honest_batched_bf16_on_a_7b_passes_with_its_own_margin_but_not_with_the_fixed_one() -> None:
+    from gates.accuracy import generation_margin
+
+    acc = load_thresholds()["accuracy"]
+    hard = acc["hard"]
+    fixed = _phase(H200_BATCHED_BF16, float(acc["generation"]["margin"]))
+    assert fixed["gen_offtop_worst"] > hard["gen_offtop_worst"]  # what rejected it on the H200
+    own = _phase(H200_BATCHED_BF16, generation_margin(acc["generation"], {"p99_abs_dlogprob": 0.05}))
+    assert own["gen_offtop_worst"] <= hard["gen_offtop_worst"] and own["gen_offtop_rate"] <= hard["gen_offtop_rate"]
+    # A broken decode path stays broken at the cap: the split cheat and a late layer drop leave
+    # gaps of several tenths (tests/gates/README.md), far above any margin.
+    broken = [[0.4, 0.9, 1.7, 0.3, 2.2]] * 6
+    at_cap = _phase(broken, float(acc["generation"]["margin_cap"]))
+    assert at_cap["gen_offtop_rate"] > hard["gen_offtop_rate"]
+
+
+def test_p99_ignores_a_few_outlying_positions() -> None:
+    from gates.accuracy import _quantile
+
+    xs = [0.01] * 760 + [3.0] * 7  # 7 of 767 positions: under 1%
+    assert _quantile(xs, 0.99) == 0.01
+    assert _quantile([0.01] * 750 + [3.0] * 17, 0.99) == 3.0  # more than 1%: it is the noise
