@@ -70,12 +70,19 @@ def _ensure_schema(store_url: str) -> None:
 def _study_trials(run: Any, trials: list[Any]) -> list[optuna.trial.FrozenTrial]:
     from orchestrator.proposers.search import distributions
     from orchestrator.targets import TargetSpec
+    from orchestrator.targets.space import active_only
 
-    dists = distributions(TargetSpec(**run.target))
+    target = TargetSpec(**run.target)
+    dists = distributions(target)
     out = []
     for t in trials:
-        if t.proposer in NOT_SEARCH or set(t.knobs) != set(dists):  # re-measurements repeat a knob set
+        if t.proposer in NOT_SEARCH:  # re-measurements repeat a knob set
             continue
+        # Conditional knobs (`when`): a trial carries only the knobs active under its values, as
+        # Optuna's define-by-run trials do; one with knobs today's space lacks is not plottable.
+        if not set(t.knobs) <= set(dists) or active_only(target, t.knobs) != t.knobs:
+            continue
+        params = {k: t.knobs[k] for k in dists if k in t.knobs}
         attrs = {"infergoal_number": t.number, "status": t.status, "proposer": t.proposer}
         if t.error:
             attrs["error"] = t.error[:500]
@@ -83,10 +90,11 @@ def _study_trials(run: Any, trials: list[Any]) -> list[optuna.trial.FrozenTrial]
             attrs[label] = v
         try:
             if t.status in _SCORED and t.score:
-                out.append(optuna.trial.create_trial(params=t.knobs, distributions=dists, value=t.score, user_attrs=attrs))
+                out.append(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
+                                                     value=t.score, user_attrs=attrs))
             elif t.status in _FAILED:
-                out.append(optuna.trial.create_trial(params=t.knobs, distributions=dists, user_attrs=attrs,
-                                                     state=optuna.trial.TrialState.FAIL))
+                out.append(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
+                                                     user_attrs=attrs, state=optuna.trial.TrialState.FAIL))
         except ValueError:
             continue  # a knob value outside today's space (the target changed since): not plottable
     return out

@@ -95,7 +95,9 @@ def _importance(trials: list[Any], metric: str | None) -> dict[str, float]:
     rows = [t for t in trials if (t.score if metric is None else (t.objective or {}).get(metric)) is not None]
     if len(rows) < 3:
         return {}
-    names = [n for n in sorted(rows[0].knobs) if len({repr(t.knobs.get(n)) for t in rows}) > 1]
+    # Every knob any row has: a conditional knob (`when`) is absent where inactive, and absent
+    # (None) is one more of its values, so it is judged over every row, not only where it exists.
+    names = [n for n in sorted({k for t in rows for k in t.knobs}) if len({repr(t.knobs.get(n)) for t in rows}) > 1]
     if not names:
         return {}
 
@@ -108,11 +110,11 @@ def _importance(trials: list[Any], metric: str | None) -> dict[str, float]:
         return _eta2(rows, names, value_of)
     import optuna  # here, not at the top: the CLI imports this package and should start fast
     dists: dict[str, optuna.distributions.BaseDistribution] = {
-        n: optuna.distributions.CategoricalDistribution(sorted({t.knobs[n] for t in rows}, key=repr)) for n in names}
+        n: optuna.distributions.CategoricalDistribution(sorted({t.knobs.get(n) for t in rows}, key=repr)) for n in names}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
     for t in rows:
-        study.add_trial(optuna.trial.create_trial(params={n: t.knobs[n] for n in names}, distributions=dists, value=float(value_of(t))))
+        study.add_trial(optuna.trial.create_trial(params={n: t.knobs.get(n) for n in names}, distributions=dists, value=float(value_of(t))))
     try:
         imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
     except (RuntimeError, ValueError, ZeroDivisionError) as e:  # too few distinct points for the forest

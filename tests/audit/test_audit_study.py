@@ -112,3 +112,25 @@ def test_postgres_keeps_the_study_in_the_same_database_in_its_own_schema(tmp_pat
             conn.execute(text("DROP SCHEMA IF EXISTS optuna CASCADE"))
             Base.metadata.drop_all(conn)
         engine.dispose()
+
+
+def test_a_conditional_space_keeps_every_trial_with_only_its_active_knobs(tmp_path):
+    # The H200 run (benchmarks/gpu/results/h200_cond_run.db): the batch size exists only with
+    # batching on, the SDPA backend only for the fast engine. Trials carry only their active knobs;
+    # the study used to drop every trial that lacked one of the space's knobs (9 of 11).
+    import shutil
+
+    from orchestrator.store import Store
+
+    db = tmp_path / "h200.db"
+    shutil.copy(Path(__file__).resolve().parents[2] / "benchmarks/gpu/results/h200_cond_run.db", db)
+    store = Store(f"sqlite:///{db}")
+    rid = store.list_runs()[0].id
+    url = save_study(store, rid)
+    study = optuna.load_study(study_name=study_name(rid), storage=url)
+    by_number = {t.user_attrs["infergoal_number"]: t for t in study.trials}
+    assert sorted(by_number) == [0, 1, 2, 3, 4, 6, 7, 8, 9, 11, 12]  # 5 and 10 are baseline sentinels
+    assert by_number[0].params == {"engine": "hf-generate", "batching": "off"}
+    assert by_number[11].params == {"engine": "hf-manual", "batching": "on", "max_batch_size": 24}
+    assert by_number[4].state == optuna.trial.TrialState.FAIL and "accuracy" in by_number[4].user_attrs["error"]
+    assert study.best_trial.user_attrs["infergoal_number"] == 11

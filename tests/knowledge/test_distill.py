@@ -70,3 +70,18 @@ def test_write_back_writes_effects_and_constraints_with_evidence(tmp_path):
     assert ev and len(ev[0].data["written"]) == 3
     kb2 = KnowledgeBase([tmp_path], write_dir=tmp_path)
     assert kb2.avoid(engine="hfserve", model="forge:tiny", hardware=HW, workload="throughput@1")["dtype"] == ["bfloat16"]
+
+
+def test_importance_judges_a_conditional_knob_over_every_trial():
+    # A knob that exists only under another's value (`when`) is absent from the baseline's knobs;
+    # it was left out of the importance because only the first row's knobs were looked at.
+    from types import SimpleNamespace
+
+    from orchestrator.knowledge.distill import _importance
+
+    rows = [SimpleNamespace(knobs={"batching": "off"}, score=1.0, objective={})]
+    rows += [SimpleNamespace(knobs={"batching": "on", "max_batch_size": b}, score=s, objective={})
+             for b, s in ((2, 1.2), (8, 1.9), (24, 3.1), (31, 2.9), (4, 1.4))]
+    rows += [SimpleNamespace(knobs={"batching": "off"}, score=1.05, objective={})]
+    imp = _importance(rows, None)
+    assert set(imp) == {"batching", "max_batch_size"} and imp["max_batch_size"] > 0
