@@ -142,9 +142,10 @@ def run_trial(
             # (or anything else that did) stops the run here, before its numbers can count.
             site.verify_gates()
             verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate) if gates else None
+            margin = None  # the accuracy gate's off-top margin for this server; the bench audit uses it
             if verdict is None and gates:
-                verdict, result.gate_drift = _run_gates(ctx, site, trial, candidate, base_url, port, proc,
-                                                        engine.capabilities.model_dump())
+                verdict, result.gate_drift, margin = _run_gates(ctx, site, trial, candidate, base_url, port, proc,
+                                                                engine.capabilities.model_dump())
             if verdict is not None:
                 result.status_hint, result.error = "invalid", verdict
                 return result
@@ -160,10 +161,18 @@ def run_trial(
                 n += 1
             if err is None and not ctx.host.alive(proc):
                 err = "the server died during the benchmark"
+        if err is None and margin is not None:
+            # What the server generated under the measured load, scored by the reference: a server
+            # honest only for the gate's own probes is caught here (gates/audit.py).
+            with _timed(result.timings, "audit", ctx.on_step):
+                err = _audit(ctx, site, trial, bench, margin)
             if err:
-                # A count violation or an untrusted measurement makes the trial invalid; anything else is a failure.
-                invalid = result.status_hint == "invalid" or err.startswith("untrusted")
-                result.status_hint, result.error = ("invalid" if invalid else "failed"), err
+                result.status_hint = "invalid"
+        if err:
+            # A count violation, an untrusted measurement or a failed audit makes the trial invalid;
+            # anything else is a failure.
+            invalid = result.status_hint == "invalid" or err.startswith("untrusted")
+            result.status_hint, result.error = ("invalid" if invalid else "failed"), err
     except HostError as e:
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
         if not healthy and proc is not None:  # say why it did not start, from its own log
@@ -199,8 +208,9 @@ def _checkout(ctx: TrialContext, commit: str | None) -> Path:
 def _run_gates(
     ctx: TrialContext, site: Site, trial: Any, candidate: Candidate, base_url: str, port: int, proc: Proc,
     caps: dict[str, Any] | None = None,
-) -> tuple[str | None, bool]:
-    """Integrity first (cheap), then accuracy. Return (rejection reason or None, accuracy drifted)."""
+) -> tuple[str | None, bool, float | None]:
+    """Integrity first (cheap), then accuracy. Return (rejection reason or None, accuracy drifted,
+    the accuracy gate's off-top margin for this server, None when it did not run)."""
     if ctx.integrity_gate:
         diff_text = _diff(ctx, candidate.commit)
         r = site.integrity(
@@ -214,15 +224,62 @@ def _run_gates(
         )
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
-            return f"integrity gate: {r.reason}", False
+            return f"integrity gate: {r.reason}", False, None
     if ctx.accuracy_gate:
         r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir),
                           chat=ctx.target.api == "chat", capabilities=caps)
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
-            return f"accuracy gate: {r.reason}", False
-        return None, r.status == "drift"
-    return None, False
+            return f"accuracy gate: {r.reason}", False, None
+        margin = (r.details.get("metrics") or {}).get("gen_margin")
+        return None, r.status == "drift", float(margin) if margin is not None else None
+    return None, False, None
+
+
+def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, min_tokens: int) -> list[dict[str, Any]]:
+    """Up to `n` measured requests to audit, spread evenly, concurrent scenarios first.
+
+    `outputs`: (scenario, its measured requests) per measurement. A request qualifies when it
+    returned at least `min_tokens` token ids and its prompt went out as ids, which the scenario's
+    seeded prompt factory gives back exactly (a text or trace prompt does not qualify)."""
+    from orchestrator.bench.prompts import PromptFactory, load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    if tok is None:
+        return []
+    pools: list[tuple[int, list[dict[str, Any]]]] = []
+    for scenario, requests in outputs:
+        if scenario.arrival == "trace":
+            continue
+        factory = PromptFactory(scenario, tok)
+        pool = []
+        for rec in requests:
+            if not rec.success or len(rec.output_ids) < min_tokens:
+                continue
+            prompt = factory.make(rec.index).prompt
+            if not isinstance(prompt, list) or rec.usage_prompt_tokens not in (None, len(prompt)):
+                continue
+            pool.append({"scenario": scenario.name, "index": rec.index, "prompt_ids": prompt, "output_ids": list(rec.output_ids)})
+        if pool:
+            pools.append((scenario.concurrency, pool))
+    pools.sort(key=lambda p: -p[0])  # the batched path first: that is where a server can differ
+    picked: list[dict[str, Any]] = []
+    for i, (_, pool) in enumerate(pools):
+        share = -(-(n - len(picked)) // (len(pools) - i))  # what is left, split over the pools left
+        step = max(1, len(pool) // max(1, share))
+        picked += pool[::step][:share]
+    return picked[:n]
+
+
+def _audit(ctx: TrialContext, site: Site, trial: Any, bench: _Bench, margin: float) -> str | None:
+    """Score a sample of the measured requests' outputs with the reference; a rejection or None."""
+    from gates.thresholds import load_thresholds
+
+    cfg = load_thresholds()["accuracy"]["audit"]
+    samples = audit_samples(bench.outputs, ctx.tokenizer, int(cfg["requests"]), int(cfg["min_output_tokens"]))
+    r = site.audit(samples=samples, reference_model_dir=str(ctx.reference_dir), margin=margin)
+    ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
+    return f"bench audit: {r.reason}" if r.status == "fail" else None
 
 
 def _diff(ctx: TrialContext, commit: str | None) -> str | None:
@@ -245,6 +302,8 @@ class _Bench:
     site: Site
     host_ref: dict[str, Any] | None
     caps: dict[str, Any] | None = None
+    outputs: list[tuple[Any, list[Any]]] = field(default_factory=list)
+    """(scenario, measured requests) of every measurement used: what the bench audit samples."""
 
     def run(self, repeats: int, result: TrialResult, first_repeat: int = 0) -> str | None:
         """Measure each goal scenario `repeats` times; return an error, or None."""
@@ -284,6 +343,7 @@ class _Bench:
                 if untrusted:  # never judged on: not stored as a measurement
                     return f"untrusted measurement in {name} after {attempts} attempts: {'; '.join(untrusted)}"
                 store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                self.outputs.append((scenario, res.requests))
                 result.host.append(win)
                 result.metrics[name] = dict(res.metrics)
                 for o in ctx.goal.objectives:

@@ -45,7 +45,7 @@ class Why:
 
     Attributes:
         decided_by: what settled it: `baseline`, `startup`, `bench`, `gate:integrity`,
-            `gate:accuracy`, `gate:lock`, `threshold`, `goal`, `confirm`, `approval`, `pending`,
+            `gate:accuracy`, `gate:audit` (the bench audit), `gate:lock`, `threshold`, `goal`, `confirm`, `approval`, `pending`,
             `interrupted`, or `recorded` (the controller's own record, with no more detail).
         sentence: one line saying it, numbers included.
         evidence: the numbers behind it (gate checks and metrics, score, best, threshold, noise...).
@@ -145,8 +145,10 @@ def _gate_evidence(g: Any) -> dict[str, Any]:
     ev: dict[str, Any] = {"gate": g.gate, "status": g.status, "reason": g.reason}
     if g.gate == "integrity":
         ev["checks"] = [{k: c.get(k) for k in ("name", "status", "detail")} for c in d.get("checks", [])]
-    elif g.gate == "accuracy":
+    elif g.gate in ("accuracy", "audit"):
         ev["metrics"] = d.get("metrics", {})
+        if g.gate == "audit":  # which measured requests left the reference, and by how much
+            ev["requests"] = [r for r in d.get("requests", []) if r.get("offtop")]
     elif g.gate == "performance":
         ev["metrics"] = [{k: m.get(k) for k in ("metric", "role", "baseline_mean", "candidate_mean", "delta", "se",
                                                  "required", "verdict")} for m in d.get("metrics", [])]

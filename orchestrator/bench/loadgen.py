@@ -77,6 +77,24 @@ def _token_count(ev: dict[str, Any], chat: bool) -> int | None:
     return len(lp.get("content") or ()) if chat else len(lp.get("tokens") or ())
 
 
+def _token_ids(ev: dict[str, Any], chat: bool) -> list[int]:
+    """The generated token ids this event carries (``token_id:N``, from ``return_tokens_as_token_ids``)."""
+    ch = ev.get("choices") or ()
+    lp = ch[0].get("logprobs") if ch else None
+    if not lp:
+        return []
+    toks = [c.get("token") for c in lp.get("content") or ()] if chat else lp.get("tokens") or ()
+    out = []
+    for t in toks:
+        if not (isinstance(t, str) and t.startswith("token_id:")):
+            return []  # tokens as text: this engine does not return ids
+        try:
+            out.append(int(t[9:]))
+        except ValueError:
+            return []
+    return out
+
+
 def _content(ev: dict[str, Any], chat: bool) -> str:
     ch = ev.get("choices") or ()
     if not ch:
@@ -140,6 +158,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | d
                     n_ids = _token_count(ev, chat)
                     if n_ids is not None:
                         rec.client_tokens = (rec.client_tokens or 0) + n_ids
+                        rec.output_ids += _token_ids(ev, chat)
                     for ch in ev.get("choices") or ():
                         rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
                     u = ev.get("usage")

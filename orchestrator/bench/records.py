@@ -25,6 +25,7 @@ class RequestRecord:
     client_chunks: int = 0  # content-bearing chunks seen
     client_tokens: int | None = None  # output tokens counted from the returned token ids (None: none returned)
     client_tokens_from_text: bool = False  # the engine returns no ids: client_tokens is the text re-tokenized
+    output_ids: list[int] = field(default_factory=list)  # the generated token ids, where the engine returns them (the bench audit scores them)
     finish_reason: str | None = None  # the last finish_reason the stream carried ("length", "stop")
     done_seen: bool = False
     success: bool = False

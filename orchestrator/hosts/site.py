@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from gates import GateResult, accuracy, integrity
+from gates import GateResult, accuracy, audit, integrity
 from gates.lock import verify
 from orchestrator.bench import Scenario, ScenarioResult, run_scenario_sync
 
@@ -40,6 +40,10 @@ class Site(Protocol):
 
     def accuracy(self, base_url: str, **kw: Any) -> GateResult: ...
 
+    def audit(self, **kw: Any) -> GateResult:
+        """Score measured requests' outputs with the reference (`gates.audit.check`), where it is loaded."""
+        ...
+
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
               api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult: ...
 
@@ -64,6 +68,9 @@ class LocalSite:
 
     def accuracy(self, base_url: str, **kw: Any) -> GateResult:
         return accuracy.check(base_url, **kw)
+
+    def audit(self, **kw: Any) -> GateResult:
+        return audit.check(**kw)
 
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
               api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult:

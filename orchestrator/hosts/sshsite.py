@@ -172,6 +172,10 @@ class RemoteSite:
         kw["reference_model_dir"] = self.place(kw["reference_model_dir"], kind="reference")
         return GateResult(**self.worker.call("accuracy", base_url=base_url, **kw))
 
+    def audit(self, **kw: Any) -> GateResult:
+        kw["reference_model_dir"] = self.place(kw["reference_model_dir"], kind="reference")
+        return GateResult(**self.worker.call("audit", **kw))
+
     def bench(self, base_url: str, model: str, scenario: Scenario, *, tokenizer: Any, tokenizer_dir: str,
               api: str, timeout_s: float, capabilities: dict[str, Any] | None = None) -> ScenarioResult:
         tok = self.place(tokenizer_dir, kind="tokenizer") if tokenizer_dir else None

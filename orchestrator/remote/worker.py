@@ -1,7 +1,8 @@
 """The measurement worker: `python -m orchestrator.remote.worker`, next to the server on the host.
 
 It reads one JSON request per line on stdin and answers one JSON line on stdout:
-`verify` (the host's gate files against the orchestrator's lock), `integrity`, `accuracy`, `bench`.
+`verify` (the host's gate files against the orchestrator's lock), `integrity`, `accuracy`, `bench`,
+`audit` (a sample of the bench's outputs scored by the reference, `gates.audit`).
 It lives for the whole run, so the accuracy gate's float32 reference is loaded once per run on
 the host (gates.accuracy keeps it per process) instead of once per trial; the windows it scores
 are still drawn fresh, from a secret seed, for every gate run.
@@ -15,7 +16,7 @@ import sys
 import traceback
 from dataclasses import asdict
 
-from gates import accuracy, integrity
+from gates import accuracy, audit, integrity
 from gates.lock import GateTampered, digest_tree
 from orchestrator.bench import Scenario, run_scenario_sync
 
@@ -38,6 +39,10 @@ def op_accuracy(req: dict) -> dict:
     return asdict(accuracy.check(req.pop("base_url"), **req))
 
 
+def op_audit(req: dict) -> dict:
+    return asdict(audit.check(**req))
+
+
 def op_bench(req: dict) -> dict:
     res = run_scenario_sync(req["base_url"], req["model"], Scenario(**req["scenario"]), tokenizer=req.get("tokenizer"),
                             api=req.get("api", "completions"), timeout_s=req.get("timeout_s", 120.0),
@@ -45,7 +50,7 @@ def op_bench(req: dict) -> dict:
     return {"result": res.to_dict()}
 
 
-OPS = {"verify": op_verify, "integrity": op_integrity, "accuracy": op_accuracy, "bench": op_bench}
+OPS = {"verify": op_verify, "integrity": op_integrity, "accuracy": op_accuracy, "audit": op_audit, "bench": op_bench}
 
 
 def main() -> int:

@@ -88,6 +88,10 @@ def test_tokenizer_prompts_are_exact_token_ids_with_shared_prefix(tmp_path) -> N
     assert all(p[:12] == seen[0][:12] for p in seen)  # shared prefix
     assert len({tuple(p[12:]) for p in seen}) == 4  # unique suffixes
     assert all(r.client_tokens == 3 for r in res.requests)  # counted from the returned token ids
+    assert all(len(r.output_ids) == 3 and all(isinstance(i, int) for i in r.output_ids) for r in res.requests)
+    # and kept, for the bench audit, through the result's JSON (a remote host sends it back so)
+    back = type(res).from_dict(json.loads(res.to_json()))
+    assert [r.output_ids for r in back.requests] == [r.output_ids for r in res.requests]
 
 
 def test_open_loop_constant_rate_and_exports(tmp_path) -> None:

@@ -17,6 +17,10 @@ Modes, each a way a candidate could game the bench:
 * ``split``             - scores prompts (``echo``) on ``--upstream`` but generates on
                           ``--generator``, a server of a smaller model: the teacher-forced check
                           sees the full model, the bench the small one.
+* ``evade``             - honest for the gates' own requests (``echo`` scoring, and prompts of at most
+                          40 ids: the generation probes are 33) and generates everything longer
+                          (the bench's prompts) on ``--generator``: every gate passes, the bench
+                          measures the small model. Only the bench audit (gates/audit.py) sees it.
 
 The cache modes store and replay streamed replies too (as recorded events, fresh id).
 """
@@ -36,7 +40,7 @@ from tokenizers import Tokenizer
 
 FIXED_PROMPT = "def main():\n    "
 MODES = ("passthrough", "constant", "ignore_max_tokens", "cache", "lie_usage", "wrong_model_name",
-         "lie_usage_stream", "cache_len", "cache_prefix", "split")
+         "lie_usage_stream", "cache_len", "cache_prefix", "split", "evade")
 _ID = re.compile(rb'"id": ?"[^"]*"')
 
 
@@ -76,7 +80,7 @@ class Proxy(UpstreamProxy):
 
     async def get(self, request: web.Request) -> web.Response:
         assert self.session is not None
-        if self.mode == "split" and request.path == "/health":
+        if self.mode in ("split", "evade") and request.path == "/health":
             # Healthy only once the generating server answers too (it may still be loading).
             try:
                 async with self.session.get(self.generator + "/health") as gen:
@@ -108,7 +112,13 @@ class Proxy(UpstreamProxy):
 
     def _upstream_for(self, body: dict[str, Any]) -> str:
         # The split cheat: prompt scoring goes to the full model, generation to the small one.
-        return self.upstream if self.mode != "split" or body.get("echo") else self.generator
+        if self.mode == "split":
+            return self.upstream if body.get("echo") else self.generator
+        # The evading cheat: the gates' requests (scoring, short probes) to the full model.
+        if self.mode == "evade":
+            short = _count_prompt(self.tok, body.get("prompt", "")) <= 40 if "prompt" in body else True
+            return self.upstream if body.get("echo") or short else self.generator
+        return self.upstream
 
     async def post(self, request: web.Request) -> web.StreamResponse:
         assert self.session is not None

@@ -113,6 +113,11 @@ GEN_PROXIES: dict[str, tuple[str, str, str | None]] = {
     "proxy:cache_prefix": ("cache_prefix", "fp32", None),
     "proxy:lie_usage_stream": ("lie_usage_stream", "fp32", None),
 }
+# Proxies every gate passes and only the bench audit (gates/audit.py) rejects.
+EVASION_PROXIES: dict[str, tuple[str, str, str | None]] = {
+    "proxy:evade": ("evade", "fp32", "small"),
+}
+_PROXIES = {**GEN_PROXIES, **EVASION_PROXIES}
 
 
 def half_model(model_dir: Path, out: Path) -> Path:
@@ -134,15 +139,15 @@ def start_fleet(names: list[str] | tuple[str, ...], model_dir: Path, work: Path,
     existing = existing or {}
     wanted = list(names)
     for n in list(wanted):
-        if n in GEN_PROXIES:
-            wanted += [u for u in GEN_PROXIES[n][1:] if u and u not in wanted]
+        if n in _PROXIES:
+            wanted += [u for u in _PROXIES[n][1:] if u and u not in wanted]
     dirs = {"honest": model_dir}
     if "small" in wanted:
         dirs["half"] = half_model(model_dir, work / "half")
     started: dict[str, Served] = {}
     try:
         for name in wanted:
-            if name in GEN_PROXIES or name in existing:
+            if name in _PROXIES or name in existing:
                 continue
             port = free_port()
             common = ["--port", str(port), "--served-model-name", SERVED_NAME]
@@ -159,9 +164,9 @@ def start_fleet(names: list[str] | tuple[str, ...], model_dir: Path, work: Path,
             wait_healthy(s.url, s.proc, work / f"{name}.log")
             s.name = model_name(s.url)
         for name in wanted:
-            if name not in GEN_PROXIES:
+            if name not in _PROXIES:
                 continue
-            mode, upstream, generator = GEN_PROXIES[name]
+            mode, upstream, generator = _PROXIES[name]
             running = {**existing, **started}
             port = free_port()
             argv = [sys.executable, str(CHEATS), "--upstream", running[upstream].url, "--port", str(port),
