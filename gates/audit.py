@@ -57,7 +57,8 @@ def check(
 
     if not samples:
         details["metrics"] = {"audit_requests": 0.0}
-        return done("pass", "no measured request long enough to audit")
+        return done("pass", "nothing to audit: no measured request returned enough token ids for an id prompt "
+                            "(an engine without token ids, or outputs too short)")
     model, _ = load_reference(reference_model_dir)
     total = offtop = 0
     worst = 0.0

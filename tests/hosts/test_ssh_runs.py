@@ -83,7 +83,11 @@ def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model)
     for t in trials:
         gates = {g.gate: g.status for g in store.gate_results(t.id)}
         assert gates.get("integrity") == "pass" and gates.get("accuracy") in ("pass", "drift"), (t.number, gates, t.error)
-        assert {"sync", "deploy", "gates", "bench"} <= set(t.timings)
+        # The bench audit ran on the host too (its worker holds the reference), on requests it measured.
+        assert gates.get("audit") == "pass", (t.number, gates, t.error)
+        audit = next(g for g in store.gate_results(t.id) if g.gate == "audit")
+        assert audit.details["metrics"]["audit_requests"] >= 1, audit.details
+        assert {"sync", "deploy", "gates", "bench", "audit"} <= set(t.timings)
         assert "server.py" in t.launch_cmd and str(tmp_path / "remote" / "trees") in t.launch_cmd, "the tree ran on the host"
     assert trials[1].score and trials[1].score > 1.2, [(t.number, t.status, t.score, t.error) for t in trials]
     # The reference model is loaded once per run on the host: one worker served every trial.

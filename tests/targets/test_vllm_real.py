@@ -62,6 +62,7 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
     for t in (trials[0], trials[2]):
         gates = {g.gate: g.status for g in store.gate_results(t.id)}
         assert gates["integrity"] == "pass" and gates["accuracy"] in ("pass", "drift"), (summary, gates)
+        assert gates["audit"] == "pass", (summary, gates)  # vLLM's measured outputs, scored by the reference
         assert {m.scenario for m in store.measurements(t.id)} >= {"throughput"}
         assert "vllm.entrypoints.openai.api_server" in t.launch_cmd and t.launch_cmd.startswith("taskset -c 0 ")
     assert trials[2].status in ("kept", "discarded", "needs_approval") and trials[2].score > 0, summary
