@@ -23,7 +23,7 @@ from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg
 
 __all__ = ["build_html_data", "write_html_report"]
 
-GATE_ORDER = ("integrity", "accuracy", "performance")
+GATE_ORDER = ("integrity", "accuracy", "audit", "performance")  # the order a trial meets them
 _INTERVAL_KEYS = ("interval", "ci", "paired_interval")
 
 
