@@ -240,7 +240,7 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
     """Up to `n` measured requests to audit, spread evenly, concurrent scenarios first.
 
     `outputs`: (scenario, its measured requests) per measurement. A request qualifies when it
-    returned at least `min_tokens` token ids and its prompt went out as ids, which the scenario's
+    returned at least `min_tokens` token ids, one for every token counted, and its prompt went out as ids, which the scenario's
     seeded prompt factory gives back exactly (a text or trace prompt does not qualify)."""
     from orchestrator.bench.prompts import PromptFactory, load_tokenizer
 
@@ -254,7 +254,8 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
         factory = PromptFactory(scenario, tok)
         pool = []
         for rec in requests:
-            if not rec.success or len(rec.output_ids) < min_tokens:
+            # Every counted token came back as an id (an event without ids leaves the list short).
+            if not rec.success or len(rec.output_ids) < min_tokens or len(rec.output_ids) != rec.client_tokens:
                 continue
             prompt = factory.make(rec.index).prompt
             if not isinstance(prompt, list) or rec.usage_prompt_tokens not in (None, len(prompt)):

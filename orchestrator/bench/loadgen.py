@@ -68,24 +68,19 @@ def build_payload(api: str, model: str, p: Prompt, mode: ApiMode = ApiMode()) ->
     return mode.body(body)
 
 
-def _token_count(ev: dict[str, Any], chat: bool) -> int | None:
-    """Generated tokens this event carries, from its logprobs (None: the event has no logprobs)."""
+def _logprob_tokens(ev: dict[str, Any], chat: bool) -> list[Any] | None:
+    """The generated tokens this event's logprobs list (None: the event has no logprobs)."""
     ch = ev.get("choices") or ()
     lp = ch[0].get("logprobs") if ch else None
     if not lp:
         return None
-    return len(lp.get("content") or ()) if chat else len(lp.get("tokens") or ())
+    return [c.get("token") for c in lp.get("content") or ()] if chat else list(lp.get("tokens") or ())
 
 
-def _token_ids(ev: dict[str, Any], chat: bool) -> list[int]:
-    """The generated token ids this event carries (``token_id:N``, from ``return_tokens_as_token_ids``)."""
-    ch = ev.get("choices") or ()
-    lp = ch[0].get("logprobs") if ch else None
-    if not lp:
-        return []
-    toks = [c.get("token") for c in lp.get("content") or ()] if chat else lp.get("tokens") or ()
+def _token_ids(tokens: list[Any]) -> list[int]:
+    """Those tokens as ids (``token_id:N``, from ``return_tokens_as_token_ids``); [] when they are text."""
     out = []
-    for t in toks:
+    for t in tokens:
         if not (isinstance(t, str) and t.startswith("token_id:")):
             return []  # tokens as text: this engine does not return ids
         try:
@@ -155,10 +150,10 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes | d
                         rec.t_last_token_ns = t
                         rec.chunk_ns.append(t)
                         parts.append(txt)
-                    n_ids = _token_count(ev, chat)
-                    if n_ids is not None:
-                        rec.client_tokens = (rec.client_tokens or 0) + n_ids
-                        rec.output_ids += _token_ids(ev, chat)
+                    tokens = _logprob_tokens(ev, chat)
+                    if tokens is not None:
+                        rec.client_tokens = (rec.client_tokens or 0) + len(tokens)
+                        rec.output_ids += _token_ids(tokens)
                     for ch in ev.get("choices") or ():
                         rec.finish_reason = ch.get("finish_reason") or rec.finish_reason
                     u = ev.get("usage")
