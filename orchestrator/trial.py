@@ -8,6 +8,8 @@ verdict — kept or discarded — is the controller's, because it depends on the
 from __future__ import annotations
 
 import errno
+import random
+import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -237,7 +239,7 @@ def _run_gates(
 
 
 def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, min_tokens: int) -> list[dict[str, Any]]:
-    """Up to `n` measured requests to audit, spread evenly, concurrent scenarios first.
+    """Up to `n` measured requests to audit, drawn at random, concurrent scenarios first.
 
     `outputs`: (scenario, its measured requests) per measurement. A request qualifies when it
     returned at least `min_tokens` token ids, one for every token counted, and its prompt went out as ids, which the scenario's
@@ -264,11 +266,13 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
         if pool:
             pools.append((scenario.concurrency, pool))
     pools.sort(key=lambda p: -p[0])  # the batched path first: that is where a server can differ
+    # Drawn with a secret seed: the bench's prompts are fixed per scenario, so a fixed choice would
+    # tell a server which prompts to answer honestly.
+    rng = random.Random(secrets.randbits(64))
     picked: list[dict[str, Any]] = []
     for i, (_, pool) in enumerate(pools):
         share = -(-(n - len(picked)) // (len(pools) - i))  # what is left, split over the pools left
-        step = max(1, len(pool) // max(1, share))
-        picked += pool[::step][:share]
+        picked += rng.sample(pool, min(share, len(pool)))
     return picked[:n]
 
 
