@@ -252,8 +252,7 @@ class Store:
         # create_all reads the catalogue (in a deferred transaction the later upgrade deadlocks,
         # and SQLite answers "database is locked" at once, without waiting on the busy timeout).
         # PostgreSQL: a transaction-scoped advisory lock; its DDL is transactional.
-        with self._session("creating the schema") as session:
-            conn = session.connection()  # the session's write transaction (BEGIN IMMEDIATE on SQLite)
+        with self._writer() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
             Base.metadata.create_all(conn)
@@ -261,6 +260,14 @@ class Store:
             stamped = conn.scalar(select(SchemaVersionModel.version).where(SchemaVersionModel.id == 1))
             if stamped is None:
                 conn.execute(SchemaVersionModel.__table__.insert().values(id=1, version=SCHEMA_VERSION))
+
+    @contextmanager
+    def _writer(self) -> Iterator[Connection]:
+        """A connection in a write transaction, committed on success."""
+        with self._engine.connect() as conn:
+            conn.execution_options(infergoal_write=True)
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def _session(self, action: str, *, write: bool = True) -> Iterator[Session]:
