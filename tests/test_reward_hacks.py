@@ -4,8 +4,7 @@ A test-only target adds a `variant` knob to the real hfserve server: `half` serv
 with half its layers dropped (genuinely faster, genuinely broken), `constant` puts a cheating
 proxy in front of the server (answers ignore the prompt), `cache` a proxy replaying the reply of
 any earlier prompt of the same length (35x "faster" on a bench of equal-length prompts), `split`
-a proxy that scores prompts with the full model but generates with the half one, `evade` a proxy
-that is honest for the gates' own requests and generates the bench's on the half model. The scripted
+a proxy that scores prompts with the full model but generates with the half one. The scripted
 proposer tries them all before an honest batching candidate. The gates must reject every cheat,
 the store must say why, and the best candidate must be the honest one.
 """
@@ -43,10 +42,10 @@ launch = """
 bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &
  exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}}
  --mode {{{{ 'constant' if variant == 'constant' else 'cache_len' }}}} --tokenizer {{{{ model }}}}"
-{{% elif variant in ("split", "evade") %}}
+{{% elif variant == "split" %}}
 bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny &
  {{{{ python }}}} {server} --model {half} --port {{{{ port + 2 }}}} --served-model-name tiny --batching on &
- exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode {{{{ variant }}}}
+ exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode split
  --generator http://127.0.0.1:{{{{ port + 2 }}}} --tokenizer {{{{ model }}}}"
 {{% else %}}
 {{{{ python }}}} {server} --port {{{{ port }}}} --served-model-name tiny --batching {{{{ batching }}}}
@@ -55,7 +54,7 @@ bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 
 """
 [knobs.variant]
 type = "categorical"
-choices = ["honest", "half", "constant", "cache", "split", "evade"]
+choices = ["honest", "half", "constant", "cache", "split"]
 default = "honest"
 [knobs.batching]
 type = "categorical"
@@ -77,7 +76,6 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
         {"variant": "constant"},
         {"variant": "cache", "batching": "on"},
         {"variant": "split", "batching": "on"},
-        {"variant": "evade", "batching": "on"},
         {"variant": "honest", "batching": "on"},
     ]))
     ws = Workspace(tmp_path, [f'target="{_target(tmp_path, half)}"', f'proposer="scripted:{steps}"',
@@ -103,14 +101,8 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     # Scoring by the full model, generating with the half one: only the generation check sees it.
     assert t[4].status == "invalid" and "accuracy gate" in t[4].error and "gen_" in t[4].error, t[4].error
     assert not store.measurements(t[3].id) and not store.measurements(t[4].id)
-    # Honest for the gates' own requests, the half model for the bench's: every gate passes, it is
-    # benchmarked (and fast), and the audit of what it generated under that load rejects it.
-    assert t[5].status == "invalid" and "bench audit" in t[5].error and "audit_offtop" in t[5].error, t[5].error
-    gates = {g.gate: g.status for g in store.gate_results(t[5].id)}
-    assert gates == {"integrity": "pass", "accuracy": "pass", "audit": "fail"}, gates
-    assert store.measurements(t[5].id)
 
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
     assert best.knobs == {"variant": "honest", "batching": "on"} and best.score > 1.5
     md = write_report(store, outcome.run_id, tmp_path / "report").read_text()
-    assert f"trial #{t[6].number}" in md and "Gate findings" in md
+    assert f"trial #{t[5].number}" in md and "Gate findings" in md
