@@ -19,6 +19,9 @@ winner enqueued, no search prior: the mechanism before priors), misled-workload 
 other workload), misled-forced (that run's winner relabelled as A's throughput setting, so the
 similarity cannot filter it), misled-adversarial (constructed: B's worst knob set as the winner,
 A's scores mirrored), and random (the same proposer with every trial a random start-up trial).
+With a second source model C (`forge:mid`, another shape: full multi-head attention, 8 narrower
+layers), optimised cold like A: warm-c (C's knowledge base alone) and warm-ac (A's run and C's run
+distilled into one knowledge base, the state after two models).
 Reported: trials to the goal (a miss counts budget + 1), the best score within `--best-within`
 trials, and trials until within 5% of the space's best.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -44,7 +48,7 @@ from orchestrator.store import Store  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
 HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
-MODELS = {"A": "forge:tiny", "B": "forge:small"}
+MODELS = {"A": "forge:tiny", "B": "forge:small", "C": "forge:mid"}
 QUIET_MAX_S = 10.0  # A's knob sets are measured while its run waits: wait briefly for a quiet host
 
 
@@ -94,8 +98,12 @@ def load_rows(*paths: Path) -> list[dict[str, Any]]:
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
                warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
-               stop_at_goal: bool = False) -> dict[str, Any]:
-    """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed)."""
+               stop_at_goal: bool = False, known: tuple[int, float] | None = None) -> dict[str, Any]:
+    """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed).
+
+    `known` (best_within, the space's best): stop once everything `summarise` reports is known (the
+    goal hit, a score within 5% of the space's best, and at least best_within trials). Later trials
+    change none of the reported numbers; stopping there only saves replay time."""
     run = store.create_run(name=label, goal_text=f"improve throughput by {goal_x}x within {budget} trials",
                            goal_json={}, goal_hash=label, target_json={}, config_json={}, host="replay", proposer="search")
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
@@ -121,6 +129,8 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
             hit = n
             if stop_at_goal:
                 break
+        if known and hit and n >= known[0] and within(scores, known[1]):
+            break
     store.set_run_status(run.id, "finished", stop_reason=f"GoalMet: #{hit}" if hit else "BudgetExhausted")
     return {"label": label, "seed": seed, "run_id": run.id, "trials_to_goal": hit or budget + 1, "goal_met": hit is not None,
             "best": round(max([s for s in scores if s is not None], default=1.0), 4), "scores": scores,
@@ -151,13 +161,16 @@ def _live(table_path: Path, model: str, model_dir: str | None, workload: str) ->
 
 
 def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, target: Any, store: Store, kb_dir: Path,
-          seed: int = 0) -> dict[str, Any]:
-    """Model A optimised cold (stops at its goal like the loop), distilled into `kb_dir`."""
-    score = _live(DATA / f"kb_table_tiny_{workload}.jsonl", MODELS["A"], model_dir, workload)
-    res = replay_run(score, target, store, label=f"A-{workload}", seed=seed, budget=budget, goal_x=goal_x, stop_at_goal=True)
+          seed: int = 0, source: str = "A") -> dict[str, Any]:
+    """A source model (A, or C) optimised cold (stops at its goal like the loop), distilled into
+    `kb_dir` by the real write-back (which also sees the entries already there, as a shared
+    knowledge base would)."""
+    model = MODELS[source]
+    score = _live(DATA / f"kb_table_{model.split(':', 1)[1]}_{workload}.jsonl", model, model_dir, workload)
+    res = replay_run(score, target, store, label=f"{source}-{workload}", seed=seed, budget=budget, goal_x=goal_x, stop_at_goal=True)
     score.close()
     kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
-    kb.write_back(store, res["run_id"], engine="hfserve", model=MODELS["A"], hardware=HOST, workload=workload_key([workload], 1.0))
+    kb.write_back(store, res["run_id"], engine="hfserve", model=model, hardware=HOST, workload=workload_key([workload], 1.0))
     return res
 
 
@@ -217,8 +230,13 @@ def main() -> None:
     ap.add_argument("--seed-a", type=int, default=0, help="the seed of A's runs (another seed: another run of A, "
                     "another knowledge base; its knob sets are measured live with --model-a-dir)")
     ap.add_argument("--model-a-dir", help="forge:tiny's directory: measure A's missing knob sets live (real server)")
+    ap.add_argument("--seed-c", type=int, default=0, help="the seed of model C's run (the second source model, "
+                    "forge:mid: arms warm-c and warm-ac)")
+    ap.add_argument("--goal-c", type=float, default=10.0, help="C's throughput goal (10: out of reach, C runs its budget)")
+    ap.add_argument("--model-c-dir", help="forge:mid's directory: measure C's missing knob sets live (real server)")
     ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced",
-                                                  "misled-adversarial", "random"])
+                                                  "misled-adversarial", "random"],
+                    help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--json", type=Path)
@@ -242,8 +260,16 @@ def main() -> None:
     # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
     worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
     adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst) if misled else None
+    two = {"warm-c", "warm-ac"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
+    c_thr = run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_c", seed=args.seed_c,
+                  source="C") if two else None
+    if "warm-ac" in args.arms:  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
+        shutil.copytree(tmp / "kb_a", tmp / "kb_ac")
+        run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_ac", seed=args.seed_c,
+              source="C")
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
-           "misled-forced": forced, "misled-adversarial": adversarial, "random": None}
+           "misled-forced": forced, "misled-adversarial": adversarial, "random": None, "warm-c": tmp / "kb_c",
+           "warm-ac": tmp / "kb_ac"}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
     for arm in args.arms:
@@ -252,14 +278,16 @@ def main() -> None:
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
         priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
-    out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "priors": plans, "fixed": fixed,
+    out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "C": {"throughput": c_thr},
+                           "priors": plans, "fixed": fixed,
                            "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
     for arm in args.arms:
         warm = [p["knobs"] for p in plans[arm]]
         # Seeds 1000 apart: SearchProposer seeds each step with seed + len(history), so seeds 0, 1, 2
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
         out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=1000 * s, budget=args.budget,
-                                       goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random")
+                                       goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random",
+                                       known=(args.best_within, best))
                             for s in range(args.seeds)]
     in_space = {behaviour_key(k, "throughput") for k in knob_grid(target)}
     out["untrusted"] = [k for k in table_b.untrusted if k in in_space]

@@ -65,6 +65,9 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(2048, 128, 4, 4, 2, 384, 1024, train_steps=300),
     "small": Preset(4096, 256, 6, 8, 4, 768, 2048, train_steps=200, lr=2e-3),
+    # A third CPU model of another shape (full multi-head attention, deeper and narrower than
+    # `small`): the second source model of the knowledge-base reuse benchmark (benchmarks/kb_replay.py).
+    "mid": Preset(3072, 192, 8, 6, 6, 512, 1024, train_steps=200, lr=2e-3),
     # Mistral-7B-shaped: for GPU hosts, random weights (the shape is what matters there).
     "7b-shape": Preset(32000, 4096, 32, 32, 8, 14336, 32768, rope_theta=1_000_000.0, train_steps=0),
     # The same shape trained briefly on the GPU (bf16 AdamW) so its logprobs are peaked and the

@@ -99,3 +99,18 @@ def test_live_score_measures_misses_only_when_allowed(tmp_path):
     assert score(B) == pytest.approx(2.5)
     with pytest.raises(SystemExit, match="lacks"):
         score(B | {"threads": 1})
+
+
+def test_stopping_once_the_reported_numbers_are_known_changes_none_of_them(tmp_path):
+    """`known` only cuts the tail of a run: every number `summarise` reports is the same as for the
+    full budget, and the run is shorter (the replay's time)."""
+    t = T.grid_target()
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    best = max(_score(k) for k in T.knob_grid(t))
+    full, cut = [], []
+    for seed in (0, 1000, 2000):
+        full.append(R.replay_run(_score, t, store, label=f"f{seed}", seed=seed, budget=40, goal_x=2.5))
+        cut.append(R.replay_run(_score, t, store, label=f"c{seed}", seed=seed, budget=40, goal_x=2.5, known=(10, best)))
+    assert R.summarise(cut, 10, best) == R.summarise(full, 10, best)
+    assert sum(len(r["scores"]) for r in cut) < sum(len(r["scores"]) for r in full)
+    assert all(len(r["scores"]) >= 10 for r in cut)
