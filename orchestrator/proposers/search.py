@@ -19,7 +19,7 @@ from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SearchProposer", "distributions", "prior_region"]
+__all__ = ["SearchProposer", "distributions", "prior_region", "prior_weight"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -48,6 +48,20 @@ def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDist
 PRIOR_HORIZON = 6
 
 
+def prior_weight(priors: Sequence[dict[str, Any]]) -> float:
+    """How much the priors together are worth, in [0, 1]: 1 - prod(1 - w) over their source entries
+    (each entry's weight is its similarity x status). One source counts its own weight; two runs on
+    other models that each carry weight 0.53 count 0.78, so their joint region is searched longer
+    than either's alone, and never past PRIOR_HORIZON trials."""
+    by_entry: dict[Any, float] = {}
+    for p in priors:
+        by_entry[p.get("entry")] = max(by_entry.get(p.get("entry"), 0.0), float(p["weight"]))
+    miss = 1.0
+    for w in by_entry.values():
+        miss *= 1.0 - min(max(w, 0.0), 1.0)
+    return 1.0 - miss
+
+
 class SearchProposer:
     """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first.
 
@@ -73,7 +87,7 @@ class SearchProposer:
         if any(t.status not in ("kept", "discarded") or (t.score or 0.0) <= 1.0 for t in warm):
             return False  # the transferred winner lost here: the setting differs more than its similarity said
         own = sum(1 for t in history if t.number and t.status in ("kept", "discarded") and t.score)
-        return own < round(PRIOR_HORIZON * max(p["weight"] for p in self.priors))
+        return own < round(PRIOR_HORIZON * prior_weight(self.priors))
 
     def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:
         """The priors as Optuna trials, or none once they stopped fitting this run."""
@@ -170,34 +184,42 @@ def prior_region(priors: Sequence[dict[str, Any]], target: TargetSpec) -> dict[s
     (all within NEAR_TOP of its best). A value the source never measured there stays open: the
     source not having tried it says nothing about it. Narrowing inside the region, rather than over
     all observations, keeps one knob's bad neighbours from condemning another's value (sdpa measured
-    only with tiny batches is not evidence against sdpa with large ones). Sources are joined by
-    union; an empty dict means no narrowing."""
+    only with tiny batches is not evidence against sdpa with large ones).
+
+    Several sources (runs on other models) join knob by knob: what every source still allows, plus
+    every value that was among some source's top results. Where the sources agree, the region stays
+    as narrow as the narrowest of them; where their top results disagree (bfloat16 won on one model,
+    float32 on another), the knob does not transfer between models and every top value stays open.
+    An empty dict means no narrowing."""
     by_entry: dict[Any, list[dict[str, Any]]] = {}
     for p in priors:
         by_entry.setdefault(p.get("entry"), []).append(p)
+    ones = [_region_one(obs, target) for obs in by_entry.values()]
     region: dict[str, Any] = {}
-    for obs in by_entry.values():
-        one = _region_one(obs, target)
-        for name, allowed in one.items():
-            if name not in region:
-                region[name] = allowed
-            elif isinstance(allowed, tuple):
-                region[name] = (min(region[name][0], allowed[0]), max(region[name][1], allowed[1]))
-            else:
-                region[name] = [c for c in target.knobs[name].choices if c in region[name] or c in allowed] \
-                    if target.knobs[name].type == "categorical" else sorted(set(region[name]) | set(allowed), key=repr)
     # A region over fewer sources than there are must not narrow a knob only some of them judged.
-    return {k: v for k, v in region.items() if all(k in _region_one(o, target) for o in by_entry.values())}
+    for name in [n for n in target.knobs if ones and all(n in one for one in ones)]:
+        allowed = [one[name][0] for one in ones]
+        tops = [v for one in ones for v in one[name][1]]
+        if isinstance(allowed[0], tuple):
+            lo, hi = max(a[0] for a in allowed), min(a[1] for a in allowed)
+            lo, hi = (min(lo, *tops), max(hi, *tops)) if lo <= hi else (min(tops), max(tops))
+            region[name] = (lo, hi)
+        else:
+            knob = target.knobs[name]
+            choices = list(knob.choices) if knob.type == "categorical" else [False, True]
+            region[name] = [c for c in choices if all(c in a for a in allowed) or c in tops]
+    return region
 
 
-def _region_one(obs: list[dict[str, Any]], target: TargetSpec) -> dict[str, Any]:
+def _region_one(obs: list[dict[str, Any]], target: TargetSpec) -> dict[str, tuple[Any, list[Any]]]:
+    """knob -> (what this source's evidence allows, the values of its top results)."""
     scored = [o for o in obs if float(o.get("score") or 0.0) > 0.0]
     if len(scored) < 3:
         return {}
     best = max(float(o["score"]) for o in scored)
     top = [o for o in scored if float(o["score"]) >= best * (1 - NEAR_TOP)]
     inside = list(obs)
-    out: dict[str, Any] = {}
+    out: dict[str, tuple[Any, list[Any]]] = {}
     left = list(target.knobs)
     while left:  # a decision tree of top against the rest: the most decisive knob, inside the region so far
         name = min(left, key=lambda n: _decisive(inside, top, n))
@@ -216,7 +238,7 @@ def _region_one(obs: list[dict[str, Any]], target: TargetSpec) -> dict[str, Any]
             below, above = [v for v in lost if v < lo], [v for v in lost if v > hi]
             step = 1 if knob.type == "int" else 0
             allowed = (max(below) + step if below else knob.low, min(above) - step if above else knob.high)
-        out[name] = allowed
+        out[name] = (allowed, sorted(set(good), key=repr))
         inside = [o for o in inside if name not in o["knobs"] or _allows(allowed, o["knobs"][name])]
     return out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator.proposers.search import SearchProposer, prior_region
+from orchestrator.proposers.search import SearchProposer, prior_region, prior_weight
 from orchestrator.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -50,11 +50,43 @@ def test_what_lost_inside_the_region_is_ruled_out_and_what_was_never_tried_there
     assert not any(o["score"] >= 3.2 * 0.9 for o in SOURCE if o["knobs"]["attn"] == "sdpa")
 
 
-def test_no_region_from_too_little_evidence_and_sources_join_by_union():
+def test_no_region_from_too_little_evidence_and_a_knob_whose_top_differs_between_sources_stays_open():
     assert prior_region(SOURCE[:2], TARGET) == {}
     other = [dict(o, entry="finding-b", knobs=o["knobs"] | {"dtype": "float32"}) for o in SOURCE if o["knobs"]["dtype"] == "bfloat16"]
     joined = prior_region(SOURCE + other, TARGET)
     assert joined["dtype"] == ["float32", "bfloat16"] and joined["batching"] == ["on"]
+
+
+# A second source model: batching and large batches won there too, with float32 and 2 threads; it
+# measured 0 and 1 threads and bfloat16 beside its winner, and they lost.
+WIN_B = BASE | {"batching": "on", "max_batch_size": 32, "threads": 2}
+SOURCE_B = [dict(o, entry="finding-b", weight=0.55) for o in [
+    _obs(1.0), _obs(3.0, **WIN_B), _obs(2.9, **WIN_B | {"max_batch_size": 16}), _obs(1.5, **WIN_B | {"max_batch_size": 2}),
+    _obs(1.9, **WIN_B | {"threads": 1}), _obs(1.8, **WIN_B | {"threads": 0}), _obs(2.0, **WIN_B | {"dtype": "bfloat16"})]]
+
+
+def test_two_sources_narrow_where_they_agree_and_open_where_their_tops_differ():
+    alone = prior_region(SOURCE, TARGET)
+    assert alone["threads"] == [0, 1, 2]  # model A's run never measured threads inside its region: open
+    joined = prior_region(SOURCE + SOURCE_B, TARGET)
+    # threads: the second source ruled 0 out, and no source's top used it; 1 stays (A's winner used it)
+    assert joined["threads"] == [1, 2]
+    # the sources' winners disagree on dtype (bfloat16 on A, float32 on the other): both stay open
+    assert joined["dtype"] == ["float32", "bfloat16"]
+    # batch: both agree on large batches; 2 lost on the other source and was never top
+    assert joined["batching"] == ["on"] and joined["max_batch_size"] == [8, 16, 32]
+    # one source's region equals its own narrowing (its tops are inside what it allows)
+    assert prior_region(SOURCE_B, TARGET)["threads"] == [2]
+
+
+def test_two_agreeing_sources_hold_longer_than_one():
+    assert prior_weight(SOURCE) == 0.6 and prior_weight(SOURCE_B) == 0.55
+    assert abs(prior_weight(SOURCE + SOURCE_B) - (1 - 0.4 * 0.45)) < 1e-9
+    store = Store("sqlite://")
+    hist = _run(store, [(WIN_B, 0), (SOURCE[4]["knobs"], 3.0), (SOURCE[5]["knobs"], 3.1), (WIN_B | {"threads": 1}, 2.0)],
+                warm_score=3.0)  # 4 scored trials of its own
+    assert not SearchProposer(priors=SOURCE)._priors_hold(hist)  # horizon 6 x 0.6 = 4 trials
+    assert SearchProposer(priors=SOURCE + SOURCE_B)._priors_hold(hist)  # horizon 6 x 0.82 = 5 trials
 
 
 def _run(store, knobs_scores, warm_score):
