@@ -239,10 +239,13 @@ def main() -> None:
                     help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
+    ap.add_argument("--conditional", action="store_true",
+                    help="declare the knobs server.py ignores inactive (`when`): decode_loop and kv_cache with batching on, "
+                    "max_batch_size with it off (an experiment on the space, not the shipped target)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     fixed = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
-    target = grid_target(fixed=fixed)
+    target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
     store = Store(f"sqlite:///{tmp / 'replay.db'}")
     table_b = Table(load_rows(DATA / "kb_table_small_throughput.jsonl"), MODELS["B"], "throughput")

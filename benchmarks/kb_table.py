@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -73,7 +74,13 @@ METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_m
 __all__ = ["BATCH_GRID", "Measurer", "quiet_blocks", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
 
 
-def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None) -> Any:
+# `grid_target(conditional=True)`: the knobs server.py ignores declared inactive (`when`), in an order
+# where each knob's parent comes first. An experiment (kb_replay.py --conditional), not the shipped target.
+CONDITIONAL = {"decode_loop": {"batching": "off"}, "max_batch_size": {"batching": "on"}, "kv_cache": {"decode_loop": "generate"}}
+CONDITIONAL_ORDER = ("dtype", "batching", "decode_loop", "max_batch_size", "kv_cache", "attn", "threads")
+
+
+def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None, conditional: bool = False) -> Any:
     """The shipped hfserve target with `max_batch_size` categorical on BATCH_GRID (same default);
     `fixed` pins knobs to one value (a smaller space, the launch template unchanged)."""
     from orchestrator.targets import load_target
@@ -85,12 +92,21 @@ def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None) -> Any
     for name, value in (fixed or {}).items():
         knobs[name] = knobs[name].model_copy(update={"type": "categorical", "choices": [value], "default": value,
                                                      "low": None, "high": None, "log": False})
+    if conditional:
+        knobs = {n: knobs[n].model_copy(update={"when": CONDITIONAL.get(n, {})}) for n in CONDITIONAL_ORDER}
     return t.model_copy(update={"knobs": knobs})
 
 
 def knob_grid(target: Any) -> list[dict[str, Any]]:
+    """Every knob set of the space; with conditional knobs, each distinct set of active knobs once."""
+    from orchestrator.targets.space import active_only
+
     names = list(target.knobs)
-    return [dict(zip(names, vals, strict=True)) for vals in itertools.product(*(target.knobs[n].choices for n in names))]
+    out: dict[str, dict[str, Any]] = {}
+    for vals in itertools.product(*(target.knobs[n].choices for n in names)):
+        k = active_only(target, dict(zip(names, vals, strict=True)))
+        out.setdefault(json.dumps(k, sort_keys=True), k)
+    return list(out.values())
 
 
 def behaviour_key(knobs: dict[str, Any], workload: str) -> str:
@@ -99,8 +115,9 @@ def behaviour_key(knobs: dict[str, Any], workload: str) -> str:
     From server.py: batching uses the manual loop and its own cache (`decode_loop`, `kv_cache` do
     nothing with batching on); `max_batch_size` does nothing with batching off and cannot exceed
     the scenario's concurrency (the batch only holds requests in flight); `kv_cache` only acts on
-    `generate()`; `threads` 0 means torch's default, which is HOST_THREADS on the measuring host."""
-    k = dict(knobs)
+    `generate()`; `threads` 0 means torch's default, which is HOST_THREADS on the measuring host.
+    A knob left out (inactive in a conditional space) is at the shipped default."""
+    k = _with_defaults(knobs)
     if k["batching"] == "on":
         k["decode_loop"], k["kv_cache"] = "manual", "-"
         k["max_batch_size"] = min(int(k["max_batch_size"]), CONCURRENCY[workload])
@@ -161,12 +178,22 @@ def _own_cpu(pids: list[int]) -> float:
     return t.user + t.system + sum(_proc_cpu(p) for p in pids)
 
 
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return {n: k.default for n, k in grid_target().knobs.items()}
+
+
+def _with_defaults(knobs: dict[str, Any]) -> dict[str, Any]:
+    return _defaults() | dict(knobs)
+
+
 class Server:
     """One hfserve server launched from the target's template; stopped with its process group."""
 
     def __init__(self, target: Any, knobs: dict[str, Any], model_dir: str, log: Path) -> None:
         self.port = _free_port()
-        argv = target.render(knobs, port=self.port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
+        # a conditional space leaves inactive knobs out: the server gets their defaults (it ignores them)
+        argv = target.render(_with_defaults(knobs), port=self.port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
         t0 = time.time()
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)

@@ -114,3 +114,17 @@ def test_stopping_once_the_reported_numbers_are_known_changes_none_of_them(tmp_p
     assert R.summarise(cut, 10, best) == R.summarise(full, 10, best)
     assert sum(len(r["scores"]) for r in cut) < sum(len(r["scores"]) for r in full)
     assert all(len(r["scores"]) >= 10 for r in cut)
+
+
+def test_the_conditional_space_holds_each_behaviour_once_per_active_knob_set():
+    """`--conditional`: decode_loop and kv_cache exist only with batching off (kv_cache only with
+    generate), max_batch_size only with batching on; a knob set scores as the full one it stands for."""
+    full, cond = T.grid_target(), T.grid_target(conditional=True)
+    grid = T.knob_grid(cond)
+    assert len(grid) == 2 * 3 * 2 * 3 + 2 * 6 * 2 * 3 == 108  # batching off: 36; on: 72
+    on = next(k for k in grid if k["batching"] == "on" and k["max_batch_size"] == 16)
+    assert "decode_loop" not in on and "kv_cache" not in on
+    assert T.behaviour_key(on, "throughput") == T.behaviour_key(full.baseline_knobs() | on, "throughput")
+    assert {T.behaviour_key(k, "throughput") for k in grid} == {T.behaviour_key(k, "throughput") for k in T.knob_grid(full)}
+    argv = cond.render(T._with_defaults(on), port=1, model="M", source="S", python="py")
+    assert "--max-batch-size" in argv and argv[argv.index("--decode-loop") + 1] == "generate"
