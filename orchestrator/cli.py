@@ -157,6 +157,7 @@ def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
     """Run `fn` under the live view. An error before the run row exists is bad input (nothing
     was created); after, the run failed (it is marked so in the store)."""
     from gates.lock import GateTampered
+    from orchestrator import interrupts
     from orchestrator.agent import AgentError
     from orchestrator.errors import one_line
     from orchestrator.hosts import HostError
@@ -165,7 +166,7 @@ def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
     started: list[int] = []
     view = _Progress(budget_trials, as_json)
     try:
-        with view.progress if not as_json else _null():
+        with interrupts.installed(), view.progress if not as_json else _null():
             return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)
     except KeyboardInterrupt:
         _fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")

@@ -19,6 +19,7 @@ from typing import Any
 
 from gates.lock import GateTampered, verify
 from gates.thresholds import section
+from orchestrator import interrupts
 from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
 from orchestrator.proposers import Candidate, Proposer
@@ -137,6 +138,7 @@ class Controller:
         """Resume, run the baseline, then propose and run one trial at a time."""
         self._start()
         while True:
+            interrupts.check()  # a SIGINT swallowed during the last trial stops the run here
             self._check_budget()
             self._sentinel_if_needed()
             t0 = _now()

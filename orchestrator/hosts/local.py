@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.state import snapshot
 
@@ -127,6 +128,7 @@ class LocalHost:
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         t0 = time.monotonic()
         while True:
+            interrupts.check()  # a SIGINT swallowed while the server was spawned (`orchestrator.interrupts`)
             if not self.alive(proc):
                 raise ServerCrashed(f"server exited before it became healthy; last log lines:\n{log_tail(proc.log_path)}")
             try:

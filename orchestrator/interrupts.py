@@ -1,0 +1,53 @@
+"""SIGINT that is never lost while a run is driven.
+
+SIGINT is how a run is stopped cleanly (Ctrl-C, the shell's `/stop`, a pool's supervisor). Python
+turns it into `KeyboardInterrupt` wherever the main thread happens to be, and a few places swallow
+exceptions: an `os.register_at_fork` callback (logging's `_releaseLock`, run in the parent right
+after every `subprocess.Popen`), a `__del__`, a weakref callback. A SIGINT that lands there prints
+"Exception ignored in: ..." and is gone; the run then waits for a server that may never become
+healthy (seen in a full test run: the signal arrived while the trial's server was being spawned).
+
+`install()` records each SIGINT before raising; `check()`, called where the run waits (the server's
+health wait, each step of the loop), raises it again when it was swallowed. While a
+`KeyboardInterrupt` is already being handled (the clean-up after one), `check()` does nothing, so
+tearing servers down is never interrupted twice.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["check", "installed"]
+
+_pending = False
+
+
+def _handler(signum: int, frame: Any) -> None:
+    global _pending
+    _pending = True
+    raise KeyboardInterrupt
+
+
+def check() -> None:
+    """Raise `KeyboardInterrupt` for a SIGINT whose exception was swallowed (once)."""
+    global _pending
+    if _pending and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+        _pending = False
+        raise KeyboardInterrupt
+
+
+@contextmanager
+def installed() -> Iterator[None]:
+    """The recording SIGINT handler for the duration of a run (the previous one restored after)."""
+    global _pending
+    previous = signal.signal(signal.SIGINT, _handler)
+    _pending = False
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _pending = False
