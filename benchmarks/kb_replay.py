@@ -99,7 +99,8 @@ def load_rows(*paths: Path) -> list[dict[str, Any]]:
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
                warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
-               stop_at_goal: bool = False, known: tuple[int, float] | None = None, swap: bool = False) -> dict[str, Any]:
+               stop_at_goal: bool = False, known: tuple[int, float] | None = None, swap: bool = False,
+               swap_priors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed).
 
     `known` (best_within, the space's best): stop once everything `summarise` reports is known (the
@@ -111,6 +112,8 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
     cls = SwapProposer if swap else SearchProposer
     proposer = cls(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4)
+    if swap:
+        proposer.swap_priors = swap_priors
     best, scores, hit = 1.0, [], None
     for n in range(1, budget + 1):
         cand = proposer.propose(store.list_trials(run.id), target)
@@ -209,7 +212,10 @@ def local_swaps(priors: list[dict[str, Any]], history: list[Any]) -> list[tuple[
 
 
 class SwapProposer(SearchProposer):
-    """SearchProposer with `local_swaps` tried after the warm starts, while the priors hold."""
+    """SearchProposer with `local_swaps` tried after the warm starts, while the priors hold.
+    `swap_priors`: the observations the swaps are ranked from (default: the priors)."""
+
+    swap_priors: list[dict[str, Any]] | None = None
 
     def propose(self, history: Any, target: Any) -> Any:
         from orchestrator.proposers.base import Candidate, knob_key
@@ -218,7 +224,7 @@ class SwapProposer(SearchProposer):
         if cand is None or cand.rationale.startswith("warm start") or not self._priors_hold(history):
             return cand
         seen = {knob_key(t.knobs) for t in history}
-        for knobs, why in local_swaps(self.priors, list(history)):
+        for knobs, why in local_swaps(self.swap_priors or self.priors, list(history)):
             knobs = target.validate_knobs(knobs)
             if knob_key(knobs) not in seen:
                 return Candidate(knobs=knobs, rationale=why, proposer=self.name)
@@ -357,16 +363,16 @@ def main() -> None:
     # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
     worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
     adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst) if misled else None
-    two = {"warm-c", "warm-ac", "warm-ac-swap"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
+    two = {"warm-c", "warm-ac", "warm-ac-swap", "warm-ac-swap-clean"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
     c_thr = run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_c", seed=args.seed_c,
                   source="C") if two else None
-    if {"warm-ac", "warm-ac-swap"} & set(args.arms):  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
+    if {"warm-ac", "warm-ac-swap", "warm-ac-swap-clean"} & set(args.arms):  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
         shutil.copytree(tmp / "kb_a", tmp / "kb_ac")
         run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_ac", seed=args.seed_c,
               source="C")
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
            "misled-forced": forced, "misled-adversarial": adversarial, "random": None, "warm-c": tmp / "kb_c",
-           "warm-ac": tmp / "kb_ac", "warm-ac-swap": tmp / "kb_ac"}
+           "warm-ac": tmp / "kb_ac", "warm-ac-swap": tmp / "kb_ac", "warm-ac-swap-clean": tmp / "kb_ac"}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
     for arm in args.arms:
@@ -375,6 +381,13 @@ def main() -> None:
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
         priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
+    # "warm-ac-swap-clean": the probes rank the swaps only; the region and the TPE prior never see them
+    from orchestrator.proposers.base import knob_key
+
+    probed = {knob_key(t.knobs) for r in store.list_runs() for t in store.list_trials(r.id) if (t.rationale or "").startswith("probe")}
+    swap_priors = {arm: priors[arm] for arm in args.arms}
+    if "warm-ac-swap-clean" in args.arms:
+        priors["warm-ac-swap-clean"] = [p for p in priors["warm-ac-swap-clean"] if knob_key(p["knobs"]) not in probed]
     out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "C": {"throughput": c_thr},
                            "priors": plans, "fixed": fixed,
                            "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
@@ -384,7 +397,8 @@ def main() -> None:
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
         out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=1000 * s, budget=args.budget,
                                        goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random",
-                                       known=(args.best_within, best), swap=arm == "warm-ac-swap")
+                                       known=(args.best_within, best), swap=arm.startswith("warm-ac-swap"),
+                                       swap_priors=swap_priors[arm])
                             for s in range(args.seeds)]
     in_space = {behaviour_key(k, "throughput") for k in knob_grid(target)}
     out["untrusted"] = [k for k in table_b.untrusted if k in in_space]
