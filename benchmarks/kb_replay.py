@@ -42,7 +42,7 @@ from kb_table import PRIMARY, Measurer, behaviour_key, grid_target, knob_grid, q
 
 from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
 from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
-from orchestrator.proposers.search import SearchProposer  # noqa: E402
+from orchestrator.proposers.search import SearchProposer, by_entry  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -182,12 +182,10 @@ def local_swaps(priors: list[dict[str, Any]], history: list[Any]) -> list[tuple[
     PROBE_MIN_EFFECT (unmeasured ones after them), largest effect first."""
     from orchestrator.proposers.base import knob_key
 
-    by_entry: dict[Any, list[dict[str, Any]]] = {}
-    for p in priors:
-        by_entry.setdefault(p.get("entry"), []).append(p)
-    if len(by_entry) < 2:
+    sources = by_entry(priors)
+    if len(sources) < 2:
         return []
-    winners = {e: max(obs, key=lambda o: float(o["score"])) for e, obs in by_entry.items()}
+    winners = {e: max(obs, key=lambda o: float(o["score"])) for e, obs in sources.items()}
     here = {knob_key(t.knobs): t.score for t in history if (t.rationale or "").startswith("warm start")
             and t.status in ("kept", "discarded") and t.score}
     scored = [(here[knob_key(w["knobs"])], e) for e, w in winners.items() if knob_key(w["knobs"]) in here]
@@ -195,7 +193,7 @@ def local_swaps(priors: list[dict[str, Any]], history: list[Any]) -> list[tuple[
         return []
     base = winners[max(scored)[1]]["knobs"]
     effect: dict[str, float | None] = {}
-    for e, obs in by_entry.items():
+    for e, obs in sources.items():
         w = winners[e]
         for o in obs:
             diff = [k for k in w["knobs"] if o["knobs"].get(k) != w["knobs"][k]]
@@ -265,9 +263,14 @@ def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, targ
     if PROBE:
         res["probes"] = probe_winner(score, target, store, res["run_id"])
     score.close()
-    kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
-    kb.write_back(store, res["run_id"], engine="hfserve", model=model, hardware=HOST, workload=workload_key([workload], 1.0))
+    distill_into(kb_dir, store, res["run_id"], model, workload)
     return res
+
+
+def distill_into(kb_dir: Path, store: Store, run_id: int, model: str, workload: str) -> None:
+    """The run distilled into `kb_dir` by the real write-back (which sees the entries already there)."""
+    kb = KnowledgeBase([kb_dir], write_dir=kb_dir)
+    kb.write_back(store, run_id, engine="hfserve", model=model, hardware=HOST, workload=workload_key([workload], 1.0))
 
 
 def forced_kb(src: Path, dst: Path, applies_from: Path) -> Path:
@@ -368,8 +371,7 @@ def main() -> None:
                   source="C") if two else None
     if {"warm-ac", "warm-ac-swap", "warm-ac-swap-clean"} & set(args.arms):  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
         shutil.copytree(tmp / "kb_a", tmp / "kb_ac")
-        run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_ac", seed=args.seed_c,
-              source="C")
+        distill_into(tmp / "kb_ac", store, c_thr["run_id"], MODELS["C"], "throughput")
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
            "misled-forced": forced, "misled-adversarial": adversarial, "random": None, "warm-c": tmp / "kb_c",
            "warm-ac": tmp / "kb_ac", "warm-ac-swap": tmp / "kb_ac", "warm-ac-swap-clean": tmp / "kb_ac"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import random
-import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -268,7 +267,7 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
     pools.sort(key=lambda p: -p[0])  # the batched path first: that is where a server can differ
     # Drawn with a secret seed: the bench's prompts are fixed per scenario, so a fixed choice would
     # tell a server which prompts to answer honestly.
-    rng = random.Random(secrets.randbits(64))
+    rng = random.SystemRandom()
     picked: list[dict[str, Any]] = []
     for i, (_, pool) in enumerate(pools):
         share = -(-(n - len(picked)) // (len(pools) - i))  # what is left, split over the pools left

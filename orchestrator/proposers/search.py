@@ -19,7 +19,7 @@ from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SearchProposer", "distributions", "prior_region", "prior_weight"]
+__all__ = ["SearchProposer", "by_entry", "distributions", "prior_region", "prior_weight"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -53,13 +53,18 @@ def prior_weight(priors: Sequence[dict[str, Any]]) -> float:
     (each entry's weight is its similarity x status). One source counts its own weight; two runs on
     other models that each carry weight 0.53 count 0.78, so their joint region is searched longer
     than either's alone, and never past PRIOR_HORIZON trials."""
-    by_entry: dict[Any, float] = {}
-    for p in priors:
-        by_entry[p.get("entry")] = max(by_entry.get(p.get("entry"), 0.0), float(p["weight"]))
     miss = 1.0
-    for w in by_entry.values():
-        miss *= 1.0 - min(max(w, 0.0), 1.0)
+    for obs in by_entry(priors).values():
+        miss *= 1.0 - min(max(max(float(o["weight"]) for o in obs), 0.0), 1.0)
     return 1.0 - miss
+
+
+def by_entry(priors: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """The prior observations grouped by their source entry (one source run each)."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    for p in priors:
+        out.setdefault(p.get("entry"), []).append(p)
+    return out
 
 
 class SearchProposer:
@@ -191,10 +196,7 @@ def prior_region(priors: Sequence[dict[str, Any]], target: TargetSpec) -> dict[s
     as narrow as the narrowest of them; where their top results disagree (bfloat16 won on one model,
     float32 on another), the knob does not transfer between models and every top value stays open.
     An empty dict means no narrowing."""
-    by_entry: dict[Any, list[dict[str, Any]]] = {}
-    for p in priors:
-        by_entry.setdefault(p.get("entry"), []).append(p)
-    ones = [_region_one(obs, target) for obs in by_entry.values()]
+    ones = [_region_one(obs, target) for obs in by_entry(priors).values()]
     region: dict[str, Any] = {}
     # A region over fewer sources than there are must not narrow a knob only some of them judged.
     for name in [n for n in target.knobs if ones and all(n in one for one in ones)]:
