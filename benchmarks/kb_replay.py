@@ -21,7 +21,9 @@ similarity cannot filter it), misled-adversarial (constructed: B's worst knob se
 A's scores mirrored), and random (the same proposer with every trial a random start-up trial).
 With a second source model C (`forge:mid`, another shape: full multi-head attention, 8 narrower
 layers), optimised cold like A: warm-c (C's knowledge base alone) and warm-ac (A's run and C's run
-distilled into one knowledge base, the state after two models).
+distilled into one knowledge base, the state after two models). An experiment, not the product's
+mechanism (--probe-winner): source runs end with their winner's one-knob neighbours, and arms
+warm-ac-swap / warm-ac-swap-clean try one-knob swaps between the source winners first.
 Reported: trials to the goal (a miss counts budget + 1), the best score within `--best-within`
 trials, and trials until within 5% of the space's best.
 """
@@ -335,7 +337,9 @@ def main() -> None:
     ap.add_argument("--model-c-dir", help="forge:mid's directory: measure C's missing knob sets live (real server)")
     ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced",
                                                   "misled-adversarial", "random"],
-                    help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base)")
+                    help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base); "
+                    "with --probe-winner, warm-ac-swap and warm-ac-swap-clean (the experiment's swaps; -clean keeps the "
+                    "probes out of the region and the TPE prior)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--conditional", action="store_true",
