@@ -21,9 +21,9 @@ similarity cannot filter it), misled-adversarial (constructed: B's worst knob se
 A's scores mirrored), and random (the same proposer with every trial a random start-up trial).
 With a second source model C (`forge:mid`, another shape: full multi-head attention, 8 narrower
 layers), optimised cold like A: warm-c (C's knowledge base alone) and warm-ac (A's run and C's run
-distilled into one knowledge base, the state after two models). An experiment, not the product's
-mechanism (--probe-winner): source runs end with their winner's one-knob neighbours, and arms
-warm-ac-swap / warm-ac-swap-clean try one-knob swaps between the source winners first.
+distilled into one knowledge base, the state after two models). With --probe-winner N the source
+runs end like `infergoal goal --probe-winner N`: their winner's one-knob neighbours are measured
+and distilled as probes, and warm-ac's search then tries the one-knob swaps they rank.
 Reported: trials to the goal (a miss counts budget + 1), the best score within `--best-within`
 trials, and trials until within 5% of the space's best.
 """
@@ -40,15 +40,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kb_table import PRIMARY, Measurer, behaviour_key, grid_target, knob_grid, quiet_blocks, trusted  # noqa: E402
+from kb_table import PRIMARY, TARGET, Measurer, behaviour_key, grid_target, knob_grid, quiet_blocks, trusted  # noqa: E402
 
 from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
 from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
-from orchestrator.proposers.search import SearchProposer, by_entry  # noqa: E402
+from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
-PROBE = False  # --probe-winner (an experiment)
+PROBES = 0  # --probe-winner N: source runs end with up to N probes of their winner
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
 HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
 MODELS = {"A": "forge:tiny", "B": "forge:small", "C": "forge:mid"}
@@ -101,8 +101,7 @@ def load_rows(*paths: Path) -> list[dict[str, Any]]:
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
                warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
-               stop_at_goal: bool = False, known: tuple[int, float] | None = None, swap: bool = False,
-               swap_priors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               stop_at_goal: bool = False, known: tuple[int, float] | None = None) -> dict[str, Any]:
     """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed).
 
     `known` (best_within, the space's best): stop once everything `summarise` reports is known (the
@@ -112,10 +111,7 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
                            goal_json={}, goal_hash=label, target_json={}, config_json={}, host="replay", proposer="search")
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
-    cls = SwapProposer if swap else SearchProposer
-    proposer = cls(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4)
-    if swap:
-        proposer.swap_priors = swap_priors
+    proposer = SearchProposer(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4)
     best, scores, hit = 1.0, [], None
     for n in range(1, budget + 1):
         cand = proposer.propose(store.list_trials(run.id), target)
@@ -144,91 +140,36 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
             "warm": [dict(k) for k in warm], "priors": len(priors)}
 
 
-# --- experiment (--probe-winner, arm warm-ac-swap): not the product's mechanism -------------------
-PROBE_MIN_EFFECT = 0.05  # a one-knob change that moved the source's winner by less did nothing there
-
-
-def probe_winner(score: Any, target: Any, store: Store, run_id: int) -> int:
-    """After a source run: its winner's one-knob neighbours (every other value of a categorical
-    knob, the adjacent sizes of the batch grid), measured like any trial. Returns how many."""
+def probe_winner(score: Any, target: Any, store: Store, run_id: int, limit: int) -> int:
+    """After a source run: its winner's one-knob neighbours (the product's `neighbours`, at most
+    `limit`), recorded as the controller's `probe` trials: never kept, kept out of the search's
+    observations by the write-back, and used by the next model's search to rank swaps. Returns how many."""
+    from orchestrator.controller import PROBE
     from orchestrator.proposers.base import knob_key
+    from orchestrator.proposers.search import neighbours
+    from orchestrator.targets import load_target
 
     trials = store.list_trials(run_id)
-    win = max((t for t in trials if t.status in ("kept", "discarded") and t.score), key=lambda t: t.score).knobs
+    best = store.get_trial(store.get_run(run_id).best_trial_id)
+    if best is None or best.number == 0:
+        return 0
     seen, n, added = {knob_key(t.knobs) for t in trials}, max(t.number for t in trials), 0
-    for name, knob in target.knobs.items():
-        choices = list(knob.choices)
-        i = choices.index(win[name])
-        others = [choices[j] for j in (i - 1, i + 1) if 0 <= j < len(choices)] if name == "max_batch_size" else \
-            [c for c in choices if c != win[name]]
-        for v in others:
-            k = dict(win) | {name: v}
-            if knob_key(k) in seen:
-                continue
-            seen.add(knob_key(k))
-            n += 1
-            t = store.create_trial(run_id, n, commit="base", knobs=k, rationale=f"probe: the winner with {name}={v!r}",
-                                   proposer="search")
-            r = score(k)
-            if r is None:
-                store.finish_trial(t.id, "failed", error="the server did not start or failed the bench")
-            else:
-                store.finish_trial(t.id, "discarded", score=r, objective={"score": r})
-            added += 1
+    # The shipped target's neighbours (its max_batch_size is an int knob on a log scale: x2 and /2),
+    # as the product computes them, inside the replayed space.
+    for name, value, k in neighbours(load_target(TARGET), dict(best.knobs)):
+        if added >= limit or knob_key(k) in seen or any(k[x] not in target.knobs[x].choices for x in k):
+            continue
+        seen.add(knob_key(k))
+        n += 1
+        t = store.create_trial(run_id, n, commit="base", knobs=k, rationale=f"probe: the winner with {name}={value!r}",
+                               proposer=PROBE)
+        r = score(k)
+        if r is None:
+            store.finish_trial(t.id, "failed", error="the server did not start or failed the bench")
+        else:
+            store.finish_trial(t.id, "discarded", score=r, objective={"score": r})
+        added += 1
     return added
-
-
-def local_swaps(priors: list[dict[str, Any]], history: list[Any]) -> list[tuple[dict[str, Any], str]]:
-    """The transferred winner that scored best here, with one knob at a time set to another source
-    winner's value: only knobs whose one-knob change moved some source's winner by at least
-    PROBE_MIN_EFFECT (unmeasured ones after them), largest effect first."""
-    from orchestrator.proposers.base import knob_key
-
-    sources = by_entry(priors)
-    if len(sources) < 2:
-        return []
-    winners = {e: max(obs, key=lambda o: float(o["score"])) for e, obs in sources.items()}
-    here = {knob_key(t.knobs): t.score for t in history if (t.rationale or "").startswith("warm start")
-            and t.status in ("kept", "discarded") and t.score}
-    scored = [(here[knob_key(w["knobs"])], e) for e, w in winners.items() if knob_key(w["knobs"]) in here]
-    if not scored:
-        return []
-    base = winners[max(scored)[1]]["knobs"]
-    effect: dict[str, float | None] = {}
-    for e, obs in sources.items():
-        w = winners[e]
-        for o in obs:
-            diff = [k for k in w["knobs"] if o["knobs"].get(k) != w["knobs"][k]]
-            if len(diff) == 1:
-                moved = abs(float(w["score"]) - float(o["score"])) / float(w["score"])
-                effect[diff[0]] = max(effect.get(diff[0]) or 0.0, moved)
-    out = []
-    for w in winners.values():
-        for k, v in w["knobs"].items():
-            if base.get(k) != v and (effect.get(k) is None or effect[k] >= PROBE_MIN_EFFECT):
-                out.append((-(effect.get(k) if effect.get(k) is not None else PROBE_MIN_EFFECT / 2), k, v))
-    out.sort(key=lambda x: x[0])
-    return [(base | {k: v}, f"swap: the best transferred winner here with {k}={v!r}") for _, k, v in out[:3]]
-
-
-class SwapProposer(SearchProposer):
-    """SearchProposer with `local_swaps` tried after the warm starts, while the priors hold.
-    `swap_priors`: the observations the swaps are ranked from (default: the priors)."""
-
-    swap_priors: list[dict[str, Any]] | None = None
-
-    def propose(self, history: Any, target: Any) -> Any:
-        from orchestrator.proposers.base import Candidate, knob_key
-
-        cand = super().propose(history, target)
-        if cand is None or cand.rationale.startswith("warm start") or not self._priors_hold(history):
-            return cand
-        seen = {knob_key(t.knobs) for t in history}
-        for knobs, why in local_swaps(self.swap_priors or self.priors, list(history)):
-            knobs = target.validate_knobs(knobs)
-            if knob_key(knobs) not in seen:
-                return Candidate(knobs=knobs, rationale=why, proposer=self.name)
-        return cand
 
 
 def within(scores: list[float | None], target_value: float) -> int | None:
@@ -262,8 +203,8 @@ def run_a(workload: str, goal_x: float, budget: int, model_dir: str | None, targ
     model = MODELS[source]
     score = _live(DATA / f"kb_table_{model.split(':', 1)[1]}_{workload}.jsonl", model, model_dir, workload)
     res = replay_run(score, target, store, label=f"{source}-{workload}", seed=seed, budget=budget, goal_x=goal_x, stop_at_goal=True)
-    if PROBE:
-        res["probes"] = probe_winner(score, target, store, res["run_id"])
+    if PROBES:
+        res["probes"] = probe_winner(score, target, store, res["run_id"], PROBES)
     score.close()
     distill_into(kb_dir, store, res["run_id"], model, workload)
     return res
@@ -337,20 +278,20 @@ def main() -> None:
     ap.add_argument("--model-c-dir", help="forge:mid's directory: measure C's missing knob sets live (real server)")
     ap.add_argument("--arms", nargs="+", default=["cold", "warm", "warm-enqueue-only", "misled-workload", "misled-forced",
                                                   "misled-adversarial", "random"],
-                    help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base); "
-                    "with --probe-winner, warm-ac-swap and warm-ac-swap-clean (the experiment's swaps; -clean keeps the "
-                    "probes out of the region and the TPE prior)")
+                    help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base; "
+                    "with --probe-winner, its search tries the swaps the probes rank), misled-ac-workload (A's and C's "
+                    "runs on the other workload), misled-ac-adversarial (two constructed adversaries)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--conditional", action="store_true",
                     help="declare the knobs server.py ignores inactive (`when`): decode_loop and kv_cache with batching on, "
                     "max_batch_size with it off (an experiment on the space, not the shipped target)")
-    ap.add_argument("--probe-winner", action="store_true", help="experiment: each source run ends by measuring its "
-                    "winner's one-knob neighbours (arm warm-ac-swap uses them to pick which knob to change)")
+    ap.add_argument("--probe-winner", type=int, default=0, metavar="N", help="each source run ends by measuring up to N "
+                    "one-knob neighbours of its winner, like `infergoal goal --probe-winner N` (0: off)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    global PROBE
-    PROBE = args.probe_winner
+    global PROBES
+    PROBES = args.probe_winner
     fixed = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
@@ -370,15 +311,15 @@ def main() -> None:
     # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
     worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
     adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst) if misled else None
-    two = {"warm-c", "warm-ac", "warm-ac-swap", "warm-ac-swap-clean"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
+    two = {"warm-c", "warm-ac"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
     c_thr = run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_c", seed=args.seed_c,
                   source="C") if two else None
-    if {"warm-ac", "warm-ac-swap", "warm-ac-swap-clean"} & set(args.arms):  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
+    if "warm-ac" in args.arms:  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
         shutil.copytree(tmp / "kb_a", tmp / "kb_ac")
         distill_into(tmp / "kb_ac", store, c_thr["run_id"], MODELS["C"], "throughput")
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
            "misled-forced": forced, "misled-adversarial": adversarial, "random": None, "warm-c": tmp / "kb_c",
-           "warm-ac": tmp / "kb_ac", "warm-ac-swap": tmp / "kb_ac", "warm-ac-swap-clean": tmp / "kb_ac"}
+           "warm-ac": tmp / "kb_ac"}
     here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
     for arm in args.arms:
@@ -387,13 +328,6 @@ def main() -> None:
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
         priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
-    # "warm-ac-swap-clean": the probes rank the swaps only; the region and the TPE prior never see them
-    from orchestrator.proposers.base import knob_key
-
-    probed = {knob_key(t.knobs) for r in store.list_runs() for t in store.list_trials(r.id) if (t.rationale or "").startswith("probe")}
-    swap_priors = {arm: priors[arm] for arm in args.arms}
-    if "warm-ac-swap-clean" in args.arms:
-        priors["warm-ac-swap-clean"] = [p for p in priors["warm-ac-swap-clean"] if knob_key(p["knobs"]) not in probed]
     out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "C": {"throughput": c_thr},
                            "priors": plans, "fixed": fixed,
                            "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
@@ -403,8 +337,7 @@ def main() -> None:
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
         out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=1000 * s, budget=args.budget,
                                        goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random",
-                                       known=(args.best_within, best), swap=arm.startswith("warm-ac-swap"),
-                                       swap_priors=swap_priors[arm])
+                                       known=(args.best_within, best))
                             for s in range(args.seeds)]
     in_space = {behaviour_key(k, "throughput") for k in knob_grid(target)}
     out["untrusted"] = [k for k in table_b.untrusted if k in in_space]

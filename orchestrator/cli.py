@@ -225,6 +225,10 @@ def goal(
     proposer: str = typer.Option("", "--proposer", "-p", help="search (default), claude, hybrid or scripted:FILE.json."),
     agent: str = typer.Option("", "--agent", help="Use the code agent: `claude` (same as --proposer claude; with --proposer hybrid, the hybrid)."),
     seed: int | None = typer.Option(None, "--seed", help="Search seed."),
+    probe_winner: int | None = typer.Option(None, "--probe-winner", min=0, max=100, metavar="N",
+                                            help="After the stop, measure up to N one-knob neighbours of the winner for "
+                                            "the knowledge base (which knob moved it, by how much); the next model's "
+                                            "run swaps the knobs that mattered. Default 0 (config `probe_winner`)."),
     name: str = typer.Option("", "--name", help="Run name."),
     no_report: bool = typer.Option(False, "--no-report", help="Skip writing the report at the end."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
@@ -246,6 +250,7 @@ def goal(
     extra += [f"host={json.dumps(host)}"] if host else []
     extra += [f"proposer={json.dumps(proposer)}"] if proposer else []
     extra += [f"seed={seed}"] if seed is not None else []
+    extra += [f"probe_winner={probe_winner}"] if probe_winner is not None else []
     STATE.overrides = [*STATE.overrides, *extra]
     ws = _ws()
     from orchestrator.targets import TargetError, load_target

@@ -33,7 +33,8 @@ CONFIRM = "confirm"  # runs before paired confirmation: one clean relaunch
 SENTINEL = "sentinel"
 BASELINES = ("baseline", SENTINEL)
 RETRY = "retry"
-NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL)
+PROBE = "probe"  # after the stop: the winner's one-knob neighbours, measured for the knowledge base
+NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL, PROBE)
 """"Proposers" of trials the loop adds itself that are never the best."""
 LOOP_ADDED = (*NOT_SEARCH, RETRY)
 """Trials the loop adds itself: not counted in the trial budget, not shown to the proposer."""
@@ -82,10 +83,12 @@ class Controller:
 
     def __init__(
         self, ctx: TrialContext, proposer: Proposer, *, repeats: int = 1, baseline_repeats: int = 2,
-        min_gain: float = 0.03, on_trial: Any = None,
+        min_gain: float = 0.03, on_trial: Any = None, probe: int = 0,
     ) -> None:
         self.ctx, self.proposer, self.store = ctx, proposer, ctx.store
         self.repeats, self.baseline_repeats, self.min_gain = repeats, baseline_repeats, min_gain
+        self.probe = probe
+        """After the stop, measure up to this many one-knob neighbours of the winner (`_probe_winner`)."""
         self.on_trial = on_trial or (lambda trial: None)
 
     # --- the loop ------------------------------------------------------------------------
@@ -95,14 +98,13 @@ class Controller:
         self.store.set_run_status(run_id, "running")
         try:
             verify()
-            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust)
-            if refusal:
-                raise Refused(refusal)
-            self._loop()
-        except StopRun as stop:
-            reason = f"{type(stop).__name__}: {stop}"
-            if not isinstance(stop, (GoalMet, Refused)):
-                reason = self._confirm_best(reason)
+            reason = self._decided()  # resumed while probing: the stop was decided before
+            if reason is None:
+                reason = self._search()
+            else:
+                self._redo_unfinished()
+            if self.probe and not reason.startswith(("Refused", "StopRun")):
+                self._probe_winner(reason)
             self.store.set_run_status(run_id, "finished", stop_reason=reason)
             self.store.add_event(run_id, "stop", reason)
             return reason
@@ -123,16 +125,63 @@ class Controller:
                 pass
             raise OSError(e.errno, f"disk full ({e.filename or e}); free space, then `infergoal resume` continues the run") from e
 
+    def _search(self) -> str:
+        """The loop until a stop; the stop reason (a stop without a met goal confirms the best first)."""
+        try:
+            refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust)
+            if refusal:
+                raise Refused(refusal)
+            self._loop()
+        except StopRun as stop:
+            reason = f"{type(stop).__name__}: {stop}"
+            if not isinstance(stop, (GoalMet, Refused)):
+                reason = self._confirm_best(reason)
+            return reason
+        raise AssertionError("the loop ends only with a stop")  # pragma: no cover
+
+    # --- after the stop: probes for the knowledge base ----------------------------------------
+    def _decided(self) -> str | None:
+        """The stop reason of a run that was interrupted while probing its winner (resume finishes the probes)."""
+        events = self.store.events(self.ctx.run_id, kind="probe.start")
+        return events[-1].message if events else None
+
+    def _probe_winner(self, reason: str) -> None:
+        """Measure the winner's one-knob neighbours (at most `probe`), each judged like a candidate
+        against the newest baseline but never kept: they are evidence for the knowledge base (which
+        knob moved the winner, and by how much), not answers. The stop is recorded first, so a
+        resume finishes the probes and keeps the stop. Knob sets the run measured already count."""
+        from orchestrator.proposers.base import knob_key
+        from orchestrator.proposers.search import neighbours
+
+        run = self.store.get_run(self.ctx.run_id)
+        best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
+        if best is None or best.number == 0:
+            return  # no winner: nothing to probe
+        if self._decided() is None:
+            self.store.add_event(self.ctx.run_id, "probe.start", reason, data={"winner": best.number, "limit": self.probe})
+        seen = {knob_key(t.knobs) for t in self._history() if t.status != "running"}
+        todo = [(k, v, knobs) for k, v, knobs in neighbours(self.ctx.target, dict(best.knobs)) if knob_key(knobs) not in seen]
+        done = sum(1 for t in self._history() if t.proposer == PROBE)
+        for knob, value, knobs in todo[: max(self.probe - done, 0)]:
+            interrupts.check()
+            self._sentinel_if_needed()
+            c = Candidate(knobs, commit=best.commit, rationale=f"probe: the winner #{best.number} with {knob}={value!r}",
+                          proposer=PROBE)
+            self._execute(self._create(c), c)
+
     def _start(self) -> None:
         """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here."""
-        for trial in self.store.unfinished_trials(self.ctx.run_id):  # resume: redo what a kill interrupted
-            self.store.add_event(self.ctx.run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
-            self.store.reset_trial(trial.id)
-            self._execute(trial, _candidate_of(trial))
+        self._redo_unfinished()
         if not self.store.list_trials(self.ctx.run_id):
             baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer="baseline")
             self._execute(self._create(baseline), baseline)
         self._baseline()  # raises if the baseline failed, before a trial is created that never runs
+
+    def _redo_unfinished(self) -> None:
+        for trial in self.store.unfinished_trials(self.ctx.run_id):  # resume: redo what a kill interrupted
+            self.store.add_event(self.ctx.run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
+            self.store.reset_trial(trial.id)
+            self._execute(trial, _candidate_of(trial))
 
     def _loop(self) -> None:
         """Resume, run the baseline, then propose and run one trial at a time."""
@@ -216,7 +265,7 @@ class Controller:
                 raise Refused(refusal)
         finished = self.store.get_trial(trial.id)
         self.on_trial(finished)
-        if status == "invalid" and "host busier than at the baseline" in (result.error or "") and trial.proposer != RETRY:
+        if status == "invalid" and "host busier than at the baseline" in (result.error or "") and trial.proposer not in (RETRY, PROBE):
             # The host stayed busier than when the baseline was measured: the baseline is what is stale.
             # Measure it again, then give the candidate one more chance against it.
             self._sentinel(f"host stayed busier during #{trial.number}")
@@ -237,7 +286,7 @@ class Controller:
             return r.status_hint, None, objective, False
         if baseline is None:
             return "kept", 1.0, objective, False
-        if trial.proposer == CONFIRM:  # a run from before paired confirmation, resumed
+        if trial.proposer in (CONFIRM, PROBE):  # a run from before paired confirmation, resumed; a probe
             return "discarded", self._score(r, baseline), objective, False
         score = self._score(r, baseline)
         perf = self._perf_gate(r, baseline)

@@ -254,13 +254,18 @@ def _drive(
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if priors and not store.list_trials(run_id):
-        store.add_event(run_id, "kb.priors", f"{len(priors)} knob set(s) measured on similar settings steer the search",
-                        data={"entries": sorted({p["entry"] for p in priors}), "weight": max(p["weight"] for p in priors)})
+        from orchestrator.proposers.search import prior_weight
+
+        own = [p for p in priors if not p.get("probe")]
+        store.add_event(run_id, "kb.priors", f"{len(own)} knob set(s) measured on similar settings steer the search"
+                        + (f"; {len(priors) - len(own)} probe(s) of their winners rank the swaps" if len(own) < len(priors) else ""),
+                        data={"entries": sorted({p["entry"] for p in priors}), "weight": round(prior_weight(own), 4),
+                              "probes": len(priors) - len(own)})
     proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors)
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
-                 min_gain=config.min_gain, on_trial=on_trial)
+                 min_gain=config.min_gain, on_trial=on_trial, probe=config.probe_winner)
     controller = (Controller(ctx, proposer, **knobs) if len(hosts) == 1
                   else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
     try:

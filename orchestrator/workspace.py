@@ -77,6 +77,11 @@ class Config(BaseModel):
     one machine skew each other's numbers."""
     kb: str = ""
     """Knowledge base dir findings are written to; empty = `.infergoal/knowledge_base`. The shipped seed is always read."""
+    probe_winner: int = Field(0, ge=0, le=100)
+    """After the run stops, measure up to this many one-knob neighbours of its winner (never kept;
+    not counted in the trial budget). The knowledge base then records which knob moved the winner
+    and by how much, and a later run on another model uses that to pick which knobs to swap
+    between the winners of its source runs. 0: off."""
     bench: BenchConfig = BenchConfig()
     gates: GateConfig = GateConfig()
     agent: AgentConfig = AgentConfig()

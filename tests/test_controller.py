@@ -192,3 +192,38 @@ def test_gate_file_edited_mid_run_stops_the_run(fake_ws, tmp_path, monkeypatch):
     assert last.status == "invalid" and "thresholds.toml" in last.error
     assert not store.measurements(last.id), "nothing measured after the edit counts"
     assert [e.kind for e in store.events(run.id, kind="gates.tampered")] == ["gates.tampered"]
+
+
+def test_probes_after_the_stop_measure_the_winners_neighbours_and_a_resume_finishes_them(fake_ws):
+    """`probe_winner = 2`: after GoalMet the winner's first two one-knob neighbours are measured,
+    never kept, outside the trial budget; the finding records them. A run interrupted between
+    them resumes into the probes, keeps its stop reason and measures nothing twice."""
+    from orchestrator.knowledge.entries import parse_entry
+    from orchestrator.runs import resume_run
+
+    ws = fake_ws([{"tpot_ms": 2.0}], extra=["probe_winner=2"])
+
+    def stop_after_first_probe(trial):
+        if trial.proposer == "probe":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 2 trials"), on_trial=stop_after_first_probe)
+    store = Store(ws.db_url)
+    run = store.latest_run()
+    assert run.status == "stopped"
+    [decided] = [e.message for e in store.events(run.id, kind="probe.start")]
+    assert decided.startswith("GoalMet")
+    out = resume_run(ws, run.id)
+    assert out.stop_reason == decided
+    trials = store.list_trials(run.id)
+    probes = [t for t in trials if t.proposer == "probe"]
+    win = store.get_trial(store.get_run(run.id).best_trial_id)
+    assert win.knobs["tpot_ms"] == 2.0 and win.proposer == "scripted"
+    # the winner with tpot_ms changed, in the target's order of choices; 8.0 is the baseline's knob set, measured already
+    assert [t.knobs["tpot_ms"] for t in probes] == [6.0, 4.0]
+    assert all(t.status == "discarded" and t.score and t.score < win.score for t in probes)
+    assert len({json.dumps(t.knobs, sort_keys=True) for t in probes}) == 2
+    finding = next(p for p in (ws.kb_write_dir / "findings").glob("*.md") if parse_entry(p).meta.get("knobs"))
+    assert [p["trial"] for p in parse_entry(finding).meta["probes"]] == sorted(
+        (t.number for t in probes), key=lambda n: -store.get_trial_by_number(run.id, n).score)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+PROBE = "probe"  # orchestrator.proposers.search.PROBE (not imported: this module must not import optuna)
+
 __all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
 
 _SCORED = ("kept", "discarded")
@@ -34,6 +36,9 @@ class Distilled:
     warm_trials: list[dict[str, Any]] = field(default_factory=list)
     observations: list[dict[str, Any]] = field(default_factory=list)
     """Every search trial's knob set and score (failed ones 0.0): what a later run's search starts from."""
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    """The winner's one-knob neighbours measured after the stop (`probe` trials): which knob moved the
+    winner, and by how much. Kept apart from `observations`: they rank swaps, never the search's model."""
 
 
 def _log_tail(path: str | None, limit: int = 4000) -> str:
@@ -143,7 +148,8 @@ def _value_effects(trials: list[Any], knob: str, base_value: Any, metrics: list[
 
 def distill(store: Any, run_id: int) -> Distilled:
     run = store.get_run(run_id)
-    trials = [t for t in store.list_trials(run_id) if t.proposer != "confirm"]
+    every = [t for t in store.list_trials(run_id) if t.proposer != "confirm"]
+    trials = [t for t in every if t.proposer != PROBE]  # the search's own; probes are reported apart
     base = next((t for t in trials if t.number == 0), None)
     d = Distilled(run_id=run_id, goal=run.goal_text if run else "", baseline_knobs=dict(base.knobs) if base else {})
     if run is None or base is None:
@@ -166,11 +172,19 @@ def distill(store: Any, run_id: int) -> Distilled:
         eff["importance"] = {("score" if m is None else m): imp[knob] for m, imp in importance.items() if knob in imp}
         d.effects.append(eff)
     d.effects.sort(key=lambda e: -e["importance"].get("score", 0.0))
-    for t in trials:
+    for t in every:
+        if t.proposer == PROBE and d.winner and t.status in (*_SCORED, *_FAILED):
+            changed = {k: v for k, v in t.knobs.items() if d.winner["knobs"].get(k) != v}
+            if len(changed) == 1:
+                (k, v), = changed.items()
+                d.probes.append({"trial": t.number, "knob": k, "value": v, "knobs": dict(t.knobs),
+                                 "score": 0.0 if t.status in _FAILED or t.score is None else round(t.score, 4)})
         if t.status in _FAILED:
             kind, reason = classify_failure(t.status, t.error, store.gate_results(t.id), _log_tail(t.log_path), bool(t.launch_cmd))
             changed = {k: v for k, v in t.knobs.items() if base.knobs.get(k) != v}
             d.failures.append({"trial": t.number, "status": t.status, "kind": kind, "reason": reason, "changed": changed})
+        if t.proposer == PROBE:
+            continue
         if t.number and set(t.knobs) == set(base.knobs) and (t.status in _FAILED or (t.status in _SCORED and t.score is not None)):
             d.observations.append({"knobs": dict(t.knobs), "score": 0.0 if t.status in _FAILED else round(t.score, 4)})
         if (t.rationale or "").startswith("warm start"):

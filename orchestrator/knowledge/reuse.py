@@ -116,8 +116,11 @@ def prior_observations(findings: list[tuple[float, Entry]], here: dict[str, Any]
 
     Not facts about this run: the search proposer uses them as pseudo-observations only until the
     run has enough of its own, and drops them once the transferred winner loses here
-    (`SearchProposer`). Each carries the finding's weight; a knob set seen twice keeps the higher."""
+    (`SearchProposer`). Each carries the finding's weight; a knob set seen twice keeps the higher.
+    A finding's probes (its winner's one-knob neighbours) come marked `probe`: the proposer ranks
+    swaps with them and keeps them out of its model."""
     out: dict[str, dict[str, Any]] = {}
+    probes: list[dict[str, Any]] = []
     for w, e in findings:
         if e.status == "refuted" or similarity(e.applies_to, here) < MIN_SIMILARITY:
             continue
@@ -126,7 +129,9 @@ def prior_observations(findings: list[tuple[float, Entry]], here: dict[str, Any]
             k = knob_key(knobs)
             if k not in out or out[k]["weight"] < w:
                 out[k] = {"knobs": knobs, "score": float(o["score"]), "weight": w, "entry": e.id}
-    return list(out.values())
+        probes += [{"knobs": translate(dict(p["knobs"]), e.applies_to, here), "score": float(p["score"]), "weight": w,
+                    "entry": e.id, "probe": True} for p in e.meta.get("probes") or []]
+    return [*out.values(), *probes]
 
 
 def render_context(ranked: list[tuple[float, Entry]], here: dict[str, Any], limit: int) -> str:

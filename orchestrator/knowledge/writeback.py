@@ -54,6 +54,8 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
             meta["status"] = promote(meta.get("status", "hypothesis"))
         meta["speedup"] = max(float(meta.get("speedup", 0)), w["score"])
         meta["observations"] = _merge_observations(meta.get("observations") or [], d.observations)
+        if d.probes and meta.get("knobs") == w["knobs"]:
+            meta["probes"] = _merge_observations(meta.get("probes") or [], [{**p, "run": d.run_id} for p in d.probes])
         meta["updated"] = _today()
         return _write(path, meta, e.body)
     meta = {
@@ -64,12 +66,20 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
         "knobs": w["knobs"], "speedup": w["score"], "evidence": [evidence], "created": _today(), "updated": _today(),
         "observations": _merge_observations([], d.observations),
     }
+    if d.probes:
+        meta["probes"] = _merge_observations([], [{**p, "run": d.run_id} for p in d.probes])
     knob_lines = "\n".join(f"- `{k}` = `{v}`" for k, v in w["knobs"].items())
     body = (f"\nRun {d.run_id}, trial #{w['trial']} scored {w['score']:.3f}x (geomean speedup over the "
             f"baseline) for the goal `{d.goal}` on model `{applies_to.get('model')}`.\n\nKnobs:\n{knob_lines}\n\n"
             "Warm-starts later runs: on this exact setting first, on similar ones (another model size, "
             "a similar host) as a prior weighted by similarity. Each run that reproduces it raises its status; "
             "a similar run where it loses to the baseline lowers it.\n")
+    if d.probes:
+        rows = "\n".join(f"- `{p['knob']}` = `{p['value']}` (trial #{p['trial']}): {p['score']:.3f}x, "
+                         f"{(p['score'] / w['score'] - 1) if w['score'] else 0.0:+.0%} against the winner"
+                         for p in sorted(d.probes, key=lambda p: -abs(p["score"] - w["score"])))
+        body += (f"\nOne knob at a time, measured after the run stopped (probes; 0.000x: failed), largest change "
+                 f"first. A knob that moved the winner little did not matter here:\n{rows}\n")
     return _write(path, meta, body)
 
 

@@ -19,7 +19,7 @@ from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SearchProposer", "by_entry", "distributions", "prior_region", "prior_weight"]
+__all__ = ["SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -70,9 +70,12 @@ def by_entry(priors: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]
 class SearchProposer:
     """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first.
 
-    `priors` ({knobs, score, weight}, from `KnowledgeBase.prior_observations`): what a similar
-    setting measured. They enter the TPE model as extra finished trials while they still fit
-    (`_prior_trials`), so the first proposals already avoid what failed there and aim at what won."""
+    `priors` ({knobs, score, weight, entry[, probe]}, from `KnowledgeBase.prior_observations`): what
+    similar settings measured. The search's own observations enter the TPE model as extra finished
+    trials while they still fit (`_prior_trials`), so the first proposals already avoid what failed
+    there and aim at what won. Probes (`probe`: a source winner's one-knob neighbours, measured after
+    its run stopped) never enter the model or the region; with two or more source runs they rank the
+    one-knob `swaps` between the source winners, tried right after the warm starts."""
 
     name = "search"
 
@@ -81,7 +84,8 @@ class SearchProposer:
         self.seed = seed
         self.n_startup = n_startup
         self.warm_start = list(warm_start)
-        self.priors = list(priors)
+        self.priors = [p for p in priors if not p.get("probe")]
+        self.probes = [p for p in priors if p.get("probe")]
 
     def _priors_hold(self, history: Sequence[Any]) -> bool:
         """Whether the priors still steer: the transferred winner did not lose here, and the run has
@@ -119,6 +123,14 @@ class SearchProposer:
             if knob_key(knobs) not in seen:
                 return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
         refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
+        if self.probes and self._priors_hold(history):  # the probes say which knobs are worth a swap
+            for knobs, why in swaps([*self.priors, *self.probes], history):
+                try:
+                    knobs = target.validate_knobs(knobs)
+                except ValueError:
+                    continue
+                if knob_key(knobs) not in seen and not any((k, repr(v)) in refused for k, v in knobs.items()):
+                    return Candidate(knobs=knobs, rationale=why, proposer=self.name)
         # While the priors hold, search first inside the region they support (`prior_region`);
         # once it is used up, or the priors stop holding, the whole space.
         region = prior_region(self.priors, target) if self._priors_hold(history) else {}
@@ -174,6 +186,81 @@ class SearchProposer:
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return None
+
+
+# A one-knob change that moved a source winner by less than this did nothing there: not worth a swap.
+SWAP_MIN_EFFECT = 0.05
+MAX_SWAPS = 3
+
+
+def swaps(priors: Sequence[dict[str, Any]], history: Sequence[Any]) -> list[tuple[dict[str, Any], str]]:
+    """One-knob swaps between the winners of two or more source runs, most promising first.
+
+    The transferred winner that scored best *here* (its warm-start trial) gets one knob at a time
+    set to another source winner's value; only knobs whose one-knob change moved some source's
+    winner by at least SWAP_MIN_EFFECT (the probes measured that), largest effect first, then the
+    knobs no source probed. At most MAX_SWAPS. Why: two models whose winners differ often differ
+    on one knob that matters here, and the next model's best recombines them (sdpa from one
+    source, bfloat16 from the other); the probes say which knobs matter at all (a thread count
+    that moved nothing is not worth a trial), and the search's prior cannot express that."""
+    sources = by_entry(priors)
+    if len(sources) < 2:
+        return []
+    winners = {e: max(obs, key=lambda o: float(o["score"])) for e, obs in sources.items()}
+    here = {knob_key(t.knobs): t.score for t in history if (t.rationale or "").startswith("warm start")
+            and t.status in ("kept", "discarded") and t.score}
+    scored = [(here[knob_key(w["knobs"])], e) for e, w in winners.items() if knob_key(w["knobs"]) in here]
+    if not scored:
+        return []
+    base = winners[max(scored)[1]]["knobs"]
+    effect: dict[str, float] = {}  # knob -> the largest relative change a one-knob neighbour made to a source's winner
+    for e, obs in sources.items():
+        w = winners[e]
+        for o in obs:
+            diff = [k for k in w["knobs"] if o["knobs"].get(k) != w["knobs"][k]]
+            if len(diff) == 1 and set(o["knobs"]) == set(w["knobs"]):
+                moved = abs(float(w["score"]) - float(o["score"])) / float(w["score"])
+                effect[diff[0]] = max(effect.get(diff[0], 0.0), moved)
+    ranked = []
+    for w in winners.values():
+        for k, v in w["knobs"].items():
+            if base.get(k) != v and effect.get(k, SWAP_MIN_EFFECT) >= SWAP_MIN_EFFECT:
+                ranked.append((-effect.get(k, SWAP_MIN_EFFECT / 2), k, v))
+    ranked.sort(key=lambda x: x[0])
+    return [(dict(base) | {k: v}, f"swap: the transferred winner that scored best here, with {k}={v!r} from another "
+             "source's winner (knowledge base)") for _, k, v in ranked[:MAX_SWAPS]]
+
+
+def neighbours(target: TargetSpec, knobs: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(knob, value, knob set): `knobs` with one knob changed. Every other value of a categorical or
+    bool knob (choices are unordered: `threads` 0 means "all cores", not "fewer than 1"); the
+    adjacent values of an int or float knob (x2 and /2 on a log scale, a tenth of the range
+    otherwise, clamped). In the target's knob order; only knob sets its constraints allow."""
+    out = []
+    for name, knob in target.knobs.items():
+        if name not in knobs or not is_active(knob, knobs):
+            continue
+        v = knobs[name]
+        if knob.type == "bool":
+            values: list[Any] = [not v]
+        elif knob.type == "categorical":  # unordered: a declared choice list says nothing about distance
+            values = [c for c in knob.choices if c != v]
+        else:
+            lo, hi = float(knob.low), float(knob.high)
+            cand = [v / 2, v * 2] if knob.log else [v - (hi - lo) / 10, v + (hi - lo) / 10]
+            if knob.type == "int":
+                cand = [round(c) for c in cand]
+            values = sorted({min(max(c, lo), hi) for c in cand} - {v})
+            if knob.type == "int":
+                values = [int(c) for c in values]
+        for value in values:
+            k = active_only(target, dict(knobs) | {name: value})
+            try:
+                target.validate_knobs(k)
+            except ValueError:
+                continue
+            out.append((name, value, k))
+    return out
 
 
 # Within this fraction of a prior run's best, an observation counts as one of its top results: the

@@ -87,20 +87,20 @@ def fit(text: str, limit: int) -> str:
     return text[:head] + "…" + text[-(limit - head - 1):]
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: Any, sort_keys: bool = True) -> str:
     # sort_keys keeps stored JSON stable, so equal payloads compare equal as text too.
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(value, sort_keys=sort_keys)
 
 
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _as_json_text(value: Any) -> str:
+def _as_json_text(value: Any, sort_keys: bool = True) -> str:
     """Accept a JSON string (validated) or a JSON-able object, return canonical JSON text."""
     if isinstance(value, str):
-        return _dumps(json.loads(value))
-    return _dumps(value)
+        return _dumps(json.loads(value), sort_keys)
+    return _dumps(value, sort_keys)
 
 
 def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
@@ -318,7 +318,9 @@ class Store:
                 goal_text=goal_text,
                 goal_json=_as_json_text(goal_json),
                 goal_hash=goal_hash,
-                target_json=_as_json_text(target_json),
+                # In declaration order: a knob's `when` names earlier knobs, and a resumed run
+                # proposes (and probes) its knobs in the order the target declared them.
+                target_json=_as_json_text(target_json, sort_keys=False),
                 config_json=_as_json_text(config_json),
                 host=fit(host, 255),
                 proposer=fit(proposer, 64),

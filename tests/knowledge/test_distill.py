@@ -85,3 +85,31 @@ def test_importance_judges_a_conditional_knob_over_every_trial():
     rows += [SimpleNamespace(knobs={"batching": "off"}, score=1.05, objective={})]
     imp = _importance(rows, None)
     assert set(imp) == {"batching", "max_batch_size"} and imp["max_batch_size"] > 0
+
+
+def test_probes_are_distilled_apart_and_reach_the_next_model_only_marked_as_probes(tmp_path):
+    """The winner's one-knob neighbours measured after the stop (`probe` trials) become the finding's
+    `probes` with the measured change, never its observations or dead ends; the next model's
+    priors carry them marked `probe` (the search ranks swaps with them, never its model)."""
+    store, rid = _store_with_run()
+    win = store.get_trial(store.get_run(rid).best_trial_id)
+    for n, (changes, status, score) in enumerate([({"dtype": "bfloat16"}, "discarded", 0.6), ({"threads": 1}, "discarded", 3.4),
+                                                  ({"batching": "off"}, "failed", None)], start=9):
+        t = store.create_trial(rid, n, commit="", knobs={**win.knobs, **changes}, rationale="probe: the winner", proposer="probe")
+        store.finish_trial(t.id, status, score=score, error="HostError: exited" if status == "failed" else None)
+    d = distill(store, rid)
+    assert [(p["trial"], p["knob"], p["value"], p["score"]) for p in d.probes] == [
+        (9, "dtype", "bfloat16", 0.6), (10, "threads", 1, 3.4), (11, "batching", "off", 0.0)]
+    assert not any(o["knobs"] == {**win.knobs, "dtype": "bfloat16"} for o in d.observations)
+    assert {(x["knob"], x["value"]) for x in d.dead_ends} == {("dtype", "bfloat16")}  # as before: trials 2 and 4 only
+    assert any(f["trial"] == 11 for f in d.failures)  # a probe that failed is a failure like any other
+    kb = KnowledgeBase([tmp_path], write_dir=tmp_path)
+    path = kb.write_back(store, rid, engine="hfserve", model="forge:tiny", hardware=HW, workload="throughput@1")
+    e = parse_entry(path)
+    assert [p["trial"] for p in e.meta["probes"]] == [10, 9, 11]  # best first
+    assert "`dtype` = `bfloat16` (trial #9): 0.600x, -83% against the winner" in e.body
+    priors = KnowledgeBase([tmp_path], write_dir=tmp_path / "w").prior_observations(
+        engine="hfserve", model="forge:small", hardware=HW, workload="throughput@1")
+    probes = [p for p in priors if p.get("probe")]
+    assert len(probes) == 3 and len(priors) - 3 == len(d.observations)
+    assert {p["score"] for p in probes} == {3.4, 0.6, 0.0}

@@ -130,32 +130,23 @@ def test_the_conditional_space_holds_each_behaviour_once_per_active_knob_set():
     assert "--max-batch-size" in argv and argv[argv.index("--decode-loop") + 1] == "generate"
 
 
-def test_probe_winner_measures_the_one_knob_neighbours_and_swaps_follow_their_effects(tmp_path):
-    """Experiment parts (--probe-winner, arm warm-ac-swap): a source run ends with its winner's
-    one-knob neighbours; on the next model, the knobs whose change moved a source's winner come
-    first, and knobs that did nothing there are not swapped."""
+def test_probe_winner_measures_the_one_knob_neighbours_as_the_product_does(tmp_path):
+    """--probe-winner N: a source run ends with its winner's one-knob neighbours (the shipped
+    target's `neighbours`: batch x2 and /2, every other value otherwise), at most N, recorded as
+    the controller's `probe` trials; the write-back keeps them out of the search's observations."""
+    from orchestrator.knowledge.distill import distill
+
     t = T.grid_target()
     store = Store(f"sqlite:///{tmp_path / 'r.db'}")
     a = R.replay_run(_score, t, store, label="A", seed=0, budget=12, goal_x=99)
-    n = R.probe_winner(_score, t, store, a["run_id"])
+    n = R.probe_winner(_score, t, store, a["run_id"], limit=9)
     trials = store.list_trials(a["run_id"])
-    win = max((x for x in trials[:13] if x.score), key=lambda x: x.score).knobs
-    probes = [x for x in trials if x.rationale.startswith("probe")]
+    win = store.get_trial(store.get_run(a["run_id"]).best_trial_id).knobs
+    probes = [x for x in trials if x.proposer == "probe"]
     assert n == len(probes) > 0 and all(sum(p.knobs[k] != win[k] for k in win) == 1 for p in probes)
-    assert len(probes) <= 1 + 1 + 1 + 2 + 2 + 1 + 2  # dtype, loop, batching, 2 batch sizes, kv, attn, 2 threads
-
-    def obs(entry, knobs, score):
-        return {"knobs": knobs, "score": score, "weight": 0.5, "entry": entry}
-
-    wa = B | {"dtype": "float32", "attn": "sdpa", "kv_cache": "static"}
-    wc = B | {"dtype": "bfloat16", "attn": "eager", "kv_cache": "dynamic"}
-    priors = [obs("a", wa, 4.0), obs("a", wa | {"attn": "eager"}, 3.0), obs("a", wa | {"kv_cache": "dynamic"}, 4.0),
-              obs("c", wc, 4.0), obs("c", wc | {"dtype": "float32"}, 3.6)]
-    store2 = Store("sqlite://")
-    run = store2.create_run("r", "g", {}, "h", {}, {}, "local", "search")
-    for i, (k, s) in enumerate([(t.baseline_knobs(), 1.0), (wc, 4.4), (wa, 3.0)]):
-        x = store2.create_trial(run.id, i, commit="", knobs=k, rationale="warm start" if i else "baseline", proposer="search")
-        store2.finish_trial(x.id, "kept", score=s)
-    swaps = R.local_swaps(priors, store2.list_trials(run.id))
-    # C's winner scored best here; attn moved A's winner by 25%, dtype C's by 10%; kv_cache did nothing
-    assert [k for k, _ in swaps] == [wc | {"attn": "sdpa"}, wc | {"dtype": "float32"}]
+    sizes = {p.knobs["max_batch_size"] for p in probes} - {win["max_batch_size"]}
+    assert sizes <= {win["max_batch_size"] // 2, win["max_batch_size"] * 2}  # adjacent sizes only
+    assert len(probes) <= 1 + 1 + 1 + 2 + 1 + 1 + 2  # dtype, loop, batching, 2 batch sizes, kv, attn, 2 threads
+    assert R.probe_winner(_score, t, store, a["run_id"], limit=9) == 0  # nothing measured twice
+    d = distill(store, a["run_id"])
+    assert len(d.probes) == n and not any(o["knobs"] == p.knobs for o in d.observations for p in probes)

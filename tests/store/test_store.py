@@ -75,6 +75,13 @@ class TestStore:
         got = store.get_run(run.id)
         assert got is not None and got.created_at.utcoffset() == timezone.utc.utcoffset(None)
 
+    def test_the_target_keeps_its_knob_order(self, store: Store) -> None:
+        # A knob's `when` names earlier knobs, and a resumed run proposes and probes in this order.
+        knobs = {"zeta": {"type": "bool"}, "batching": {"type": "bool"}, "alpha": {"when": {"batching": True}}}
+        run = store.create_run(name="r", goal_text="g", goal_json={}, goal_hash="h", target_json={"name": "t", "knobs": knobs},
+                               config_json={}, host="local", proposer="search")
+        assert list(store.get_run(run.id).target["knobs"]) == ["zeta", "batching", "alpha"]
+
     def test_long_proposer_and_host_fit_their_columns(self, store: Store) -> None:
         # A scripted proposer names its file: a deep workspace path overflowed VARCHAR(64) on PostgreSQL.
         long = "scripted:/tmp/pytest-of-root/pytest-99/" + "a-very-long-test-name/" * 4 + "steps.json"
