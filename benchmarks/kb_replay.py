@@ -217,16 +217,18 @@ def distill_into(kb_dir: Path, store: Store, run_id: int, model: str, workload: 
 
 
 def forced_kb(src: Path, dst: Path, applies_from: Path) -> Path:
-    """`src`'s winner relabelled with `applies_from`'s setting (A's throughput run): the similarity
-    cannot tell it is from another workload, so it is enqueued. The worst case for a wrong prior."""
+    """`src`'s winners relabelled with `applies_from`'s workload (throughput): the similarity cannot
+    tell they are from another workload, so they are enqueued. The worst case for a wrong prior
+    that is real (measured), not constructed. Each keeps its own model and host."""
     from orchestrator.knowledge.entries import parse_entry, render
 
-    setting = next(parse_entry(f).applies_to for f in (applies_from / "findings").glob("*.md") if parse_entry(f).meta.get("knobs"))
+    workload = next(parse_entry(f).applies_to["workload"] for f in (applies_from / "findings").glob("*.md")
+                    if parse_entry(f).meta.get("knobs"))
     (dst / "findings").mkdir(parents=True)
     for f in (src / "findings").glob("*.md"):
         e = parse_entry(f)
         if e.meta.get("knobs"):
-            (dst / "findings" / f.name).write_text(render({**e.meta, "applies_to": setting}, e.body))
+            (dst / "findings" / f.name).write_text(render({**e.meta, "applies_to": {**e.applies_to, "workload": workload}}, e.body))
     return dst
 
 
@@ -280,7 +282,8 @@ def main() -> None:
                                                   "misled-adversarial", "random"],
                     help="also: warm-c (C's knowledge base), warm-ac (A's and C's runs distilled into one knowledge base; "
                     "with --probe-winner, its search tries the swaps the probes rank), misled-ac-workload (A's and C's "
-                    "runs on the other workload), misled-ac-adversarial (two constructed adversaries)")
+                    "runs on the other workload distilled into one knowledge base), misled-ac-forced (both relabelled as "
+                    "their throughput settings, so the similarity cannot filter them)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--conditional", action="store_true",
@@ -288,6 +291,8 @@ def main() -> None:
                     "max_batch_size with it off (an experiment on the space, not the shipped target)")
     ap.add_argument("--probe-winner", type=int, default=0, metavar="N", help="each source run ends by measuring up to N "
                     "one-knob neighbours of its winner, like `infergoal goal --probe-winner N` (0: off)")
+    ap.add_argument("--rotate", action="store_true", help="the guard against having fitted model B's table: replay "
+                    "on model C (forge:mid) instead, with B as the second source model (the -c arms use B's run)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     global PROBES
@@ -296,11 +301,12 @@ def main() -> None:
     target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
     store = Store(f"sqlite:///{tmp / 'replay.db'}")
-    table_b = Table(load_rows(DATA / "kb_table_small_throughput.jsonl"), MODELS["B"], "throughput")
+    tgt, second = ("C", "B") if args.rotate else ("B", "C")  # --rotate: the guard against having fitted B
+    table_b = Table(load_rows(DATA / f"kb_table_{MODELS[tgt].split(':', 1)[1]}_throughput.jsonl"), MODELS[tgt], "throughput")
     try:  # before anything is measured for A: B's table must cover the space
         space = [v for v in table_b.space(target) if v is not None]
     except KeyError as e:
-        raise SystemExit(f"the table of model B lacks {e}; measure it with benchmarks/kb_table.py (or --fix a smaller space)") from None
+        raise SystemExit(f"the table of model {tgt} lacks {e}; measure it with benchmarks/kb_table.py (or --fix a smaller space)") from None
     best = max(space)
     a_thr = run_a("throughput", args.goal_a, args.budget_a, args.model_a_dir, target, store, tmp / "kb_a", seed=args.seed_a)
     misled = any(a.startswith("misled") for a in args.arms)  # only they need A's other-workload run
@@ -311,16 +317,22 @@ def main() -> None:
     # B's worst measured knob set other than the baseline's own (the proposer never repeats that one)
     worst = min((k for k in grid if table_b.ratio(k) is not None and k != target.baseline_knobs()), key=lambda k: table_b.ratio(k))
     adversarial = adversarial_kb(tmp / "kb_a", tmp / "kb_adversarial", worst) if misled else None
+    ac_other = {"misled-ac-workload", "misled-ac-forced"} & set(args.arms)  # two sources, both from the other workload
+    if ac_other:
+        c_dec = run_a(args.other_workload, args.goal_a_other, args.budget_a, args.model_c_dir, target, store,
+                      tmp / "kb_ac_other", seed=args.seed_c, source=second)
+        shutil.copytree(tmp / "kb_a_other", tmp / "kb_ac_other", dirs_exist_ok=True)  # then A's run beside C's
+        forced_kb(tmp / "kb_ac_other", tmp / "kb_ac_forced", tmp / "kb_a")
     two = {"warm-c", "warm-ac"} & set(args.arms)  # a second source model: C optimised cold, alone and after A
     c_thr = run_a("throughput", args.goal_c, args.budget_a, args.model_c_dir, target, store, tmp / "kb_c", seed=args.seed_c,
-                  source="C") if two else None
+                  source=second) if two else None
     if "warm-ac" in args.arms:  # one knowledge base that saw A's run, then C's (C's write-back sees A's entries)
         shutil.copytree(tmp / "kb_a", tmp / "kb_ac")
-        distill_into(tmp / "kb_ac", store, c_thr["run_id"], MODELS["C"], "throughput")
+        distill_into(tmp / "kb_ac", store, c_thr["run_id"], MODELS[second], "throughput")
     kbs = {"cold": None, "warm": tmp / "kb_a", "warm-enqueue-only": tmp / "kb_a", "misled-workload": tmp / "kb_a_other",
            "misled-forced": forced, "misled-adversarial": adversarial, "random": None, "warm-c": tmp / "kb_c",
-           "warm-ac": tmp / "kb_ac"}
-    here = {"engine": "hfserve", "model": MODELS["B"], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
+           "warm-ac": tmp / "kb_ac", "misled-ac-workload": tmp / "kb_ac_other", "misled-ac-forced": tmp / "kb_ac_forced"}
+    here = {"engine": "hfserve", "model": MODELS[tgt], "hardware": HOST, "workload": workload_key(["throughput"], 1.0)}
     plans, priors = {}, {}
     for arm in args.arms:
         d = kbs[arm]
@@ -328,14 +340,16 @@ def main() -> None:
         plans[arm] = kb.priors(**here) if kb else []
         # "warm-enqueue-only": the mechanism before search priors (A's winner enqueued, nothing else)
         priors[arm] = kb.prior_observations(**here) if kb and arm != "warm-enqueue-only" else []
-    out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec}, "C": {"throughput": c_thr},
+    out: dict[str, Any] = {"A": {"throughput": a_thr, args.other_workload: a_dec},
+                           "C": {"throughput": c_thr, args.other_workload: c_dec if ac_other else None},
                            "priors": plans, "fixed": fixed,
-                           "untrusted": table_b.untrusted, "goal": args.goal, "runs": {}}
+                           "untrusted": table_b.untrusted, "goal": args.goal, "runs": {},
+                           "db": str(tmp / "replay.db")}  # every replayed run, trial by trial
     for arm in args.arms:
         warm = [p["knobs"] for p in plans[arm]]
         # Seeds 1000 apart: SearchProposer seeds each step with seed + len(history), so seeds 0, 1, 2
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
-        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"B-{arm}-s{s}", seed=1000 * s, budget=args.budget,
+        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"{tgt}-{arm}-s{s}", seed=1000 * s, budget=args.budget,
                                        goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random",
                                        known=(args.best_within, best))
                             for s in range(args.seeds)]

@@ -30,6 +30,16 @@ def test_malformed_goal_is_refused_before_anything_runs(tmp_path):
     assert not (tmp_path / ".infergoal").exists(), "nothing is created for a refused goal"
 
 
+def test_probe_winner_is_documented_and_bounded(tmp_path):
+    r = runner.invoke(app, ["goal", "--help"], env={"COLUMNS": "200"})
+    assert "--probe-winner" in r.output and "one-knob neighbours" in r.output
+    r = _invoke(tmp_path, "goal", "--probe-winner", "-1", "beat the baseline by 20% on TPOT")
+    assert r.exit_code == 2 and "--probe-winner" in r.output
+    assert not (tmp_path / ".infergoal").exists()
+    r = _invoke(tmp_path, "-o", "probe_winner=500", "goal", "beat the baseline by 20% on TPOT")
+    assert r.exit_code == 2 and "probe_winner" in r.output, r.output
+
+
 def test_bad_override_and_missing_target(tmp_path):
     r = _invoke(tmp_path, "-o", "bench.scale", "status")
     assert r.exit_code == 2 and "key=value" in r.output

@@ -117,8 +117,10 @@ def prior_observations(findings: list[tuple[float, Entry]], here: dict[str, Any]
     Not facts about this run: the search proposer uses them as pseudo-observations only until the
     run has enough of its own, and drops them once the transferred winner loses here
     (`SearchProposer`). Each carries the finding's weight; a knob set seen twice keeps the higher.
-    A finding's probes (its winner's one-knob neighbours) come marked `probe`: the proposer ranks
-    swaps with them and keeps them out of its model."""
+    A finding's probes (its winner's one-knob neighbours) come marked `probe`, with the winner
+    itself marked `probe` and `winner` (an observation is listed under one source only, the most
+    similar, and the swaps need each source's own winner): the proposer ranks swaps with them and
+    keeps them out of its model."""
     out: dict[str, dict[str, Any]] = {}
     probes: list[dict[str, Any]] = []
     for w, e in findings:
@@ -129,8 +131,13 @@ def prior_observations(findings: list[tuple[float, Entry]], here: dict[str, Any]
             k = knob_key(knobs)
             if k not in out or out[k]["weight"] < w:
                 out[k] = {"knobs": knobs, "score": float(o["score"]), "weight": w, "entry": e.id}
-        probes += [{"knobs": translate(dict(p["knobs"]), e.applies_to, here), "score": float(p["score"]), "weight": w,
-                    "entry": e.id, "probe": True} for p in e.meta.get("probes") or []]
+        if e.meta.get("probes") and e.meta.get("knobs"):  # the winner and its one-knob neighbours, measured in one run
+            win = {knob_key(o["knobs"]): float(o["score"]) for o in e.meta.get("observations") or []}.get(
+                knob_key(e.meta["knobs"]), float(e.meta.get("speedup") or 0.0))
+            probes.append({"knobs": translate(dict(e.meta["knobs"]), e.applies_to, here), "score": win, "weight": w,
+                           "entry": e.id, "probe": True, "winner": True})
+            probes += [{"knobs": translate(dict(p["knobs"]), e.applies_to, here), "score": float(p["score"]), "weight": w,
+                        "entry": e.id, "probe": True} for p in e.meta["probes"]]
     return [*out.values(), *probes]
 
 

@@ -206,7 +206,10 @@ def swaps(priors: Sequence[dict[str, Any]], history: Sequence[Any]) -> list[tupl
     sources = by_entry(priors)
     if len(sources) < 2:
         return []
-    winners = {e: max(obs, key=lambda o: float(o["score"])) for e, obs in sources.items()}
+    # Each source's winner is its run's answer (`winner`, sent with its probes), not whatever
+    # observation scored highest: a probe that changed nothing ties with it (threads 0 and 2 alike).
+    winners = {e: next((o for o in obs if o.get("winner")), None) or max(obs, key=lambda o: float(o["score"]))
+               for e, obs in sources.items()}
     here = {knob_key(t.knobs): t.score for t in history if (t.rationale or "").startswith("warm start")
             and t.status in ("kept", "discarded") and t.score}
     scored = [(here[knob_key(w["knobs"])], e) for e, w in winners.items() if knob_key(w["knobs"]) in here]

@@ -111,5 +111,7 @@ def test_probes_are_distilled_apart_and_reach_the_next_model_only_marked_as_prob
     priors = KnowledgeBase([tmp_path], write_dir=tmp_path / "w").prior_observations(
         engine="hfserve", model="forge:small", hardware=HW, workload="throughput@1")
     probes = [p for p in priors if p.get("probe")]
-    assert len(probes) == 3 and len(priors) - 3 == len(d.observations)
-    assert {p["score"] for p in probes} == {3.4, 0.6, 0.0}
+    assert len(probes) == 4 and len(priors) - 4 == len(d.observations)
+    [winner] = [p for p in probes if p.get("winner")]  # the source's own winner travels with its probes
+    assert winner["knobs"] == win.knobs and winner["score"] == 3.5
+    assert sorted(p["score"] for p in probes if not p.get("winner")) == [0.0, 0.6, 3.4]

@@ -150,3 +150,24 @@ def test_probe_winner_measures_the_one_knob_neighbours_as_the_product_does(tmp_p
     assert R.probe_winner(_score, t, store, a["run_id"], limit=9) == 0  # nothing measured twice
     d = distill(store, a["run_id"])
     assert len(d.probes) == n and not any(o["knobs"] == p.knobs for o in d.observations for p in probes)
+
+
+def test_the_replay_runs_on_the_measured_tables_with_probes_and_rotated(tmp_path):
+    """The benchmark's command line on the committed tables, no server: --probe-winner makes both
+    source runs end with probes, and with two sources the warm-ac runs try swaps; --rotate replays
+    on model C with B as the second source."""
+    import subprocess
+
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(Path(R.__file__)), "--seeds", "2", "--budget", "20", "--goal", "4.0", "--goal-a", "10",
+           "--budget-a", "12", "--arms", "cold", "warm-ac", "--probe-winner", "9", "--rotate", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    d = json.loads(out.read_text())
+    assert d["A"]["throughput"]["probes"] > 0 and d["C"]["throughput"]["probes"] > 0  # C's key holds the second source
+    assert d["C"]["throughput"]["label"] == "B-throughput"  # rotated: B is the second source
+    assert {r["label"].split("-s")[0] for rows in d["runs"].values() for r in rows} == {"C-cold", "C-warm-ac"}
+    assert d["space"]["best"] == pytest.approx(4.18, abs=0.01)  # C's table
+    store = Store(f"sqlite:///{Path(d['db'])}")
+    swapped = [t for r in store.list_runs() if r.name.startswith("C-warm-ac") for t in store.list_trials(r.id)
+               if t.rationale.startswith("swap")]
+    assert swapped  # two sources with probes: the search tried swaps

@@ -65,6 +65,19 @@ def test_swaps_start_from_the_winner_that_scored_best_here_and_skip_knobs_that_m
     assert swaps([p for p in PRIORS if p["entry"] == "a"], hist) == []  # one source: nothing to swap between
 
 
+def test_a_probe_that_ties_with_a_winner_does_not_replace_it():
+    """A probe that moved nothing (threads 0 -> 2) scores what the winner scored; the winner is the
+    one the source marked, so the swaps still start from the winners and change what mattered."""
+    tie = [_obs("c", WC | {"threads": 2}, 4.0, probe=True), {**_obs("c", WC, 4.0, probe=True), "winner": True}]
+    _, hist = _history(Store("sqlite://"), [(WC, 4.4), (WA, 3.0)])
+    priors = tie + [p for p in PRIORS if not (p["entry"] == "c" and p["knobs"] == WC)]
+    assert [k for k, _ in swaps(priors, hist)] == [WC | {"attn": "sdpa"}, WC | {"dtype": "float32"}]
+    untagged = [dict(p) for p in priors]
+    for p in untagged:
+        p.pop("winner", None)
+    assert [k for k, _ in swaps(untagged, hist)] != [WC | {"attn": "sdpa"}, WC | {"dtype": "float32"}]  # what the tag prevents
+
+
 def test_the_proposer_tries_the_swaps_after_the_warm_starts_and_keeps_the_probes_out_of_its_model():
     store = Store("sqlite://")
     run, hist = _history(store, [(WC, 4.4), (WA, 3.0)])
