@@ -51,7 +51,7 @@ DATA = Path(__file__).resolve().parent / "data"
 PROBES = 0  # --probe-winner N: source runs end with up to N probes of their winner
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
 HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
-MODELS = {"A": "forge:tiny", "B": "forge:small", "C": "forge:mid"}
+MODELS = {"A": "forge:tiny", "B": "forge:small", "C": "forge:mid", "D": "forge:wide"}
 QUIET_MAX_S = 10.0  # A's knob sets are measured while its run waits: wait briefly for a quiet host
 
 
@@ -291,8 +291,9 @@ def main() -> None:
                     "max_batch_size with it off (an experiment on the space, not the shipped target)")
     ap.add_argument("--probe-winner", type=int, default=0, metavar="N", help="each source run ends by measuring up to N "
                     "one-knob neighbours of its winner, like `infergoal goal --probe-winner N` (0: off)")
-    ap.add_argument("--rotate", action="store_true", help="the guard against having fitted model B's table: replay "
-                    "on model C (forge:mid) instead, with B as the second source model (the -c arms use B's run)")
+    ap.add_argument("--target", default="B", choices=["B", "C", "D"], help="the model replayed on: B (forge:small); "
+                    "C (forge:mid), with B as the second source model instead (the -c arms use B's run); D (forge:wide, "
+                    "held out: measured after the swaps were designed on A, B and C)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     global PROBES
@@ -301,7 +302,8 @@ def main() -> None:
     target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
     store = Store(f"sqlite:///{tmp / 'replay.db'}")
-    tgt, second = ("C", "B") if args.rotate else ("B", "C")  # --rotate: the guard against having fitted B
+    # --target C: rotated (B becomes the second source); --target D: a model none of this was designed on
+    tgt, second = args.target, ("B" if args.target == "C" else "C")
     table_b = Table(load_rows(DATA / f"kb_table_{MODELS[tgt].split(':', 1)[1]}_throughput.jsonl"), MODELS[tgt], "throughput")
     try:  # before anything is measured for A: B's table must cover the space
         space = [v for v in table_b.space(target) if v is not None]

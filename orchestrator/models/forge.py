@@ -68,6 +68,9 @@ PRESETS: dict[str, Preset] = {
     # A third CPU model of another shape (full multi-head attention, deeper and narrower than
     # `small`): the second source model of the knowledge-base reuse benchmark (benchmarks/kb_replay.py).
     "mid": Preset(3072, 192, 8, 6, 6, 512, 1024, train_steps=200, lr=2e-3),
+    # A fourth, wide and shallow (3 layers of width 320, 10 query heads on 2 KV heads): the reuse
+    # benchmark's held-out target, measured after the swap mechanism was designed on the other three.
+    "wide": Preset(4096, 320, 3, 10, 2, 1024, 2048, train_steps=200, lr=2e-3),
     # Mistral-7B-shaped: for GPU hosts, random weights (the shape is what matters there).
     "7b-shape": Preset(32000, 4096, 32, 32, 8, 14336, 32768, rope_theta=1_000_000.0, train_steps=0),
     # The same shape trained briefly on the GPU (bf16 AdamW) so its logprobs are peaked and the

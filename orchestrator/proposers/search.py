@@ -95,7 +95,9 @@ class SearchProposer:
         warm = [t for t in history if (t.rationale or "").startswith("warm start") and t.status in _FINISHED]
         if any(t.status not in ("kept", "discarded") or (t.score or 0.0) <= 1.0 for t in warm):
             return False  # the transferred winner lost here: the setting differs more than its similarity said
-        own = sum(1 for t in history if t.number and t.status in ("kept", "discarded") and t.score)
+        # The swaps (at most MAX_SWAPS) are extra: they do not use up the trials the region gets.
+        own = sum(1 for t in history if t.number and t.status in ("kept", "discarded") and t.score
+                  and not (t.rationale or "").startswith("swap"))
         return own < round(PRIOR_HORIZON * prior_weight(self.priors))
 
     def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:

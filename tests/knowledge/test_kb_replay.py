@@ -154,13 +154,13 @@ def test_probe_winner_measures_the_one_knob_neighbours_as_the_product_does(tmp_p
 
 def test_the_replay_runs_on_the_measured_tables_with_probes_and_rotated(tmp_path):
     """The benchmark's command line on the committed tables, no server: --probe-winner makes both
-    source runs end with probes, and with two sources the warm-ac runs try swaps; --rotate replays
+    source runs end with probes, and with two sources the warm-ac runs try swaps; --target C replays
     on model C with B as the second source."""
     import subprocess
 
     out = tmp_path / "r.json"
     cmd = [sys.executable, str(Path(R.__file__)), "--seeds", "2", "--budget", "20", "--goal", "4.0", "--goal-a", "10",
-           "--budget-a", "12", "--arms", "cold", "warm-ac", "--probe-winner", "9", "--rotate", "--json", str(out)]
+           "--budget-a", "12", "--arms", "cold", "warm-ac", "--probe-winner", "9", "--target", "C", "--json", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     d = json.loads(out.read_text())
     assert d["A"]["throughput"]["probes"] > 0 and d["C"]["throughput"]["probes"] > 0  # C's key holds the second source

@@ -107,3 +107,29 @@ def _dists():
     from orchestrator.proposers.search import distributions
 
     return distributions(GRID)
+
+
+def test_the_swaps_do_not_use_up_the_trials_the_priors_hold_for():
+    """The priors hold for PRIOR_HORIZON x weight of the run's own scored trials; a swap is an extra
+    trial, not one of them, so the region still gets its trials after the swaps."""
+    from orchestrator.proposers.search import PRIOR_HORIZON
+
+    store = Store("sqlite://")
+    run, hist = _history(store, [(WC, 4.4), (WA, 3.0)])
+    p = SearchProposer(seed=0, warm_start=[WC, WA], priors=PRIORS)
+    horizon = round(PRIOR_HORIZON * prior_weight(p.priors))
+    assert horizon == 4  # two sources of weight 0.5: 6 x 0.75
+    n = 3
+    for knobs, why in swaps(PRIORS, hist):
+        t = store.create_trial(run.id, n, commit="", knobs=knobs, rationale=why, proposer="search")
+        store.finish_trial(t.id, "discarded", score=2.0)
+        n += 1
+    own = [B | {"threads": 1}]  # with the two warm starts: 3 own trials (and 2 swaps)
+    for knobs in own:
+        t = store.create_trial(run.id, n, commit="", knobs=knobs, rationale="TPE proposal", proposer="search")
+        store.finish_trial(t.id, "discarded", score=1.5)
+        n += 1
+    assert p._priors_hold(store.list_trials(run.id))
+    t = store.create_trial(run.id, n, commit="", knobs=B | {"attn": "sdpa"}, rationale="TPE proposal", proposer="search")
+    store.finish_trial(t.id, "discarded", score=1.5)
+    assert not p._priors_hold(store.list_trials(run.id))  # the fourth own trial ends them
