@@ -8,6 +8,9 @@ On a shared host a baseline measured once is not a baseline: the baseline is re-
 (`sentinel` trials) every few trials and whenever the host's state moved, each candidate is
 judged against the newest one, and a claim (goal met; the best of a run that stopped) rests on
 a paired A/B confirmation on fresh servers (`orchestrator.paired`), never on the search's screen.
+
+After the stop, `probe` > 0 measures the winner's one-knob neighbours for the knowledge base
+(`_probe_winner`): never kept, outside the trial budget, and a resume finishes them.
 """
 
 from __future__ import annotations
