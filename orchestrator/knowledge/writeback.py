@@ -54,10 +54,12 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
             meta["status"] = promote(meta.get("status", "hypothesis"))
         meta["speedup"] = max(float(meta.get("speedup", 0)), w["score"])
         meta["observations"] = _merge_observations(meta.get("observations") or [], d.observations)
+        body = e.body
         if d.probes and meta.get("knobs") == w["knobs"]:
             meta["probes"] = _merge_observations(meta.get("probes") or [], [{**p, "run": d.run_id} for p in d.probes])
+            body = body.split(_PROBES_HEAD)[0].rstrip("\n") + "\n" + _probe_text(meta["probes"], w["score"])
         meta["updated"] = _today()
-        return _write(path, meta, e.body)
+        return _write(path, meta, body)
     meta = {
         "id": fid, "kind": "finding",
         "title": f"{engine} on {hw}: knobs giving {w['score']:.2f}x on '{d.goal}'",
@@ -75,12 +77,20 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
             "a similar host) as a prior weighted by similarity. Each run that reproduces it raises its status; "
             "a similar run where it loses to the baseline lowers it.\n")
     if d.probes:
-        rows = "\n".join(f"- `{p['knob']}` = `{p['value']}` (trial #{p['trial']}): {p['score']:.3f}x, "
-                         f"{(p['score'] / w['score'] - 1) if w['score'] else 0.0:+.0%} against the winner"
-                         for p in sorted(d.probes, key=lambda p: -abs(p["score"] - w["score"])))
-        body += (f"\nOne knob at a time, measured after the run stopped (probes; 0.000x: failed), largest change "
-                 f"first. A knob that moved the winner little did not matter here:\n{rows}\n")
+        body += _probe_text(meta["probes"], w["score"])
     return _write(path, meta, body)
+
+
+_PROBES_HEAD = "\nOne knob at a time, measured after the run stopped"
+
+
+def _probe_text(probes: list[dict[str, Any]], winner_score: float) -> str:
+    """The probes as the finding's text: each knob's measured change against the winner, largest first."""
+    rows = "\n".join(f"- `{p['knob']}` = `{p['value']}` (run {p.get('run', '?')}, trial #{p['trial']}): {p['score']:.3f}x, "
+                     f"{(p['score'] / winner_score - 1) if winner_score else 0.0:+.0%} against the winner"
+                     for p in sorted(probes, key=lambda p: -abs(p["score"] - winner_score)))
+    return (f"{_PROBES_HEAD} (probes; 0.000x: failed), largest change first. A knob that moved the winner "
+            f"little did not matter here:\n{rows}\n")
 
 
 MAX_OBSERVATIONS = 60

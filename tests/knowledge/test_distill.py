@@ -107,7 +107,7 @@ def test_probes_are_distilled_apart_and_reach_the_next_model_only_marked_as_prob
     path = kb.write_back(store, rid, engine="hfserve", model="forge:tiny", hardware=HW, workload="throughput@1")
     e = parse_entry(path)
     assert [p["trial"] for p in e.meta["probes"]] == [10, 9, 11]  # best first
-    assert "`dtype` = `bfloat16` (trial #9): 0.600x, -83% against the winner" in e.body
+    assert f"`dtype` = `bfloat16` (run {rid}, trial #9): 0.600x, -83% against the winner" in e.body
     priors = KnowledgeBase([tmp_path], write_dir=tmp_path / "w").prior_observations(
         engine="hfserve", model="forge:small", hardware=HW, workload="throughput@1")
     probes = [p for p in priors if p.get("probe")]
@@ -115,3 +115,10 @@ def test_probes_are_distilled_apart_and_reach_the_next_model_only_marked_as_prob
     [winner] = [p for p in probes if p.get("winner")]  # the source's own winner travels with its probes
     assert winner["knobs"] == win.knobs and winner["score"] == 3.5
     assert sorted(p["score"] for p in probes if not p.get("winner")) == [0.0, 0.6, 3.4]
+    # the same run written back again with one more probe (as a resumed run would): the probes and their text, once
+    t = store.create_trial(rid, 12, commit="", knobs={**win.knobs, "max_batch_size": 8}, rationale="probe", proposer="probe")
+    store.finish_trial(t.id, "discarded", score=2.6)
+    kb.write_back(store, rid, engine="hfserve", model="forge:tiny", hardware=HW, workload="throughput@1")
+    e = parse_entry(path)
+    assert len(e.meta["probes"]) == 4 and e.body.count("One knob at a time") == 1
+    assert "`max_batch_size` = `8`" in e.body
