@@ -105,4 +105,6 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
     assert best.knobs == {"variant": "honest", "batching": "on"} and best.score > 1.5
     md = write_report(store, outcome.run_id, tmp_path / "report").read_text()
-    assert f"trial #{t[5].number}" in md and "Gate findings" in md
+    # the winner by its number: a host that stayed busier during the honest candidate makes the loop
+    # re-run it (a `retry` trial), and the retry is the winner
+    assert f"trial #{best.number}" in md and "Gate findings" in md
