@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROBE = "probe"  # orchestrator.proposers.search.PROBE (not imported: this module must not import optuna)
+PROBE = "probe"  # orchestrator.controller.PROBE (not imported: the CLI imports this package, the controller is heavy)
 
 __all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
 
