@@ -18,9 +18,12 @@ from typing import Any
 
 from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.state import snapshot
+from orchestrator.lease import pid_alive
+from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
 
-__all__ = ["LocalHost", "log_tail"]
+__all__ = ["LocalHost"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -36,13 +39,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
-
-
-def log_tail(path: str | Path, n: int = 30) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
 
 
 class LocalHost:
@@ -90,7 +86,7 @@ class LocalHost:
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
         p = getattr(self, "_popen", {}).pop(proc.pid, None)
         # Reap our child while waiting: a zombie leader still "exists" to killpg(pgid, 0).
-        _kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
+        kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
         if p is not None:
             try:
                 p.wait(timeout=grace_s)
@@ -114,13 +110,13 @@ class LocalHost:
                 continue
             owner, run_id = data.get("owner_pid"), data.get("run_id")
             if owner is not None:
-                dead = not _pid_alive(int(owner))
+                dead = not pid_alive(int(owner))
             else:
                 dead = run_id is not None and not run_is_live(int(run_id))
             if not dead:
                 continue
-            if _group_exists(pgid) and _is_our_server(pgid, data.get("argv")):
-                _kill_group(pgid, 5.0)
+            if group_exists(pgid) and _is_our_server(pgid, data.get("argv")):
+                kill_group(pgid, 5.0)
                 killed.append(pgid)
             f.unlink(missing_ok=True)
         return killed
@@ -201,17 +197,7 @@ class LocalHost:
 
     def site(self) -> Any:
         """Measurement in this process (see orchestrator.hosts.site)."""
-        # Imported on use: the site pulls in the gates and the bench, and this module must stay
-        # standard-library only (the remote agent imports it on hosts that lack those packages).
-        from orchestrator.hosts.site import LocalSite
-
         return LocalSite()
-
-
-def _pid_alive(pid: int) -> bool:
-    from orchestrator.lease import pid_alive
-
-    return pid_alive(pid)
 
 
 def _is_our_server(pgid: int, argv: list[str] | None) -> bool:
@@ -221,58 +207,3 @@ def _is_our_server(pgid: int, argv: list[str] | None) -> bool:
     except OSError:
         return True  # leader gone, group still there: its members are ours
     return not argv or [c.decode(errors="replace") for c in cmdline if c] == list(argv)
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _kill_group(pgid: int, grace_s: float, reap: Callable[[], object] | None = None) -> None:
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if reap is not None:
-            reap()
-        if not _group_exists(pgid):
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def listening_pids(port: int) -> set[int]:
-    """Linux: map LISTEN sockets on `port` (IPv4/IPv6) to the PIDs holding them via /proc."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            local, state, inode = parts[1], parts[3], parts[9]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{inode}]")
-    pids = set()
-    if not inodes:
-        return pids
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            for fd in (d / "fd").iterdir():
-                if os.readlink(fd) in inodes:
-                    pids.add(int(d.name))
-                    break
-        except (OSError, PermissionError):
-            continue
-    return pids

@@ -1,7 +1,7 @@
 """SSHHost: the Host protocol on a remote machine over SSH (paramiko).
 
 Everything that happens on the host goes through two shipped modules, run with the host's own
-Python: `orchestrator.remote.agent` (one short command per call: start a detached server in its
+Python: `orchestrator.remote.hostd` (one short command per call: start a detached server in its
 own session, stop its group, health, pids, pidfile sweep, tree manifests, fingerprint) and
 `orchestrator.remote.worker` (one long-lived process per run: gates and bench, next to the server).
 The code is shipped once per version (a stamp of its manifest); engine trees and models are
@@ -84,10 +84,10 @@ class SSHHost:
         w = self.workdir
         return remote_cmd(self.spec.python, "-m", module, *args, env={"PYTHONPATH": f"{w}/code"})
 
-    def agent(self, *args: str, stdin: bytes = b"", timeout_s: float = 600.0) -> dict:
-        """Run one agent op on the host and return its JSON answer."""
+    def hostd(self, *args: str, stdin: bytes = b"", timeout_s: float = 600.0) -> dict:
+        """Run one op of the host-side helper (`orchestrator.remote.hostd`) and return its JSON answer."""
         self.ship_code()
-        cmd = self.py_cmd("orchestrator.remote.agent", "--workdir", self.workdir, *args)
+        cmd = self.py_cmd("orchestrator.remote.hostd", "--workdir", self.workdir, *args)
         rc, out, err = self.conn.exec(cmd, stdin=stdin, timeout_s=timeout_s)
         lines = out.decode(errors="replace").strip().splitlines()
         if rc != 0 or not lines:
@@ -105,7 +105,7 @@ class SSHHost:
             full_env["CUDA_VISIBLE_DEVICES"] = self.spec.gpus
         req = {"argv": list(argv), "cwd": cwd, "env": full_env, "log_path": remote_log, "owner": self.owner,
                "token": uuid.uuid4().hex}
-        res = self.agent("start", stdin=json.dumps(req).encode())
+        res = self.hostd("start", stdin=json.dumps(req).encode())
         if "error" in res:
             raise HostError(f"{self.name}: {res['error']}")
         self._local_logs[remote_log] = local_log
@@ -113,7 +113,7 @@ class SSHHost:
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
         try:
-            res = self.agent("stop", str(proc.pgid), "--grace", str(grace_s), timeout_s=grace_s + 60)
+            res = self.hostd("stop", str(proc.pgid), "--grace", str(grace_s), timeout_s=grace_s + 60)
         except HostError:
             # The host is unreachable: its pidfile stays, and `hosts clean` / resume stops it later.
             return
@@ -136,14 +136,14 @@ class SSHHost:
         return local
 
     def log_tail(self, proc: Proc, lines: int = 30) -> str:
-        return self.agent("tail", proc.log_path, "--lines", str(lines))["tail"]
+        return self.hostd("tail", proc.log_path, "--lines", str(lines))["tail"]
 
     def alive(self, proc: Proc) -> bool:
-        return bool(self.agent("alive", str(proc.pid))["alive"])
+        return bool(self.hostd("alive", str(proc.pid))["alive"])
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         # The probe runs on the host: the server listens on the host's loopback.
-        res = self.agent("health", url, str(timeout_s), str(proc.pid), proc.log_path, timeout_s=timeout_s + 120)
+        res = self.hostd("health", url, str(timeout_s), str(proc.pid), proc.log_path, timeout_s=timeout_s + 120)
         if res.get("error") == "crashed":
             raise ServerCrashed(f"server exited before it became healthy on {self.name}; last log lines:\n{res['tail']}")
         if res.get("error") == "timeout":
@@ -152,21 +152,21 @@ class SSHHost:
         return float(res["waited"])
 
     def listening_pids(self, port: int) -> set[int]:
-        return set(self.agent("listening-pids", str(port))["pids"])
+        return set(self.hostd("listening-pids", str(port))["pids"])
 
     def group_pids(self, proc: Proc) -> set[int]:
-        return set(self.agent("group-pids", str(proc.pgid))["pids"])
+        return set(self.hostd("group-pids", str(proc.pgid))["pids"])
 
     def fingerprint(self) -> dict:
         if self._fingerprint is None:
-            fp = self.agent("fingerprint")
+            fp = self.hostd("fingerprint")
             fp.update(host=f"ssh://{self.spec.user + '@' if self.spec.user else ''}{self.spec.hostname}:{self.spec.port}",
                       host_name=self.name, gpus_visible=self.spec.gpus or "all")
             self._fingerprint = fp
         return dict(self._fingerprint)
 
     def free_port(self) -> int:
-        return int(self.agent("free-port")["port"])
+        return int(self.hostd("free-port")["port"])
 
     def run(self, argv: list[str], timeout_s: float = 600.0) -> tuple[int, str]:
         rc, out, err = self.conn.exec(remote_cmd(*argv), timeout_s=timeout_s)
@@ -175,7 +175,7 @@ class SSHHost:
     def sweep_orphans(self, *, everyone: bool = False) -> list[int]:
         """Stop the servers this workspace started on the host (pidfiles there); return their pgids."""
         args = ["clean", "--all"] if everyone else ["clean", "--owner", self.owner]
-        return list(self.agent(*args)["killed"])
+        return list(self.hostd(*args)["killed"])
 
     def site(self) -> Any:
         if self._site is None:

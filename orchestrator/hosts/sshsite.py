@@ -7,7 +7,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import paramiko
 
@@ -15,16 +15,48 @@ from gates import GateResult
 from gates.lock import LOCK_NAME, GateTampered, verify
 from orchestrator.bench import Scenario, ScenarioResult
 from orchestrator.hosts.base import HostError
-from orchestrator.hosts.sshconn import ConnectionLost
-from orchestrator.remote.agent import SYNC_META
+from orchestrator.hosts.sshconn import ConnectionLost, HostSpec, SSHConnection
+from orchestrator.remote.hostd import SYNC_META
 from orchestrator.remote.manifest import diff, manifest, tar_files, tree_digest
 
-if TYPE_CHECKING:  # SSHHost builds its RemoteSite; only the type is needed here
-    from orchestrator.hosts.ssh import SSHHost
-
-__all__ = ["RemoteSite", "SyncStats"]
+__all__ = ["RemoteSite", "ShippedHost", "SyncStats"]
 
 _GATES_DIR = Path(__file__).resolve().parents[2] / "gates"
+
+
+class ShippedHost(Protocol):
+    """What a RemoteSite needs of its host: `orchestrator.hosts.ssh.SSHHost` is the one, and builds it.
+
+    A protocol, not an import: the host builds its site, so the site naming the host's class would
+    tie the two modules in a circle.
+    """
+
+    name: str
+    owner: str
+    """Whose worker log and servers these are (`orchestrator.hosts.ssh.owner_id`)."""
+    spec: HostSpec
+    conn: SSHConnection
+
+    @property
+    def workdir(self) -> str:
+        """The host's work dir, an absolute path."""
+        ...
+
+    def ship_code(self) -> bool:
+        """Send orchestrator/ and gates/ to `workdir/code` unless the host has this version."""
+        ...
+
+    def py_cmd(self, module: str, *args: str) -> str:
+        """A shell command that runs `python -m module args` on the host with the shipped code."""
+        ...
+
+    def hostd(self, *args: str, stdin: bytes = b"", timeout_s: float = 600.0) -> dict:
+        """Run one op of `orchestrator.remote.hostd` on the host; its JSON answer."""
+        ...
+
+    def fingerprint(self) -> dict:
+        """The host's hardware and software facts."""
+        ...
 
 
 @dataclass
@@ -40,7 +72,7 @@ class SyncStats:
 class _Worker:
     """The host's measurement worker over one SSH channel; restarted (and the call retried) if it drops."""
 
-    def __init__(self, host: SSHHost) -> None:
+    def __init__(self, host: ShippedHost) -> None:
         self.host = host
         self.chan: paramiko.Channel | None = None
         self.restarts = -1
@@ -109,7 +141,7 @@ class _Worker:
 class RemoteSite:
     """The Site of an SSHHost: see orchestrator.hosts.site for the protocol."""
 
-    def __init__(self, host: SSHHost) -> None:
+    def __init__(self, host: ShippedHost) -> None:
         self.host = host
         self.python = host.spec.python
         self.worker = _Worker(host)
@@ -135,13 +167,13 @@ class RemoteSite:
         remote = f"{self.host.workdir}/{folder}/{local.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
         mine = manifest(local)
         seed = self._last_tree if kind == "tree" and self._last_tree != remote else ""
-        theirs = self.host.agent("manifest", remote, "--seed", seed)["files"]
+        theirs = self.host.hostd("manifest", remote, "--seed", seed)["files"]
         send, delete = diff(mine, theirs)
         stats = SyncStats(files_sent=len(send), files_deleted=len(delete))
         if send or delete:
             blob = tar_files(local, send, {SYNC_META: json.dumps({"delete": delete}).encode()})
             stats.bytes_sent = len(blob)
-            self.host.agent("receive", remote, stdin=blob)
+            self.host.hostd("receive", remote, stdin=blob)
         stats.seconds = time.perf_counter() - t0
         self.last_sync = stats
         self._digests[kind] = tree_digest(mine)

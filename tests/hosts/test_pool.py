@@ -36,9 +36,9 @@ def second_sshd(tmp_path):
 
 
 def _sweep(workdir: Path) -> None:
-    # The dead host's servers are still running on this machine: stop them through its agent.
+    # The dead host's servers are still running on this machine: stop them through its hostd.
     if workdir.exists():
-        subprocess.run([sys.executable, "-m", "orchestrator.remote.agent", "--workdir", str(workdir), "clean", "--all"],
+        subprocess.run([sys.executable, "-m", "orchestrator.remote.hostd", "--workdir", str(workdir), "clean", "--all"],
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, timeout=60)
 
 

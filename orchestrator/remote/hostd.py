@@ -1,4 +1,4 @@
-"""The host side of SSHHost: `python -m orchestrator.remote.agent OP ...`, one JSON line out.
+"""The host side of SSHHost: `python -m orchestrator.remote.hostd OP ...`, one JSON line out.
 
 Each call is a short process started over SSH. Servers are started detached, in their own session
 (so the SSH channel closing does not take them down, and one killpg stops the whole group), with
@@ -23,8 +23,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from orchestrator.hosts.local import _group_exists, _kill_group, listening_pids, log_tail
 from orchestrator.remote.manifest import manifest, tree_digest
+from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
 
 SYNC_META = ".infergoal-sync.json"
 
@@ -75,7 +75,7 @@ def op_start(a: argparse.Namespace) -> dict:
 
 def op_stop(a: argparse.Namespace) -> dict:
     """Stop the group; answer with the end of its log (one round trip instead of two)."""
-    _kill_group(a.pgid, a.grace)
+    kill_group(a.pgid, a.grace)
     pidfile = Path(a.workdir) / "servers" / f"{a.pgid}.json"
     log = ""
     try:
@@ -143,8 +143,8 @@ def op_clean(a: argparse.Namespace) -> dict:
             continue
         pgid = int(info["pgid"])
         # A PID the kernel has since given to someone else is not ours to kill.
-        if _group_exists(pgid) and _start_time(pgid) == info.get("start_time"):
-            _kill_group(pgid, 5.0)
+        if group_exists(pgid) and _start_time(pgid) == info.get("start_time"):
+            kill_group(pgid, 5.0)
             killed.append(pgid)
         else:
             stale.append(pgid)
@@ -215,7 +215,7 @@ def op_fingerprint(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.remote.agent")
+    p = argparse.ArgumentParser(prog="python -m orchestrator.remote.hostd")
     p.add_argument("--workdir", required=True)
     sub = p.add_subparsers(dest="op", required=True)
     sub.add_parser("start")

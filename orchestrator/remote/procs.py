@@ -1,0 +1,78 @@
+"""Process groups, ports and logs on this machine, standard library only.
+
+Two users: `LocalHost` in the orchestrator's process, and `orchestrator.remote.hostd` on an SSH
+host that may have nothing of infergoal's dependencies but Python. Living here, below both, the
+host-side helper does not import `orchestrator.hosts`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["group_exists", "kill_group", "listening_pids", "log_tail"]
+
+
+def log_tail(path: str | Path, n: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def kill_group(pgid: int, grace_s: float, reap: Callable[[], object] | None = None) -> None:
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
+        if not group_exists(pgid):
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def listening_pids(port: int) -> set[int]:
+    """Linux: map LISTEN sockets on `port` (IPv4/IPv6) to the PIDs holding them via /proc."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            local, state, inode = parts[1], parts[3], parts[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{inode}]")
+    pids = set()
+    if not inodes:
+        return pids
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            for fd in (d / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    pids.add(int(d.name))
+                    break
+        except (OSError, PermissionError):
+            continue
+    return pids
