@@ -1,6 +1,36 @@
-"""Hosts: where engines run. One protocol: `local`, `ssh` (orchestrator.hosts.ssh, paramiko), and a pool of them."""
+"""Hosts: where engines run. One protocol (`base`), two backends picked by a string key: `local`
+(this machine) and `ssh` (orchestrator.hosts.ssh, paramiko), and a pool of them."""
 
-from orchestrator.hosts.base import Host, HostError, Proc, ServerCrashed, ServerTimeout, get_host, get_hosts
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.hosts.base import Host, HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.local import LocalHost
 
 __all__ = ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
+
+
+def get_host(spec: str, *, state_dir: str | Path) -> Host:
+    """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`."""
+    if spec in ("", "local", "localhost"):
+        return LocalHost(state_dir=state_dir)
+    # Imported on use: the SSH side brings paramiko, and a local run need not pay for it.
+    from orchestrator.hosts.registry import HostRegistry
+    from orchestrator.hosts.ssh import SSHHost
+    from orchestrator.hosts.sshconn import parse_ssh_url
+
+    if spec.startswith("ssh://"):
+        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir)  # named by its URL in messages
+    known = HostRegistry(state_dir)
+    if spec in known.names():
+        return SSHHost(known.get(spec), state_dir=state_dir)
+    raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
+
+
+def get_hosts(spec: str, *, state_dir: str | Path) -> list[Host]:
+    """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
+    parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
+    if len(set(parts)) != len(parts):
+        raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
+    return [get_host(p, state_dir=state_dir) for p in parts]

@@ -1,4 +1,4 @@
-"""The Host protocol and its errors."""
+"""The Host protocol, the process it launches, and its errors. Picking a host by name: `orchestrator.hosts`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
+__all__ = ["Host", "HostError", "Proc", "ServerCrashed", "ServerTimeout"]
 
 
 class HostError(RuntimeError):
@@ -32,7 +32,7 @@ class Proc:
 
 
 class Host(Protocol):
-    """Where an engine runs. Implementations: LocalHost (this machine)."""
+    """Where an engine runs. Implementations: LocalHost (this machine), SSHHost (a box over SSH)."""
 
     name: str
 
@@ -71,31 +71,3 @@ class Host(Protocol):
         (`orchestrator.hosts.state.snapshot`); `proc`'s group is the server under test, whose CPU
         and runnable threads are not counted as other tenants' load."""
         ...
-
-
-def get_host(spec: str, *, state_dir: str | Path) -> Host:
-    """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`."""
-    # Imported here, not at the top: the SSH side needs paramiko, and `orchestrator.hosts` must
-    # stay importable with the standard library alone (the agent shipped to a host imports it).
-    from orchestrator.hosts.local import LocalHost
-
-    if spec in ("", "local", "localhost"):
-        return LocalHost(state_dir=state_dir)
-    from orchestrator.hosts.registry import HostRegistry
-    from orchestrator.hosts.ssh import SSHHost
-    from orchestrator.hosts.sshconn import parse_ssh_url
-
-    if spec.startswith("ssh://"):
-        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir)  # named by its URL in messages
-    known = HostRegistry(state_dir)
-    if spec in known.names():
-        return SSHHost(known.get(spec), state_dir=state_dir)
-    raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
-
-
-def get_hosts(spec: str, *, state_dir: str | Path) -> list[Host]:
-    """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
-    parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
-    if len(set(parts)) != len(parts):
-        raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
-    return [get_host(p, state_dir=state_dir) for p in parts]
