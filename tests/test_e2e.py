@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.goal import parse_goal
-from orchestrator.hosts.local import listening_pids
+from orchestrator.remote.procs import listening_pids
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.workspace import Workspace
