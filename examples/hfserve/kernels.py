@@ -34,8 +34,9 @@ kernels run under ``TRITON_INTERPRET=1`` (set before triton is imported).
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -61,9 +62,7 @@ def _interpreter_shim() -> None:
     This re-registers ``__index__`` per launch to read the single element; compiled runs never
     come here.
     """
-    import os
-
-    if not os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes"):
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
         return
     from triton.runtime import interpreter
 
@@ -184,15 +183,15 @@ if HAVE_TRITON:
         tl.store(Y + row * sy + offs, y.to(dt), mask=m)
 
     @triton.jit
-    def _silu_mul_kernel(GU, O, sg, so, INTER, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GU, OUT, sg, so, INTER, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < INTER
-        dt = O.dtype.element_ty
+        dt = OUT.dtype.element_ty
         g = tl.load(GU + row * sg + offs, mask=m, other=0.0).to(tl.float32)
         u = tl.load(GU + row * sg + INTER + offs, mask=m, other=0.0).to(tl.float32)
         a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-        tl.store(O + row * so + offs, (a * u).to(dt), mask=m)
+        tl.store(OUT + row * so + offs, (a * u).to(dt), mask=m)
 
     @triton.jit
     def _rope_store_kernel(QKV, COS, SIN, POS, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
@@ -225,7 +224,7 @@ if HAVE_TRITON:
             tl.store(VL + off, v, mask=dm)
 
     @triton.jit
-    def _decode_attn_kernel(Q, KL, VL, POS, O, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
+    def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
                             G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         # One program per (row, kv head): its G query heads share every key/value load (GQA).
@@ -237,7 +236,7 @@ if HAVE_TRITON:
         d = tl.arange(0, BLOCK_D)
         gm = g < G
         dm = d < HD
-        dt = O.dtype.element_ty
+        dt = OUT.dtype.element_ty
         heads = kh * G + g
         # Dots in float32: bf16/fp16 values are exact in tf32, so PREC="tf32" costs no accuracy and
         # the CPU interpreter (which cannot multiply bf16) runs the same code.
@@ -263,7 +262,7 @@ if HAVE_TRITON:
             acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
             m_i = m_new
         o = acc / l_i[:, None]
-        tl.store(O + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
+        tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
 
 def _need_triton() -> None:
