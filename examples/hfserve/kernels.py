@@ -21,7 +21,15 @@ work (each a handful of tiny kernels per layer, each a full round trip through H
   path pays for the whole bucket; this kernel stops at ``pos``).
 
 Together the prediction is ~2 ms of the 2.06 + 1.2 ms, i.e. a step near 5.2 ms; the rest of the gap
-to the floor is then the GEMMs and the lm_head. These are predictions, to be measured on the H200.
+to the floor is then the GEMMs and the lm_head. These were predictions, written before measuring.
+
+Measured since (H200, Triton 3.6, random 7B-shape weights, graph replay, benchmarks/gpu/check_kernels.py
+has the numbers): the whole step at batch 1 went 7.07 -> 4.87 ms (-2.2 ms; predicted -2.0), at batch 8
+8.73 -> 5.47 ms. Per call at batch 1 the norms went 13-15 -> 1.6-2.0 us (x65 per step: ~0.8 ms, predicted
+0.7), rope_store 31.8 -> 1.8 us (x32: ~1.0 ms, predicted 0.9), silu_mul 3.7 -> 1.5 us (x32: 0.07 ms,
+predicted 0.1), decode_attn 30.6 -> 21.0 us (x32: 0.3 ms, predicted 0.3). decode_attn is the one far from
+its floor (~3 us of K/V per layer at these lengths): one program per (row, kv head) is only 32 programs
+at batch 1 on 132 SMs; splitting the context across programs (split-KV) is its next step.
 
 ``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
