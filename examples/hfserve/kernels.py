@@ -1,0 +1,391 @@
+"""Fused Triton kernels for the fast engine's decode step, each beside its torch reference.
+
+Where the time goes (H200, 7B shape, bf16, graph decode at batch 1): the step is 7.22 ms against a
+3.41 ms floor; the GEMMs run near bandwidth, while ~2.06 ms go to unfused norms, RoPE and elementwise
+work (each a handful of tiny kernels per layer, each a full round trip through HBM for a few KB) and
+~1.2 ms to gaps between ~500 kernels. Every kernel here replaces several of those launches with one:
+
+* ``rmsnorm`` / ``add_rmsnorm``: FastModel._rms is ~7 kernels (cast, pow, mean, add, rsqrt, mul,
+  cast, mul); the residual add is one more. Fused: one kernel per norm, the residual written
+  alongside. 65 norms per step -> ~450 launches become 65.
+  *Prediction*: ~0.7 ms saved per step at batch 1 (launches and the float32 temporaries).
+* ``silu_mul``: silu, slice and multiply (3 kernels, 2 temporaries of [B, 11008]) -> 1.
+  *Prediction*: ~0.1 ms per step.
+* ``rope_store``: split, two rotate-halves (neg + cat each), four muls, two adds and two index_put
+  stores into the KV pool (~14 kernels per layer) -> 1 kernel that also writes K and V.
+  *Prediction*: ~0.9 ms per step (about 420 launches gone), the biggest single win.
+* ``decode_attn``: the masked bias, two matmuls, the float cast, scale, softmax and casts
+  (~8 kernels, an [B, nh, ctx] float32 score tensor through HBM twice) -> 1 flash-decoding kernel
+  that reads each cached key/value once per (row, kv head) and masks by position, not by bucket.
+  *Prediction*: ~0.3 ms per step at short contexts, growing with the context bucket (the unfused
+  path pays for the whole bucket; this kernel stops at ``pos``).
+
+Together the prediction is ~2 ms of the 2.06 + 1.2 ms, i.e. a step near 5.2 ms; the rest of the gap
+to the floor is then the GEMMs and the lm_head. These were predictions, written before measuring.
+
+Measured since (H200, Triton 3.6, random 7B-shape weights, graph replay, benchmarks/gpu/check_kernels.py
+has the numbers): the whole step at batch 1 went 7.07 -> 4.87 ms (-2.2 ms; predicted -2.0), at batch 8
+8.73 -> 5.47 ms. Per call at batch 1 the norms went 13-15 -> 1.6-2.0 us (x65 per step: ~0.8 ms, predicted
+0.7), rope_store 31.8 -> 1.8 us (x32: ~1.0 ms, predicted 0.9), silu_mul 3.7 -> 1.5 us (x32: 0.07 ms,
+predicted 0.1), decode_attn 30.6 -> 21.0 us (x32: 0.3 ms, predicted 0.3). decode_attn is the one far from
+its floor (~3 us of K/V per layer at these lengths): one program per (row, kv head) is only 32 programs
+at batch 1 on 132 SMs; splitting the context across programs (split-KV) is its next step.
+
+``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
+``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
+arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
+KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
+cos/sin tables ``[positions, hd]``, rotate-half convention. Nothing here syncs with the host, so
+every op may be captured in a CUDA graph. Only Triton API present in 3.6 is used; on the CPU the
+kernels run under ``TRITON_INTERPRET=1`` (set before triton is imported).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the torch ops need no triton
+    triton = None
+
+__all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "rope_store_ref", "decode_attn_ref",
+           "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "HAVE_TRITON"]
+
+HAVE_TRITON = triton is not None
+
+
+def _interpreter_shim() -> None:
+    """Let the CPU interpreter take a loaded scalar as a loop bound under numpy >= 2.
+
+    Triton 3.6's interpreter holds scalars as 1-element arrays and turns them into a Python int
+    with ``int(array)``, which numpy 2 refuses for arrays of one dimension; ``range(0, n, BLOCK)``
+    with ``n`` loaded from memory (decode_attn's stop at ``pos``) then fails on the CPU only.
+    This re-registers ``__index__`` per launch to read the single element; compiled runs never
+    come here.
+    """
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() not in ("1", "true", "on", "yes"):
+        return
+    from triton.runtime import interpreter
+
+    orig = interpreter._patch_lang_tensor
+    if getattr(orig, "_infergoal_shim", False):
+        return
+
+    def patched(tensor, scope):  # noqa: ANN001 (triton's internal types)
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._infergoal_shim = True
+    interpreter._patch_lang_tensor = patched
+
+
+if HAVE_TRITON:
+    _interpreter_shim()
+
+
+def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+# -- torch references (FastModel's arithmetic) -------------------------------------------------
+
+
+def rmsnorm_ref(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm as HF Llama does it: float32 statistics, cast back, then times the weight."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return _into(out, w * xf.to(x.dtype))
+
+
+def add_rmsnorm_ref(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float,
+                    out: torch.Tensor | None = None,
+                    residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual, normed) = (x + delta, rmsnorm(x + delta) * w)."""
+    r = _into(residual_out, x + delta)
+    return r, rmsnorm_ref(r, w, eps, out)
+
+
+def silu_mul_ref(gu: torch.Tensor, inter: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU's activation on the fused gate/up output: silu(gu[..., :inter]) * gu[..., inter:]."""
+    return _into(out, F.silu(gu[..., :inter]) * gu[..., inter:])
+
+
+def _rot(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+                   K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate q and k of one decode step, store k and v at ``K[layer, b, :, pos[b]]``; return q [B, nh, hd]."""
+    B, nkv, hd = qkv.shape[0], K.shape[2], K.shape[4]
+    nh = qkv.shape[-1] // hd - 2 * nkv
+    q_end, k_end = nh * hd, (nh + nkv) * hd
+    q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+    c, s = cos[pos][:, None, :], sin[pos][:, None, :]
+    q = q.view(B, nh, hd)
+    k = k.view(B, nkv, hd)
+    q = q * c + _rot(q) * s
+    k = k * c + _rot(k) * s
+    rows = torch.arange(B, device=qkv.device)
+    K[layer, rows, :, pos] = k
+    V[layer, rows, :, pos] = v.reshape(B, nkv, hd)
+    return _into(q_out, q)
+
+
+def decode_attn_ref(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
+                    ctx: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GQA decode attention over cache ``[0, ctx)`` masked to ``<= pos[b]``; returns [B, nh*hd]."""
+    nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
+    g = nh // nkv
+    keep = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]
+    bias = torch.zeros(B, ctx, device=q.device, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+    kc, vc = K[layer, :B, :, :ctx], V[layer, :B, :, :ctx]
+    s = torch.matmul(q.view(B, nkv, g, hd), kc.transpose(-1, -2)).float() * scale
+    p = torch.softmax(s + bias[:, None, None, :], dim=-1).to(q.dtype)
+    return _into(out, torch.matmul(p, vc).reshape(B, nh * hd))
+
+
+# -- Triton kernels -----------------------------------------------------------------------------
+
+if HAVE_TRITON:
+    # Reductions go through tl.reduce with our own combine functions, not tl.sum / tl.max: those
+    # are @jit functions of triton's standard library, fixed as compiled or interpreted when triton
+    # is first imported, so a process that imported triton before setting TRITON_INTERPRET (pytest
+    # over the whole suite: transformers imports it) could not run them on the CPU. Same code on GPU.
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _fmax(a, b):
+        return tl.maximum(a, b)
+
+    @triton.jit
+    def _rmsnorm_kernel(X, D, W, R, Y, sx, sd, sr, sy, N, eps,
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        m = offs < N
+        dt = Y.dtype.element_ty
+        x = tl.load(X + row * sx + offs, mask=m, other=0.0).to(tl.float32)
+        if HAS_DELTA:
+            # The residual is rounded to the model dtype first, as ``x + delta`` is in torch.
+            x = (x + tl.load(D + row * sd + offs, mask=m, other=0.0).to(tl.float32)).to(dt)
+            tl.store(R + row * sr + offs, x, mask=m)
+            x = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.reduce(x * x, 0, _add) / N + eps)
+        w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+        y = (x * rstd).to(dt).to(tl.float32) * w
+        tl.store(Y + row * sy + offs, y.to(dt), mask=m)
+
+    @triton.jit
+    def _silu_mul_kernel(GU, OUT, sg, so, INTER, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < INTER
+        dt = OUT.dtype.element_ty
+        g = tl.load(GU + row * sg + offs, mask=m, other=0.0).to(tl.float32)
+        u = tl.load(GU + row * sg + INTER + offs, mask=m, other=0.0).to(tl.float32)
+        a = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        tl.store(OUT + row * so + offs, (a * u).to(dt), mask=m)
+
+    @triton.jit
+    def _rope_store_kernel(QKV, COS, SIN, POS, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
+                           NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr):
+        # One program per (row, head) over the nh q heads and then the nkv k heads; a k program
+        # also copies its v head, so the whole step's RoPE and KV store is this one launch.
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        p = tl.load(POS + b).to(tl.int64)
+        d = tl.arange(0, BLOCK_D)
+        dm = d < HD
+        half: tl.constexpr = HD // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        dt = QO.dtype.element_ty
+        c = tl.load(COS + p * s_cos + d, mask=dm, other=0.0).to(tl.float32)
+        s = tl.load(SIN + p * s_cos + d, mask=dm, other=0.0).to(tl.float32)
+        base = QKV + b * s_qkv + h * HD
+        x = tl.load(base + d, mask=dm, other=0.0).to(tl.float32)
+        xr = tl.load(base + partner, mask=dm, other=0.0).to(tl.float32) * sign
+        # Round each product as torch's ``q * cos + rot(q) * sin`` does in the model dtype.
+        y = ((x * c).to(dt).to(tl.float32) + (xr * s).to(dt).to(tl.float32)).to(dt)
+        if h < NH:
+            tl.store(QO + b * s_qb + h * s_qh + d, y, mask=dm)
+        else:
+            kh = h - NH
+            off = b * s_kb + kh * s_kh + p * s_kp + d
+            tl.store(KL + off, y, mask=dm)
+            v = tl.load(QKV + b * s_qkv + (NH + NKV + kh) * HD + d, mask=dm, other=0.0)
+            tl.store(VL + off, v, mask=dm)
+
+    @triton.jit
+    def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
+                            G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                            BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        # One program per (row, kv head): its G query heads share every key/value load (GQA).
+        b = tl.program_id(0).to(tl.int64)
+        kh = tl.program_id(1)
+        p = tl.load(POS + b).to(tl.int32)
+        n = tl.minimum(p + 1, CTX)  # padded rows may sit past the bucket; the reference then sees all of it
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        gm = g < G
+        dm = d < HD
+        dt = OUT.dtype.element_ty
+        heads = kh * G + g
+        # Dots in float32: bf16/fp16 values are exact in tf32, so PREC="tf32" costs no accuracy and
+        # the CPU interpreter (which cannot multiply bf16) runs the same code.
+        q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0).to(tl.float32)
+        kbase = KL + b * s_kb + kh * s_kh
+        vbase = VL + b * s_kb + kh * s_kh
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_G], 0.0, tl.float32)
+        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
+        for start in range(0, n, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            cm = cols < n
+            kvm = cm[:, None] & dm[None, :]
+            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # log2 units
+            s = tl.where(cm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
+            alpha = tl.exp2(m_i - m_new)
+            pe = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(pe, 1, _add)
+            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
+            m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
+
+
+def _need_triton() -> None:
+    if not HAVE_TRITON:
+        raise RuntimeError("the triton kernels need the triton package (pip install triton)")
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: float,
+          out: torch.Tensor | None, residual_out: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    _need_triton()
+    N = x.shape[-1]
+    x2 = _rows(x)
+    y = out if out is not None else torch.empty_like(x)
+    y2 = y.view(-1, N)
+    if delta is None:
+        d2, r, r2 = x2, None, x2
+    else:
+        d2 = _rows(delta)
+        r = residual_out if residual_out is not None else torch.empty_like(x)
+        r2 = r.view(-1, N)
+    _rmsnorm_kernel[(x2.shape[0],)](x2, d2, w, r2, y2, x2.stride(0), d2.stride(0), r2.stride(0), y2.stride(0),
+                                    N, float(eps), HAS_DELTA=delta is not None,
+                                    BLOCK=triton.next_power_of_2(N), num_warps=4 if N <= 4096 else 8)
+    return r, y
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton RMSNorm over the last dim (one program per row); ``out`` may be preallocated."""
+    return _norm(x, None, w, eps, out, None)[1]
+
+
+def add_rmsnorm(x: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, eps: float,
+                out: torch.Tensor | None = None,
+                residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass: (x + delta, rmsnorm(x + delta) * w). ``residual_out=x`` updates the residual in place."""
+    r, y = _norm(x, delta, w, eps, out, residual_out)
+    return r, y
+
+
+def silu_mul(gu: torch.Tensor, inter: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton silu(gu[..., :inter]) * gu[..., inter:]."""
+    _need_triton()
+    g2 = _rows(gu)
+    o = out if out is not None else torch.empty(*gu.shape[:-1], inter, dtype=gu.dtype, device=gu.device)
+    o2 = o.view(-1, inter)
+    block = min(1024, triton.next_power_of_2(inter))
+    _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, o2, g2.stride(0), o2.stride(0), inter,
+                                                              BLOCK=block, num_warps=4)
+    return o
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
+               K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton RoPE of a decode step's q and k plus the KV-pool store, in one launch; returns q [B, nh, hd]."""
+    _need_triton()
+    B, nkv, hd = qkv.shape[0], K.shape[2], K.shape[4]
+    nh = qkv.shape[-1] // hd - 2 * nkv
+    assert qkv.stride(-1) == 1 and cos.stride(-1) == 1 and sin.stride() == cos.stride()
+    assert K.stride() == V.stride() and K.stride(-1) == 1
+    q = q_out if q_out is not None else torch.empty(B, nh, hd, dtype=qkv.dtype, device=qkv.device)
+    KL, VL = K[layer], V[layer]  # views: the layer offset is folded into the pointer on the host
+    _rope_store_kernel[(B, nh + nkv)](qkv, cos, sin, pos, q, KL, VL, qkv.stride(0), cos.stride(0),
+                                      q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
+                                      NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1)
+    return q
+
+
+def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
+                ctx: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton GQA flash-decoding over cache ``[0, min(pos[b] + 1, ctx))``; returns [B, nh*hd]."""
+    _need_triton()
+    nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
+    g = nh // nkv
+    assert q.stride(-1) == 1 and K.stride() == V.stride() and K.stride(-1) == 1
+    o = out if out is not None else torch.empty(B, nh * hd, dtype=q.dtype, device=q.device)
+    KL, VL = K[layer], V[layer]
+    # tl.dot wants every dim >= 16 on the GPU; padded query rows are zeros and never stored.
+    _decode_attn_kernel[(B, nkv)](q, KL, VL, pos, o, ctx, float(scale) * 1.4426950408889634,
+                                  q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2), o.stride(0),
+                                  G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
+                                  BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=64,
+                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+    return o
+
+
+# -- selector -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The decode step's non-GEMM work, as one backend implements it."""
+
+    name: str
+    rmsnorm: Callable[..., torch.Tensor]
+    add_rmsnorm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    silu_mul: Callable[..., torch.Tensor]
+    rope_store: Callable[..., torch.Tensor]
+    decode_attn: Callable[..., torch.Tensor]
+
+
+_OPS = {
+    "torch": Ops("torch", rmsnorm_ref, add_rmsnorm_ref, silu_mul_ref, rope_store_ref, decode_attn_ref),
+    "triton": Ops("triton", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
+}
+
+
+def get_ops(name: str) -> Ops:
+    """``"torch"`` (FastModel's current arithmetic) or ``"triton"`` (the fused kernels)."""
+    if name not in _OPS:
+        raise ValueError(f"unknown kernels {name!r}; choose from {sorted(_OPS)}")
+    if name == "triton":
+        _need_triton()
+    return _OPS[name]

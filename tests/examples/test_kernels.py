@@ -1,0 +1,241 @@
+"""The fast engine's Triton kernels agree with their torch references, on the CPU (interpreter).
+
+Each kernel is checked against the torch code it replaces (examples/hfserve/kernels.py keeps both),
+in float32 and bfloat16, and "both ways": the same tolerance check must reject a deliberately wrong
+variant (perturbed eps, RoPE rotating the wrong way, attention one position short), so a pass means
+the check can see an error of that size. Last, a Llama-shaped decode step built from the triton ops
+equals the same step built from the torch ops (logits, greedy ids and the KV pool it writes).
+
+Tolerances: float32 1e-5 (same arithmetic, only summation order differs). bfloat16 rtol = atol =
+2**-6, two bf16 ulps on values of order one: the kernels round exactly where torch does, but
+Triton's CPU interpreter rounds float32 -> bfloat16 toward zero where the GPU (and torch) round to
+nearest even, so each rounding step may land one ulp off; attention's probabilities are rounded to
+bf16 in torch but kept in float32 here. The wrong variants miss by 3x (bf16 eps) to 100x that.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
+
+
+def _import_interpreted():
+    """Import kernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
+
+    Set at import rather than for the session, so the rest of a whole-suite run sees the env as it was.
+    """
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import kernels as mod
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled
+            mod = importlib.reload(mod)
+        return mod
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+K = _import_interpreted()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpret():
+    """The interpreter reads TRITON_INTERPRET at each launch too; keep it set only for this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2.0 ** -6}
+# The small shape: 2 layers, B=3 of 4 slots, 4 q heads over 2 kv heads, head_dim 16, bucket 64.
+LAYERS, SLOTS, NH, NKV, HD, CAP, B, CTX = 2, 4, 4, 2, 16, 80, 3, 64
+POS = torch.tensor([5, 33, 63])  # odd positions; the last at the bucket's end
+EPS = 1e-5
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    """The one check every test uses, both ways: |got - want| <= tol + tol * |want| elementwise."""
+    tol = TOL[dtype]
+    return bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol))
+
+
+def _rand(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _pool(dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (LAYERS, SLOTS, NKV, CAP, HD)
+    return _rand(*shape, dtype=dtype, seed=seed), _rand(*shape, dtype=dtype, seed=seed + 1)
+
+
+def _tables(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # FastModel's tables: float32 angles, rotate-half layout (the half repeated), cast to the model dtype.
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HD, 2).float() / HD))
+    ang = torch.arange(CAP).float()[:, None] * inv[None, :]
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+# -- each kernel against its reference, and the check catching a wrong one --------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm(dtype) -> None:
+    x, w = _rand(B, 2, 96, dtype=dtype, seed=1), _rand(96, dtype=dtype, seed=2)
+    want = K.rmsnorm_ref(x, w, EPS)
+    assert close(K.rmsnorm(x, w, EPS), want, dtype)
+    out = torch.empty_like(x)
+    assert K.rmsnorm(x, w, EPS, out=out) is out and close(out, want, dtype)
+    assert not close(K.rmsnorm(x, w, 0.1), want, dtype)  # eps perturbed: caught
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rmsnorm(dtype) -> None:
+    x, d, w = (_rand(B, 96, dtype=dtype, seed=s) for s in (3, 4, 5))
+    w = w[0]
+    r_want, y_want = K.add_rmsnorm_ref(x, d, w, EPS)
+    r, y = K.add_rmsnorm(x, d, w, EPS)
+    # The residual is one rounding of x + delta: exact in float32 (and on the GPU); the
+    # interpreter's truncating bf16 cast may leave it one ulp off.
+    same = torch.equal if dtype == torch.float32 else (lambda a, b: close(a, b, dtype))
+    assert same(r, r_want)
+    assert close(y, y_want, dtype)
+    # In place: the residual overwrites x, the norm goes to a preallocated buffer.
+    xi, out = x.clone(), torch.empty_like(x)
+    r2, y2 = K.add_rmsnorm(xi, d, w, EPS, out=out, residual_out=xi)
+    assert r2 is xi and y2 is out and same(xi, r_want) and close(out, y_want, dtype)
+    assert not close(K.add_rmsnorm(x, d, w, 0.1)[1], y_want, dtype)  # eps perturbed: caught
+    assert not close(K.add_rmsnorm(x, -d, w, EPS)[1], y_want, dtype)  # delta subtracted: caught
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype) -> None:
+    inter = 40
+    gu = _rand(B, 2 * inter, dtype=dtype, seed=6)
+    want = K.silu_mul_ref(gu, inter)
+    assert close(K.silu_mul(gu, inter), want, dtype)
+    swapped = torch.cat([gu[:, inter:], gu[:, :inter]], dim=-1)
+    assert not close(K.silu_mul(swapped, inter), want, dtype)  # gate and up swapped: caught
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_store(dtype) -> None:
+    cos, sin = _tables(dtype)
+    qkv = _rand(B, (NH + 2 * NKV) * HD, dtype=dtype, seed=7)
+    K0, V0 = _pool(dtype, 8)
+    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    q_want = K.rope_store_ref(qkv, cos, sin, POS, Kr, Vr, 1)
+    q = K.rope_store(qkv, cos, sin, POS, Kt, Vt, 1)
+    assert q.shape == (B, NH, HD)
+    assert close(q, q_want, dtype) and close(Kt, Kr, dtype)
+    assert torch.equal(Vt, Vr)  # v is copied, not computed
+    # Only K[1, b, :, pos[b]] moved: everything else in the pool is untouched.
+    touched = torch.zeros(LAYERS, SLOTS, NKV, CAP, dtype=torch.bool)
+    touched[1, torch.arange(B), :, POS] = True
+    assert torch.equal(Kt[~touched], K0[~touched]) and not torch.equal(Kt[touched], K0[touched])
+    # Rotating the wrong way (the rotate-half sign flipped, i.e. -sin) is caught, in q and in K.
+    Kw, Vw = K0.clone(), V0.clone()
+    q_bad = K.rope_store(qkv, cos, -sin, POS, Kw, Vw, 1)
+    assert not close(q_bad, q_want, dtype) and not close(Kw, Kr, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attn(dtype) -> None:
+    K0, V0 = _pool(dtype, 9)
+    q = _rand(B, NH, HD, dtype=dtype, seed=10)
+    scale = HD ** -0.5
+    want = K.decode_attn_ref(q, K0, V0, 1, B, POS, CTX, scale)
+    got = K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale)
+    assert got.shape == (B, NH * HD) and got.dtype == dtype
+    assert close(got, want, dtype)
+    assert not close(K.decode_attn(q, K0, V0, 1, B, POS - 1, CTX, scale), want, dtype)  # one short: caught
+    assert not close(K.decode_attn(q, K0, V0, 0, B, POS, CTX, scale), want, dtype)  # wrong layer: caught
+    # A padded row parked past the bucket (the scratch position) attends to the whole bucket,
+    # as the reference's mask does.
+    far = torch.tensor([5, CAP - 1, 63])
+    assert close(K.decode_attn(q, K0, V0, 1, B, far, CTX, scale), K.decode_attn_ref(q, K0, V0, 1, B, far, CTX, scale),
+                 dtype)
+
+
+def test_get_ops() -> None:
+    assert K.get_ops("torch").rmsnorm is K.rmsnorm_ref
+    assert K.get_ops("triton").decode_attn is K.decode_attn
+    with pytest.raises(ValueError, match="unknown kernels"):
+        K.get_ops("cuda-c")
+
+
+# -- a Llama-shaped decode step, triton ops against torch ops ------------------------------------
+
+
+HIDDEN, INTER, VOCAB = NH * HD, 96, 50
+
+
+def _tiny_llama(dtype: torch.dtype) -> dict:
+    """Random weights in FastModel's layout (fused qkv and gate/up), scaled like a trained model."""
+    g = torch.Generator().manual_seed(11)
+
+    def w(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * shape[-1] ** -0.5).to(dtype)
+
+    def ln() -> torch.Tensor:
+        return (1.0 + 0.1 * torch.randn(HIDDEN, generator=g)).to(dtype)
+
+    layers = [{"ln1": ln(), "ln2": ln(), "qkv": w((NH + 2 * NKV) * HD, HIDDEN), "o": w(HIDDEN, NH * HD),
+               "gu": w(2 * INTER, HIDDEN), "down": w(HIDDEN, INTER)} for _ in range(LAYERS)]
+    return {"embed": torch.randn(VOCAB, HIDDEN, generator=g).to(dtype), "layers": layers, "norm": ln(),
+            "lm_head": w(VOCAB, HIDDEN)}
+
+
+def decode_step(ops, m: dict, tokens, pos, ctx, Kp, Vp, cos, sin):
+    """FastModel.decode written against an Ops object: the shape of the future integration.
+
+    The residual add of each sub-layer is fused with the norm that follows it (the next layer's
+    ln1, or the final norm), which is the same arithmetic as FastModel's ``x = x + ...; _rms(x)``.
+    """
+    B_ = tokens.shape[0]
+    x = m["embed"][tokens]
+    h = ops.rmsnorm(x, m["layers"][0]["ln1"], EPS)
+    for li, L in enumerate(m["layers"]):
+        q = ops.rope_store(h @ L["qkv"].t(), cos, sin, pos, Kp, Vp, li)
+        o = ops.decode_attn(q, Kp, Vp, li, B_, pos, ctx, HD ** -0.5)
+        x, h = ops.add_rmsnorm(x, o @ L["o"].t(), L["ln2"], EPS)
+        d = ops.silu_mul(h @ L["gu"].t(), INTER) @ L["down"].t()
+        nxt = m["layers"][li + 1]["ln1"] if li + 1 < len(m["layers"]) else m["norm"]
+        x, h = ops.add_rmsnorm(x, d, nxt, EPS)
+    logits = (h @ m["lm_head"].t()).float()
+    return logits, torch.argmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_step_triton_equals_torch(dtype) -> None:
+    m = _tiny_llama(dtype)
+    cos, sin = _tables(dtype)
+    tokens = torch.tensor([3, 17, 42])
+    K0, V0 = _pool(dtype, 12)  # a "prefilled" cache: everything before pos is some earlier prompt
+    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    want, want_ids = decode_step(K.get_ops("torch"), m, tokens, POS, CTX, Kr, Vr, cos, sin)
+    got, got_ids = decode_step(K.get_ops("triton"), m, tokens, POS, CTX, Kt, Vt, cos, sin)
+    # Errors compound over two layers and three GEMMs on rounded inputs: 4x the per-kernel tolerance.
+    tol = 4 * TOL[dtype]
+    assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
+    assert torch.equal(got_ids, want_ids)
+    assert torch.allclose(Kt.float(), Kr.float(), rtol=tol, atol=tol)
+    assert torch.allclose(Vt.float(), Vr.float(), rtol=tol, atol=tol)
+    # Both ways: the same step with attention one position short is caught by the same check.
+    Kb, Vb = K0.clone(), V0.clone()
+    bad, _ = decode_step(K.get_ops("triton"), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
+    assert not torch.allclose(bad, want, rtol=tol, atol=tol)
