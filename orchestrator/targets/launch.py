@@ -12,21 +12,18 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 
-if TYPE_CHECKING:
-    from orchestrator.targets.spec import TargetSpec
+from orchestrator.targets.base import Target, TargetError
 
 __all__ = ["interpreter", "knob_flags", "render_argv", "render_env"]
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 
 
-def _render(target: TargetSpec, what: str, template: str, **ctx: Any) -> str:
-    from orchestrator.targets.spec import TargetError
-
+def _render(target: Target, what: str, template: str, **ctx: Any) -> str:
     try:
         return _ENV.from_string(template).render(**ctx)
     except jinja2.UndefinedError as e:
@@ -35,10 +32,8 @@ def _render(target: TargetSpec, what: str, template: str, **ctx: Any) -> str:
         raise TargetError(f"target {target.name}: {what} is not a valid template: {e}") from None
 
 
-def interpreter(target: TargetSpec) -> str:
+def interpreter(target: Target) -> str:
     """The engine's python: `target.python` rendered over os.environ (a venv dir -> its bin/python)."""
-    from orchestrator.targets.spec import TargetError
-
     if not target.python:
         return sys.executable
     text = _render(target, "python", target.python, env=os.environ).strip()
@@ -56,7 +51,7 @@ def _value(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def knob_flags(target: TargetSpec, knobs: dict[str, Any]) -> list[str]:
+def knob_flags(target: Target, knobs: dict[str, Any]) -> list[str]:
     """CLI arguments for the active knobs that declare a `flag`, in declaration order."""
     out: list[str] = []
     for name, knob in target.knobs.items():
@@ -72,7 +67,7 @@ def knob_flags(target: TargetSpec, knobs: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_argv(target: TargetSpec, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
+def render_argv(target: Target, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
     """prefix + the launch template rendered (inactive knobs are None in the template)."""
     if target.variants:  # the engine as a knob: the chosen engine's own launch, from its own source
         sub, own = target.resolve(knobs)
@@ -87,7 +82,7 @@ def render_argv(target: TargetSpec, knobs: dict[str, Any], *, port: int, model: 
     return shlex.split(prefix) + shlex.split(" ".join(text.split()))
 
 
-def render_env(target: TargetSpec, knobs: dict[str, Any]) -> dict[str, str]:
+def render_env(target: Target, knobs: dict[str, Any]) -> dict[str, str]:
     """`env` values rendered over the knobs (empty results are left unset), plus knobs' `env_var`."""
     if target.variants:
         sub, own = target.resolve(knobs)
