@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jinja2
 
 from orchestrator.targets.base import Target, TargetError
 
-__all__ = ["interpreter", "knob_flags", "render_argv", "render_env"]
+__all__ = ["interpreter", "knob_flags", "placed_source", "render_argv", "render_env"]
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 
@@ -69,9 +69,9 @@ def knob_flags(target: Target, knobs: dict[str, Any]) -> list[str]:
 
 def render_argv(target: Target, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
     """prefix + the launch template rendered (inactive knobs are None in the template)."""
-    if target.variants:  # the engine as a knob: the chosen engine's own launch, from its own source
+    if target.variants:  # the engine as a knob: the chosen engine's own launch
         sub, own = target.resolve(knobs)
-        return render_argv(sub, own, port=port, model=model, source=sub.source, python=python)
+        return render_argv(sub, own, port=port, model=model, source=placed_source(target, sub, source), python=python)
     ctx = {name: None for name in target.knobs} | knobs
     text = _render(
         target, "launch template", target.launch,
@@ -80,6 +80,20 @@ def render_argv(target: Target, knobs: dict[str, Any], *, port: int, model: str,
     )
     prefix = _render(target, "prefix", target.prefix, env=os.environ) if target.prefix else ""
     return shlex.split(prefix) + shlex.split(" ".join(text.split()))
+
+
+def placed_source(target: Target, sub: Target, source: str) -> str:
+    """The chosen engine's source as the trial placed it. `source` is `target.source`'s tree at the
+    trial's commit, placed where the server runs (a worktree of an agent's commit, a folder on an
+    SSH host); an engine whose tree is that one, or a folder in it, is found there. An engine
+    whose tree lies elsewhere was not placed: it gets its own path."""
+    if sub.source == target.source:
+        return source
+    try:
+        rel = PurePosixPath(sub.source).relative_to(target.source)
+    except ValueError:
+        return sub.source
+    return str(PurePosixPath(source) / rel)
 
 
 def render_env(target: Target, knobs: dict[str, Any]) -> dict[str, str]:
