@@ -158,7 +158,8 @@ class Objective(BaseModel):
 
 
 class Constraint(BaseModel):
-    """A condition every kept candidate must satisfy."""
+    """A condition every kept candidate must satisfy (the goal's quality bar). A rule between a
+    target's knobs is another thing: `orchestrator.targets.KnobRule`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["accuracy"] = "accuracy"

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from orchestrator.targets.base import TargetError
+
 __all__ = ["import_search_space", "parse_search_space"]
 
 _TYPES = {"bool": "bool", "boolean": "bool", "categorical": "categorical", "choice": "categorical",
@@ -27,8 +29,6 @@ _TYPES = {"bool": "bool", "boolean": "bool", "categorical": "categorical", "choi
 
 
 def _knob(p: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
-    from orchestrator.targets.spec import TargetError
-
     if not isinstance(p, dict) or "name" not in p:
         raise TargetError(f"{where}: each parameter needs at least `name` (got {p!r})")
     name = str(p["name"]).replace("-", "_")
@@ -57,8 +57,6 @@ def _knob(p: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
 
 def parse_search_space(text: str, where: str = "search space") -> dict[str, dict[str, Any]]:
     """knob name -> knob fields (as a target TOML's `[knobs.NAME]` table would give them)."""
-    from orchestrator.targets.spec import TargetError
-
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -77,8 +75,6 @@ def parse_search_space(text: str, where: str = "search space") -> dict[str, dict
 
 def import_search_space(path: Path, toml_knobs: dict[str, Any]) -> dict[str, Any]:
     """The YAML's knobs, then the TOML's own (which win), as one `knobs` table."""
-    from orchestrator.targets.spec import TargetError
-
     if not path.is_file():
         raise TargetError(f"search space {path} does not exist")
     return parse_search_space(path.read_text(), str(path)) | dict(toml_knobs)

@@ -11,22 +11,19 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import jinja2
 
-if TYPE_CHECKING:
-    from orchestrator.targets.spec import TargetSpec
+from orchestrator.targets.base import Target, TargetError
 
-__all__ = ["interpreter", "knob_flags", "render_argv", "render_env"]
+__all__ = ["interpreter", "knob_flags", "placed_source", "render_argv", "render_env"]
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 
 
-def _render(target: TargetSpec, what: str, template: str, **ctx: Any) -> str:
-    from orchestrator.targets.spec import TargetError
-
+def _render(target: Target, what: str, template: str, **ctx: Any) -> str:
     try:
         return _ENV.from_string(template).render(**ctx)
     except jinja2.UndefinedError as e:
@@ -35,10 +32,8 @@ def _render(target: TargetSpec, what: str, template: str, **ctx: Any) -> str:
         raise TargetError(f"target {target.name}: {what} is not a valid template: {e}") from None
 
 
-def interpreter(target: TargetSpec) -> str:
+def interpreter(target: Target) -> str:
     """The engine's python: `target.python` rendered over os.environ (a venv dir -> its bin/python)."""
-    from orchestrator.targets.spec import TargetError
-
     if not target.python:
         return sys.executable
     text = _render(target, "python", target.python, env=os.environ).strip()
@@ -56,7 +51,7 @@ def _value(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def knob_flags(target: TargetSpec, knobs: dict[str, Any]) -> list[str]:
+def knob_flags(target: Target, knobs: dict[str, Any]) -> list[str]:
     """CLI arguments for the active knobs that declare a `flag`, in declaration order."""
     out: list[str] = []
     for name, knob in target.knobs.items():
@@ -72,11 +67,11 @@ def knob_flags(target: TargetSpec, knobs: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_argv(target: TargetSpec, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
+def render_argv(target: Target, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
     """prefix + the launch template rendered (inactive knobs are None in the template)."""
-    if target.variants:  # the engine as a knob: the chosen engine's own launch, from its own source
+    if target.variants:  # the engine as a knob: the chosen engine's own launch
         sub, own = target.resolve(knobs)
-        return render_argv(sub, own, port=port, model=model, source=sub.source, python=python)
+        return render_argv(sub, own, port=port, model=model, source=placed_source(target, sub, source), python=python)
     ctx = {name: None for name in target.knobs} | knobs
     text = _render(
         target, "launch template", target.launch,
@@ -87,7 +82,21 @@ def render_argv(target: TargetSpec, knobs: dict[str, Any], *, port: int, model: 
     return shlex.split(prefix) + shlex.split(" ".join(text.split()))
 
 
-def render_env(target: TargetSpec, knobs: dict[str, Any]) -> dict[str, str]:
+def placed_source(target: Target, sub: Target, source: str) -> str:
+    """The chosen engine's source as the trial placed it. `source` is `target.source`'s tree at the
+    trial's commit, placed where the server runs (a worktree of an agent's commit, a folder on an
+    SSH host); an engine whose tree is that one, or a folder in it, is found there. An engine
+    whose tree lies elsewhere was not placed: it gets its own path."""
+    if sub.source == target.source:
+        return source
+    try:
+        rel = PurePosixPath(sub.source).relative_to(target.source)
+    except ValueError:
+        return sub.source
+    return str(PurePosixPath(source) / rel)
+
+
+def render_env(target: Target, knobs: dict[str, Any]) -> dict[str, str]:
     """`env` values rendered over the knobs (empty results are left unset), plus knobs' `env_var`."""
     if target.variants:
         sub, own = target.resolve(knobs)

@@ -18,16 +18,14 @@ under the same gates and scenarios. The model, served name and API are the file'
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.targets.base import Knob, Target, TargetError
 from orchestrator.tomlfile import validation_message
 
-if TYPE_CHECKING:
-    from orchestrator.targets.spec import TargetSpec
-
-__all__ = ["ENGINE_KNOB", "MultiFile", "load_multi", "resolve"]
+__all__ = ["ENGINE_KNOB", "MultiFile", "compose", "read_multi", "resolve"]
 
 ENGINE_KNOB = "engine"
 
@@ -46,9 +44,9 @@ class MultiFile(BaseModel):
     reference_model: str = "same"
 
 
-def load_multi(path: Path, data: dict[str, Any]) -> TargetSpec:
-    from orchestrator.targets.spec import Knob, TargetError, TargetSpec, load_target
-
+def read_multi(path: Path, data: dict[str, Any]) -> MultiFile:
+    """The file checked: two engines or more, `default_engine` one of them (filled in when unset),
+    a model path made absolute. spec.load_target then loads each engine's own file."""
     try:
         f = MultiFile(**data)
     except ValidationError as e:
@@ -58,33 +56,34 @@ def load_multi(path: Path, data: dict[str, Any]) -> TargetSpec:
     default = f.default_engine or next(iter(f.engines))
     if default not in f.engines:
         raise TargetError(f"{path}: default_engine {default!r} is not one of {list(f.engines)}")
-    base = path.resolve().parent
-    model = f.model if f.model.startswith("forge:") else str((base / f.model).resolve())
-    variants: dict[str, TargetSpec] = {}
-    knobs: dict[str, Knob] = {ENGINE_KNOB: Knob(type="categorical", choices=tuple(f.engines), default=default,
+    model = f.model if f.model.startswith("forge:") else str((path.resolve().parent / f.model).resolve())
+    return f.model_copy(update={"default_engine": default, "model": model})
+
+
+def compose(path: Path, f: MultiFile, variants: dict[str, Target]) -> dict[str, Any]:
+    """The composed target's fields, from `read_multi`'s file and each engine's own target (already
+    given the file's model and served name): the `engine` knob, then each engine's knobs as
+    `<engine>.<knob>`, active only under their engine. Their flags and env vars are dropped here:
+    the chosen engine's own spec renders them."""
+    knobs: dict[str, Knob] = {ENGINE_KNOB: Knob(type="categorical", choices=tuple(f.engines), default=f.default_engine,
                                                 help="Which engine serves the model; each has its own knobs.")}
-    for engine, rel in f.engines.items():
-        sub = load_target(base / rel)
-        if sub.variants:
-            raise TargetError(f"{path}: engines.{engine} is itself a multi-engine file")
-        sub = sub.model_copy(update={"model": model, "served_model_name": f.served_model_name})
-        variants[engine] = sub
+    for engine, sub in variants.items():
         for name, k in sub.knobs.items():
             when = {ENGINE_KNOB: engine} | {f"{engine}.{p}": v for p, v in k.when.items()}
             knobs[f"{engine}.{name}"] = k.model_copy(update={"when": when, "env_var": None, "flag": None, "false_flag": None})
     apis = {v.api for v in variants.values()}
     if len(apis) > 1:
         raise TargetError(f"{path}: the engines' `api` differ ({sorted(apis)}); the bench needs one")
-    first = variants[default]
-    return TargetSpec(
-        name=f.name, engine="multi", launch="", model=model, served_model_name=f.served_model_name,
+    first = variants[str(f.default_engine)]
+    return dict(
+        name=f.name, engine="multi", launch="", model=f.model, served_model_name=f.served_model_name,
         reference_model=f.reference_model, source=first.source, health_path=first.health_path,
         ready_timeout_s=max(v.ready_timeout_s for v in variants.values()), api=first.api,
         knobs=knobs, variants=variants, path=str(path.resolve()),
     )
 
 
-def resolve(target: TargetSpec, knobs: dict[str, Any]) -> tuple[TargetSpec, dict[str, Any]]:
+def resolve(target: Target, knobs: dict[str, Any]) -> tuple[Target, dict[str, Any]]:
     """(the engine's own target, its knobs without the `<engine>.` prefix); itself if single-engine."""
     if not target.variants:
         return target, knobs

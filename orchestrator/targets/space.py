@@ -8,12 +8,11 @@ jinja2 expression over the active knobs, so a combination the engine refuses at 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 
-if TYPE_CHECKING:
-    from orchestrator.targets.spec import Knob, TargetSpec
+from orchestrator.targets.base import ConstraintViolated, Knob, Target, TargetError
 
 __all__ = ["active_only", "check_constraints", "check_space", "is_active"]
 
@@ -31,7 +30,7 @@ def is_active(knob: Knob, values: dict[str, Any]) -> bool:
     return True
 
 
-def active_only(target: TargetSpec, values: dict[str, Any]) -> dict[str, Any]:
+def active_only(target: Target, values: dict[str, Any]) -> dict[str, Any]:
     """`values` restricted to the knobs active under them, in declaration order."""
     out: dict[str, Any] = {}
     for name, knob in target.knobs.items():
@@ -40,14 +39,12 @@ def active_only(target: TargetSpec, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _context(target: TargetSpec, knobs: dict[str, Any]) -> dict[str, Any]:
+def _context(target: Target, knobs: dict[str, Any]) -> dict[str, Any]:
     return {name: knobs.get(name) for name in target.knobs}
 
 
-def check_constraints(target: TargetSpec, knobs: dict[str, Any]) -> None:
+def check_constraints(target: Target, knobs: dict[str, Any]) -> None:
     """Raise `ConstraintViolated` naming the first constraint these active knobs break."""
-    from orchestrator.targets.spec import ConstraintViolated, TargetError
-
     if target.variants:  # the engine as a knob: the chosen engine's own constraints
         sub, own = target.resolve(knobs)
         check_constraints(sub, own)
@@ -62,11 +59,9 @@ def check_constraints(target: TargetSpec, knobs: dict[str, Any]) -> None:
             raise ConstraintViolated(f"constraint {c.expr!r} broken by {shown or 'these knobs'}" + (f": {c.message}" if c.message else ""))
 
 
-def check_space(target: TargetSpec, where: str) -> None:
+def check_space(target: Target, where: str) -> None:
     """Load-time checks: `when` names earlier knobs with possible values, constraints compile,
     flag pairs belong to bools, and the defaults satisfy every constraint (trial #0 must start)."""
-    from orchestrator.targets.spec import TargetError
-
     seen: dict[str, Knob] = {}
     for name, knob in target.knobs.items():
         for parent, want in knob.when.items():

@@ -17,30 +17,20 @@ from typing import Any, Literal
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.targets.base import ConstraintViolated, Knob, KnobRule, TargetError
+from orchestrator.targets.ibyaml import import_search_space
+from orchestrator.targets.launch import render_argv, render_env
+from orchestrator.targets.multi import compose, read_multi
+from orchestrator.targets.multi import resolve as resolve_engine
+from orchestrator.targets.space import active_only, check_constraints, check_space
 from orchestrator.tomlfile import read_toml, validation_message
 
-__all__ = ["Capabilities", "Constraint", "ConstraintViolated", "Knob", "TargetError", "TargetSpec", "load_target"]
+# TargetError, ConstraintViolated, Knob and KnobRule live in base.py (the helpers raise and read them
+# without importing this module); they are exported here too, where callers have always found them.
+__all__ = ["Capabilities", "ConstraintViolated", "Knob", "KnobRule", "TargetError", "TargetSpec", "load_target"]
 
 # Names the launch template gets besides the knobs.
 _RESERVED = frozenset({"python", "port", "model", "source", "served_model_name", "flags"})
-
-
-class TargetError(ValueError):
-    """A target file that cannot be used; the message says which field and why."""
-
-
-class ConstraintViolated(TargetError):
-    """A knob set that breaks one of the target's constraints: it would not start, so it is not launched."""
-
-
-class Constraint(BaseModel):
-    """A rule between knobs: a jinja2 expression over the active knobs (inactive ones are None)."""
-
-    model_config = ConfigDict(frozen=True)
-    expr: str
-    """E.g. `max_num_batched_tokens >= max_model_len or enable_chunked_prefill`."""
-    message: str = ""
-    """What the engine would say; shown when a proposal breaks the rule."""
 
 
 class Capabilities(BaseModel):
@@ -61,54 +51,6 @@ class Capabilities(BaseModel):
     """Accepts a prompt as a list of token ids on /v1/completions. Without it prompts go as text."""
     completions: bool = True
     """Serves /v1/completions (not only /v1/chat/completions)."""
-
-
-class Knob(BaseModel):
-    """One tunable engine setting."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-    type: Literal["categorical", "int", "float", "bool"]
-    default: Any
-    """The baseline's value."""
-    choices: tuple[Any, ...] | None = None
-    """Categorical values."""
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    """Sample int/float knobs on a log scale."""
-    help: str = ""
-    flag: str | None = None
-    """CLI flag rendered into `{{ flags }}` (`--max-num-seqs 64`; for a bool: the flag alone when true)."""
-    false_flag: str | None = None
-    """A bool knob's flag when false (`--no-enable-prefix-caching`); nothing is rendered if unset."""
-    env_var: str | None = None
-    """Set this environment variable to the knob's value (for engines tuned through env vars)."""
-    when: dict[str, Any] = Field(default_factory=dict)
-    """Active only when each named (earlier) knob has this value, or one of these values (a list)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> Knob:
-        if self.type == "bool":
-            if not isinstance(self.default, bool):
-                raise ValueError(f"a bool knob's default must be true or false, not {self.default!r}")
-            return self
-        if self.type == "categorical":
-            if not self.choices:
-                raise ValueError("a categorical knob needs `choices`")
-            if self.default not in self.choices:
-                raise ValueError(f"default {self.default!r} is not one of the choices {list(self.choices)}")
-        else:
-            if self.low is None or self.high is None or self.low > self.high:
-                raise ValueError("int/float knobs need `low` <= `high`")
-            if isinstance(self.default, bool) or not isinstance(self.default, int | float):
-                raise ValueError(f"default {self.default!r} of a {self.type} knob must be a number")
-            if self.type == "int" and not all(float(x).is_integer() for x in (self.default, self.low, self.high)):
-                raise ValueError("an int knob needs whole-number `default`, `low` and `high`")
-            if self.log and self.low <= 0:
-                raise ValueError("a log-scale knob needs `low` > 0")
-            if not self.low <= self.default <= self.high:
-                raise ValueError(f"default {self.default} is outside [{self.low}, {self.high}]")
-        return self
 
 
 class TargetSpec(BaseModel):
@@ -138,7 +80,7 @@ class TargetSpec(BaseModel):
     template over `env` (the orchestrator's environment). Unset: the orchestrator's own."""
     prefix: str = ""
     """Command prefix put before the launch argv (`numactl -C 0-1`, `conda run -n sglang`)."""
-    constraints: list[Constraint] = Field(default_factory=list)
+    constraints: list[KnobRule] = Field(default_factory=list)
     """Rules between knobs, checked before launch: a knob set breaking one is never deployed."""
     capabilities: Capabilities = Field(default_factory=Capabilities)
     version: str = ""
@@ -181,15 +123,11 @@ class TargetSpec(BaseModel):
 
     def baseline_knobs(self) -> dict[str, Any]:
         """The defaults of the knobs active under the defaults (conditional knobs may drop out)."""
-        from orchestrator.targets.space import active_only
-
         return active_only(self, {k: v.default for k, v in self.knobs.items()})
 
     def validate_knobs(self, knobs: dict[str, Any]) -> dict[str, Any]:
         """Fill missing knobs with defaults, drop inactive ones; refuse unknown names,
         out-of-space values and broken constraints (`ConstraintViolated`)."""
-        from orchestrator.targets.space import active_only, check_constraints
-
         unknown = set(knobs) - set(self.knobs)
         if unknown:
             raise TargetError(f"unknown knob(s) {sorted(unknown)} for target {self.name}; known: {sorted(self.knobs)}")
@@ -207,20 +145,14 @@ class TargetSpec(BaseModel):
 
     def resolve(self, knobs: dict[str, Any]) -> tuple[TargetSpec, dict[str, Any]]:
         """The concrete target and its own knobs: itself, or the variant the `engine` knob picks."""
-        from orchestrator.targets.multi import resolve
-
-        return resolve(self, knobs)
+        return resolve_engine(self, knobs)
 
     def render(self, knobs: dict[str, Any], *, port: int, model: str, source: str, python: str | None = None) -> list[str]:
         """The launch argv for these knobs (prefix, interpreter and `flags` included)."""
-        from orchestrator.targets.launch import render_argv
-
         return render_argv(self, knobs, port=port, model=model, source=source, python=python)
 
     def launch_env(self, knobs: dict[str, Any]) -> dict[str, str]:
         """The environment variables for these knobs (templated `env` plus knobs' `env_var`)."""
-        from orchestrator.targets.launch import render_env
-
         return render_env(self, knobs)
 
 
@@ -231,13 +163,9 @@ def load_target(path: str | Path) -> TargetSpec:
     if "path" in data:
         raise TargetError(f"{path}: path: unknown key (infergoal fills it in); remove it")
     if "engines" in data:  # the engine as a knob: a file naming one target file per engine
-        from orchestrator.targets.multi import load_multi
-
-        return load_multi(path, data)
+        return _load_multi(path, data)
     base = path.resolve().parent
     if "search_space" in data:  # an InferenceBench-style YAML adds knobs (the TOML's own win)
-        from orchestrator.targets.ibyaml import import_search_space
-
         data["knobs"] = import_search_space(base / str(data.pop("search_space")), data.get("knobs", {}))
     for key in ("source", "model"):
         if key in data and not isinstance(data[key], str):
@@ -253,7 +181,18 @@ def load_target(path: str | Path) -> TargetSpec:
         spec = TargetSpec.model_validate({**data, "path": str(path.resolve())})
     except ValidationError as e:
         raise TargetError(f"{path}: {validation_message(e, TargetSpec)}") from None
-    from orchestrator.targets.space import check_space
-
     check_space(spec, str(path))
     return spec
+
+
+def _load_multi(path: Path, data: dict[str, Any]) -> TargetSpec:
+    """A multi-engine file (targets/multi.py): each engine's own target file loaded, given the
+    file's model and served name, and composed into one target whose `engine` knob picks."""
+    f = read_multi(path, data)
+    variants: dict[str, TargetSpec] = {}
+    for engine, rel in f.engines.items():
+        sub = load_target(path.resolve().parent / rel)
+        if sub.variants:
+            raise TargetError(f"{path}: engines.{engine} is itself a multi-engine file")
+        variants[engine] = sub.model_copy(update={"model": f.model, "served_model_name": f.served_model_name})
+    return TargetSpec(**compose(path, f, variants))

@@ -137,6 +137,32 @@ def test_engine_as_a_knob_dispatches_to_each_engines_own_launch():
         t.validate_knobs({"engine": "vllm", "vllm.max_num_batched_tokens": 512, "vllm.enable_chunked_prefill": False})
 
 
+def test_engine_as_a_knob_launches_from_the_placed_source_not_the_engines_own(tmp_path):
+    # The trial places the target's source (a worktree of an agent's commit, a folder on an SSH
+    # host) and renders with that path; the chosen engine must launch from it, not from the tree
+    # its file names on this machine.
+    t = load_target(EX / "any-engine.toml")
+    placed = "/srv/placed/trial-7/hfserve"
+    assert t.variants["hfserve"].source != placed
+    argv = t.render(t.baseline_knobs(), port=1, model="/m", source=placed, python=PY)
+    assert argv[1] == f"{placed}/server.py"
+    # An engine whose tree is a folder inside the placed one is found there; one whose tree lies
+    # elsewhere was not placed, so it keeps its own path.
+    for d in ("tree/sub", "other"):
+        (tmp_path / d).mkdir(parents=True)
+    launch = 'launch = "{{ python }} {{ source }}/serve.py --port {{ port }} --model {{ model }}"\n'
+    (tmp_path / "a.toml").write_text(f'name = "a"\nsource = "tree"\n{launch}')
+    (tmp_path / "b.toml").write_text(f'name = "b"\nsource = "tree/sub"\n{launch}')
+    (tmp_path / "c.toml").write_text(f'name = "c"\nsource = "other"\n{launch}')
+    (tmp_path / "m.toml").write_text('name = "m"\n[engines]\na = "a.toml"\nb = "b.toml"\nc = "c.toml"\n')
+    m = load_target(tmp_path / "m.toml")
+    assert m.source == str(tmp_path / "tree")
+    placed = "/srv/placed/tree"
+    for engine, want in [("a", placed), ("b", f"{placed}/sub"), ("c", str(tmp_path / "other"))]:
+        argv = m.render(m.validate_knobs({"engine": engine}), port=1, model="/m", source=placed, python=PY)
+        assert argv[1] == f"{want}/serve.py", engine
+
+
 class _T:
     """A finished trial as the proposer sees it."""
 
