@@ -17,20 +17,11 @@ import json
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from orchestrator.cli.audit import audit_app, html_report, query_trials
@@ -38,6 +29,7 @@ from orchestrator.cli.common import STATE, console, err, get_store, get_workspac
 from orchestrator.cli.errors import ERRORS, GuardedGroup, emit, fail
 from orchestrator.cli.hosts import hosts_app
 from orchestrator.cli.kb import kb_app
+from orchestrator.cli.live import drive, finish
 
 __all__ = ["app"]
 
@@ -79,101 +71,6 @@ def main(
 
 
 # --- running ------------------------------------------------------------------------------
-class _Progress:
-    """Rich live view: a bar over trials and a line for the step in flight."""
-
-    def __init__(self, budget_trials: int | None, quiet: bool) -> None:
-        self.quiet = quiet
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err, transient=False,
-        )
-        self.task = self.progress.add_task("trials", total=budget_trials, step="starting")
-        self.t0 = time.monotonic()
-
-    def step(self, name: str) -> None:
-        self.progress.update(self.task, step=name)
-
-    def trial(self, t: Any) -> None:
-        from orchestrator.controller import LOOP_ADDED
-
-        if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
-            self.progress.advance(self.task)
-        score = f"{t.score:.3f}x" if t.score else "—"
-        obj = "  ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
-        colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
-        line = f"#{t.number:<3} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{t.proposer}[/]"
-        if t.error:
-            from orchestrator.errors import summarize_failure
-
-            line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
-        self.progress.console.print(line, highlight=False)
-
-
-def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
-    """Run `fn` under the live view. An error before the run row exists is bad input (nothing
-    was created); after, the run failed (it is marked so in the store)."""
-    from gates.lock import GateTampered
-    from orchestrator import interrupts
-    from orchestrator.agent import AgentError
-    from orchestrator.errors import one_line
-    from orchestrator.hosts import HostError
-    from orchestrator.lease import LeaseHeld
-
-    started: list[int] = []
-    view = _Progress(budget_trials, as_json)
-    try:
-        with interrupts.installed(), view.progress if not as_json else _null():
-            return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)
-    except KeyboardInterrupt:
-        fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")
-    except (LeaseHeld, GateTampered):
-        raise
-    except (HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:
-        fail(str(e), "failed" if started else "bad_input")
-    except Exception as e:
-        if started and not ERRORS.debug:
-            fail(f"run {started[0]} failed: {one_line(e)}; see `infergoal status` and `infergoal show`", "failed")
-        raise
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
-
-
-def _finish(outcome: Any, as_json: bool, report: bool) -> None:
-    """Print how the run ended and exit with its outcome's code (see orchestrator/exitcodes.py)."""
-    from orchestrator.errors import summarize_failure
-    from orchestrator.exitcodes import EXIT_CODES
-
-    ws = get_workspace()
-    store = get_store()
-    path = None
-    if report:
-        from orchestrator.report import write_report
-
-        path = write_report(store, outcome.run_id, ws.run_dir(outcome.run_id) / "report")
-    run = store.get_run(outcome.run_id)
-    best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
-    code = EXIT_CODES[outcome.outcome]
-    if as_json:
-        emit({"run": outcome.run_id, "outcome": outcome.outcome, "exit_code": code, "stop_reason": outcome.stop_reason,
-               "report": str(path) if path else None, "best": _trial_dict(best) if best else None})
-    else:
-        console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
-                      f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
-        if best and best.number:
-            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {best.knobs}", highlight=False)
-        if path:
-            console.print(f"report: {path}")
-    if code:
-        raise typer.Exit(code)
-
-
 @app.command()
 def goal(
     text: str = typer.Argument(..., help='Goal text, e.g. "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m", or a goal .toml file.'),
@@ -218,8 +115,8 @@ def goal(
         fail(str(e))
     if not as_json:
         console.print(f"[bold]goal:[/] {spec.describe()}", highlight=False)
-    outcome = _drive(lambda **kw: start_run(ws, spec, name=name, **kw), spec.budget.trials, as_json)
-    _finish(outcome, as_json, not no_report)
+    outcome = drive(lambda **kw: start_run(ws, spec, name=name, **kw), spec.budget.trials, as_json)
+    finish(outcome, as_json, not no_report)
 
 
 @app.command()
@@ -234,8 +131,8 @@ def resume(
     ws = get_workspace()
     if get_store(read_only=True) is None:  # nothing to resume: do not create a database to say so
         fail("no run to resume; start one with `infergoal goal \"...\"`")
-    outcome = _drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
-    _finish(outcome, as_json, not no_report)
+    outcome = drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
+    finish(outcome, as_json, not no_report)
 
 
 # --- auditing ------------------------------------------------------------------------------
