@@ -2,63 +2,31 @@
 
 They live in their own typer app, merged into the main one (`app.add_typer(audit_app)`), so
 the main CLI module stays small. Like the main CLI, commands import what they need when they
-run, so `infergoal --help` starts in a fraction of a second. The global options (`-w`, `--db`, `-o`) are read from the root
-command's parameters, the same values `orchestrator.cli` reads.
+run, so `infergoal --help` starts in a fraction of a second. The workspace is the one the global
+options (`-w`, `--db`, `-o`) name, through `orchestrator.cli.common`.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-__all__ = ["audit_app", "html_report", "query_trials", "workspace_of"]
+from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
+from orchestrator.cli.errors import emit, fail
+
+__all__ = ["audit_app", "html_report", "query_trials"]
 
 audit_app = typer.Typer()
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
-    raise typer.Exit(code)
-
-
-def workspace_of(ctx: typer.Context) -> Any:
-    """The workspace the global options name (`-w`, `--db`, `-o`)."""
-    from orchestrator.workspace import ConfigError, Workspace
-
-    p = ctx.find_root().params
-    overrides = list(p.get("override") or []) + ([f'db="{p["db"]}"'] if p.get("db") else [])
-    try:
-        return Workspace(p.get("workspace") or Path("."), overrides)
-    except ConfigError as e:
-        _fail(str(e))
-    raise AssertionError("unreachable")
-
-
-def _open(ctx: typer.Context, run: int | None) -> tuple[Any, Any, int]:
-    from orchestrator.runs import open_store
-    from orchestrator.store import StoreError
-
-    ws = workspace_of(ctx)
-    try:
-        store = open_store(ws)
-        r = store.get_run(run) if run is not None else store.latest_run()
-    except StoreError as e:
-        _fail(str(e))
-    if r is None:
-        _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
-    return ws, store, r.id
-
-
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+def _open(run: int | None) -> tuple[Any, Any, int]:
+    """The workspace, its store and the id of run `run` (default: the latest run)."""
+    store = get_store()
+    return get_workspace(), store, run_id_of(store, run)
 
 
 def query_trials(trials: list[Any], status: list[str], proposer: str, where: list[str], sort: str, desc: bool) -> list[Any]:
@@ -68,8 +36,7 @@ def query_trials(trials: list[Any], status: list[str], proposer: str, where: lis
     try:
         return select_trials(trials, status=status, proposer=proposer, where=where, sort=sort, descending=desc)
     except QueryError as e:
-        _fail(str(e))
-    raise AssertionError("unreachable")
+        fail(str(e))
 
 
 def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
@@ -87,7 +54,6 @@ def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
 
 @audit_app.command()
 def why(
-    ctx: typer.Context,
     number: int | None = typer.Argument(None, help="Trial number (0 = baseline); leave out to ask why the run stopped."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
     as_json: bool = typer.Option(False, "--json"),
@@ -95,11 +61,11 @@ def why(
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
     from orchestrator.audit.why import explain_run, explain_trial
 
-    _, store, rid = _open(ctx, run)
+    _, store, rid = _open(run)
     if number is None:
         data = explain_run(store, rid)
         if as_json:
-            return _emit(data)
+            return emit(data)
         b, u = data["budget"], data["used"]
         console.print(f"run {rid}: {data['status']} — {data['stop_reason'] or 'still running'}", highlight=False)
         wall = f"{b['wall_s'] / 60:g} min" if b["wall_s"] else "unlimited"
@@ -111,9 +77,9 @@ def why(
     try:
         w = explain_trial(store, rid, number)
     except LookupError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
-        return _emit(w.to_dict())
+        return emit(w.to_dict())
     console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by})", highlight=False)
     console.print(f"  {w.sentence}", highlight=False)
     for k, v in w.evidence.items():
@@ -131,7 +97,6 @@ def why(
 
 @audit_app.command("lineage")
 def lineage_cmd(
-    ctx: typer.Context,
     number: int = typer.Argument(..., help="Trial number."),
     run: int | None = typer.Option(None, "--run", "-r"),
     as_json: bool = typer.Option(False, "--json"),
@@ -139,13 +104,13 @@ def lineage_cmd(
     """A candidate's ancestry back to the baseline: parents, their commits, and the knobs each step changed."""
     from orchestrator.audit.lineage import lineage
 
-    _, store, rid = _open(ctx, run)
+    _, store, rid = _open(run)
     try:
         steps = lineage(store, rid, number)
     except LookupError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
-        return _emit([s.to_dict() for s in steps])
+        return emit([s.to_dict() for s in steps])
     table = Table("#", "status", "score", "parent", "commit", "changed from parent", "proposer", title=f"run {rid}: lineage of #{number}")
     for s in steps:
         changed = " ".join(f"{k}: {a}->{b}" for k, (a, b) in s.changed.items()) or ("(baseline)" if s.parent is None else "(same knobs)")
@@ -159,7 +124,6 @@ def lineage_cmd(
 
 @audit_app.command()
 def export(
-    ctx: typer.Context,
     run: int | None = typer.Argument(None, help="Run id (default: latest)."),
     out: Path | None = typer.Option(None, "--out", help="Folder (default .infergoal/runs/N/export)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
@@ -167,10 +131,10 @@ def export(
     """Export a run: run.json, trials/measurements/gates/events CSV, and vLLM- and AIPerf-shaped files per trial."""
     from orchestrator.audit.export import export_run
 
-    ws, store, rid = _open(ctx, run)
+    ws, store, rid = _open(run)
     manifest = export_run(store, rid, out or ws.run_dir(rid) / "export", run_dir=ws.run_dir(rid))
     if as_json:
-        return _emit(manifest)
+        return emit(manifest)
     n = sum(len(v) for v in manifest["bench_exports"].values())
     console.print(f"exported run {rid} to {manifest['out']}: {', '.join(manifest['files'])}"
                   f" + {n} vLLM/AIPerf/JSONL file(s) for {len(manifest['bench_exports'])} trial(s)", highlight=False)
@@ -179,41 +143,34 @@ def export(
 
 @audit_app.command()
 def study(
-    ctx: typer.Context,
     run: int | None = typer.Argument(None, help="Run id (default: latest)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Write the run's Optuna study beside the store and print the optuna-dashboard command."""
     from orchestrator.audit.study import StudyError, dashboard_command, save_study
 
-    ws, store, rid = _open(ctx, run)
+    ws, store, rid = _open(run)
     try:
         url = save_study(store, rid, ws.db_url)
     except StudyError as e:
-        _fail(str(e))
+        fail(str(e))
     if as_json:
-        return _emit({"run": rid, "storage": url, "study": f"infergoal-run-{rid}"})
+        return emit({"run": rid, "storage": url, "study": f"infergoal-run-{rid}"})
     console.print(f"study infergoal-run-{rid} in {url}\nview it with: {dashboard_command(url)}", highlight=False)
     return None
 
 
 @audit_app.command()
 def log(
-    ctx: typer.Context,
     run: int | None = typer.Option(None, "--run", "-r", help="Only this run's actions (plus run-less ones like relocks)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The audit log: human actions (relock, approve, reject, steer, stop, contract decisions) with who and when."""
     from orchestrator.audit.actions import human_actions
-    from orchestrator.runs import open_store
-    from orchestrator.store import StoreError
 
-    try:
-        rows = human_actions(open_store(workspace_of(ctx)), run)
-    except StoreError as e:
-        _fail(str(e))
+    rows = human_actions(get_store(), run)
     if as_json:
-        return _emit(rows)
+        return emit(rows)
     table = Table("when (UTC)", "run", "who", "action", "message")
     for r in rows:
         table.add_row(f"{r['ts']:%Y-%m-%d %H:%M:%S}", "" if r["run"] is None else str(r["run"]), r["who"], r["kind"], r["message"])
@@ -228,9 +185,9 @@ def shell(ctx: typer.Context) -> None:
     from orchestrator.store import StoreError
 
     try:
-        sh = Shell(workspace_of(ctx), global_args=_global_args(ctx.find_root().params))
+        sh = Shell(get_workspace(), global_args=_global_args(ctx.find_root().params))
     except StoreError as e:
-        _fail(str(e))
+        fail(str(e), "failed")
     sh.cmdloop()
 
 
@@ -246,7 +203,6 @@ def _global_args(p: dict[str, Any]) -> list[str]:
 
 @audit_app.command()
 def floors(
-    ctx: typer.Context,
     file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
 ) -> None:
@@ -254,9 +210,9 @@ def floors(
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as e:
-        _fail(f"cannot read {file}: {e}; give the JSON benchmarks/gpu/sol.py --out wrote")
+        fail(f"cannot read {file}: {e}; give the JSON benchmarks/gpu/sol.py --out wrote")
     if not isinstance(data, dict) or not isinstance(data.get("floors"), dict):
-        _fail(f"{file} has no `floors` object; give the JSON benchmarks/gpu/sol.py --out wrote")
-    _, store, rid = _open(ctx, run)
+        fail(f"{file} has no `floors` object; give the JSON benchmarks/gpu/sol.py --out wrote")
+    _, store, rid = _open(run)
     store.add_event(rid, "speed_of_light", f"floors from {file.name}", data={"floors": data["floors"], "source": str(file)})
     console.print(f"run {rid}: floors recorded ({', '.join(data['floors'])}); `infergoal report --html` shows % of them")

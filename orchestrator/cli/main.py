@@ -1,4 +1,7 @@
-"""`infergoal` command line: start a goal, resume it, audit what happened.
+"""The `infergoal` app: its global options, starting and resuming a goal, the views of a run.
+
+The other command groups live beside it (`audit`, `kb`, `hosts`) and are merged in here; this
+module is the only one that imports them.
 
 Every command that prints data takes `--json`. Global options (`-w`, `--db`, `-o`, `--debug`) go
 before the command: `infergoal -o bench.scale=0.5 goal "..."`.
@@ -14,27 +17,19 @@ import json
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
-from orchestrator.audit_cli import audit_app, html_report, query_trials
-from orchestrator.cli_kb import kb_app
-from orchestrator.clierrors import ERRORS, GuardedGroup, emit, fail
-from orchestrator.hosts_cli import hosts_app
+from orchestrator.cli.audit import audit_app, html_report, query_trials
+from orchestrator.cli.common import STATE, console, err, get_store, get_workspace, run_id_of, whoami
+from orchestrator.cli.errors import ERRORS, GuardedGroup, emit, fail
+from orchestrator.cli.hosts import hosts_app
+from orchestrator.cli.kb import kb_app
+from orchestrator.cli.live import drive, finish
 
 __all__ = ["app"]
 
@@ -53,55 +48,9 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
-app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/audit_cli.py)
+app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/cli/audit.py)
 app.add_typer(hosts_app, name="hosts")
-app.add_typer(kb_app, name="kb")  # orchestrator/cli_kb.py
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-
-class _State:
-    workspace: Path = Path(".")
-    overrides: list[str] = []
-
-
-STATE = _State()
-
-
-def _ws() -> Any:
-    from orchestrator.workspace import ConfigError, Workspace
-
-    try:
-        return Workspace(STATE.workspace, STATE.overrides)
-    except ConfigError as e:
-        _fail(str(e))
-
-
-def _store(read_only: bool = False) -> Any:
-    """The store; `read_only` (audit commands) never creates or writes, and is None if there is none yet."""
-    from orchestrator.runs import open_store
-    from orchestrator.store import StoreError
-
-    ws = _ws()
-    if read_only and not ws.config.db and not (ws.state_dir / "infergoal.db").is_file():
-        return None
-    try:
-        return open_store(ws, read_only=read_only)
-    except StoreError as e:
-        _fail(str(e), "failed")
-
-
-def _run_id(store: Any, run: int | None) -> int:
-    if store is None:
-        _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
-    r = store.get_run(run) if run is not None else store.latest_run()
-    if r is None:
-        _fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
-    return r.id
-
-
-_fail = fail
-_emit = emit
+app.add_typer(kb_app, name="kb")  # orchestrator/cli/kb.py
 
 
 @app.callback()
@@ -122,101 +71,6 @@ def main(
 
 
 # --- running ------------------------------------------------------------------------------
-class _Progress:
-    """Rich live view: a bar over trials and a line for the step in flight."""
-
-    def __init__(self, budget_trials: int | None, quiet: bool) -> None:
-        self.quiet = quiet
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err, transient=False,
-        )
-        self.task = self.progress.add_task("trials", total=budget_trials, step="starting")
-        self.t0 = time.monotonic()
-
-    def step(self, name: str) -> None:
-        self.progress.update(self.task, step=name)
-
-    def trial(self, t: Any) -> None:
-        from orchestrator.controller import LOOP_ADDED
-
-        if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
-            self.progress.advance(self.task)
-        score = f"{t.score:.3f}x" if t.score else "—"
-        obj = "  ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
-        colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
-        line = f"#{t.number:<3} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{t.proposer}[/]"
-        if t.error:
-            from orchestrator.errors import summarize_failure
-
-            line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
-        self.progress.console.print(line, highlight=False)
-
-
-def _drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
-    """Run `fn` under the live view. An error before the run row exists is bad input (nothing
-    was created); after, the run failed (it is marked so in the store)."""
-    from gates.lock import GateTampered
-    from orchestrator import interrupts
-    from orchestrator.agent import AgentError
-    from orchestrator.errors import one_line
-    from orchestrator.hosts import HostError
-    from orchestrator.lease import LeaseHeld
-
-    started: list[int] = []
-    view = _Progress(budget_trials, as_json)
-    try:
-        with interrupts.installed(), view.progress if not as_json else _null():
-            return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)
-    except KeyboardInterrupt:
-        _fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")
-    except (LeaseHeld, GateTampered):
-        raise
-    except (HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:
-        _fail(str(e), "failed" if started else "bad_input")
-    except Exception as e:
-        if started and not ERRORS.debug:
-            _fail(f"run {started[0]} failed: {one_line(e)}; see `infergoal status` and `infergoal show`", "failed")
-        raise
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
-
-
-def _finish(outcome: Any, as_json: bool, report: bool) -> None:
-    """Print how the run ended and exit with its outcome's code (see orchestrator/exitcodes.py)."""
-    from orchestrator.errors import summarize_failure
-    from orchestrator.exitcodes import EXIT_CODES
-
-    ws = _ws()
-    store = _store()
-    path = None
-    if report:
-        from orchestrator.report import write_report
-
-        path = write_report(store, outcome.run_id, ws.run_dir(outcome.run_id) / "report")
-    run = store.get_run(outcome.run_id)
-    best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
-    code = EXIT_CODES[outcome.outcome]
-    if as_json:
-        _emit({"run": outcome.run_id, "outcome": outcome.outcome, "exit_code": code, "stop_reason": outcome.stop_reason,
-               "report": str(path) if path else None, "best": _trial_dict(best) if best else None})
-    else:
-        console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
-                      f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
-        if best and best.number:
-            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {best.knobs}", highlight=False)
-        if path:
-            console.print(f"report: {path}")
-    if code:
-        raise typer.Exit(code)
-
-
 @app.command()
 def goal(
     text: str = typer.Argument(..., help='Goal text, e.g. "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m", or a goal .toml file.'),
@@ -240,11 +94,11 @@ def goal(
     try:
         spec = load_goal(text)
     except GoalError as e:
-        _fail(str(e))
+        fail(str(e))
     if len(name) > 200:
-        _fail(f"--name is {len(name)} characters; keep it to 200")
+        fail(f"--name is {len(name)} characters; keep it to 200")
     if agent and agent != "claude":
-        _fail(f"unknown agent {agent!r}; the agent is `claude` (key from ANTHROPIC_API_KEY)")
+        fail(f"unknown agent {agent!r}; the agent is `claude` (key from ANTHROPIC_API_KEY)")
     proposer = proposer or agent
     extra = [f"target={json.dumps(str(Path(target).resolve()))}"] if target else []
     extra += [f"host={json.dumps(host)}"] if host else []
@@ -252,17 +106,17 @@ def goal(
     extra += [f"seed={seed}"] if seed is not None else []
     extra += [f"probe_winner={probe_winner}"] if probe_winner is not None else []
     STATE.overrides = [*STATE.overrides, *extra]
-    ws = _ws()
+    ws = get_workspace()
     from orchestrator.targets import TargetError, load_target
 
     try:
         load_target(ws.target_path)  # a bad target is refused before anything starts
     except TargetError as e:
-        _fail(str(e))
+        fail(str(e))
     if not as_json:
         console.print(f"[bold]goal:[/] {spec.describe()}", highlight=False)
-    outcome = _drive(lambda **kw: start_run(ws, spec, name=name, **kw), spec.budget.trials, as_json)
-    _finish(outcome, as_json, not no_report)
+    outcome = drive(lambda **kw: start_run(ws, spec, name=name, **kw), spec.budget.trials, as_json)
+    finish(outcome, as_json, not no_report)
 
 
 @app.command()
@@ -274,11 +128,11 @@ def resume(
     """Continue a run that was stopped or killed: interrupted trials are re-run, none lost or duplicated."""
     from orchestrator.runs import resume_run
 
-    ws = _ws()
-    if _store(read_only=True) is None:  # nothing to resume: do not create a database to say so
-        _fail("no run to resume; start one with `infergoal goal \"...\"`")
-    outcome = _drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
-    _finish(outcome, as_json, not no_report)
+    ws = get_workspace()
+    if get_store(read_only=True) is None:  # nothing to resume: do not create a database to say so
+        fail("no run to resume; start one with `infergoal goal \"...\"`")
+    outcome = drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
+    finish(outcome, as_json, not no_report)
 
 
 # --- auditing ------------------------------------------------------------------------------
@@ -295,7 +149,7 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     from orchestrator.lease import display_status
     from orchestrator.paired import describe, latest_paired
 
-    store = _store(read_only=True)
+    store = get_store(read_only=True)
     rows = []
     for r in store.list_runs() if store else []:
         trials = store.list_trials(r.id)
@@ -306,7 +160,7 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
                      "paired": paired, "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
                      "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None})
     if as_json:
-        return _emit(rows)
+        return emit(rows)
     if not rows:
         console.print("no runs yet; start one with `infergoal goal \"...\"`")
         return
@@ -329,12 +183,12 @@ def trials(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The trials of a run: status, score, objective values, changed knobs; filtered and sorted on request."""
-    store = _store(read_only=True)
-    rid = _run_id(store, run)
+    store = get_store(read_only=True)
+    rid = run_id_of(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
     if as_json:
-        return _emit([_trial_dict(t) for t in ts])
+        return emit([_trial_dict(t) for t in ts])
     base = everything[0].knobs if everything else {}
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer", title=f"run {rid}")
     for t in ts:
@@ -352,11 +206,11 @@ def show(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Everything about one trial: knobs, launch command, gates, measurements, timings, log."""
-    store = _store(read_only=True)
-    rid = _run_id(store, run)
+    store = get_store(read_only=True)
+    rid = run_id_of(store, run)
     t = store.get_trial_by_number(rid, number)
     if t is None:
-        _fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
+        fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
     from orchestrator.paired import describe, latest_paired
     from orchestrator.why import why_of
 
@@ -365,7 +219,7 @@ def show(
     why, paired = why_of(store, rid, t.id), latest_paired(store, rid, t.id)
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
-        return _emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
+        return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
     console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {t.score:.3f}x" if t.score else ""), highlight=False)
     if why:
         console.print(f"  why: {why}", highlight=False)
@@ -405,48 +259,42 @@ def report(
     """Write the run's markdown report with the trial table, the best launch command and plots."""
     from orchestrator.report import build_report_data, write_report
 
-    store = _store(read_only=True)
-    rid = _run_id(store, run)
-    dest = out or _ws().run_dir(rid) / "report"
+    store = get_store(read_only=True)
+    rid = run_id_of(store, run)
+    dest = out or get_workspace().run_dir(rid) / "report"
     try:
         path = write_report(store, rid, dest)
         if html:
-            path = html_report(store, rid, path.parent, _ws().db_url)
+            path = html_report(store, rid, path.parent, get_workspace().db_url)
     except OSError as e:
-        _fail(f"cannot write the report to {dest}: {e.strerror or e}; pass --out DIR on a writable disk", "failed")
+        fail(f"cannot write the report to {dest}: {e.strerror or e}; pass --out DIR on a writable disk", "failed")
     if as_json:
-        return _emit(build_report_data(store, rid).to_dict() | {"report": str(path)})
+        return emit(build_report_data(store, rid).to_dict() | {"report": str(path)})
     console.print(f"report: {path}")
 
 
 def _decide(number: int, run: int | None, status: str, who: str) -> None:
     from orchestrator.audit.actions import DecisionError, decide
 
-    store = _store()
-    rid = _run_id(store, run)
+    store = get_store()
+    rid = run_id_of(store, run)
     try:
         decide(store, rid, number, status, who)  # the one rule, shared with the shell's /approve
     except DecisionError as e:
-        _fail(str(e))
+        fail(str(e))
     console.print(f"trial #{number}: {status}")
 
 
-def _who() -> str:
-    import getpass
-
-    return getpass.getuser()
-
-
-@app.command()
-def approve(number: int, run: int | None = typer.Option(None, "--run", "-r")) -> None:
+@app.command("approve")
+def approve_trial(number: int, run: int | None = typer.Option(None, "--run", "-r")) -> None:
     """Accept a trial that passed the gates with measurable accuracy drift (status needs_approval)."""
-    _decide(number, run, "kept", _who())
+    _decide(number, run, "kept", whoami())
 
 
-@app.command()
-def reject(number: int, run: int | None = typer.Option(None, "--run", "-r")) -> None:
+@app.command("reject")
+def reject_trial(number: int, run: int | None = typer.Option(None, "--run", "-r")) -> None:
     """Reject a trial waiting for approval."""
-    _decide(number, run, "rejected", _who())
+    _decide(number, run, "rejected", whoami())
 
 
 @app.command()
@@ -455,9 +303,9 @@ def steer(
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: the latest run)."),
 ) -> None:
     """Send the code agent of a run a message; it reaches the agent at its next turn."""
-    store = _store()
-    rid = _run_id(store, run)
-    store.add_event(rid, "steer", text, data={"who": _who()})
+    store = get_store()
+    rid = run_id_of(store, run)
+    store.add_event(rid, "steer", text, data={"who": whoami()})
     console.print(f"run {rid}: message stored; the agent reads it at its next turn")
 
 
@@ -470,15 +318,15 @@ def diff(
     """Show the engine code change between two trials' commits (git diff)."""
     import git
 
-    store = _store()
-    rid = _run_id(store, run)
+    store = get_store()
+    rid = run_id_of(store, run)
     ta, tb = store.get_trial_by_number(rid, a), store.get_trial_by_number(rid, b)
     if ta is None or tb is None:
-        _fail(f"run {rid} has no trial #{a if ta is None else b}; list them with `infergoal trials`")
+        fail(f"run {rid} has no trial #{a if ta is None else b}; list them with `infergoal trials`")
     try:
         text = git.Repo(store.get_run(rid).target["source"], search_parent_directories=True).git.diff(ta.commit, tb.commit)
     except (git.GitError, OSError) as e:
-        _fail(f"cannot diff the commits of #{a} and #{b}: {e}")
+        fail(f"cannot diff the commits of #{a} and #{b}: {e}")
     sys.stdout.write((text or f"(no code change between #{a} and #{b})") + "\n")
 
 
@@ -490,7 +338,7 @@ def init(path: Path = typer.Argument(Path("."), help="Folder to make a workspace
     path.mkdir(parents=True, exist_ok=True)
     cfg = path / CONFIG_NAME
     if cfg.exists():
-        _fail(f"{cfg} already exists; edit it or choose another folder")
+        fail(f"{cfg} already exists; edit it or choose another folder")
     cfg.write_text((PACKAGE_ROOT / "examples" / "infergoal.toml").read_text())
     kb = path / "knowledge_base"
     if not kb.exists():
@@ -535,7 +383,7 @@ def gates_verify() -> None:
     try:
         verify()
     except GateTampered as e:
-        _fail(str(e), "gates_tampered")
+        fail(str(e), "gates_tampered")
     console.print("gates.lock: all gate files match")
 
 
@@ -544,12 +392,9 @@ def gates_relock(who: str = typer.Option("", "--who", help="Who accepts the chan
     """Accept changed gate files: rewrite gates.lock and record it in the audit log."""
     from gates.lock import relock
 
-    who = who or _who()
+    who = who or whoami()
     changed = relock(who)
-    store = _store()
+    store = get_store()
     store.add_event(None, "gates.relock", f"gates relocked by {who}", data={"who": who, "changed": changed})
     console.print(f"gates.lock rewritten by {who}; changed: {', '.join(changed) or 'nothing'}")
 
-
-if __name__ == "__main__":
-    app()

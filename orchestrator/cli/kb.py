@@ -13,6 +13,8 @@ from typing import Any
 
 import typer
 
+from orchestrator.cli.common import get_store, get_workspace, whoami
+from orchestrator.cli.errors import fail
 from orchestrator.knowledge import KnowledgeBase
 from orchestrator.knowledge.approval import ApprovalError, approve, pending, reject
 from orchestrator.knowledge.lint import lint
@@ -22,21 +24,12 @@ __all__ = ["kb_app"]
 kb_app = typer.Typer(help="Read and curate the knowledge base; approve contract proposals.", no_args_is_help=True)
 
 
-def _cli() -> Any:
-    from orchestrator import (
-        cli,  # the app's workspace options and error helpers; imported late (cli imports us)
-    )
-
-    return cli
-
-
 def _kb() -> KnowledgeBase:
-    ws = _cli()._ws()
+    ws = get_workspace()
     try:
         return KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     except ValueError as e:
-        _cli()._fail(f"{e} (run `infergoal kb lint` to see every problem)")
-        raise
+        fail(f"{e} (run `infergoal kb lint` to see every problem)")
 
 
 def _row(e: Any, weight: float | None = None) -> str:
@@ -64,7 +57,7 @@ def search(query: str = typer.Argument("", help="Words to look for in titles and
            kind: str | None = typer.Option(None, "--kind", "-k")) -> None:
     """Entries that fit an engine/model (on this host), by similarity x status, filtered by words."""
     kb = _kb()
-    ws = _cli()._ws()
+    ws = get_workspace()
     from orchestrator.hosts import get_host
 
     fp = get_host(ws.config.host, state_dir=ws.state_dir).fingerprint()
@@ -86,14 +79,14 @@ def show(entry_id: str) -> None:
     kb = _kb()
     e = kb.entries.get(entry_id) or next((p for p in pending(kb.write_dir) if p.id == entry_id), None)
     if e is None:
-        _cli()._fail(f"no entry {entry_id!r}; see `infergoal kb list`")
+        fail(f"no entry {entry_id!r}; see `infergoal kb list`")
     print(e.path.read_text())
 
 
 @kb_app.command("lint")
 def lint_() -> None:
     """Check every entry (seed and workspace); exit 1 on problems."""
-    ws = _cli()._ws()
+    ws = get_workspace()
     problems = lint(ws.kb_read_dirs)
     for p in problems:
         print(p)
@@ -116,24 +109,22 @@ def export(out: Path | None = typer.Option(None, "--out", "-o", help="Write JSON
 
 
 @kb_app.command("approve")
-def approve_(entry_id: str) -> None:
+def approve_contract(entry_id: str) -> None:
     """Accept a contract proposal: it moves into contracts/ as confirmed (audited as `kb.approve`)."""
-    cli = _cli()
-    ws = cli._ws()
+    ws = get_workspace()
     try:
-        path = approve(ws.kb_write_dir, entry_id, who=cli._who(), store=cli._store())
+        path = approve(ws.kb_write_dir, entry_id, who=whoami(), store=get_store())
     except ApprovalError as e:
-        cli._fail(str(e))
+        fail(str(e))
     print(f"approved: {path}")
 
 
 @kb_app.command("reject")
-def reject_(entry_id: str, reason: str = typer.Option("", "--reason", help="Why (recorded in the audit event).")) -> None:
+def reject_contract(entry_id: str, reason: str = typer.Option("", "--reason", help="Why (recorded in the audit event).")) -> None:
     """Drop a contract proposal (audited as `kb.reject`)."""
-    cli = _cli()
-    ws = cli._ws()
+    ws = get_workspace()
     try:
-        reject(ws.kb_write_dir, entry_id, who=cli._who(), reason=reason, store=cli._store())
+        reject(ws.kb_write_dir, entry_id, who=whoami(), reason=reason, store=get_store())
     except ApprovalError as e:
-        cli._fail(str(e))
+        fail(str(e))
     print(f"rejected: {entry_id}")

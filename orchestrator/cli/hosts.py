@@ -2,65 +2,32 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cli.common import console, err, get_workspace
+from orchestrator.cli.errors import emit, fail
 from orchestrator.hosts.base import HostError
-from orchestrator.workspace import ConfigError, Workspace
 
-# paramiko (and the gates and bench behind SSHHost) load inside the commands, as in cli.py:
+# paramiko (and the gates and bench behind SSHHost) load inside the commands, as in cli/main.py:
 # `infergoal --help` and every other command must not pay a second for them.
 
 __all__ = ["hosts_app"]
 
 hosts_app = typer.Typer(help="Remote GPU hosts reached over SSH (stored in the workspace).", no_args_is_help=True)
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False)
-    raise typer.Exit(code)
-
-
-_ROOT: dict[str, Any] = {}
-
-
-@hosts_app.callback()
-def _root(ctx: typer.Context) -> None:
-    # The global options (-w, -o) belong to the root command; keep them for the subcommands.
-    _ROOT.clear()
-    _ROOT.update(ctx.find_root().params)
-
-
-def _ws() -> Workspace:
-    params = _ROOT
-    try:
-        return Workspace(params.get("workspace") or ".", list(params.get("override") or []))
-    except ConfigError as e:
-        _fail(str(e))
-        raise
 
 
 def _host(name: str) -> Any:
     from orchestrator.hosts.registry import resolve_spec
     from orchestrator.hosts.ssh import SSHHost
 
-    ws = _ws()
+    ws = get_workspace()
     try:
         return SSHHost(resolve_spec(name, ws.state_dir), state_dir=ws.state_dir)
     except HostError as e:
-        _fail(str(e))
-        raise
-
-
-def _emit(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        fail(str(e))
 
 
 @hosts_app.command("add")
@@ -79,8 +46,8 @@ def add(
     try:
         spec = parse_ssh_url(url, name=name, key=key, gpus=gpus, python=python, workdir=workdir)
     except HostError as e:
-        _fail(str(e))
-    HostRegistry(_ws().state_dir).add(spec)
+        fail(str(e))
+    HostRegistry(get_workspace().state_dir).add(spec)
     console.print(f"added {name} ({spec.known_as}); next: `infergoal hosts trust {name}` if its key is new, "
                   f"then `infergoal hosts check {name}`", highlight=False)
 
@@ -90,10 +57,10 @@ def list_hosts(as_json: bool = typer.Option(False, "--json")) -> None:
     """The registered hosts."""
     from orchestrator.hosts.registry import HostRegistry
 
-    reg = HostRegistry(_ws().state_dir)
+    reg = HostRegistry(get_workspace().state_dir)
     rows = [reg.get(n).model_dump() for n in reg.names()]
     if as_json:
-        return _emit(rows)
+        return emit(rows)
     if not rows:
         console.print("no hosts yet; add one with `infergoal hosts add NAME ssh://user@host:port`")
         return
@@ -109,12 +76,12 @@ def trust(name: str = typer.Argument(..., help="Host name or ssh:// URL.")) -> N
     from orchestrator.hosts.registry import resolve_spec
     from orchestrator.hosts.sshconn import trust_host
 
-    ws = _ws()
+    ws = get_workspace()
     try:
         spec = resolve_spec(name, ws.state_dir)
         fingerprint, replaced = trust_host(spec, ws.state_dir / "known_hosts")
     except HostError as e:
-        _fail(str(e))
+        fail(str(e))
     note = f" (replaced {replaced})" if replaced else ""
     console.print(f"trusted {spec.known_as}: {fingerprint}{note}", highlight=False)
 
@@ -126,7 +93,7 @@ def check(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "
     try:
         fp = host.fingerprint()
     except HostError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         host.close()
     problems = []
@@ -136,7 +103,7 @@ def check(name: str = typer.Argument(...), as_json: bool = typer.Option(False, "
         problems.append(f"only {fp['disk_free_gb']} GB free in the host's work dir")
     fp["problems"] = problems
     if as_json:
-        _emit(fp)
+        emit(fp)
     else:
         gpus = ", ".join(fp.get("gpus") or []) or "none (CPU only)"
         console.print(f"{name}: reachable; Python {fp['python']}; torch {fp.get('torch', '-')}; GPUs: {gpus}; "
@@ -153,9 +120,9 @@ def remove(name: str = typer.Argument(...)) -> None:
     from orchestrator.hosts.registry import HostRegistry
 
     try:
-        HostRegistry(_ws().state_dir).remove(name)
+        HostRegistry(get_workspace().state_dir).remove(name)
     except HostError as e:
-        _fail(str(e))
+        fail(str(e))
     console.print(f"removed {name}")
 
 
@@ -170,9 +137,9 @@ def clean(
     try:
         killed = host.sweep_orphans(everyone=everyone)
     except HostError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         host.close()
     if as_json:
-        return _emit({"killed": killed})
+        return emit({"killed": killed})
     console.print(f"{name}: stopped {len(killed)} server group(s)" + (f": {killed}" if killed else ""))

@@ -1,0 +1,12 @@
+"""The `infergoal` command line (pyproject's `infergoal = "orchestrator.cli:app"`).
+
+One face, in modules that each own a group of commands: `main` (the app, its global options,
+goal/resume and the run views; `live` drives a run on the terminal), `audit` (why, lineage,
+export, study, log, shell, floors), `kb` (`infergoal kb ...`), `hosts` (`infergoal hosts ...`).
+They share `common` (workspace, store, who) and `errors` (one `error:` line and an exit code);
+only `main` imports the others.
+"""
+
+from orchestrator.cli.main import app
+
+__all__ = ["app"]
