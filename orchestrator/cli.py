@@ -138,7 +138,7 @@ class _Progress:
         self.progress.update(self.task, step=name)
 
     def trial(self, t: Any) -> None:
-        from orchestrator.controller import LOOP_ADDED
+        from orchestrator.roles import LOOP_ADDED
 
         if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
             self.progress.advance(self.task)
@@ -358,7 +358,7 @@ def show(
     if t is None:
         _fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
     from orchestrator.paired import describe, latest_paired
-    from orchestrator.why import why_of
+    from orchestrator.verdict import why_of
 
     gates = [_trial_dict(g) for g in store.gate_results(t.id)]
     meas = [_trial_dict(m) for m in store.measurements(t.id)]

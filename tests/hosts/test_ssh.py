@@ -228,7 +228,7 @@ def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, ssh
 
 def test_public_surface():
     import orchestrator.hosts as hosts_pkg
-    import orchestrator.hosts.pool as pool
+    import orchestrator.pool as pool
     import orchestrator.hosts.ssh as ssh
     import orchestrator.hosts.sshconn as sshconn
 
