@@ -31,7 +31,7 @@ from orchestrator.measure import idle_state, slowdown
 from orchestrator.roles import PAIRED
 from orchestrator.trial import TrialContext, objective_label, run_trial
 
-__all__ = ["PAIRED", "PairedOutcome", "describe", "latest_paired", "run_paired"]
+__all__ = ["PairedOutcome", "describe", "latest_paired", "run_paired"]
 
 
 @dataclass(frozen=True)
