@@ -39,6 +39,7 @@ from hfserve_target import one_thread_target  # noqa: E402
 
 from orchestrator.goal import parse_goal  # noqa: E402
 from orchestrator.paired import latest_paired  # noqa: E402
+from orchestrator.roles import PAIRED, SENTINEL  # noqa: E402
 from orchestrator.runs import start_run  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.trial import objective_label  # noqa: E402
@@ -127,8 +128,8 @@ def one_run(goal: str, loaded: bool, period: float, seed: int, *, load: str = "b
     paired = latest_paired(store, out.run_id, best.id) if best else None
     return {
         "loaded": loaded, "seed": seed, "stop_reason": out.stop_reason, "wall_s": round(time.time() - t0, 1),
-        "trials": len(trials), "search_trials": sum(1 for t in trials if t.proposer not in ("paired", "sentinel")),
-        "sentinels": sum(1 for t in trials if t.proposer == "sentinel"),
+        "trials": len(trials), "search_trials": sum(1 for t in trials if t.proposer not in (PAIRED, SENTINEL)),
+        "sentinels": sum(1 for t in trials if t.proposer == SENTINEL),
         "redos": len(store.events(out.run_id, kind="measure.redo")),
         "best": best.number if best else None, "best_knobs": best.knobs if best else None,
         "unpaired": unpaired, "paired": paired and {k: paired[k] for k in ("score", "lo", "hi", "rounds", "met")},

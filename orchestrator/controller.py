@@ -16,70 +16,40 @@ After the stop, `probe` > 0 measures the winner's one-knob neighbours for the kn
 from __future__ import annotations
 
 import errno
-import math
-from dataclasses import dataclass
+import time
 from typing import Any
 
 from gates.lock import GateTampered, verify
 from gates.thresholds import section
-from orchestrator import interrupts
+from orchestrator import interrupts, verdict
+from orchestrator.candidate import Candidate, knob_key
 from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
-from orchestrator.paired import PAIRED, describe, latest_paired, run_paired
-from orchestrator.proposers import Candidate, Proposer
+from orchestrator.paired import describe, latest_paired, run_paired
+from orchestrator.proposers.base import Proposer
+from orchestrator.proposers.search import neighbours
+from orchestrator.roles import (
+    BASELINE,
+    BASELINES,
+    LOOP_ADDED,
+    NEVER_KEPT,
+    NOT_SEARCH,
+    PAIRED,
+    PROBE,
+    RETRY,
+    SENTINEL,
+    BudgetExhausted,
+    GoalMet,
+    ProposerExhausted,
+    Refused,
+    Stalled,
+    StopRun,
+)
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
-from orchestrator.why import why_data
+from orchestrator.verdict import Baseline
 
-__all__ = ["BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Stalled", "StopRun"]
-
-CONFIRM = "confirm"  # runs before paired confirmation: one clean relaunch
-SENTINEL = "sentinel"
-BASELINES = ("baseline", SENTINEL)
-RETRY = "retry"
-PROBE = "probe"  # after the stop: the winner's one-knob neighbours, measured for the knowledge base
-NOT_SEARCH = (CONFIRM, PAIRED, SENTINEL, PROBE)
-""""Proposers" of trials the loop adds itself that are never the best."""
-LOOP_ADDED = (*NOT_SEARCH, RETRY)
-"""Trials the loop adds itself: not counted in the trial budget, not shown to the proposer."""
-
-
-class StopRun(Exception):
-    """The run ends; the message is the stop reason."""
-
-
-class GoalMet(StopRun):
-    pass
-
-
-class BudgetExhausted(StopRun):
-    pass
-
-
-class Stalled(StopRun):
-    pass
-
-
-class ProposerExhausted(StopRun):
-    pass
-
-
-class Refused(StopRun):
-    """The run cannot give a trustworthy answer as configured (e.g. a bench scale too small)."""
-
-
-@dataclass
-class Baseline:
-    samples: dict[str, list[float]]
-    """objective label -> the baseline's repeated measurements."""
-    values: dict[str, float]
-    """objective label -> mean baseline value."""
-    noise: float
-    """Largest relative spread between baseline repeats (0.0 with one repeat)."""
-    trial: int = 0
-    """Number of the baseline (or sentinel) trial these values come from."""
-    host: dict[str, Any] | None = None
-    """The host's state while it was measured (others' CPU share, GPU clocks)."""
-
+# The stop exceptions live in `orchestrator.roles`; importing them from here keeps working.
+__all__ = ["Baseline", "BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Refused", "Stalled", "StopRun"]
 
 class Controller:
     """Drives one run. `ctx` holds the run's fixed parts; the store holds its state."""
@@ -153,9 +123,6 @@ class Controller:
         against the newest baseline but never kept: they are evidence for the knowledge base (which
         knob moved the winner, and by how much), not answers. The stop is recorded first, so a
         resume finishes the probes and keeps the stop. Knob sets the run measured already count."""
-        from orchestrator.proposers.base import knob_key
-        from orchestrator.proposers.search import neighbours
-
         run = self.store.get_run(self.ctx.run_id)
         best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
         if best is None or best.number == 0:
@@ -176,7 +143,7 @@ class Controller:
         """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here."""
         self._redo_unfinished()
         if not self.store.list_trials(self.ctx.run_id):
-            baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer="baseline")
+            baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer=BASELINE)
             self._execute(self._create(baseline), baseline)
         self._baseline()  # raises if the baseline failed, before a trial is created that never runs
 
@@ -289,73 +256,29 @@ class Controller:
             return r.status_hint, None, objective, False
         if baseline is None:
             return "kept", 1.0, objective, False
-        if trial.proposer in (CONFIRM, PROBE):  # a run from before paired confirmation, resumed; a probe
-            return "discarded", self._score(r, baseline), objective, False
-        score = self._score(r, baseline)
-        perf = self._perf_gate(r, baseline)
+        objectives = self.ctx.goal.objectives
+        if trial.proposer in NEVER_KEPT:  # a probe; a run from before paired confirmation, resumed
+            return "discarded", verdict.score(r, baseline, objectives), objective, False
+        score = verdict.score(r, baseline, objectives)
+        perf = verdict.perf_gate(r, baseline, objectives)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
         # The screen can only say "possibly met" (passed, or borderline with every objective met on
         # the point estimate); the paired A/B confirmation decides (see _execute).
         met = perf.status == "pass" or (perf.status == "remeasure" and all(
             o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
-            for o in self.ctx.goal.objectives))
+            for o in objectives))
         # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
-        if not met and score <= self._best_score() * (1 + self._needed_gain(baseline)):
+        if not met and score <= self._best_score() * (1 + verdict.needed_gain(self.min_gain, baseline)):
             return "discarded", score, objective, met
         if r.gate_drift and self.ctx.goal.accuracy_mode == "no_loss":
             # Faster but measurably different: a person decides (`infergoal approve N`).
             return "needs_approval", score, objective, met
         return "kept", score, objective, met
 
-    # --- judging helpers -----------------------------------------------------------------
-    def _score(self, r: TrialResult, baseline: Baseline) -> float:
-        """Geometric mean of per-objective speedups over the baseline (>1 is better)."""
-        speedups = [
-            o.speedup(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
-            for o in self.ctx.goal.objectives
-        ]
-        return math.exp(sum(math.log(s) for s in speedups) / len(speedups))
-
-    def _perf_gate(self, r: TrialResult, baseline: Baseline) -> Any:
-        """The performance gate on the goal's objectives: noise-aware pass / fail / remeasure.
-
-        Relative objectives go through `gates.performance` (improvement beyond k standard errors
-        of the change); absolute ones compare the candidate's mean with the threshold.
-        """
-        from gates import GateResult, performance
-
-        rel = [o for o in self.ctx.goal.objectives if o.kind == "relative"]
-        absolute = [o for o in self.ctx.goal.objectives if o.kind == "absolute"]
-        misses = [
-            o.describe() for o in absolute
-            if not o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
-        ]
-        if not rel:
-            return GateResult("performance", "fail" if misses else "pass",
-                              "missed: " + "; ".join(misses) if misses else "absolute targets met", {}, 0.0)
-        labels = {objective_label(o.scenario, o.key): o for o in rel}
-        res = performance.check(
-            {k: baseline.samples[k] for k in labels}, {k: r.samples.get(k, []) for k in labels},
-            targets={k: o.value for k, o in labels.items()}, guards=[],
-            directions={k: o.info.direction == "maximize" for k, o in labels.items()},
-        )
-        if misses and res.status != "fail":
-            return GateResult("performance", "fail", "missed: " + "; ".join(misses), res.details, res.duration_s)
-        return res
-
-    def _needed_gain(self, baseline: Baseline) -> float:
-        # Noise-aware: a win smaller than the baseline's own spread between repeats is not a win.
-        return max(self.min_gain, baseline.noise)
-
+    # --- judging: the numbers come from `orchestrator.verdict` ------------------------------
     def _borderline(self, r: TrialResult, baseline: Baseline) -> bool:
-        """Re-measure when the performance gate asks for it, or the score sits in the noise band of the keep line."""
-        if not r.samples or any(not v for v in r.samples.values()):
-            return False
-        if self._perf_gate(r, baseline).status == "remeasure":
-            return True
-        threshold = self._best_score() * (1 + self._needed_gain(baseline))
-        return abs(self._score(r, baseline) / threshold - 1) < max(baseline.noise, 0.01)
+        return verdict.borderline(r, baseline, self.ctx.goal.objectives, best=self._best_score(), min_gain=self.min_gain)
 
     def _best_score(self) -> float:
         kept = [t.score for t in self.store.list_trials(self.ctx.run_id)
@@ -378,8 +301,7 @@ class Controller:
                 if m.scenario == o.scenario and m.metric == o.key:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
         values = {k: sum(v) / len(v) for k, v in samples.items()}
-        noise = max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
-        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number, host=host_during(self.store, self.ctx.run_id, t0.id))
+        return Baseline(samples=samples, values=values, noise=verdict.noise_of(samples), trial=t0.number, host=host_during(self.store, self.ctx.run_id, t0.id))
 
     # --- trusting the numbers --------------------------------------------------------------
     def _sentinel_if_needed(self) -> None:
@@ -396,7 +318,7 @@ class Controller:
             self._sentinel(reason)
 
     def _sentinel(self, reason: str) -> None:
-        self.store.add_event(self.ctx.run_id, "sentinel", f"baseline re-measured: {reason}")
+        self.store.add_event(self.ctx.run_id, SENTINEL, f"baseline re-measured: {reason}")
         c = Candidate(self.ctx.target.baseline_knobs(), rationale=f"baseline sentinel: {reason}", proposer=SENTINEL)
         self._execute(self._create(c), c)
 
@@ -437,7 +359,7 @@ class Controller:
                     paired: dict[str, Any] | None = None, screen_met: bool = False) -> None:
         best = max([t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score
                     and t.proposer not in NOT_SEARCH and t.number and t.id != trial.id], default=1.0)
-        d = why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
+        d = verdict.why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
                      min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
                      baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
                      error=error, paired=paired, screen_met=screen_met)
@@ -468,6 +390,4 @@ def _candidate_of(trial: Any) -> Candidate:
 
 
 def _now() -> float:
-    import time
-
     return time.perf_counter()

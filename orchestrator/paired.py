@@ -26,13 +26,12 @@ from typing import Any
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from gates.thresholds import section
+from orchestrator.candidate import Candidate
 from orchestrator.measure import idle_state, slowdown
-from orchestrator.proposers import Candidate
+from orchestrator.roles import PAIRED
 from orchestrator.trial import TrialContext, objective_label, run_trial
 
-__all__ = ["PAIRED", "PairedOutcome", "describe", "latest_paired", "run_paired"]
-
-PAIRED = "paired"
+__all__ = ["PairedOutcome", "describe", "latest_paired", "run_paired"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def describe(p: dict[str, Any] | PairedOutcome, *, short: bool = False) -> str:
 
 def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[str, Any] | None:
     """The newest paired outcome of the run (of one candidate trial, when `trial_id` is given)."""
-    found = [e for e in store.events(run_id, kind=PAIRED) if trial_id is None or e.trial_id == trial_id]
+    found = store.events(run_id, kind=PAIRED, trial_id=trial_id)
     return dict(found[-1].data) if found else None
 
 

@@ -23,9 +23,9 @@ from orchestrator.errors import one_line
 from orchestrator.exitcodes import classify_stop
 from orchestrator.goal import GoalError, GoalSpec
 from orchestrator.hosts import LocalHost, get_hosts
-from orchestrator.hosts.pool import HostPool, PoolController
 from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
 from orchestrator.measure import TrustPolicy
+from orchestrator.pool import HostPool, PoolController
 from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.counts import count_violation
+from orchestrator.candidate import Candidate
 from orchestrator.goal import GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
 from orchestrator.measure import TrustPolicy, bench_trusted
-from orchestrator.proposers import Candidate
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup

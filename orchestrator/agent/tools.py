@@ -17,7 +17,7 @@ from orchestrator.agent.errors import ToolError
 from orchestrator.agent.render import history_rows, render
 from orchestrator.agent.sandbox import EngineWorktree, truncate
 from orchestrator.agent.schema import call_checked, tool_schema
-from orchestrator.knowledge.kb import parse_entry
+from orchestrator.frontmatter import read_frontmatter
 
 __all__ = ["FinishRequest", "Skill", "Toolbox", "TrialRequest", "load_skills"]
 
@@ -48,9 +48,9 @@ def load_skills(skills_dir: Path) -> dict[str, Skill]:
     """`skills/<name>/SKILL.md` files with `name`/`description` frontmatter."""
     out: dict[str, Skill] = {}
     for f in sorted(Path(skills_dir).glob("*/SKILL.md")) if Path(skills_dir).is_dir() else []:
-        e = parse_entry(f)
-        name = str(e.meta.get("name", f.parent.name))
-        out[name] = Skill(name, str(e.meta.get("description", "")), e.body.strip())
+        meta, body = read_frontmatter(f, what="a skill")
+        name = str(meta.get("name", f.parent.name))
+        out[name] = Skill(name, str(meta.get("description", "")), body.strip())
     return out
 
 

@@ -1,6 +1,6 @@
 """`infergoal lineage N`: a candidate's ancestry, back to the baseline.
 
-A trial's parent is the candidate it was built on: the trial a confirm relaunch repeats, a parent
+A trial's parent is the candidate it was built on: the trial a paired A/B round re-measures, a parent
 the proposer recorded (an agent editing on top of a kept commit), or else the incumbent — the best
 kept trial when it was proposed, which is what its score had to beat. Each step shows the knobs
 that changed from its parent and, when the commits differ and the source is a git repository,
@@ -13,9 +13,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.roles import NOT_SEARCH, REMEASURES
+
 __all__ = ["LineageStep", "lineage", "parent_of"]
 
-_CONFIRM_OF = re.compile(r"#(\d+)\s*$")
+_TRAILING_NUMBER = re.compile(r"#(\d+)\s*$")  # "confirm by a clean relaunch: #7" (an old database)
 _PAIRED_OF = re.compile(r"of #(\d+)")
 
 
@@ -47,12 +49,12 @@ def parent_of(trial: Any, trials: list[Any]) -> int | None:
     recorded = getattr(trial, "parent_number", None)
     if isinstance(recorded, int):
         return recorded
-    if trial.proposer in ("confirm", "paired"):  # "confirm by a clean relaunch: #7", "paired A/B of #7, round 1: B"
-        m = _CONFIRM_OF.search(trial.rationale or "") or _PAIRED_OF.search(trial.rationale or "")
+    if trial.proposer in REMEASURES:  # "paired A/B of #7, round 1: candidate"
+        m = _TRAILING_NUMBER.search(trial.rationale or "") or _PAIRED_OF.search(trial.rationale or "")
         if m:
             return int(m.group(1))
     earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score
-               and t.proposer not in ("confirm", "paired", "sentinel")]
+               and t.proposer not in NOT_SEARCH]
     best = max(earlier, key=lambda t: (t.score, -t.number), default=None)
     return best.number if best is not None else 0
 

@@ -20,7 +20,7 @@ import optuna
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from orchestrator.audit.why import NOT_SEARCH
+from orchestrator.roles import MEASUREMENTS
 
 __all__ = ["OPTUNA_SCHEMA", "StudyError", "save_study", "study_name", "study_storage_url"]
 
@@ -76,7 +76,7 @@ def _study_trials(run: Any, trials: list[Any]) -> list[optuna.trial.FrozenTrial]
     dists = distributions(target)
     out = []
     for t in trials:
-        if t.proposer in NOT_SEARCH:  # re-measurements repeat a knob set
+        if t.proposer in MEASUREMENTS:  # re-measurements repeat a knob set
             continue
         # Conditional knobs (`when`): a trial carries only the knobs active under its values, as
         # Optuna's define-by-run trials do; one with knobs today's space lacks is not plottable.

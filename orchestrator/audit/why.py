@@ -3,8 +3,8 @@
 The controller decides in a fixed order (start-up -> gates -> bench -> keep line / goal), and
 records each step's outcome as it goes; this module walks the same order over the stored
 records and stops at the first one that settled the trial. When the controller recorded its
-decision itself (a `decision` on the trial, or a `decision` event), that record wins and the
-reconstruction only fills what it lacks.
+decision itself (a `trial.why` event), that record wins and the reconstruction only fills what it
+lacks; the noise it judged with is read from those records, not derived again.
 """
 
 from __future__ import annotations
@@ -13,18 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
+from orchestrator.roles import BASELINE, LOOP_ADDED, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
-__all__ = ["NOT_SEARCH", "Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "trial_cost"]
+__all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "recorded_noise", "trial_cost"]
 
-CONFIRM = "confirm"
-#: Trials that re-measure a candidate or the baseline rather than propose one: they never set the
-#: best and do not count against the budget (a clean relaunch, the halves of a paired A/B, a sentinel).
-NOT_SEARCH = ("confirm", "paired", "sentinel")
-#: ...and with a host-busy re-run of a search trial ("retry": it may set the best), the trials the
-#: loop adds itself, which do not count against the trial budget (`controller.LOOP_ADDED`).
-LOOP_ADDED = (*NOT_SEARCH, "retry")
-#: Event kinds in which the controller records its own decision on a trial.
-DECISION_EVENTS = ("trial.why", "decision", "verdict", "trial.decision")
+#: The event kind in which the controller records its own decision on a trial (`verdict.why_data`).
+DECISION_EVENT = "trial.why"
 # Error prefixes the trial writes (`ExcType: message`) -> what broke, in words.
 _FAILURE_CLASSES = (
     ("ServerCrashed", "startup", "the server exited before it became healthy"),
@@ -76,15 +70,29 @@ def failure_class(error: str | None) -> tuple[str, str]:
     return "bench", "the trial raised an error"
 
 
-def baseline_noise(store: Any, run: Any) -> tuple[float, dict[str, list[float]]]:
-    """The baseline's largest relative spread between repeats, over the goal's objectives.
+def recorded_noise(events: list[Any], *, trial_id: int | None = None, baseline_trial: int | None = None) -> float | None:
+    """The baseline noise the controller judged with, as its `trial.why` events recorded it: the
+    noise trial `trial_id` was judged with (the newest record: a trial re-judged after a paired A/B
+    has two), or the noise of baseline #`baseline_trial`, as given to the candidates judged against
+    it. None when it recorded none (a database from before these records)."""
+    records = [e for e in events if e.kind == DECISION_EVENT and isinstance(e.data, dict) and "noise" in e.data]
+    if trial_id is not None:
+        mine = [e.data for e in records if e.trial_id == trial_id]
+        return float(mine[-1]["noise"]) if mine else None
+    judged = [e.data for e in records if e.data.get("baseline_trial") == baseline_trial]
+    return float(judged[0]["noise"]) if judged else None
 
-    The same number the controller widens its keep line by (0.0 with one repeat).
+
+def baseline_noise(store: Any, run: Any, number: int = 0) -> tuple[float, dict[str, list[float]]]:
+    """A baseline trial's repeated samples over the goal's objectives, and their largest relative spread.
+
+    Only for a database without the controller's `trial.why` records (`recorded_noise` is the
+    noise the controller used); with them, only the samples are shown.
     """
     from orchestrator.goal import GoalSpec
     from orchestrator.trial import objective_label
 
-    t0 = store.get_trial_by_number(run.id, 0)
+    t0 = store.get_trial_by_number(run.id, number)
     if t0 is None:
         return 0.0, {}
     goal = GoalSpec(**run.goal)
@@ -117,7 +125,7 @@ def _for_trial(e: Any, trial: Any) -> bool:
 def trial_cost(store: Any, trial: Any, events: list[Any] | None = None) -> dict[str, Any]:
     """Seconds per step (and total) plus any tokens/dollars recorded against the trial."""
     events = store.events(trial.run_id) if events is None else events
-    usage = _sum_usage([e for e in events if _for_trial(e, trial) and e.kind not in DECISION_EVENTS])
+    usage = _sum_usage([e for e in events if _for_trial(e, trial) and e.kind != DECISION_EVENT])
     timings = dict(trial.timings or {})
     return {"seconds": timings.get("total", sum(v for k, v in timings.items() if k != "trial")),
             "steps": timings, **usage}
@@ -125,18 +133,15 @@ def trial_cost(store: Any, trial: Any, events: list[Any] | None = None) -> dict[
 
 def _decision_record(trial: Any, events: list[Any]) -> dict[str, Any]:
     """The controller's own record of its decision, if this version of it wrote one."""
-    rec = getattr(trial, "decision", None)
-    if isinstance(rec, dict) and rec:
-        return dict(rec)
     for e in reversed(events):  # the newest: a trial re-judged after a paired A/B has two
-        if e.trial_id == trial.id and e.kind in DECISION_EVENTS and isinstance(e.data, dict):
+        if e.trial_id == trial.id and e.kind == DECISION_EVENT and isinstance(e.data, dict):
             return dict(e.data)
     return {}
 
 
 def _paired(trial: Any, events: list[Any]) -> dict[str, Any] | None:
     """The newest paired A/B outcome on this trial (score, lo, hi, confidence, rounds, met), if any."""
-    found = [e.data for e in events if e.trial_id == trial.id and e.kind == "paired" and isinstance(e.data, dict)]
+    found = [e.data for e in events if e.trial_id == trial.id and e.kind == PAIRED and isinstance(e.data, dict)]
     return found[-1] if found else None
 
 
@@ -158,12 +163,15 @@ def _gate_evidence(g: Any) -> dict[str, Any]:
     return ev
 
 
-def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any]) -> dict[str, Any]:
-    """Rebuild the keep line the controller drew for this trial: best so far x (1 + max(min_gain, noise))."""
+def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any], events: list[Any]) -> dict[str, Any]:
+    """Rebuild the keep line the controller drew for this trial: best so far x (1 + max(min_gain, noise)),
+    with the noise the controller recorded for it."""
     earlier = [t for t in trials if t.number < trial.number and t.status == "kept" and t.score and t.proposer not in NOT_SEARCH]
     best = max(earlier, key=lambda t: t.score, default=None)
     best_score = max(best.score if best else 1.0, 1.0)
-    noise, _ = baseline_noise(store, run)
+    noise = recorded_noise(events, trial_id=trial.id)
+    if noise is None:  # a database from before the controller recorded its verdicts
+        noise, _ = baseline_noise(store, run)
     min_gain = float((run.config or {}).get("min_gain", 0.03))
     needed = max(min_gain, noise)
     return {"best": best_score, "best_trial": best.number if best else 0, "min_gain": min_gain, "noise": noise,
@@ -184,15 +192,17 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     actions = [{"kind": e.kind, "who": (e.data or {}).get("who", "?") if isinstance(e.data, dict) else "?",
                 "ts": e.ts, "message": e.message} for e in events if e.trial_id == trial.id and e.kind in HUMAN_ACTIONS]
     approved = any(a["kind"] == "approve" for a in actions)
-    decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, approved)
+    decided_by, sentence, evidence = _decide(store, run, trial, trials, gates, approved, events)
     recorded = _decision_record(trial, events)
     if recorded:
         # On keep/discard the controller's own numbers (threshold and noise at decision time, the
         # paired interval) beat a reconstruction; a rejection is better told by the gate check
         # that made it, so there the record only adds evidence.
-        if decided_by in ("threshold", "goal", "confirm", "baseline", "paired", "recorded"):
+        if decided_by in ("threshold", "goal", "recorded", BASELINE, *REMEASURES):
             sentence = str(recorded.get("sentence") or recorded.get("reason") or recorded.get("why") or sentence)
-        evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in ("sentence", "reason", "why")}}
+        # A baseline's own record carries the noise it was judged with (none): not the noise it sets.
+        skip = ("sentence", "reason", "why", *(("noise",) if decided_by == BASELINE else ()))
+        evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in skip}}
         decided_by = str(recorded.get("decided_by") or decided_by)
     paired = _paired(trial, events)
     if paired is not None:
@@ -207,7 +217,7 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
 
 
 def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any],
-            approved: bool) -> tuple[str, str, dict[str, Any]]:
+            approved: bool, events: list[Any]) -> tuple[str, str, dict[str, Any]]:
     n = trial.number
     if trial.status in ("pending", "running"):
         if run.status == "running":
@@ -224,23 +234,20 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
             return f"gate:{bad.gate}", f"invalid: the {bad.gate} gate failed: {bad.reason}", _gate_evidence(bad)
         kind, words = failure_class(trial.error)
         return kind, f"invalid: {words}: {trial.error or ''}"[:400], {"error": trial.error}
-    if n == 0 or trial.proposer == "baseline":
-        noise, samples = baseline_noise(store, run)
-        return "baseline", (f"the baseline (the target's default knobs); its {max((len(v) for v in samples.values()), default=0)} "
+    if n == 0 or trial.proposer == BASELINE:
+        derived, samples = baseline_noise(store, run, n)
+        noise = recorded_noise(events, baseline_trial=n)  # what the candidates judged against it were given
+        noise = derived if noise is None else noise
+        return BASELINE, (f"the baseline (the target's default knobs); its {max((len(v) for v in samples.values()), default=0)} "
                             f"repeats put the run's noise at {noise:.1%}"), {"noise": noise, "samples": samples}
     perf = next((g for g in reversed(gates) if g.gate == "performance"), None)
     drift = next((g for g in gates if g.gate == "accuracy" and g.status == "drift"), None)
     ev: dict[str, Any] = {"score": trial.score}
     if perf is not None:
         ev["performance"] = _gate_evidence(perf)
-    if trial.proposer in ("paired", "sentinel"):
+    if trial.proposer in MEASUREMENTS:
         return trial.proposer, f"{trial.status}: a {trial.proposer} measurement ({trial.rationale}); it judges others, not itself", ev
-    if trial.proposer == CONFIRM:
-        verdict = "confirmed" if trial.status == "kept" else "did not confirm"
-        return "confirm", (f"clean relaunch of {trial.rationale.rsplit(': ', 1)[-1]} {verdict} the goal "
-                           f"(performance gate: {perf.status if perf else 'not run'}"
-                           f"{' — ' + perf.reason if perf else ''})"), ev
-    line = _keep_line(store, run, trial, trials)
+    line = _keep_line(store, run, trial, trials, events)
     ev.update(line)
     score = trial.score or 0.0
     keep_words = (f"threshold {line['threshold']:.3f}x = best {line['best']:.3f}x (#{line['best_trial']}) "

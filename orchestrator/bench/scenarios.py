@@ -81,7 +81,7 @@ class Scenario(BaseModel):
 
 
 def builtin_scenarios(scale: float = 1.0) -> dict[str, Scenario]:
-    """Scenarios A–C (D = geometric mean of the scores, see ``score``).
+    """Scenarios A–C (a trial's score is the geometric mean of its speedups, `orchestrator.verdict.score`).
 
     Sized at scale 1.0 for a tiny CPU model serving ~150 tok/s single-stream: each takes
     roughly 5–15 s against the naive (unbatched) reference server.

@@ -44,7 +44,7 @@ class _Progress:
         self.progress.update(self.task, step=name)
 
     def trial(self, t: Any) -> None:
-        from orchestrator.controller import LOOP_ADDED
+        from orchestrator.roles import LOOP_ADDED
 
         if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
             self.progress.advance(self.task)

@@ -212,7 +212,7 @@ def show(
     if t is None:
         fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
     from orchestrator.paired import describe, latest_paired
-    from orchestrator.why import why_of
+    from orchestrator.verdict import why_of
 
     gates = [_trial_dict(g) for g in store.gate_results(t.id)]
     meas = [_trial_dict(m) for m in store.measurements(t.id)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROBE = "probe"  # orchestrator.controller.PROBE (not imported: the CLI imports this package, the controller is heavy)
+from orchestrator.roles import PROBE, RETIRED
 
 __all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
 
@@ -148,7 +148,7 @@ def _value_effects(trials: list[Any], knob: str, base_value: Any, metrics: list[
 
 def distill(store: Any, run_id: int) -> Distilled:
     run = store.get_run(run_id)
-    every = [t for t in store.list_trials(run_id) if t.proposer != "confirm"]
+    every = [t for t in store.list_trials(run_id) if t.proposer not in RETIRED]
     trials = [t for t in every if t.proposer != PROBE]  # the search's own; probes are reported apart
     base = next((t for t in trials if t.number == 0), None)
     d = Distilled(run_id=run_id, goal=run.goal_text if run else "", baseline_knobs=dict(base.knobs) if base else {})

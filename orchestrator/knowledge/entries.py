@@ -7,12 +7,11 @@ updated`; tuning findings add `knobs` and `speedup`.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from orchestrator.frontmatter import read_frontmatter, render_frontmatter
 
 __all__ = ["KINDS", "STATUS_RANK", "Entry", "demote", "parse_entry", "promote", "render"]
 
@@ -61,18 +60,9 @@ class Entry:
 
 
 def parse_entry(path: Path) -> Entry:
-    text = Path(path).read_text()
-    m = re.match(r"^---\n(.*?)\n---\n?(.*)$", text, re.S)
-    if not m:
-        raise ValueError(f"{path}: a knowledge entry must start with YAML frontmatter between '---' lines")
-    try:
-        meta = yaml.safe_load(m.group(1)) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: the frontmatter is not valid YAML ({e}); fix it or delete the file") from e
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: frontmatter must be a mapping")
-    return Entry(path=Path(path), meta=meta, body=m.group(2))
+    meta, body = read_frontmatter(path)
+    return Entry(path=Path(path), meta=meta, body=body)
 
 
 def render(meta: dict[str, Any], body: str) -> str:
-    return "---\n" + yaml.safe_dump(meta, sort_keys=False, allow_unicode=True) + "---\n" + body
+    return render_frontmatter(meta, body)

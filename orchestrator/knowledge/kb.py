@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.candidate import knob_key
 from orchestrator.knowledge import reuse
 from orchestrator.knowledge.distill import distill
 from orchestrator.knowledge.entries import STATUS_RANK, Entry, parse_entry
@@ -23,7 +24,7 @@ from orchestrator.knowledge.fingerprint import (
     workload_key,
 )
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
-from orchestrator.paired import latest_paired
+from orchestrator.roles import PAIRED
 
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
 
@@ -134,7 +135,9 @@ class KnowledgeBase:
         hw = here["hardware"]
         key: list[Any] = [engine, model, hw] + ([workload] if workload else [])
         evidence_extra: dict[str, Any] = {"workload": workload} if workload else {}
-        paired = latest_paired(store, run_id, d.winner["trial_id"]) if d.winner else None
+        # The paired A/B outcome the controller recorded on the winner (the newest, if it was confirmed twice).
+        found = store.events(run_id, kind=PAIRED, trial_id=d.winner["trial_id"]) if d.winner else []
+        paired = found[-1].data if found else None
         if paired and paired.get("score"):  # the paired A/B ratio and its interval, when the run measured one
             evidence_extra["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
                                         "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
@@ -147,7 +150,7 @@ class KnowledgeBase:
                 sim = similarity(e.applies_to, here)
                 if sim >= 0.999 or not e.meta.get("knobs"):
                     continue  # the exact setting's own finding is promoted by write_winner
-                if reuse.knob_key(reuse.translate(dict(e.meta["knobs"]), e.applies_to, here)) != reuse.knob_key(t["knobs"]):
+                if knob_key(reuse.translate(dict(e.meta["knobs"]), e.applies_to, here)) != knob_key(t["knobs"]):
                     continue
                 status = update_prior(self._writable(e), run_id, t, sim, model, min_gain)
                 moved.append({"entry": e.id, "from": e.status, "to": status, "trial": t["trial"]})

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.candidate import knob_key
 from orchestrator.knowledge.entries import STATUS_RANK, Entry
 from orchestrator.knowledge.fingerprint import similarity
 
-__all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "knob_key", "prior_observations", "rank", "render_context",
+__all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "prior_observations", "rank", "render_context",
            "translate", "warm_knobs"]
 
 # Below this a finding from another setting is not worth a trial; above it, at most
@@ -22,10 +23,6 @@ MAX_TRANSFERRED = 2
 _STATUS_WEIGHT = {"confirmed": 1.0, "probable": 0.8, "hypothesis": 0.6, "refuted": 0.0}
 # Knobs whose good value grows with the KV-cache room per sequence (memory-bound engines on GPUs).
 _MEMORY_SCALED = ("max_batch_size", "max_num_seqs", "max_running_requests", "max_batch_prefill_tokens")
-
-
-def knob_key(knobs: dict[str, Any]) -> str:
-    return repr(sorted(knobs.items()))
 
 
 def rank(entries: list[Entry], here: dict[str, Any], *, kind: str | None = None, min_sim: float = 0.0) -> list[tuple[float, Entry]]:

@@ -22,8 +22,8 @@ from orchestrator.agent.errors import AgentAPIError, AgentConfigError
 from orchestrator.agent.render import history_rows, render
 from orchestrator.agent.sandbox import EngineWorktree
 from orchestrator.agent.tools import FinishRequest, Toolbox, TrialRequest, load_skills
-from orchestrator.controller import BudgetExhausted
-from orchestrator.proposers.base import Candidate
+from orchestrator.candidate import Candidate
+from orchestrator.roles import BudgetExhausted
 from orchestrator.targets import TargetSpec
 from orchestrator.workspace import PACKAGE_ROOT
 
@@ -231,7 +231,7 @@ class AgentProposer:
 
     # --- long runs -------------------------------------------------------------------------
     def _start_text(self, history: Sequence[Any], summary: str) -> str:
-        rows = history_rows([t for t in history if t.proposer != "confirm"], self.ctx.target.baseline_knobs())
+        rows = history_rows(list(history), self.ctx.target.baseline_knobs())
         best = self._best(history)
         return render("start.md.j2", summary=summary, history=render("history.md.j2", rows=rows),
                       best=f"trial #{best.number}, {best.score:.3f}x" if best else "the baseline (1.0x)")

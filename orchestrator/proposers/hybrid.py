@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.candidate import Candidate
 from orchestrator.proposers.agent import AgentProposer
-from orchestrator.proposers.base import Candidate
 from orchestrator.proposers.search import SearchProposer
 from orchestrator.targets import TargetSpec
 
@@ -38,7 +38,7 @@ class HybridProposer:
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         last = next((t for t in reversed(history) if t.proposer == self.agent.name), None)
         if last is not None and last.status not in _BROKEN and self.n_tune > 0:
-            same = [t for t in history if t.commit == last.commit and t.proposer != "confirm"]
+            same = [t for t in history if t.commit == last.commit]
             tuned = [t for t in same if t.number > last.number and t.proposer == TUNE]
             if len(tuned) < self.n_tune:
                 search = SearchProposer(seed=self.seed + last.number, n_startup=max(1, self.n_tune - 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.proposers.base import Candidate
+from orchestrator.candidate import Candidate
 from orchestrator.targets import TargetSpec
 
 __all__ = ["ScriptedProposer"]
@@ -25,7 +25,7 @@ class ScriptedProposer:
         self.steps = list(steps)
 
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
-        done = sum(1 for t in history if t.number > 0 and not t.proposer == "confirm")
+        done = sum(1 for t in history if t.number > 0)
         if done >= len(self.steps):
             return None
         step = self.steps[done]

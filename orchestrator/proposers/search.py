@@ -13,7 +13,7 @@ from typing import Any
 
 import optuna
 
-from orchestrator.proposers.base import Candidate, knob_key
+from orchestrator.candidate import Candidate, knob_key
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.space import active_only, is_active
@@ -116,7 +116,7 @@ class SearchProposer:
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = distributions(target)
-        seen = {knob_key(t.knobs) for t in history if t.proposer != "confirm"}
+        seen = {knob_key(t.knobs) for t in history}
         for knobs in self.warm_start:
             try:
                 knobs = target.validate_knobs(knobs)
@@ -156,8 +156,6 @@ class SearchProposer:
         if priors:
             study.add_trials(self._prior_trials(history, target, dists))
         for t in history:
-            if t.proposer == "confirm":
-                continue
             # Conditional knobs: a trial carries only its active knobs (define-by-run). Outside a
             # region, a trial is not part of that region's model.
             if not _fits(t.knobs, dists) or active_only(target, t.knobs) != t.knobs:

@@ -11,6 +11,7 @@ import jinja2
 
 from orchestrator.errors import summarize_failure
 from orchestrator.paired import latest_paired
+from orchestrator.roles import NOT_SEARCH
 
 __all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
 
@@ -118,7 +119,7 @@ def _plot(data: ReportData, out: Path) -> Path:
         score = t["score"] if t["score"] else 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t["number"], score, color=colors.get(t["status"], "black"), zorder=3,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")
-        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
+        if t["status"] == "kept" and t["proposer"] not in NOT_SEARCH:
             best = max(best, score)
         xs.append(t["number"])
         ys.append(best)

@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from orchestrator.roles import NOT_SEARCH  # noqa: E402
+
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg"]
 
 COLORS = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
@@ -35,7 +37,7 @@ def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) ->
         score = t["score"] or 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t[x], score, color=COLORS.get(t["status"], "black"), zorder=3, s=22,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")
-        if t["status"] == "kept" and t["proposer"] not in ("confirm", "paired", "sentinel"):
+        if t["status"] == "kept" and t["proposer"] not in NOT_SEARCH:
             best = max(best, score)
         xs.append(t[x])
         ys.append(best)

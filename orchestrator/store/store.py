@@ -613,14 +613,17 @@ class Store:
             session.flush()
             return _event_record(row)
 
-    def events(self, run_id: int | None = None, kind: str | None = None) -> list[EventRecord]:
-        """Return events oldest first, optionally only one run's and/or one kind's."""
+    def events(self, run_id: int | None = None, kind: str | None = None, *,
+               trial_id: int | None = None) -> list[EventRecord]:
+        """Return events oldest first, optionally only one run's, one kind's and/or one trial's."""
         with self._session("reading events", write=False) as session:
             query = select(EventModel)
             if run_id is not None:
                 query = query.where(EventModel.run_id == run_id)
             if kind is not None:
                 query = query.where(EventModel.kind == kind)
+            if trial_id is not None:
+                query = query.where(EventModel.trial_id == trial_id)
             return [_event_record(r) for r in session.scalars(query.order_by(EventModel.id))]
 
     # -- run lease (policy in orchestrator/lease.py) ------------------------------------------

@@ -77,8 +77,10 @@ def test_the_best_what_it_changed_and_what_it_cost(no_files):
     assert (w.number, w.decided_by) == (7, "goal") and "meets every objective" in w.sentence
     assert w.changed == {"tpot_ms": 4.0}
     assert w.cost["seconds"] == pytest.approx(10.62) and w.cost["steps"]["bench"] == 6.0
+    # "confirm" (a clean relaunch) is a role only databases from before paired confirmation hold:
+    # explained like every other re-measurement.
     confirm = explain_trial(store, rid, 8)
-    assert confirm.decided_by == "confirm" and "relaunch of #7 confirmed" in confirm.sentence
+    assert confirm.decided_by == "confirm" and "it judges others, not itself" in confirm.sentence
 
 
 def test_run_level_why_holds_the_budget_and_the_agent_cost(no_files):
@@ -99,6 +101,33 @@ def test_a_host_busy_retry_does_not_count_against_the_budget(no_files):
     t = store.create_trial(rid, last + 2, commit="base", knobs={}, rationale="a search trial", proposer="search")
     store.finish_trial(t.id, "discarded", score=1.1)
     assert explain_run(store, rid)["used"]["trials"] == 10
+
+
+def test_a_probe_does_not_count_against_the_budget(no_files):
+    # The controller leaves the winner's probes (after the stop) out of the trial budget
+    # (`roles.LOOP_ADDED`); `why` used to keep its own list without them and counted them.
+    store, rid = no_files
+    last = max(t.number for t in store.list_trials(rid))
+    for i in (1, 2):
+        t = store.create_trial(rid, last + i, commit="c0ffee", knobs={"tpot_ms": 6.0 + i},
+                               rationale=f"probe: the winner #7 with tpot_ms={6.0 + i}", proposer="probe")
+        store.finish_trial(t.id, "discarded", score=1.5)
+    assert explain_run(store, rid)["used"]["trials"] == 9
+
+
+def test_the_baseline_shows_the_noise_the_controller_judged_with(no_files):
+    # Not derived again from trial #0's repeats: the noise the controller recorded for the
+    # candidates judged against baseline #0 (its `trial.why` events).
+    store, rid = no_files
+    t2 = store.get_trial_by_number(rid, 2)
+    store.add_event(rid, "trial.why", "s", trial_id=t2.id, data={
+        "sentence": "#2 kept", "noise": 0.05, "baseline_trial": 0, "min_gain": 0.03})
+    w = explain_trial(store, rid, 0)
+    assert w.decided_by == "baseline" and w.evidence["noise"] == 0.05 and "noise at 5.0%" in w.sentence
+    t0 = store.get_trial_by_number(rid, 0)  # the baseline's own record: judged against no baseline (noise 0)
+    store.add_event(rid, "trial.why", "s", trial_id=t0.id, data={"sentence": "#0 kept: a baseline measurement",
+                                                                 "noise": 0.0, "baseline_trial": None})
+    assert explain_trial(store, rid, 0).evidence["noise"] == 0.05
 
 
 def test_the_controllers_recorded_decision_and_paired_outcome_are_quoted(no_files):

@@ -1,4 +1,4 @@
-"""Scenarios, arrival schedules, scores and the standalone CLI."""
+"""Scenarios, arrival schedules and the standalone CLI."""
 
 from __future__ import annotations
 
@@ -11,15 +11,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from orchestrator.bench import (
-    Scenario,
-    ScenarioResult,
-    arrival_offsets,
-    builtin_scenarios,
-    geomean,
-    score,
-    speedup,
-)
+from orchestrator.bench import Scenario, arrival_offsets, builtin_scenarios
 from orchestrator.bench.__main__ import main
 
 
@@ -81,34 +73,6 @@ def test_burstiness_below_one_is_burstier() -> None:
 
     assert cv(0.25) > cv(1.0) > cv(4.0)
     assert cv(1.0) == pytest.approx(1.0, rel=0.08)  # Poisson: exponential gaps
-
-
-def _res(name: str, metrics: dict[str, float], sc: Scenario) -> ScenarioResult:
-    base = {"completed": 4.0, "failed": 0.0}
-    return ScenarioResult(scenario=sc.model_copy(update={"name": name}), metrics={**base, **metrics})
-
-
-def test_speedup_and_geomean() -> None:
-    assert speedup("ttft_ms_mean", 50.0, 100.0, "lower") == 2.0
-    assert speedup("output_throughput", 300.0, 100.0, "higher") == 3.0
-    assert speedup("x", None, 100.0, "lower") == 1.0 and speedup("x", 0.0, 100.0, "lower") == 1.0
-    assert speedup("x", float("nan"), 1.0, "higher") == 1.0
-    with pytest.raises(ValueError):
-        speedup("x", 1.0, 1.0, "sideways")  # type: ignore[arg-type]
-    assert geomean([2.0, 8.0]) == pytest.approx(4.0) and geomean([]) == 1.0
-
-
-def test_score_failures_count_as_one() -> None:
-    sc = builtin_scenarios()
-    base = {"prefill": _res("prefill", {"ttft_ms_mean": 100.0}, sc["prefill"]),
-            "decode": _res("decode", {"tpot_ms_mean": 40.0}, sc["decode"]),
-            "throughput": _res("throughput", {"output_throughput": 100.0}, sc["throughput"])}
-    cand = {"prefill": _res("prefill", {"ttft_ms_mean": 25.0}, sc["prefill"]),  # 4x
-            "decode": _res("decode", {"tpot_ms_mean": 10.0, "failed": 1.0}, sc["decode"]),  # failed -> 1x
-            "throughput": None}  # crashed -> 1x
-    s = score(cand, base)
-    assert s["prefill"] == 4.0 and s["decode"] == 1.0 and s["throughput"] == 1.0
-    assert s["geomean"] == pytest.approx(4 ** (1 / 3))
 
 
 def test_cli_main_runs_standalone(tmp_path, capsys) -> None:

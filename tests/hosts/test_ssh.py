@@ -228,9 +228,9 @@ def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, ssh
 
 def test_public_surface():
     import orchestrator.hosts as hosts_pkg
-    import orchestrator.hosts.pool as pool
     import orchestrator.hosts.ssh as ssh
     import orchestrator.hosts.sshconn as sshconn
+    import orchestrator.pool as pool
 
     assert hosts_pkg.__all__ == ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
     assert ssh.__all__ == ["PACKAGE_ROOT", "SSHHost", "owner_id"]

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.candidate import knob_key
 from orchestrator.proposers import ScriptedProposer, SearchProposer, get_proposer
-from orchestrator.proposers.base import knob_key
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 

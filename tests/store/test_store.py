@@ -254,6 +254,9 @@ class TestStore:
         assert [e.kind for e in store.events(run_id=run.id)] == ["trial.start", "approve"]
         assert [e.message for e in store.events(kind="approve")] == ["approved by alice"]
         assert store.events(run_id=other.id, kind="approve") == []
+        assert [e.kind for e in store.events(run.id, trial_id=t.id)] == ["trial.start", "approve"]
+        assert [e.kind for e in store.events(run.id, kind="approve", trial_id=t.id)] == ["approve"]
+        assert store.events(other.id, trial_id=t.id) == []
         with pytest.raises(NotFound):
             store.add_event(999, "x", "y")
         with pytest.raises(NotFound):

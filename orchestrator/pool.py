@@ -14,9 +14,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.controller import Baseline, Controller, StopRun, _now
-from orchestrator.hosts.base import Host, HostError
-from orchestrator.proposers import Candidate
+from orchestrator.candidate import Candidate
+from orchestrator.controller import Controller, _now
+from orchestrator.hosts import Host, HostError
+from orchestrator.roles import StopRun
+from orchestrator.verdict import Baseline
 
 __all__ = ["HostPool", "NoHostsLeft", "PoolController"]
 

@@ -1,0 +1,69 @@
+"""Trial roles and the exceptions that stop a run: the loop's vocabulary, owned here and nowhere else.
+
+A trial's `proposer` column holds either the name of the proposer that suggested it (`search`,
+`scripted`, `claude`, `hybrid`...) or one of the roles below, for the trials the loop adds itself.
+Every reader (the controller, `infergoal why`, the report, the knowledge base) asks these sets,
+so a role added here is counted the same way everywhere.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BASELINE", "BASELINES", "LOOP_ADDED", "MEASUREMENTS", "NEVER_KEPT", "NOT_SEARCH", "PAIRED", "PROBE",
+    "REMEASURES", "RETIRED", "RETRY", "SENTINEL", "BudgetExhausted", "GoalMet", "ProposerExhausted", "Refused", "Stalled",
+    "StopRun",
+]
+
+BASELINE = "baseline"
+"""Trial #0: the target's default knobs; every candidate is judged against a baseline."""
+SENTINEL = "sentinel"
+"""The baseline re-measured every few trials and whenever the host's state moved."""
+PAIRED = "paired"
+"""One half of a paired A/B confirmation round (also the kind of the event that records its outcome)."""
+RETRY = "retry"
+"""A search trial re-run against a fresh baseline because the host stayed busier than at the old one."""
+PROBE = "probe"
+"""After the stop: one of the winner's one-knob neighbours, measured for the knowledge base."""
+
+# Written only by versions from before paired confirmation ("confirm by a clean relaunch: #7");
+# databases of that time still hold it, so it stays in the sets below and nowhere else.
+_LEGACY_CONFIRM = "confirm"
+
+RETIRED = (_LEGACY_CONFIRM,)
+"""Roles no version writes any more; a reader that counts observations skips them."""
+BASELINES = (BASELINE, SENTINEL)
+"""Trials that measure the baseline: judged against nothing, later candidates are judged against them."""
+MEASUREMENTS = (_LEGACY_CONFIRM, PAIRED, SENTINEL)
+"""Trials that re-measure the baseline or a candidate: they judge others, not themselves."""
+REMEASURES = (_LEGACY_CONFIRM, PAIRED)
+"""Trials that re-measure one candidate; their rationale names it (`paired A/B of #7, round 1: candidate`)."""
+NEVER_KEPT = (_LEGACY_CONFIRM, PROBE)
+"""Trials measured and judged like a candidate but always discarded (evidence, not answers)."""
+NOT_SEARCH = (_LEGACY_CONFIRM, PAIRED, SENTINEL, PROBE)
+"""Trials the loop adds itself that are never the best."""
+LOOP_ADDED = (*NOT_SEARCH, RETRY)
+"""Trials the loop adds itself: not counted in the trial budget, not shown to the proposer (a retry may set the best)."""
+
+
+class StopRun(Exception):
+    """The run ends; the message is the stop reason."""
+
+
+class GoalMet(StopRun):
+    pass
+
+
+class BudgetExhausted(StopRun):
+    pass
+
+
+class Stalled(StopRun):
+    pass
+
+
+class ProposerExhausted(StopRun):
+    pass
+
+
+class Refused(StopRun):
+    """The run cannot give a trustworthy answer as configured (e.g. a bench scale too small)."""

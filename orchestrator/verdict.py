@@ -1,0 +1,125 @@
+"""Judging one trial against a baseline: the score, the performance gate, the keep line, and why.
+
+Plain functions of what they need (the measured samples, the baseline, the goal's objectives,
+the best score so far): the controller calls them and records what they say; this module
+decides nothing on its own and writes nothing but the stored `trial.why` it is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gates import GateResult, performance
+from orchestrator.paired import describe
+from orchestrator.roles import BASELINES
+from orchestrator.trial import TrialResult, objective_label
+
+__all__ = ["Baseline", "borderline", "needed_gain", "noise_of", "perf_gate", "score", "why_data", "why_of"]
+
+
+@dataclass
+class Baseline:
+    samples: dict[str, list[float]]
+    """objective label -> the baseline's repeated measurements."""
+    values: dict[str, float]
+    """objective label -> mean baseline value."""
+    noise: float
+    """Largest relative spread between baseline repeats (0.0 with one repeat)."""
+    trial: int = 0
+    """Number of the baseline (or sentinel) trial these values come from."""
+    host: dict[str, Any] | None = None
+    """The host's state while it was measured (others' CPU share, GPU clocks)."""
+
+
+def noise_of(samples: dict[str, list[float]]) -> float:
+    """Largest relative spread between a baseline's repeats, over its objectives (0.0 with one repeat)."""
+    return max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
+
+
+def score(r: TrialResult, baseline: Baseline, objectives: Sequence[Any]) -> float:
+    """Geometric mean of per-objective speedups over the baseline (>1 is better)."""
+    speedups = [
+        o.speedup(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
+        for o in objectives
+    ]
+    return math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+
+
+def perf_gate(r: TrialResult, baseline: Baseline, objectives: Sequence[Any]) -> Any:
+    """The performance gate on the goal's objectives: noise-aware pass / fail / remeasure.
+
+    Relative objectives go through `gates.performance` (improvement beyond k standard errors
+    of the change); absolute ones compare the candidate's mean with the threshold.
+    """
+    rel = [o for o in objectives if o.kind == "relative"]
+    absolute = [o for o in objectives if o.kind == "absolute"]
+    misses = [
+        o.describe() for o in absolute
+        if not o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
+    ]
+    if not rel:
+        return GateResult("performance", "fail" if misses else "pass",
+                          "missed: " + "; ".join(misses) if misses else "absolute targets met", {}, 0.0)
+    labels = {objective_label(o.scenario, o.key): o for o in rel}
+    res = performance.check(
+        {k: baseline.samples[k] for k in labels}, {k: r.samples.get(k, []) for k in labels},
+        targets={k: o.value for k, o in labels.items()}, guards=[],
+        directions={k: o.info.direction == "maximize" for k, o in labels.items()},
+    )
+    if misses and res.status != "fail":
+        return GateResult("performance", "fail", "missed: " + "; ".join(misses), res.details, res.duration_s)
+    return res
+
+
+def needed_gain(min_gain: float, baseline: Baseline) -> float:
+    """Noise-aware: a win smaller than the baseline's own spread between repeats is not a win."""
+    return max(min_gain, baseline.noise)
+
+
+def borderline(r: TrialResult, baseline: Baseline, objectives: Sequence[Any], *, best: float, min_gain: float) -> bool:
+    """Re-measure when the performance gate asks for it, or the score sits in the noise band of the keep line."""
+    if not r.samples or any(not v for v in r.samples.values()):
+        return False
+    if perf_gate(r, baseline, objectives).status == "remeasure":
+        return True
+    threshold = best * (1 + needed_gain(min_gain, baseline))
+    return abs(score(r, baseline, objectives) / threshold - 1) < max(baseline.noise, 0.01)
+
+
+def why_data(*, number: int, status: str, proposer: str, score: float | None, best: float, min_gain: float,
+             noise: float, baseline_trial: int | None, gates: list[Any], error: str | None,
+             paired: dict[str, Any] | None = None, screen_met: bool = False) -> dict[str, Any]:
+    """The facts behind a verdict, and the sentence that says them (stored as a `trial.why` event)."""
+    need = max(min_gain, noise)
+    threshold = best * (1 + need)
+    set_by = f"baseline noise {noise:.1%}" if noise > min_gain else f"min_gain {min_gain:.0%} (noise {noise:.1%})"
+    verdicts = ", ".join(f"{g.gate} {g.status}" for g in gates) or "none"
+    vs = f"against baseline #{baseline_trial}" if baseline_trial is not None else ""
+    if error:
+        head = f"#{number} {status}: {error[:160]}"
+    elif proposer in BASELINES:
+        head = f"#{number} {status}: a baseline measurement ({proposer}); candidates after it are judged against it"
+    elif status == "kept":
+        how = (f"cleared {threshold:.3f}x" if (score or 0) > threshold else f"is under {threshold:.3f}x")
+        head = (f"#{number} kept: score {score:.3f}x {vs} {how} (best {best:.3f}x + {need:.1%}, set by {set_by})"
+                + ("; the performance screen says it may meet the goal" if screen_met else ""))
+    elif status == "discarded":
+        head = (f"#{number} discarded: score {score:.3f}x {vs} did not clear {threshold:.3f}x "
+                f"(best {best:.3f}x + {need:.1%}, set by {set_by}) and missed the goal")
+    else:
+        head = f"#{number} {status}: score {score if score is None else f'{score:.3f}x'} {vs}"
+    sentence = f"{head}; gates: {verdicts}"
+    if paired:
+        sentence += f"; paired A/B: {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
+    return {"score": score, "best": best, "threshold": threshold, "needed_gain": need, "noise": noise,
+            "min_gain": min_gain, "baseline_trial": baseline_trial, "screen_met": screen_met,
+            "gates": {g.gate: g.status for g in gates}, "paired": paired, "sentence": sentence}
+
+
+def why_of(store: Any, run_id: int, trial_id: int) -> str | None:
+    """The stored sentence for a trial (the newest one, if it was re-judged)."""
+    found = store.events(run_id, kind="trial.why", trial_id=trial_id)
+    return (found[-1].data or {}).get("sentence") if found else None
