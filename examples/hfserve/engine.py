@@ -25,6 +25,19 @@ from typing import Any
 
 import torch
 
+__all__ = [
+    "Engine",
+    "GenRequest",
+    "ScoreRequest",
+    "TokenEvent",
+    "as_list",
+    "finish_check",
+    "prompt_logprobs",
+    "request_generator",
+    "sample_row",
+    "token_event",
+]
+
 # --------------------------------------------------------------------------- jobs
 
 
