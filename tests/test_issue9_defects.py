@@ -52,7 +52,7 @@ def _seed(ws, *, owner_pid=None, heartbeat_age_s=0.0, host="local", config=None,
         if heartbeat_age_s:
             from sqlalchemy import update
 
-            from orchestrator.store.models import RunModel
+            from orchestrator.store.tables import RunModel
 
             with store._session("test: age the heartbeat") as s:  # noqa: SLF001 - test-only clock shift
                 s.execute(update(RunModel).where(RunModel.id == run.id).values(

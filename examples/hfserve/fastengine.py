@@ -17,11 +17,13 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
 It runs on a CPU too (no graphs), which is how its logic is tested without a GPU.
+
+The job types, sampling, finish check and prompt scoring are engine.py's (imported from this
+folder, which server.py and the tests put on the import path), so both engines agree on them.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
@@ -33,8 +35,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from engine import (
+    ScoreRequest,
+    as_list,
+    finish_check,
+    prompt_logprobs,
+    request_generator,
+    sample_row,
+    token_event,
+)
 
-# Import-free: the server module imports this one, so these types are duck-typed here.
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
@@ -280,8 +290,7 @@ class FastEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
-                 sdpa: str = "auto", sample_row: Any = None, token_event: Any = None,
-                 score_type: Any = None) -> None:
+                 sdpa: str = "auto") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -298,9 +307,8 @@ class FastEngine:
             self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa)
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf
-        self.eos_ids = set(_as_list(getattr(cfg, "eos_token_id", None)))
+        self.eos_ids = set(as_list(getattr(cfg, "eos_token_id", None)))
         self.chunk = max(0, int(prefill_chunk))
-        self.sample_row, self.token_event, self.score_type = sample_row, token_event, score_type
         self.decoder = GraphDecoder(self.fm, self.max_batch, cuda_graphs)
         with torch.inference_mode():
             secs = self.decoder.capture_all()
@@ -335,7 +343,7 @@ class FastEngine:
                 except queue.Empty:
                     break
                 block = False
-                if isinstance(job, self.score_type):
+                if isinstance(job, ScoreRequest):
                     self._safe_score(job)
                 else:
                     pending.append(job)
@@ -372,11 +380,7 @@ class FastEngine:
                     active = []
 
     def _generator(self, req: Any) -> torch.Generator | None:
-        if req.temperature <= 0:
-            return None
-        gen = torch.Generator(device=self.fm.device)
-        gen.manual_seed(req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        return gen
+        return request_generator(req, self.fm.device)
 
     def _prefill_some(self, s: _FSeq, row: int, budget: int | None) -> tuple[bool, int]:
         """Prefill up to ``budget`` prompt tokens of ``s``; (prompt finished, tokens used)."""
@@ -399,21 +403,15 @@ class FastEngine:
     def _first_token(self, s: _FSeq) -> bool:
         """Emit the token sampled from the prompt's last logits; True if the request is finished."""
         row = self._pending_logits
-        tok = self.sample_row(row, s.req, s.gen)
+        tok = sample_row(row, s.req, s.gen)
         return self._emit(s, tok, row)
 
     def _emit(self, s: _FSeq, tok: int, row: torch.Tensor) -> bool:
         req = s.req
         req.n_generated += 1
-        req.emit("token", self.token_event(tok, row, req.logprobs))
+        req.emit("token", token_event(tok, row, req.logprobs))
         s.last = tok
-        if tok in self.eos_ids and not req.ignore_eos:
-            req.emit("done", "stop")
-            return True
-        if req.n_generated >= req.max_tokens:
-            req.emit("done", "length")
-            return True
-        return False
+        return finish_check(req, tok, self.eos_ids)
 
     def _decode(self, active: list[_FSeq]) -> list[_FSeq]:
         logits, greedy = self.decoder.step([s.last for s in active], [s.pos for s in active])
@@ -423,7 +421,7 @@ class FastEngine:
             if s.req.cancelled:
                 finished.append(i)
                 continue
-            tok = greedy[i] if s.req.temperature <= 0 else self.sample_row(logits[i], s.req, s.gen)
+            tok = greedy[i] if s.req.temperature <= 0 else sample_row(logits[i], s.req, s.gen)
             if self._emit(s, tok, logits[i]):
                 finished.append(i)
         # Refill holes from the end, so decoding slots stay 0..n-1 (KV moves, not gathers).
@@ -448,17 +446,4 @@ class FastEngine:
         step = self.chunk or len(job.prompt_ids)
         parts = [self.fm.prefill(ids[s:s + step], self.score_slot, s, all_logits=True)
                  for s in range(0, len(job.prompt_ids), step)]
-        lp = torch.log_softmax(torch.cat(parts), dim=-1)
-        chosen = lp[:-1].gather(-1, ids[1:, None])[:, 0].tolist()
-        if job.top_k > 0:
-            vals, idx = torch.topk(lp[:-1], min(job.top_k, lp.shape[-1]), dim=-1)
-            top = [list(zip(i, v, strict=False)) for i, v in zip(idx.tolist(), vals.tolist(), strict=False)]
-        else:
-            top = [[] for _ in chosen]
-        return chosen, top
-
-
-def _as_list(x: Any) -> list[int]:
-    if x is None:
-        return []
-    return list(x) if isinstance(x, (list, tuple)) else [int(x)]
+        return prompt_logprobs(torch.cat(parts), ids, job.top_k)

@@ -12,413 +12,38 @@ Usage::
         [--decode-loop generate|manual] [--batching off|on] [--max-batch-size 8]
         [--kv-cache dynamic|static] [--attn eager|sdpa] [--threads N]
 
-All model work happens on one worker thread fed by a job queue (that queue *is* the
-global lock of the baseline); the aiohttp event loop only parses, detokenizes and
-streams, so slow clients never stall the model.
+This file is the HTTP layer and the command line; the model work is in engine.py (and
+fastengine.py for ``--engine fast``). All model work happens on one worker thread fed by a
+job queue (that queue *is* the global lock of the baseline); the aiohttp event loop only
+parses, detokenizes and streams, so slow clients never stall the model.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
-import inspect
 import json
 import math
 import os
-import queue
 import sys
-import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from aiohttp import web
 
-# --------------------------------------------------------------------------- requests
+# The engines sit beside this file, wherever the tree is placed (an SSH host's copy too), and the
+# server runs as a script or is loaded from its path: its own folder goes on the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path[:1] != [_HERE]:
+    sys.path.insert(0, _HERE)
+from engine import Engine, GenRequest, ScoreRequest, TokenEvent  # noqa: E402
+
+# --------------------------------------------------------------------------- HTTP layer
 
 
 class BadRequest(Exception):
     """A client error, answered with HTTP 400 and an OpenAI-style error body."""
-
-
-@dataclass
-class TokenEvent:
-    """One generated token, with its logprob data when the request asked for it."""
-
-    token_id: int
-    logprob: float | None = None
-    top: list[tuple[int, float]] | None = None
-
-
-@dataclass
-class GenRequest:
-    """A generation job handed from the event loop to the model worker."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    ignore_eos: bool
-    logprobs: int | None  # top-K per generated token, None = no logprobs
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: bool = False
-    finish_reason: str | None = None
-    n_generated: int = 0
-
-    def emit(self, kind: str, payload: Any) -> None:
-        """Thread-safe: queue an event for the request's handler on the event loop."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
-
-
-@dataclass
-class ScoreRequest:
-    """A teacher-forced scoring job: log-probabilities of every prompt token."""
-
-    prompt_ids: list[int]
-    top_k: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
-
-
-# --------------------------------------------------------------------------- engine
-
-
-def _sample_row(logits: torch.Tensor, req: GenRequest, gen: torch.Generator | None) -> int:
-    """Pick the next token for one sequence from its float32 logits row."""
-    if req.temperature <= 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits / req.temperature, dim=-1)
-    if req.top_p < 1.0:
-        # Nucleus: keep the smallest prefix of sorted tokens whose mass reaches top_p.
-        sp, si = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sp, dim=-1)
-        sp[(cum - sp) > req.top_p] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, si, sp)
-    return int(torch.multinomial(probs, 1, generator=gen))
-
-
-def _token_event(token: int, logits: torch.Tensor, k: int | None) -> TokenEvent:
-    """Build the event for ``token``; logprobs come from the raw (untempered) logits like vLLM."""
-    if k is None:
-        return TokenEvent(token)
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    top: list[tuple[int, float]] = []
-    if k > 0:
-        vals, idx = torch.topk(lp, min(k, lp.shape[-1]))
-        top = list(zip(idx.tolist(), vals.tolist(), strict=False))
-    return TokenEvent(token, float(lp[token]), top)
-
-
-class _Seq:
-    """Per-sequence state inside the batched decode loop."""
-
-    __slots__ = ("req", "gen", "last", "cache_len")
-
-    def __init__(self, req: GenRequest, gen: torch.Generator | None, last: int, cache_len: int) -> None:
-        self.req, self.gen, self.last, self.cache_len = req, gen, last, cache_len
-
-
-def _leftpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
-    """Prepend ``n`` zeros along ``dim`` (KV rows and mask columns of shorter sequences)."""
-    if n <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = n
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class Engine:
-    """Owns the model and runs every forward pass on one worker thread."""
-
-    def __init__(self, model_dir: str, *, dtype: str = "float32", decode_loop: str = "generate",
-                 batching: str = "off", max_batch_size: int = 8, kv_cache: str = "dynamic",
-                 attn: str | None = None, threads: int | None = None, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.threads = threads
-        if threads:
-            torch.set_num_threads(threads)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-        if attn:
-            kwargs["attn_implementation"] = attn
-        self.device = torch.device(device)
-        if self.device.type != "cpu":
-            kwargs["device_map"] = device  # load straight onto the GPU, no host copy
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).eval()
-        cfg = self.model.config
-        self.max_len = int(getattr(cfg, "max_position_embeddings", 2048))
-        self.eos_ids = set(self._as_list(self.model.generation_config.eos_token_id or cfg.eos_token_id))
-        self.decode_loop = decode_loop
-        self.batching = batching == "on"
-        # Batching needs our own step loop (generate() cannot admit requests mid-flight).
-        self.max_batch = max(1, max_batch_size) if self.batching else 1
-        self.kv_cache = kv_cache
-        # transformers renamed `past_key_values` to `cache` (5.2x); support both.
-        params = inspect.signature(self.model.forward).parameters
-        self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.jobs: queue.Queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="hfserve-worker", daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def _as_list(x: Any) -> list[int]:
-        if x is None:
-            return []
-        return list(x) if isinstance(x, (list, tuple)) else [int(x)]
-
-    def submit(self, job: GenRequest | ScoreRequest) -> None:
-        """Queue a job for the worker thread."""
-        self.jobs.put(job)
-
-    # -- worker side ---------------------------------------------------------------
-
-    def _forward(self, ids: torch.Tensor, cache: Any = None, **kw: Any) -> tuple[torch.Tensor, Any]:
-        kw[self.cache_kw] = cache
-        out = self.model(input_ids=ids, use_cache=True, **kw)
-        new_cache = getattr(out, "cache", None)
-        if new_cache is None:
-            new_cache = getattr(out, "past_key_values", None)
-        return out.logits, new_cache
-
-    def _run(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)  # OpenMP settings are per thread
-        with torch.inference_mode():
-            if self.decode_loop == "generate" and not self.batching:
-                while True:
-                    job = self.jobs.get()
-                    self._safe(self._generate_hf if isinstance(job, GenRequest) else self._score, job)
-            else:
-                self._step_loop()
-
-    def _safe(self, fn: Any, job: GenRequest | ScoreRequest) -> None:
-        try:
-            fn(job)
-        except Exception as exc:  # report to the client instead of killing the worker
-            print(f"hfserve: job failed: {exc!r}", file=sys.stderr, flush=True)
-            if isinstance(job, GenRequest):
-                job.emit("error", str(exc))
-            else:
-                job.loop.call_soon_threadsafe(job.future.set_exception, exc)
-
-    def _score(self, job: ScoreRequest) -> None:
-        """Teacher-forced log-probabilities of the prompt: one forward pass, no cache."""
-        ids = torch.tensor([job.prompt_ids], device=self.device)
-        logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
-        lp = torch.log_softmax(logits, dim=-1)
-        chosen = lp[:-1].gather(-1, ids[0, 1:, None])[:, 0].tolist()
-        top: list[list[tuple[int, float]]] = []
-        if job.top_k > 0:
-            vals, idx = torch.topk(lp[:-1], min(job.top_k, lp.shape[-1]), dim=-1)
-            top = [list(zip(i, v, strict=False)) for i, v in zip(idx.tolist(), vals.tolist(), strict=False)]
-        else:
-            top = [[] for _ in chosen]
-        job.loop.call_soon_threadsafe(job.future.set_result, (chosen, top))
-
-    def _generate_hf(self, req: GenRequest) -> None:
-        """Baseline path: ``model.generate()`` with a streamer, like InferenceBench's server."""
-        from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
-        from transformers.generation.streamers import BaseStreamer
-
-        captured: list[torch.Tensor] = []
-        eos_ids = self.eos_ids
-
-        class Capture(LogitsProcessor):
-            # Merged before the temperature/top-p warpers, so it sees raw logits (vLLM's convention).
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-                captured.append(scores[0].float().clone())
-                return scores
-
-        class Streamer(BaseStreamer):
-            def __init__(self) -> None:
-                self.first = True
-
-            def put(self, value: torch.Tensor) -> None:
-                if self.first:  # generate() first feeds the prompt back
-                    self.first = False
-                    return
-                for tok in value.reshape(-1).tolist():
-                    logits = captured[-1] if captured else None
-                    ev = _token_event(tok, logits, req.logprobs) if logits is not None else TokenEvent(tok)
-                    req.n_generated += 1
-                    req.emit("token", ev)
-                    if tok in eos_ids and not req.ignore_eos:
-                        req.finish_reason = "stop"
-
-            def end(self) -> None:
-                pass
-
-        class Cancel(StoppingCriteria):
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: Any) -> torch.Tensor:
-                return torch.full((input_ids.shape[0],), req.cancelled, dtype=torch.bool, device=input_ids.device)
-
-        gc = copy.deepcopy(self.model.generation_config)
-        gc.max_new_tokens = req.max_tokens
-        gc.min_new_tokens = None
-        gc.do_sample = req.temperature > 0
-        gc.temperature = req.temperature if req.temperature > 0 else 1.0
-        gc.top_p = req.top_p
-        gc.top_k = None
-        if req.ignore_eos:
-            gc.eos_token_id = None
-        if self.kv_cache == "static":
-            gc.cache_implementation = "static"
-        if req.seed is not None:
-            torch.manual_seed(req.seed)
-        ids = torch.tensor([req.prompt_ids], device=self.device)
-        self.model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            generation_config=gc,
-            streamer=Streamer(),
-            logits_processor=LogitsProcessorList([Capture()]) if req.logprobs is not None else None,
-            stopping_criteria=StoppingCriteriaList([Cancel()]),
-        )
-        req.emit("done", req.finish_reason or "length")
-
-    def _step_loop(self) -> None:
-        """Manual prefill + decode with a KV cache; with batching on, continuous batching.
-
-        Requests join the running batch between decode steps (prefilled alone, their KV
-        left-padded to the batch length) and leave as soon as they finish, so a long
-        request never holds short ones hostage.
-        """
-        seqs: list[_Seq] = []
-        pending: deque[GenRequest] = deque()
-        cache: Any = None
-        mask: torch.Tensor | None = None
-        while True:
-            block = not seqs and not pending
-            while True:
-                try:
-                    job = self.jobs.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if isinstance(job, ScoreRequest):
-                    self._safe(self._score, job)
-                else:
-                    pending.append(job)
-            while pending and len(seqs) < self.max_batch:
-                req = pending.popleft()
-                if req.cancelled:
-                    continue
-                try:
-                    admitted = self._prefill(req)
-                except Exception as exc:
-                    print(f"hfserve: prefill failed: {exc!r}", file=sys.stderr, flush=True)
-                    req.emit("error", str(exc))
-                    continue
-                if admitted is None:
-                    continue
-                seq, new_cache = admitted
-                cache, mask = self._merge(cache, mask, new_cache, seq.cache_len)
-                seqs.append(seq)
-            if not seqs:
-                continue
-            try:
-                keep = self._decode_step(seqs, cache, mask)
-                mask = torch.cat([mask, mask.new_ones(len(seqs), 1)], dim=1)
-            except Exception as exc:
-                print(f"hfserve: decode failed: {exc!r}", file=sys.stderr, flush=True)
-                for s in seqs:
-                    s.req.emit("error", str(exc))
-                seqs, cache, mask = [], None, None
-                continue
-            if len(keep) < len(seqs):
-                seqs = [seqs[i] for i in keep]
-                if not seqs:
-                    cache, mask = None, None
-                else:
-                    cache, mask = self._select(cache, mask, keep)
-
-    def _finish_check(self, seq: _Seq, tok: int) -> bool:
-        req = seq.req
-        if tok in self.eos_ids and not req.ignore_eos:
-            req.emit("done", "stop")
-            return True
-        if req.n_generated >= req.max_tokens:
-            req.emit("done", "length")
-            return True
-        return False
-
-    def _prefill(self, req: GenRequest) -> tuple[_Seq, Any] | None:
-        gen = None
-        if req.temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(req.seed if req.seed is not None else int.from_bytes(os.urandom(4), "little"))
-        ids = torch.tensor([req.prompt_ids], device=self.device)
-        # Only the last position's logits are needed: skip the LM head on the rest of the prompt.
-        logits, new_cache = self._forward(ids, logits_to_keep=1)
-        row = logits[0, -1].float()
-        tok = _sample_row(row, req, gen)
-        req.n_generated += 1
-        req.emit("token", _token_event(tok, row, req.logprobs))
-        seq = _Seq(req, gen, tok, len(req.prompt_ids))
-        if self._finish_check(seq, tok):
-            return None
-        return seq, new_cache
-
-    @staticmethod
-    def _merge(cache: Any, mask: torch.Tensor | None, new: Any, new_len: int) -> tuple[Any, torch.Tensor]:
-        """Append a freshly prefilled sequence's KV to the batch cache, left-padding the shorter side."""
-        new_mask = torch.ones(1, new_len, dtype=torch.long, device=new.layers[0].keys.device)
-        if cache is None:
-            return new, new_mask
-        old_len = mask.shape[1]
-        length = max(old_len, new_len)
-        for lb, ln in zip(cache.layers, new.layers, strict=False):
-            lb.keys = torch.cat([_leftpad(lb.keys, length - old_len, -2), _leftpad(ln.keys, length - new_len, -2)])
-            lb.values = torch.cat(
-                [_leftpad(lb.values, length - old_len, -2), _leftpad(ln.values, length - new_len, -2)]
-            )
-        mask = torch.cat([_leftpad(mask, length - old_len, 1), _leftpad(new_mask, length - new_len, 1)])
-        return cache, mask
-
-    @staticmethod
-    def _select(cache: Any, mask: torch.Tensor, keep: list[int]) -> tuple[Any, torch.Tensor]:
-        """Drop finished rows, then trim columns that are padding in every remaining row."""
-        idx = torch.tensor(keep, device=mask.device)
-        mask = mask.index_select(0, idx)
-        first = int(mask.any(dim=0).long().argmax())
-        for layer in cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)[..., first:, :]
-            layer.values = layer.values.index_select(0, idx)[..., first:, :]
-        return cache, mask[:, first:]
-
-    def _decode_step(self, seqs: list[_Seq], cache: Any, mask: torch.Tensor) -> list[int]:
-        """One decode step for every active sequence; returns the indices that continue."""
-        inp = torch.tensor([[s.last] for s in seqs], device=self.device)
-        pos = torch.tensor([[s.cache_len] for s in seqs], device=self.device)
-        # Without padding (a lone sequence) no mask is needed; skipping it avoids building a 4D mask per step.
-        step_mask = None if len(seqs) == 1 and bool(mask.all()) else torch.cat(
-            [mask, mask.new_ones(len(seqs), 1)], dim=1)
-        logits, _ = self._forward(inp, cache, attention_mask=step_mask, position_ids=pos)
-        logits = logits[:, -1].float()
-        greedy = torch.argmax(logits, dim=-1).tolist()
-        keep: list[int] = []
-        for i, s in enumerate(seqs):
-            s.cache_len += 1
-            req = s.req
-            if req.cancelled:
-                continue
-            tok = greedy[i] if req.temperature <= 0 else _sample_row(logits[i], req, s.gen)
-            req.n_generated += 1
-            req.emit("token", _token_event(tok, logits[i], req.logprobs))
-            s.last = tok
-            if not self._finish_check(s, tok):
-                keep.append(i)
-        return keep
-
-
-# --------------------------------------------------------------------------- HTTP layer
 
 
 class Detok:
@@ -791,14 +416,12 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
 def make_engine(args: argparse.Namespace) -> Any:
     """The engine ``args`` ask for: the transformers-loop :class:`Engine` or the fast engine."""
     if args.engine == "fast":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from fastengine import FastEngine
+        from fastengine import FastEngine  # beside this file (see the import of engine above)
 
         return FastEngine(args.model, dtype=args.dtype, device=args.device,
                           max_batch_size=args.max_batch_size if args.batching == "on" else 1,
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
-                          cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, sample_row=_sample_row,
-                          token_event=_token_event, score_type=ScoreRequest)
+                          cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device)

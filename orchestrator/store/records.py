@@ -104,7 +104,9 @@ class TrialRecord:
         knobs: Engine knob values (name -> value).
         rationale: Why the proposer chose this candidate.
         prediction: The proposer's expected outcome, if it stated one.
-        proposer: Which proposer produced it.
+        proposer: Which proposer produced it (``search``, ``agent``, ...), or, for a trial the loop
+            added itself, its role (``baseline``, ``sentinel``, ``paired``, ``retry``, ``probe``;
+            ``confirm`` in runs from before paired confirmation). Readers tell the two apart by role.
         launch_cmd: The command that launched the server, once started.
         score: Geometric-mean speedup over the baseline, once finished.
         objective: Objective metric -> value, once finished.

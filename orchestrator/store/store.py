@@ -31,17 +31,6 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from .models import (
-    SCHEMA_VERSION,
-    Base,
-    EventModel,
-    GateResultModel,
-    MeasurementModel,
-    RunModel,
-    SchemaVersionModel,
-    TrialModel,
-    utcnow,
-)
 from .records import (
     GATE_STATUSES,
     RUN_STATUSES,
@@ -52,6 +41,17 @@ from .records import (
     MeasurementRecord,
     RunRecord,
     TrialRecord,
+)
+from .tables import (
+    SCHEMA_VERSION,
+    Base,
+    EventModel,
+    GateResultModel,
+    MeasurementModel,
+    RunModel,
+    SchemaVersionModel,
+    TrialModel,
+    utcnow,
 )
 
 __all__ = ["DuplicateTrial", "NotFound", "SchemaTooNew", "Store", "StoreError"]

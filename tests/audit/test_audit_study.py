@@ -87,7 +87,7 @@ def test_postgres_keeps_the_study_in_the_same_database_in_its_own_schema(tmp_pat
     from sqlalchemy import create_engine, inspect, text
 
     from orchestrator.store import Store
-    from orchestrator.store.models import Base
+    from orchestrator.store.tables import Base
 
     url = os.environ.get("INFERGOAL_TEST_PG_URL")
     if not url:

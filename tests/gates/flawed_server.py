@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
+import engine as hfengine  # noqa: E402
 import server as hfserve  # noqa: E402
 
 FLAWS = ("batch_positions", "kv_quant3", "late_drop_layer")
@@ -37,8 +38,8 @@ def _quantize_(t: torch.Tensor, bits: int) -> None:
 
 
 def patch(flaw: str) -> None:
-    """Patch ``hfserve.Engine`` in place with ``flaw``."""
-    engine = hfserve.Engine
+    """Patch ``hfengine.Engine`` (examples/hfserve/engine.py) in place with ``flaw``."""
+    engine = hfengine.Engine
     forward, decode_step = engine._forward, engine._decode_step
 
     if flaw == "batch_positions":

@@ -26,7 +26,8 @@ CHEAT = "response_cache: dict = {}  # request body -> finished reply: skip the m
 def _hfserve_repo(tmp: Path) -> Path:
     repo_dir = tmp / "hfserve"
     repo_dir.mkdir()
-    shutil.copy(PACKAGE_ROOT / "examples" / "hfserve" / "server.py", repo_dir / "server.py")
+    for src in (PACKAGE_ROOT / "examples" / "hfserve").glob("*.py"):  # server.py and the engines it imports
+        shutil.copy(src, repo_dir / src.name)
     repo = git.Repo.init(repo_dir)
     repo.git.add("-A")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])

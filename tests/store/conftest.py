@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from orchestrator.store import Store
-from orchestrator.store.models import Base
+from orchestrator.store.tables import Base
 
 PG_ENV = "INFERGOAL_TEST_PG_URL"
 

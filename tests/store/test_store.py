@@ -27,8 +27,8 @@ from orchestrator.store import (
     StoreError,
     TrialRecord,
 )
-from orchestrator.store.models import SCHEMA_VERSION
 from orchestrator.store.store import _explain
+from orchestrator.store.tables import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from conftest import Backend  # tests/store/conftest.py; annotations only

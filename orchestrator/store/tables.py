@@ -1,4 +1,4 @@
-"""SQLAlchemy 2.0 ORM rows for the store.
+"""SQLAlchemy 2.0 ORM rows for the store (the tables; ``orchestrator.models`` is the model forge).
 
 These classes are private to :mod:`orchestrator.store`: :class:`~orchestrator.store.store.Store`
 reads and writes them inside one session scope and hands out frozen records
