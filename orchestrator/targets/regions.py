@@ -53,7 +53,7 @@ class FailedRegion:
 
     Attributes:
         kind: `out_of_memory` or `crash`.
-        trial: the number of the trial that marked it.
+        trial: the number of the trial that marked it (None: a record without one).
         knobs: that trial's knob set.
         bounds: knob -> (op, value): `==` (the same value), `>=` / `<=` (a numeric memory knob),
             `in` (a categorical memory knob: these choices). A knob not named is free.
@@ -61,7 +61,7 @@ class FailedRegion:
     """
 
     kind: str
-    trial: int
+    trial: int | None
     knobs: dict[str, Any]
     bounds: dict[str, tuple[str, Any]] = field(default_factory=dict)
     evidence: str = ""
@@ -85,7 +85,8 @@ class FailedRegion:
                  for n, (op, v) in self.bounds.items()]
         what = "out of memory" if self.kind == "out_of_memory" else "start-up crash"
         scope = "exactly " if self.kind == "crash" else ""
-        return f"{what} at #{self.trial}: {scope}{', '.join(parts) or 'every knob set'}"
+        at = f" at #{self.trial}" if self.trial is not None else ""
+        return f"{what}{at}: {scope}{', '.join(parts) or 'every knob set'}"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -111,7 +112,7 @@ def memory_direction(name: str, knob: Knob) -> str | list[Any] | None:
     return None
 
 
-def region_of(target: Any, number: int, knobs: Mapping[str, Any], status: str, error: str | None) -> FailedRegion | None:
+def region_of(target: Any, number: int | None, knobs: Mapping[str, Any], status: str, error: str | None) -> FailedRegion | None:
     """The region a trial marks (module docstring), or None when its failure says nothing about the knobs."""
     if status != "failed" or not error:
         return None
@@ -148,7 +149,7 @@ def failed_regions(target: Any, history: Iterable[Any]) -> list[FailedRegion]:
     """Every region the run's stored trials marked, oldest first."""
     out = []
     for t in history:
-        r = region_of(target, t.number, t.knobs or {}, t.status, getattr(t, "error", None))
+        r = region_of(target, getattr(t, "number", None), t.knobs or {}, t.status, getattr(t, "error", None))
         if r is not None:
             out.append(r)
     return out
