@@ -44,6 +44,7 @@ from orchestrator.roles import (
     Stalled,
     StopRun,
 )
+from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
 from orchestrator.verdict import Baseline
@@ -174,12 +175,21 @@ class Controller:
             candidate = self.proposer.propose(search, self.ctx.target)
             if candidate is None:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
+            self._record_skips(candidate)
             try:
                 return Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
             except ConstraintViolated as e:
                 self.store.finish_trial(self._create(candidate).id, "failed",
                                         error=f"start-up failure (constraint_violated, not launched): {e}")
                 self._check_budget()
+
+    def _record_skips(self, candidate: Candidate) -> None:
+        """A `search.skip` event for each proposal the proposer skipped inside a failed region (once per knob set)."""
+        done = {(e.data or {}).get("key") for e in self.store.events(self.ctx.run_id, kind="search.skip")}
+        for s in candidate.extra.get("skipped", ()):
+            if s["key"] not in done:
+                self.store.add_event(self.ctx.run_id, "search.skip", f"skipped {s['source']} {s['key']}: inside the "
+                                     f"failed region {s['region']['describe']} (marked by #{s['marked_by']})", data=s)
 
     # --- one trial -----------------------------------------------------------------------
     def _create(self, c: Candidate) -> Any:
@@ -362,7 +372,10 @@ class Controller:
         d = verdict.why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
                      min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
                      baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
-                     error=error, paired=paired, screen_met=screen_met)
+                     error=error, paired=paired, screen_met=screen_met,
+                     # The proposer sees only the search's own trials, so only they mark regions.
+                     region=None if trial.proposer in LOOP_ADDED else region_of(self.ctx.target, trial.number,
+                                                                                   trial.knobs, status, error))
         self.store.add_event(self.ctx.run_id, "trial.why", d["sentence"], data=d, trial_id=trial.id)
 
     def _history(self) -> list[Any]:

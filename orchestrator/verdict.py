@@ -91,8 +91,9 @@ def borderline(r: TrialResult, baseline: Baseline, objectives: Sequence[Any], *,
 
 def why_data(*, number: int, status: str, proposer: str, score: float | None, best: float, min_gain: float,
              noise: float, baseline_trial: int | None, gates: list[Any], error: str | None,
-             paired: dict[str, Any] | None = None, screen_met: bool = False) -> dict[str, Any]:
-    """The facts behind a verdict, and the sentence that says them (stored as a `trial.why` event)."""
+             paired: dict[str, Any] | None = None, screen_met: bool = False, region: Any = None) -> dict[str, Any]:
+    """The facts behind a verdict, and the sentence that says them (stored as a `trial.why` event).
+    `region`: the failed region the trial marked (`targets.regions.FailedRegion`), if it marked one."""
     need = max(min_gain, noise)
     threshold = best * (1 + need)
     set_by = f"baseline noise {noise:.1%}" if noise > min_gain else f"min_gain {min_gain:.0%} (noise {noise:.1%})"
@@ -114,9 +115,12 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
     sentence = f"{head}; gates: {verdicts}"
     if paired:
         sentence += f"; paired A/B: {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
+    if region is not None:
+        sentence += f"; marked the failed region ({region.describe()}): the search will not propose it again"
     return {"score": score, "best": best, "threshold": threshold, "needed_gain": need, "noise": noise,
             "min_gain": min_gain, "baseline_trial": baseline_trial, "screen_met": screen_met,
-            "gates": {g.gate: g.status for g in gates}, "paired": paired, "sentence": sentence}
+            "gates": {g.gate: g.status for g in gates}, "paired": paired, "sentence": sentence,
+            **({"region": region.to_dict()} if region is not None else {})}
 
 
 def why_of(store: Any, run_id: int, trial_id: int) -> str | None:

@@ -146,6 +146,8 @@ def test_crashing_and_hanging_candidates_fail_the_trial_not_the_run(fake_ws):
     assert t[1].status == "failed" and "http_500" in t[1].error
     assert t[2].status == "failed" and "timeout" in t[2].error
     assert t[3].status == "kept"
+    # neither a bench failure without an out-of-memory message nor a timeout marks a failed region
+    assert not [e for e in Store(ws.db_url).events(out.run_id, kind="trial.why") if "region" in (e.data or {})]
     assert out.stop_reason.startswith("GoalMet")
 
 
@@ -155,6 +157,9 @@ def test_server_that_dies_at_launch_is_a_failed_trial_with_its_log(fake_ws):
     out = start_run(ws, parse_goal("beat the baseline by 10% on TPOT within 2 trials"))
     t = _trials(ws, out.run_id)
     assert t[1].status == "failed" and "ServerCrashed" in t[1].error and "invalid choice" in t[1].error
+    # a deterministic start-up crash marks exactly its knob set, and its why says so
+    [why] = [e for e in Store(ws.db_url).events(out.run_id, kind="trial.why") if e.trial_id == t[1].id]
+    assert why.data["region"]["kind"] == "crash" and f"marked the failed region (start-up crash at #{t[1].number}: exactly" in why.message
     assert out.stop_reason.startswith(("ProposerExhausted", "BudgetExhausted"))
 
 

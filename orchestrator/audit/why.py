@@ -19,6 +19,8 @@ __all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_cla
 
 #: The event kind in which the controller records its own decision on a trial (`verdict.why_data`).
 DECISION_EVENT = "trial.why"
+#: The event kind in which the loop records a proposal the search skipped inside a failed region.
+SKIP_EVENT = "search.skip"
 # Error prefixes the trial writes (`ExcType: message`) -> what broke, in words.
 _FAILURE_CLASSES = (
     ("ServerCrashed", "startup", "the server exited before it became healthy"),
@@ -204,6 +206,9 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
         skip = ("sentence", "reason", "why", *(("noise",) if decided_by == BASELINE else ()))
         evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in skip}}
         decided_by = str(recorded.get("decided_by") or decided_by)
+        if isinstance(recorded.get("region"), dict) and "failed region" not in sentence:
+            sentence += (f"; marked the failed region ({recorded['region'].get('describe')}): "
+                         "the search does not propose it again")
     paired = _paired(trial, events)
     if paired is not None:
         evidence["paired"] = paired
@@ -277,11 +282,19 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
     counted = [t for t in trials if t.proposer not in LOOP_ADDED]
     spent = sum((t.timings or {}).get("total", 0.0) for t in trials)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
-    usage = _sum_usage(store.events(run_id))
+    events = store.events(run_id)
+    usage = _sum_usage(events)
+    # The failed regions as the controller recorded them on the trials that marked them, and the
+    # proposals the search skipped inside them.
+    regions = [e.data["region"] for e in events if e.kind == DECISION_EVENT and isinstance(e.data, dict)
+               and isinstance(e.data.get("region"), dict)]
+    skips = [e.data for e in events if e.kind == SKIP_EVENT and isinstance(e.data, dict)]
     return {
         "run": run_id, "status": run.status, "stop_reason": run.stop_reason,
         "budget": {"trials": budget.trials, "wall_s": budget.wall_s, "tokens": budget.tokens,
                    "stall_trials": budget.stall_trials},
         "used": {"trials": len(counted), "trial_s": spent, **usage},
         "best": {"number": best.number, "score": best.score} if best else None,
+        "failed_regions": [{"trial": r.get("trial"), "kind": r.get("kind"), "region": r.get("describe"),
+                            "skipped": sum(1 for s in skips if s.get("marked_by") == r.get("trial"))} for r in regions],
     }

@@ -73,6 +73,8 @@ def why(
                       f"{wall}; stall limit {b['stall_trials']}", highlight=False)
         if data["best"]:
             console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
+        for r in data["failed_regions"]:
+            console.print(f"  failed region: {r['region']}; proposals skipped inside it: {r['skipped']}", highlight=False)
         return None
     try:
         w = explain_trial(store, rid, number)

@@ -44,6 +44,6 @@ class HybridProposer:
                 search = SearchProposer(seed=self.seed + last.number, n_startup=max(1, self.n_tune - 1))
                 c = search.propose(same, target)
                 if c is not None:
-                    return Candidate(knobs=c.knobs, commit=last.commit, proposer=TUNE,
+                    return Candidate(knobs=c.knobs, commit=last.commit, proposer=TUNE, extra=c.extra,
                                      rationale=f"knob search on the structure of trial #{last.number}: {c.rationale}")
         return self.agent.propose(history, target)

@@ -3,6 +3,13 @@
 The study is rebuilt from the stored history on every call instead of being kept in memory:
 that makes the proposer stateless, so `infergoal resume` after a kill -9 needs nothing but
 the database, and the store stays the single source of truth.
+
+Failures are learned the same way: the regions the run's out-of-memory and start-up-crash trials
+marked (`orchestrator.targets.regions`) are rebuilt from the stored trials on every call. TPE sees
+the trials inside them as infeasible (Optuna's constraint-aware TPE: a `failed_region` constraint
+value > 0, the region in the trial's user attrs), and a hard filter re-asks when it still proposes
+inside one; warm starts, swaps and transferred priors inside one are skipped too. Every skipped
+proposal travels to the loop in `Candidate.extra["skipped"]`, which records it as `search.skip`.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import optuna
 from orchestrator.candidate import Candidate, knob_key
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
+from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
@@ -25,6 +33,8 @@ __all__ = ["SearchProposer", "by_entry", "distributions", "neighbours", "prior_r
 # so TPE steers away from knob sets that crash the server or break accuracy.
 FAILED_VALUE = 0.0
 _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
+# The Optuna constraint a knob set inside a failed region breaks (> 0: infeasible).
+REGION_CONSTRAINT = "failed_region"
 
 
 def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -100,14 +110,16 @@ class SearchProposer:
                   and not (t.rationale or "").startswith("swap"))
         return own < round(PRIOR_HORIZON * prior_weight(self.priors))
 
-    def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any]) -> list[Any]:
-        """The priors as Optuna trials, or none once they stopped fitting this run."""
+    def _prior_trials(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any],
+                      regions: Sequence[FailedRegion] = ()) -> list[Any]:
+        """The priors as Optuna trials, or none once they stopped fitting this run (a prior inside a
+        region this run's failures marked is left out: it did not fail there, it failed here)."""
         if not self._priors_hold(history):
             return []
         out = []
         for p in self.priors:
             knobs = p["knobs"]
-            if not _fits(knobs, dists) or active_only(target, knobs) != knobs:
+            if not _fits(knobs, dists) or active_only(target, knobs) != knobs or region_containing(regions, knobs):
                 continue
             out.append(optuna.trial.create_trial(params=knobs, distributions={k: dists[k] for k in knobs},
                                                  value=float(p["score"]) or FAILED_VALUE))
@@ -117,13 +129,16 @@ class SearchProposer:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = distributions(target)
         seen = {knob_key(t.knobs) for t in history}
+        regions = failed_regions(target, history)
+        skipped: list[dict[str, Any]] = []  # proposals inside a failed region, for the loop to record
         for knobs in self.warm_start:
             try:
                 knobs = target.validate_knobs(knobs)
             except ValueError:
                 continue
-            if knob_key(knobs) not in seen:
-                return Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base", proposer=self.name)
+            if knob_key(knobs) not in seen and not _inside(regions, knobs, "warm start", skipped):
+                return _with_skips(Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base",
+                                             proposer=self.name), skipped)
         refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
         if self.probes and self._priors_hold(history):  # the probes say which knobs are worth a swap
             for knobs, why in swaps([*self.priors, *self.probes], history):
@@ -131,22 +146,26 @@ class SearchProposer:
                     knobs = target.validate_knobs(knobs)
                 except ValueError:
                     continue
-                if knob_key(knobs) not in seen and not any((k, repr(v)) in refused for k, v in knobs.items()):
-                    return Candidate(knobs=knobs, rationale=why, proposer=self.name)
+                if (knob_key(knobs) not in seen and not any((k, repr(v)) in refused for k, v in knobs.items())
+                        and not _inside(regions, knobs, "swap", skipped)):
+                    return _with_skips(Candidate(knobs=knobs, rationale=why, proposer=self.name), skipped)
         # While the priors hold, search first inside the region they support (`prior_region`);
         # once it is used up, or the priors stop holding, the whole space.
         region = prior_region(self.priors, target) if self._priors_hold(history) else {}
         if region:
             narrowed = {k: restrict(d, region[k]) if k in region else d for k, d in dists.items()}
-            cand = self._ask(history, target, narrowed, seen, refused, priors=True)
+            cand = self._ask(history, target, narrowed, seen, refused, priors=True, regions=regions, skipped=skipped)
             if cand is not None:
-                return dataclasses.replace(cand, rationale=cand.rationale + "; inside the region where a similar "
-                                           "setting's run found its best (knowledge base)")
-        return self._ask(history, target, dists, seen, refused, priors=True)
+                return _with_skips(dataclasses.replace(cand, rationale=cand.rationale + "; inside the region where a "
+                                                       "similar setting's run found its best (knowledge base)"), skipped)
+        return _with_skips(self._ask(history, target, dists, seen, refused, priors=True, regions=regions,
+                                     skipped=skipped), skipped)
 
     def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
-             refused: set[tuple[str, str]], *, priors: bool) -> Candidate | None:
-        """One TPE proposal over `dists` (the whole space or a region of it) that was not measured yet."""
+             refused: set[tuple[str, str]], *, priors: bool, regions: Sequence[FailedRegion] = (),
+             skipped: list[dict[str, Any]] | None = None) -> Candidate | None:
+        """One TPE proposal over `dists` (the whole space or a region of it) that was not measured yet
+        and lies in no failed region (`regions`; each proposal inside one is added to `skipped`)."""
         # A different seed per step keeps proposals reproducible for a given history.
         # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
         # several proposals asked at once spread out instead of piling onto one region.
@@ -154,7 +173,7 @@ class SearchProposer:
                                              constant_liar=True)
         study = optuna.create_study(direction="maximize", sampler=sampler)
         if priors:
-            study.add_trials(self._prior_trials(history, target, dists))
+            study.add_trials(self._prior_trials(history, target, dists, regions))
         for t in history:
             # Conditional knobs: a trial carries only its active knobs (define-by-run). Outside a
             # region, a trial is not part of that region's model.
@@ -165,8 +184,13 @@ class SearchProposer:
                                                           state=optuna.trial.TrialState.RUNNING))
                 continue
             value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
-            study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value))
-        # Skip knob sets already measured; a small space can run out, which ends the search.
+            inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
+            study.add_trial(optuna.trial.create_trial(
+                params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value,
+                constraints={REGION_CONSTRAINT: 1.0} if inside else None,
+                user_attrs={REGION_CONSTRAINT: inside.describe()} if inside else None))
+        # Skip knob sets already measured, or inside a failed region (re-asked at most 50 times in
+        # all); a small space can run out, which ends the search.
         for _ in range(50):
             trial = study.ask()
             params = _suggest(trial, target, dists)
@@ -178,6 +202,10 @@ class SearchProposer:
             if any((k, repr(v)) in refused for k, v in params.items()):
                 study.tell(trial, FAILED_VALUE)
                 continue
+            if _inside(regions, params, "TPE", skipped if skipped is not None else []):
+                trial.set_constraint(REGION_CONSTRAINT, 1.0)
+                study.tell(trial, FAILED_VALUE)
+                continue
             if knob_key(params) not in seen:
                 return Candidate(
                     knobs=params,
@@ -186,6 +214,22 @@ class SearchProposer:
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return None
+
+
+def _inside(regions: Sequence[FailedRegion], knobs: dict[str, Any], source: str, skipped: list[dict[str, Any]]) -> bool:
+    """Whether `knobs` lies in a failed region; if so, the skip is added to `skipped` (once per knob set)."""
+    r = region_containing(regions, knobs)
+    if r is not None and all(s["key"] != knob_key(knobs) for s in skipped):
+        skipped.append({"key": knob_key(knobs), "knobs": dict(knobs), "source": source, "marked_by": r.trial,
+                        "region": r.to_dict()})
+    return r is not None
+
+
+def _with_skips(c: Candidate | None, skipped: list[dict[str, Any]]) -> Candidate | None:
+    """`c` carrying the proposals skipped on the way to it (`extra["skipped"]`)."""
+    if c is None or not skipped:
+        return c
+    return dataclasses.replace(c, extra={**c.extra, "skipped": list(skipped)})
 
 
 # A one-knob change that moved a source winner by less than this did nothing there: not worth a swap.

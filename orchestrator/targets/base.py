@@ -56,9 +56,17 @@ class Knob(BaseModel):
     """Set this environment variable to the knob's value (for engines tuned through env vars)."""
     when: dict[str, Any] = Field(default_factory=dict)
     """Active only when each named (earlier) knob has this value, or one of these values (a list)."""
+    memory: Literal["up", "down", "none"] | list[Any] | None = None
+    """How the knob acts on memory, for the failed regions an out-of-memory trial marks
+    (`targets.regions`): `up` (a larger value needs more: batch size, max model length, cache and
+    chunk sizes), `down`, `none`; for a categorical knob, its choices from least to most memory
+    (`[256, 1024, 0]` when 0 means "no chunking"). Unset: guessed from the knob's name."""
 
     @model_validator(mode="after")
     def _check(self) -> Knob:
+        if isinstance(self.memory, list) and (self.type != "categorical" or sorted(map(repr, self.memory))
+                                              != sorted(map(repr, self.choices or ()))):
+            raise ValueError("a `memory` list orders a categorical knob's choices: list each choice once")
         if self.type == "bool":
             if not isinstance(self.default, bool):
                 raise ValueError(f"a bool knob's default must be true or false, not {self.default!r}")

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "StartupFailure", "classify", "classify_log", "refused_values"]
+__all__ = ["KINDS", "OOM_PATTERN", "StartupFailure", "classify", "classify_log", "refused_values"]
+
+# What an engine, torch or the C++ runtime print when memory ran out (`targets.regions` reads it
+# in any failed trial's error, a failure during the bench included).
+OOM_PATTERN = re.compile(
+    r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc|MemoryError"
+    r"|No available memory for the cache blocks|insufficient memory|not enough (KV cache|memory)", re.I)
 
 # Order matters: a vLLM config error is raised as a pydantic ValidationError, and OOM
 # messages often mention "memory" inside tracebacks that also name other things.
@@ -23,9 +29,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("bad_flag", re.compile(
         r"error: (unrecognized arguments|argument [^:]+: (invalid|expected)|the following arguments are required)"
         r"|No such option|unexpected keyword argument|Got unexpected extra argument", re.I)),
-    ("out_of_memory", re.compile(
-        r"out of memory|OutOfMemoryError|Cannot allocate memory|std::bad_alloc|MemoryError"
-        r"|No available memory for the cache blocks|insufficient memory|not enough (KV cache|memory)", re.I)),
+    ("out_of_memory", OOM_PATTERN),
     ("constraint_violated", re.compile(
         r"ValidationError|Value error,|is smaller than|must be (greater|less|smaller|larger|divisible|at least|a multiple)"
         r"|should be (greater|less|smaller|larger)|is not supported (with|when|for)|cannot be used with|exceeds", re.I)),
