@@ -117,8 +117,11 @@ def _wait_for(cond, timeout, what):
 
 
 def test_kill_minus_9_of_the_orchestrator_then_resume_stops_the_orphan_on_the_host(tmp_path, sshd, tiny_model):
-    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0))
-    ws = _ssh_ws(tmp_path, sshd, [{"tpot_ms": 6.0}, {"tpot_ms": 4.0}], [f'target="{target}"'])
+    # Both candidates are slower than the baseline (4 ms): neither is kept, so no paired A/B of a
+    # winner follows the stop (6 more servers over SSH). This test is about the orphan and resume;
+    # the confirmation at the stop has its own tests (tests/test_controller.py, tests/test_e2e.py).
+    target = write_fake_target(tmp_path / "fake.toml", choices=(4.0, 6.0, 8.0))
+    ws = _ssh_ws(tmp_path, sshd, [{"tpot_ms": 6.0}, {"tpot_ms": 8.0}], [f'target="{target}"'])
     opts = ['host="box"', f'target="{target}"', f'proposer="scripted:{tmp_path / "steps.json"}"', "gates.accuracy=false",
             "gates.integrity=false", "bench.scale=0.5", "bench.timeout_s=5"]
     cli = [sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), *sum((["-o", o] for o in opts), [])]
@@ -151,6 +154,6 @@ def test_kill_minus_9_of_the_orchestrator_then_resume_stops_the_orphan_on_the_ho
     assert swept == [[pgid]]
     trials = store.list_trials(run_id)
     assert [t.number for t in trials] == list(range(len(trials))), "no trial lost, none duplicated"
-    own = _own(trials)  # the paired A/B of the best at the stop adds the loop's own trials
+    own = _own(trials)  # baseline sentinels are the loop's own trials
     assert len(own) == 3 and all(t.status in ("kept", "discarded") for t in own), [(t.status, t.error) for t in trials]
     assert not list(servers.glob("*.json"))

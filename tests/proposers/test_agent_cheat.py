@@ -54,9 +54,13 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         turn(tool_use("run_trial", knobs=knobs, rationale="honest batched decode loop", prediction="throughput up")),
         turn(tool_use("finish", summary="batching on")),
     ]
+    # Scale 0.5, as tests/test_e2e.py: the naive baseline's throughput scenario runs ~0.57 s on a quiet
+    # 2-core machine, above the 0.3 s a measurement needs (orchestrator.measure.TrustPolicy.min_seconds;
+    # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial, the six paired
+    # halves at the stop) measures half as many requests.
     with MessagesAPI(script) as api:
         ws = Workspace(tmp_path, [f'target="{target}"', 'proposer="claude"', f'agent.base_url="{api.base_url}"',
-                                  "gates.accuracy=false", "bench.scale=1.0", "bench.baseline_repeats=1"])
+                                  "gates.accuracy=false", "bench.scale=0.5", "bench.baseline_repeats=1"])
         out = start_run(ws, parse_goal("improve throughput by 20x within 5 trials"))
         assert api.errors == [], api.errors
     store = Store(ws.db_url)
