@@ -150,7 +150,10 @@ class Controller:
 
     def _redo_unfinished(self) -> None:
         for trial in self.store.unfinished_trials(self.ctx.run_id):  # resume: redo what a kill interrupted
-            self.store.add_event(self.ctx.run_id, "resume", f"re-running interrupted trial #{trial.number}", trial_id=trial.id)
+            said = (f"interrupted trial #{trial.number} is a paired round: marked invalid, not re-run (a paired "
+                    "confirmation is only used whole; one still needed runs again, on new trials)"
+                    if trial.proposer == PAIRED else f"re-running interrupted trial #{trial.number}")
+            self.store.add_event(self.ctx.run_id, "resume", said, trial_id=trial.id)
             self.store.reset_trial(trial.id)
             self._execute(trial, _candidate_of(trial))
 
@@ -304,14 +307,22 @@ class Controller:
         if t0 is None or t0.status != "kept":
             raise StopRun(f"the baseline trial failed ({t0.error if t0 else 'missing'}); fix the target and start a new run")
         sentinels = [t for t in self.store.list_trials(self.ctx.run_id) if t.proposer == SENTINEL and t.status == "kept"]
+        measured = [self._samples(t.id) for t in (t0, *sentinels)]
         t0 = sentinels[-1] if sentinels else t0
+        samples = measured[-1]
+        values = {k: sum(v) / len(v) for k, v in samples.items()}
+        noise, basis = verdict.baseline_noise(samples, measured)  # never 0 for a baseline measured once
+        return Baseline(samples=samples, values=values, noise=noise, trial=t0.number,
+                        host=host_during(self.store, self.ctx.run_id, t0.id), noise_basis=basis)
+
+    def _samples(self, trial_id: int) -> dict[str, list[float]]:
+        """Objective label -> a trial's stored measurements of it, one per repeat."""
         samples: dict[str, list[float]] = {}
-        for m in self.store.measurements(t0.id):
+        for m in self.store.measurements(trial_id):
             for o in self.ctx.goal.objectives:
                 if m.scenario == o.scenario and m.metric == o.key:
                     samples.setdefault(objective_label(o.scenario, o.key), []).append(m.value)
-        values = {k: sum(v) / len(v) for k, v in samples.items()}
-        return Baseline(samples=samples, values=values, noise=verdict.noise_of(samples), trial=t0.number, host=host_during(self.store, self.ctx.run_id, t0.id))
+        return samples
 
     # --- trusting the numbers --------------------------------------------------------------
     def _sentinel_if_needed(self) -> None:
@@ -333,7 +344,9 @@ class Controller:
         self._execute(self._create(c), c)
 
     def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
-        """Paired A/B of `trial` against the baseline; its score becomes the paired ratio."""
+        """Paired A/B of `trial` against the baseline; its score becomes the paired ratio.
+        Its re-told why keeps what the screen said of it (a winner confirmed at the stop may have missed)."""
+        screen_met = bool(verdict.why_record(self.store, self.ctx.run_id, trial.id).get("screen_met"))
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
                          on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
@@ -342,7 +355,7 @@ class Controller:
             self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
                                     error=trial.error, timings=trial.timings)
         self._record_why(self.store.get_trial(trial.id), trial.status, out["score"] or trial.score, trial.error,
-                         self._baseline(), paired=out, screen_met=True)
+                         self._baseline(), paired=out, screen_met=screen_met)
         return out
 
     def _confirm_best(self, reason: str) -> str:
@@ -371,6 +384,7 @@ class Controller:
                     and t.proposer not in NOT_SEARCH and t.number and t.id != trial.id], default=1.0)
         d = verdict.why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
                      min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
+                     noise_basis=baseline.noise_basis if baseline else "",
                      baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
                      error=error, paired=paired, screen_met=screen_met,
                      # The proposer sees only the search's own trials, so only they mark regions.

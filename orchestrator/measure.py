@@ -81,9 +81,13 @@ def state_change(now: dict[str, Any], ref: dict[str, Any] | None, policy: TrustP
         clk, clk0 = g_now.get("sm_clock_max_mhz"), g_ref.get("sm_clock_max_mhz")
         if clk and clk0 and abs(clk / clk0 - 1) > 0.1:
             return f"GPU {i} max SM clock moved {clk0:.0f} -> {clk:.0f} MHz"
+        # Only other tenants' memory: ours (the server under test, the accuracy reference, a forge)
+        # comes and goes with a trial or a resume. A state recorded without that split (an older
+        # run, an nvidia-smi that cannot list processes) cannot tell the two apart: not compared.
         tot = g_now.get("mem_total_mib") or 0
-        if tot and abs(g_now.get("mem_used_mib", 0) - g_ref.get("mem_used_mib", 0)) / tot > policy.state_change:
-            return f"GPU {i} memory used by others moved {g_ref.get('mem_used_mib', 0):.0f} -> {g_now.get('mem_used_mib', 0):.0f} MiB"
+        others, others0 = g_now.get("mem_others_mib"), g_ref.get("mem_others_mib")
+        if tot and others is not None and others0 is not None and abs(others - others0) / tot > policy.state_change:
+            return f"GPU {i} memory used by others moved {others0:.0f} -> {others:.0f} MiB"
     return None
 
 

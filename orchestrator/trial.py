@@ -23,11 +23,12 @@ from orchestrator.goal import GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
 from orchestrator.measure import TrustPolicy, bench_trusted
+from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
 
-__all__ = ["TrialContext", "TrialResult", "objective_label", "run_trial"]
+__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial"]
 
 
 def objective_label(scenario: str, key: str) -> str:
@@ -228,13 +229,27 @@ def _run_gates(
             return f"integrity gate: {r.reason}", False, None
     if ctx.accuracy_gate:
         r = site.accuracy(base_url, served_model=ctx.target.served_model_name, reference_model_dir=str(ctx.reference_dir),
-                          chat=ctx.target.api == "chat", capabilities=caps)
+                          chat=ctx.target.api == "chat", capabilities=caps, **accuracy_reference(ctx.store, ctx.run_id, trial))
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
             return f"accuracy gate: {r.reason}", False, None
         margin = (r.details.get("metrics") or {}).get("gen_margin")
         return None, r.status == "drift", float(margin) if margin is not None else None
     return None, False, None
+
+
+def accuracy_reference(store: Any, run_id: int, trial: Any) -> dict[str, Any]:
+    """What the accuracy gate judges `trial`'s drift against (`gates.accuracy.judge`).
+
+    A baseline measurement (trial #0, a sentinel) is the reference itself; any other trial is
+    judged against the metrics every kept baseline measurement of the run recorded from its own
+    accuracy gate (read back from the store: the gate's results are the one record of them)."""
+    if trial.number == 0 or trial.proposer in BASELINES:
+        return {"is_baseline": True}
+    runs = [(g.details or {}).get("metrics") for t in store.list_trials(run_id)
+            if (t.number == 0 or t.proposer in BASELINES) and t.status == "kept"
+            for g in store.gate_results(t.id) if g.gate == "accuracy" and g.status != "fail"]
+    return {"baseline": [m for m in runs if m]}
 
 
 def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, min_tokens: int) -> list[dict[str, Any]]:

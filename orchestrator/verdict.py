@@ -17,7 +17,16 @@ from orchestrator.paired import describe
 from orchestrator.roles import BASELINES
 from orchestrator.trial import TrialResult, objective_label
 
-__all__ = ["Baseline", "borderline", "needed_gain", "noise_of", "perf_gate", "score", "why_data", "why_of"]
+__all__ = [
+    "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "noise_of", "noise_words", "perf_gate", "score",
+    "why_data", "why_of", "why_record",
+]
+
+ASSUMED_NOISE = 0.05
+"""The noise assumed while a baseline's spread is unknown (measured once, no sentinel yet): never 0,
+which would let any win count. The same default knobs on an H200 measured 31.96 / 26.33 / 23.50 /
+27.20 ms TPOT across four baseline measurements (31% spread), so 0 was never true; 5% sits above
+the default min_gain (3%). The keep line says it was assumed; the first sentinel replaces it."""
 
 
 @dataclass
@@ -27,16 +36,47 @@ class Baseline:
     values: dict[str, float]
     """objective label -> mean baseline value."""
     noise: float
-    """Largest relative spread between baseline repeats (0.0 with one repeat)."""
+    """Largest relative spread between the baseline's measurements (`baseline_noise`)."""
     trial: int = 0
     """Number of the baseline (or sentinel) trial these values come from."""
     host: dict[str, Any] | None = None
     """The host's state while it was measured (others' CPU share, GPU clocks)."""
+    noise_basis: str = ""
+    """How `noise` is known: "" (the newest baseline's repeats), "across N baseline measurements"
+    (the baseline and its sentinels, each measured once), or "assumed" (`ASSUMED_NOISE`)."""
 
 
 def noise_of(samples: dict[str, list[float]]) -> float:
     """Largest relative spread between a baseline's repeats, over its objectives (0.0 with one repeat)."""
     return max(((max(v) - min(v)) / (sum(v) / len(v)) for v in samples.values() if len(v) > 1), default=0.0)
+
+
+def baseline_noise(newest: dict[str, list[float]], measured: Sequence[dict[str, list[float]]]) -> tuple[float, str]:
+    """(noise, how it is known) of a baseline: `Baseline.noise` and `Baseline.noise_basis`.
+
+    `newest`: objective label -> the newest baseline measurement's repeats; `measured`: the same for
+    every good baseline measurement of the run (trial #0 and its sentinels). The newest's repeats
+    give the noise when there are several; a baseline measured once takes the spread of the
+    same default knobs across all of the run's baseline measurements; with only one of those,
+    `ASSUMED_NOISE`, said as assumed."""
+    if any(len(v) > 1 for v in newest.values()):
+        return noise_of(newest), ""
+    pooled: dict[str, list[float]] = {}
+    for samples in measured:
+        for label, values in samples.items():
+            pooled.setdefault(label, []).extend(values)
+    n = max((len(v) for v in pooled.values()), default=0)
+    if n > 1:
+        return noise_of(pooled), f"across {n} baseline measurements"
+    return ASSUMED_NOISE, "assumed"
+
+
+def noise_words(noise: float, basis: str = "") -> str:
+    """How the keep line names the noise: `noise 2.0%`, `noise 31.0% across 4 baseline measurements`,
+    `noise assumed 5.0% (one baseline measurement)`."""
+    if basis == "assumed":
+        return f"noise assumed {noise:.1%} (one baseline measurement)"
+    return f"noise {noise:.1%}" + (f" {basis}" if basis else "")
 
 
 def score(r: TrialResult, baseline: Baseline, objectives: Sequence[Any]) -> float:
@@ -91,12 +131,16 @@ def borderline(r: TrialResult, baseline: Baseline, objectives: Sequence[Any], *,
 
 def why_data(*, number: int, status: str, proposer: str, score: float | None, best: float, min_gain: float,
              noise: float, baseline_trial: int | None, gates: list[Any], error: str | None,
-             paired: dict[str, Any] | None = None, screen_met: bool = False, region: Any = None) -> dict[str, Any]:
+             paired: dict[str, Any] | None = None, screen_met: bool = False, noise_basis: str = "",
+             region: Any = None) -> dict[str, Any]:
     """The facts behind a verdict, and the sentence that says them (stored as a `trial.why` event).
+
+    `noise_basis`: how the noise is known (`Baseline.noise_basis`); an assumed one is said so.
     `region`: the failed region the trial marked (`targets.regions.FailedRegion`), if it marked one."""
     need = max(min_gain, noise)
     threshold = best * (1 + need)
-    set_by = f"baseline noise {noise:.1%}" if noise > min_gain else f"min_gain {min_gain:.0%} (noise {noise:.1%})"
+    said = noise_words(noise, noise_basis)
+    set_by = f"baseline {said}" if noise > min_gain else f"min_gain {min_gain:.0%} ({said})"
     verdicts = ", ".join(f"{g.gate} {g.status}" for g in gates) or "none"
     vs = f"against baseline #{baseline_trial}" if baseline_trial is not None else ""
     if error:
@@ -118,12 +162,17 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
     if region is not None:
         sentence += f"; marked the failed region ({region.describe()}): the search will not propose it again"
     return {"score": score, "best": best, "threshold": threshold, "needed_gain": need, "noise": noise,
-            "min_gain": min_gain, "baseline_trial": baseline_trial, "screen_met": screen_met,
+            "min_gain": min_gain, "noise_basis": noise_basis, "baseline_trial": baseline_trial, "screen_met": screen_met,
             "gates": {g.gate: g.status for g in gates}, "paired": paired, "sentence": sentence,
             **({"region": region.to_dict()} if region is not None else {})}
 
 
+def why_record(store: Any, run_id: int, trial_id: int) -> dict[str, Any]:
+    """The stored facts behind a trial's verdict (the newest, if it was re-judged); {} when none."""
+    found = store.events(run_id, kind="trial.why", trial_id=trial_id)
+    return dict(found[-1].data or {}) if found else {}
+
+
 def why_of(store: Any, run_id: int, trial_id: int) -> str | None:
     """The stored sentence for a trial (the newest one, if it was re-judged)."""
-    found = store.events(run_id, kind="trial.why", trial_id=trial_id)
-    return (found[-1].data or {}).get("sentence") if found else None
+    return why_record(store, run_id, trial_id).get("sentence")

@@ -25,19 +25,19 @@ from rich.progress import (
 from orchestrator.cli.common import console, err, get_store, get_workspace
 from orchestrator.cli.errors import ERRORS, emit, fail
 
-__all__ = ["drive", "finish"]
+__all__ = ["drive", "finish", "resume_progress"]
 
 
 class _Progress:
     """Rich live view: a bar over trials and a line for the step in flight."""
 
-    def __init__(self, budget_trials: int | None, quiet: bool) -> None:
+    def __init__(self, budget_trials: int | None, quiet: bool, done: int = 0) -> None:
         self.quiet = quiet
         self.progress = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err, transient=False,
         )
-        self.task = self.progress.add_task("trials", total=budget_trials, step="starting")
+        self.task = self.progress.add_task("trials", total=budget_trials, completed=done, step="starting")
         self.t0 = time.monotonic()
 
     def step(self, name: str) -> None:
@@ -59,9 +59,29 @@ class _Progress:
         self.progress.console.print(line, highlight=False)
 
 
-def drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
+def resume_progress(store: Any, run_id: int | None) -> tuple[int | None, int]:
+    """The bar of a resumed run: (its trial budget, its trials the bar counts that already finished).
+
+    A resumed run keeps its goal's budget (`6/20`, not `6/?`); interrupted trials are not done yet:
+    they count when their re-run ends. (None, 0) when there is no such run: resume says so."""
+    from orchestrator.goal import GoalSpec
+    from orchestrator.roles import LOOP_ADDED
+
+    run = store.get_run(run_id) if run_id is not None else store.latest_run()
+    if run is None:
+        return None, 0
+    try:
+        budget = GoalSpec.model_validate(run.goal).budget.trials
+    except ValueError:  # a stored goal today's rules refuse: resume says so
+        budget = None
+    done = sum(1 for t in store.list_trials(run.id) if t.proposer not in LOOP_ADDED and t.status not in ("pending", "running"))
+    return budget, done
+
+
+def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw: Any) -> Any:
     """Run `fn` under the live view. An error before the run row exists is bad input (nothing
-    was created); after, the run failed (it is marked so in the store)."""
+    was created); after, the run failed (it is marked so in the store). `done`: trials the bar
+    starts at (a resumed run's finished ones)."""
     from gates.lock import GateTampered
     from orchestrator import interrupts
     from orchestrator.agent import AgentError
@@ -70,7 +90,7 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, **kw: Any) -> Any:
     from orchestrator.lease import LeaseHeld
 
     started: list[int] = []
-    view = _Progress(budget_trials, as_json)
+    view = _Progress(budget_trials, as_json, done)
     try:
         with interrupts.installed(), view.progress if not as_json else _null():
             return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)

@@ -29,7 +29,7 @@ from orchestrator.cli.common import STATE, console, err, get_store, get_workspac
 from orchestrator.cli.errors import ERRORS, GuardedGroup, emit, fail
 from orchestrator.cli.hosts import hosts_app
 from orchestrator.cli.kb import kb_app
-from orchestrator.cli.live import drive, finish
+from orchestrator.cli.live import drive, finish, resume_progress
 
 __all__ = ["app"]
 
@@ -131,7 +131,8 @@ def resume(
     ws = get_workspace()
     if get_store(read_only=True) is None:  # nothing to resume: do not create a database to say so
         fail("no run to resume; start one with `infergoal goal \"...\"`")
-    outcome = drive(lambda **kw: resume_run(ws, run, **kw), None, as_json)
+    total, done = resume_progress(get_store(read_only=True), run)  # the bar keeps the goal's budget and what is done
+    outcome = drive(lambda **kw: resume_run(ws, run, **kw), total, as_json, done)
     finish(outcome, as_json, not no_report)
 
 

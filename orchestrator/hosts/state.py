@@ -23,7 +23,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunQueueSampler", "contention", "gpu_state", "proc_cpu_s", "running_tasks", "self_cpu_s", "snapshot", "window"]
+__all__ = [
+    "RunQueueSampler", "contention", "gpu_state", "nvidia_smi", "own_tree", "proc_cpu_s", "running_tasks", "self_cpu_s",
+    "snapshot", "window",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -85,31 +88,80 @@ def self_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def gpu_state() -> list[dict[str, float]]:
-    """Per GPU: SM clock (MHz), max SM clock, temperature (C), memory used/total (MiB). [] without nvidia-smi."""
-    query = "clocks.sm,clocks.max.sm,temperature.gpu,memory.used,memory.total,utilization.gpu"
+def nvidia_smi(query: str) -> str | None:
+    """`nvidia-smi <query> --format=csv,noheader,nounits`'s output; None without a working nvidia-smi."""
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def own_tree(root: int | None = None) -> set[int]:
+    """`root` (default: this process) and every process descended from it, from /proc's parent links."""
+    root = os.getpid() if root is None else root
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    seen, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+    return seen
+
+
+def _number(v: str) -> float | None:
+    try:
+        return float(v)
+    except ValueError:  # "[N/A]" fields on some boards
+        return None
+
+
+def gpu_state(own_pids: Iterable[int] = (), *, smi: Any = None) -> list[dict[str, float]]:
+    """Per GPU: SM clock (MHz), max SM clock, temperature (C), memory used/total (MiB), and the memory
+    of our own processes (`mem_own_mib`: `own_pids` among the GPU's compute apps) and of everyone
+    else (`mem_others_mib` = used - own). [] without nvidia-smi. `smi(query) -> csv text or None`.
+
+    Our own processes hold a lot: the accuracy gate's float32 reference in the measurement process
+    (28 GB for a 7B), the server under test, the model forge. They come and go with a trial or a
+    resume, so only `mem_others_mib` says whether another tenant moved in."""
+    smi = smi or nvidia_smi
+    query = "uuid,clocks.sm,clocks.max.sm,temperature.gpu,memory.used,memory.total,utilization.gpu"
+    out = smi(f"--query-gpu={query}")
+    if out is None:
         return []
-    if out.returncode != 0:
-        return []
+    own = set(own_pids)
+    apps = smi("--query-compute-apps=gpu_uuid,pid,used_memory") if own else None
+    own_mib: dict[str, float] = {}
+    for line in (apps or "").strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[1].isdigit() and int(parts[1]) in own and (mib := _number(parts[2])) is not None:
+            own_mib[parts[0]] = own_mib.get(parts[0], 0.0) + mib
     gpus = []
     keys = ("sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "mem_used_mib", "mem_total_mib", "util_pct")
-    for line in out.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            gpus.append({k: float(v) for k, v in zip(keys, parts, strict=False)})
-        except ValueError:  # "[N/A]" fields on some boards
-            gpus.append({k: float(v) for k, v in zip(keys, parts, strict=False) if v.replace(".", "", 1).isdigit()})
+    for line in out.strip().splitlines():
+        uuid, *parts = [p.strip() for p in line.split(",")]
+        gpu = {k: x for k, v in zip(keys, parts, strict=False) if (x := _number(v)) is not None}
+        if "mem_used_mib" in gpu and apps is not None:  # without the apps list, whose memory it is is unknown
+            gpu["mem_own_mib"] = own_mib.get(uuid, 0.0)
+            gpu["mem_others_mib"] = max(gpu["mem_used_mib"] - gpu["mem_own_mib"], 0.0)
+        gpus.append(gpu)
     return gpus
 
 
 def snapshot(own_pids: Iterable[int] = (), *, gpus: bool = True) -> dict[str, Any]:
     """Cumulative counters now, and the run queue at this instant.
 
-    `own_pids`: the server under test (its CPU and runnable threads are not foreign)."""
+    `own_pids`: the server under test (its CPU and runnable threads are not foreign); its GPU memory,
+    and that of this process and its descendants (the accuracy reference, a forge), is not others'."""
     own_pids = list(own_pids)
     try:
         load1, load5, load15 = (float(x) for x in Path("/proc/loadavg").read_text().split()[:3])
@@ -120,7 +172,7 @@ def snapshot(own_pids: Iterable[int] = (), *, gpus: bool = True) -> dict[str, An
         "cpu_count": os.cpu_count() or 1, "cpu": _cpu_line(),
         "own_cpu_s": proc_cpu_s(own_pids), "self_cpu_s": self_cpu_s(),
         "procs_running": _procs_running(), "own_running": running_tasks(own_pids),
-        "gpus": gpu_state() if gpus else [],
+        "gpus": gpu_state({*own_pids, *own_tree()}) if gpus else [],
     }
 
 
