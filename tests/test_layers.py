@@ -90,6 +90,6 @@ def test_the_rule_catches_an_upward_import(tmp_path):
 
 def test_the_layers_are_drawn_in_the_architecture_doc():
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    for name, prefixes in LAYERS:
+    for name, _prefixes in LAYERS:
         assert name in doc, f"docs/architecture.md does not name the layer {name!r}"
 
