@@ -1,0 +1,91 @@
+"""benchmarks/gpu/headline.py on synthetic ib_baseline.py results (no GPU, no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # sol.py imports it
+
+GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import headline  # noqa: E402
+import ib_baseline  # noqa: E402
+
+SOL = {"ceilings": {"copy_bytes_per_s": 4.0e12, "bf16_flops_per_s": 8.0e14, "gpu": "test"},
+       "model": {"matmul_params": 7.0e9, "weight_bytes": 1.4e10, "layers": 32, "d_attn": 4096,
+                 "kv_bytes_per_token": 131072}}
+
+
+def _sc(ttft: float, tpot: float, rps: float, tps: float, ok: bool = True) -> dict:
+    return {"ok": ok, "metrics": {"ttft_ms_p50": ttft, "ttft_ms_mean": ttft * 1.1, "tpot_ms_p50": tpot,
+                                  "tpot_ms_mean": tpot * 1.05, "request_throughput": rps, "output_throughput": tps}}
+
+
+def _report() -> dict:
+    naive = {"prefill": _sc(400, 60, 0.1, 15), "decode": _sc(100, 65, 0.03, 15),
+             "throughput": _sc(100, 60, 0.12, 16), "general": _sc(20000, 62, 0.06, 15)}
+    fast = {"prefill": _sc(100, 8, 1, 100), "decode": _sc(20, 5, 0.4, 200),
+            "throughput": _sc(300, 30, 2.4, 1500), "general": _sc(1000, 15, 0.9, 230)}
+    return {"servers": {"fast": {"scenarios": fast}, "ib_naive": {"scenarios": naive}}}
+
+
+def test_speedups_are_ib_scores() -> None:
+    r = _report()
+    sp = headline.speedups({k: v["metrics"] for k, v in r["servers"]["ib_naive"]["scenarios"].items()},
+                           {k: v["metrics"] for k, v in r["servers"]["fast"]["scenarios"].items()})
+    assert sp["prefill"] == pytest.approx(4.0)  # TTFT p50 400 -> 100
+    assert sp["decode"] == pytest.approx(13.0)  # TPOT p50 65 -> 5
+    assert sp["throughput"] == pytest.approx(20.0)  # req/s 0.12 -> 2.4
+    assert sp["general"] == pytest.approx((20.0 * 62 / 15 * 15.0) ** (1 / 3))
+    assert headline.geomean(list(sp.values())) == pytest.approx(math.prod(sp.values()) ** 0.25)
+    assert headline.geomean([2.0, None]) is None
+
+
+def test_write_headline_updates_and_names_sources(tmp_path: Path) -> None:
+    res, sol, out = tmp_path / "ib.json", tmp_path / "sol.json", tmp_path / "headline.json"
+    res.write_text(json.dumps(_report()))
+    sol.write_text(json.dumps(SOL))
+    out.write_text(json.dumps({"other": 1, "tpot_b_ms": {"value": 99}}))
+    h = headline.write_headline(res, sol, GPU / "scenarios_ib.toml", out)
+    doc = json.loads(out.read_text())
+    assert doc["other"] == 1 and doc["tpot_b_ms"]["value"] == pytest.approx(5 * 1.05)
+    assert doc["ttft_a_ms"]["value"] == pytest.approx(110.0)
+    for key in ("tpot_b_ms", "ttft_a_ms", "c_frac_of_floor", "geomean_vs_ib_naive"):
+        assert doc[key]["source"] == str(res) and doc[key]["server"] == "fast"
+    assert doc["c_frac_of_floor"]["floor_source"] == str(sol)
+    # C's floor at the full-size shape (64 x 512/128): decode-bound, 128 steps reading the weights.
+    floor = doc["c_frac_of_floor"]["floor_tok_s"]
+    assert floor == pytest.approx(64 * 128 / max(64 * (2 * 7e9 * 512 + 2 * 32 * 512 * 512 * 4096) / 8e14,
+                                                 128 * 1.4e10 / 4e12))
+    assert doc["c_frac_of_floor"]["value"] == pytest.approx(1500 / floor)
+    assert h["geomean_vs_ib_naive"]["value"] == pytest.approx(
+        headline.geomean(list(h["geomean_vs_ib_naive"]["per_scenario"].values())))
+    assert set(doc["frac_of_floor"]["value"]) == {"prefill", "decode", "throughput"}
+
+
+def test_failed_scenario_gives_no_speedup(tmp_path: Path) -> None:
+    r = _report()
+    r["servers"]["fast"]["scenarios"]["decode"]["ok"] = False
+    h = headline.compute(r, SOL, {"prefill": {"prompt_tokens": 4096}, "decode": {"prompt_tokens": 512, "output_tokens": 512},
+                                  "throughput": {"num_requests": 64, "prompt_tokens": 512, "output_tokens": 128}})
+    assert h["geomean_vs_ib_naive"]["per_scenario"]["decode"] is None
+    assert h["geomean_vs_ib_naive"]["value"] is None and h["tpot_b_ms"]["value"] is None
+
+
+def test_naive_cap_keeps_shapes() -> None:
+    from orchestrator.bench.scenarios import load_scenarios_file
+
+    full = load_scenarios_file(GPU / "scenarios_ib.toml")
+    assert {n: (s.prompt_tokens, s.output_tokens, s.concurrency) for n, s in full.items()} == {
+        "prefill": (4096, 128, 1), "decode": (512, 512, 1), "throughput": (512, 128, 64), "general": (2048, 256, 4)}
+    cap = ib_baseline.capped(full, ib_baseline.parse_cap(ib_baseline.DEFAULT_CAP))
+    assert {n: s.num_requests for n, s in cap.items()} == {"prefill": 2, "decode": 2, "throughput": 4, "general": 4}
+    assert all(cap[n].prompt_tokens == full[n].prompt_tokens and cap[n].warmup_requests == 0 for n in full)
+    assert ib_baseline.command("{python} x.py --model {model} --port {port}", {"python": "py", "model": "/m"}) == [
+        "py", "x.py", "--model", "/m", "--port", "{port}"]
