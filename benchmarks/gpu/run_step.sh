@@ -1,6 +1,6 @@
 #!/bin/bash
 # One 10-minute command of the GPU run, on the device machine, from the repository root:
-#   benchmarks/gpu/run_step.sh LIMIT_S [check] [demo] [profile]
+#   benchmarks/gpu/run_step.sh LIMIT_S [check] [ib] [demo] [profile]
 # Installs the carried wheels (.whl/), forges the 7b-peaked model (cached while the machine
 # stays warm), optionally runs the engine check / speed of light, the gate demo and the profile,
 # then drives the loop (`infergoal goal`, or `resume` when the database has a run) until LIMIT_S
@@ -33,6 +33,9 @@ for what in "$@"; do
     check) log sol; python3 benchmarks/gpu/sol.py --config "$MODEL/config.json" --out "$OUT/sol.json" 2>>"$OUT/step.log" | tail -25
            log check; python3 benchmarks/gpu/check_engine.py "$MODEL" --out "$OUT/check.json" 2>>"$OUT/step.log" | tail -30 ;;
     demo) log demo; python3 benchmarks/gpu/gate_demo.py "$MODEL" --out "$OUT/gate_demo.json" 2>>"$OUT/step.log" | tail -40 ;;
+    ib) log "ib baseline: our best setting and InferenceBench's naive server, full-size scenarios"
+        python3 benchmarks/gpu/ib_baseline.py "$MODEL" --out "$OUT/ib_baseline.json" --headline "$OUT/headline.json" \
+          --deadline-s "${IB_DEADLINE_S:-300}" ${IB_ARGS:-} 2>>"$OUT/step.log" | tail -30 ;;
     profile) log profile; python3 benchmarks/gpu/profile_best.py "$MODEL" --db /root/g13ws/.infergoal/infergoal.db \
                --out "$OUT/profile.json" 2>>"$OUT/step.log" | tail -40 ;;
   esac
