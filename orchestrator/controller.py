@@ -267,6 +267,12 @@ class Controller:
         objective = {label: r.mean(label) for label in r.samples}
         if r.error:
             return r.status_hint, None, objective, False
+        sol = verdict.speed_of_light(self.store, self.ctx.run_id, r, baseline, self.ctx.model_dir, self.ctx.scenarios)
+        if sol is not None:  # the run has floors for this model: faster than the hardware allows is invalid
+            self.store.add_gate_result(trial.id, sol.gate, sol.status, sol.reason, sol.details, sol.duration_s)
+            if sol.status == "fail":
+                r.status_hint, r.error = "invalid", sol.reason
+                return "invalid", None, objective, False
         if baseline is None:
             return "kept", 1.0, objective, False
         objectives = self.ctx.goal.objectives

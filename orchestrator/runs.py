@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from gates.plausible import record_of
 from orchestrator.audit.study import StudyError, save_study
 from orchestrator.controller import Controller
 from orchestrator.errors import one_line
@@ -110,6 +111,7 @@ def start_run(
     hosts = get_hosts(ws.config.host, state_dir=ws.state_dir)
     # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
     fingerprint, *others = [h.fingerprint() for h in hosts]
+    floors = _floors(ws)  # a floors file that cannot be used is refused here, before the run row
     run = store.create_run(
         name=name or f"{target.name}: {goal.describe()}"[:200],
         goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
@@ -119,6 +121,8 @@ def start_run(
     with _held(store, run.id, ws.config, hosts, new=True):
         store.add_event(run.id, "run.start", f"run {run.id} started",
                         data={"fingerprint": fingerprint, **({"pool": others} if others else {})})
+        if floors:
+            store.add_event(run.id, "speed_of_light", f"floors from {Path(floors['source']).name}", data=floors)
         if on_run:
             on_run(run.id)
         return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)
@@ -288,6 +292,17 @@ def _drive(
     except (SQLAlchemyError, OSError) as e:  # the run is recorded; only the dashboard view is missing
         store.add_event(run_id, "study.error", f"Optuna study not written: {e}"[:500])
     return RunOutcome(run_id=run_id, stop_reason=reason)
+
+
+def _floors(ws: Workspace) -> dict[str, Any] | None:
+    """`bench.floors` read as the run will store it (`gates.plausible.record_of`), or None when not set."""
+    if not ws.config.bench.floors:
+        return None
+    path = ws.root / ws.config.bench.floors
+    try:
+        return record_of(json.loads(path.read_text()), str(path))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"bench.floors: cannot use {path}: {e}") from None
 
 
 def _scenarios(ws: Workspace, config: Config) -> dict[str, Any]:

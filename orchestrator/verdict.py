@@ -7,19 +7,21 @@ decides nothing on its own and writes nothing but the stored `trial.why` it is a
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from gates import GateResult, performance
+from gates import GateResult, performance, plausible
 from orchestrator.paired import describe
 from orchestrator.roles import BASELINES
 from orchestrator.trial import TrialResult, objective_label
 
 __all__ = [
     "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "noise_of", "noise_words", "perf_gate", "score",
-    "why_data", "why_of", "why_record",
+    "speed_of_light", "why_data", "why_of", "why_record",
 ]
 
 ASSUMED_NOISE = 0.05
@@ -112,6 +114,22 @@ def perf_gate(r: TrialResult, baseline: Baseline, objectives: Sequence[Any]) -> 
     if misses and res.status != "fail":
         return GateResult("performance", "fail", "missed: " + "; ".join(misses), res.details, res.duration_s)
     return res
+
+
+def speed_of_light(store: Any, run_id: int, r: TrialResult, baseline: Baseline | None, model_dir: Path,
+                   scenarios: dict[str, Any]) -> GateResult | None:
+    """The trial's measurements against the run's recorded floors (`gates.plausible`), or None when the
+    run has no floors for this model shape (nothing is checked, nothing said). The margin's noise is
+    the baseline's spread; for a baseline itself, its own repeats' (assumed when measured once)."""
+    found = store.events(run_id, kind="speed_of_light")
+    if not found or not r.metrics:
+        return None
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    lims = plausible.limits(found[-1].data, cfg, scenarios)
+    return plausible.check(r.metrics, lims, noise=baseline.noise if baseline else baseline_noise(r.samples, [r.samples])[0]) if lims else None
 
 
 def needed_gain(min_gain: float, baseline: Baseline) -> float:

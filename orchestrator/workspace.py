@@ -46,6 +46,10 @@ class BenchConfig(BaseModel):
     scenarios: str = ""
     """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
     name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""
+    floors: str = ""
+    """The host's speed of light: a JSON as `benchmarks/gpu/sol.py --out` writes it (relative to the
+    workspace), recorded on the run at its start like `infergoal floors FILE`; a trial of that model
+    measured faster than its floors is invalid (gates/plausible.py)."""
 
 
 class GateConfig(BaseModel):

@@ -3,7 +3,8 @@
     python benchmarks/gpu/sol.py --scenarios benchmarks/gpu/scenarios.toml --out sol.json
 
 A floor is the larger of (FLOPs / matrix rate) and (bytes that must move / copy bandwidth) for
-the model's shape (a Llama/Mistral config; default the forge's 7b-peaked preset):
+the model's shape (a Llama/Mistral config; default the forge's 7b-peaked preset); the formulas live in
+gates/plausible.py, which holds every trial of a run with these floors recorded to them:
 * A (TTFT): one prefill of P tokens: 2*N*P FLOPs for the weights + causal attention, weights read once.
 * B (TPOT): one decode step at batch 1: the weights plus the sequence's KV read once.
 * C (output tok/s): R requests of P prompt / O output tokens: the prefill FLOPs of all prompts, and
@@ -20,6 +21,10 @@ from pathlib import Path
 
 import tomllib
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# One owner of the formulas: the speed-of-light check (gates/plausible.py) recomputes these floors per trial.
+from gates.plausible import floors, model_numbers  # noqa: E402
 
 
 def measure(gib: float = 4.0, n: int = 8192, reps: int = 20) -> dict[str, float]:
@@ -48,36 +53,6 @@ def measure(gib: float = 4.0, n: int = 8192, reps: int = 20) -> dict[str, float]
     return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * n**3 / t, "gpu": torch.cuda.get_device_name()}
 
 
-def model_numbers(cfg: dict) -> dict[str, float]:
-    """Parameter count and per-token sizes of a Llama-family config."""
-    d, f, L, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    h, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = d // h
-    per_layer = d * (h * hd) + 2 * d * (kv * hd) + (h * hd) * d + 3 * d * f
-    matmul_params = L * per_layer + v * d  # the LM head is a matmul; the embedding is a lookup
-    weights = (matmul_params + v * d) * 2  # bf16/fp16 bytes, embedding included
-    return {"matmul_params": matmul_params, "weight_bytes": weights, "layers": L, "d_attn": h * hd,
-            "kv_bytes_per_token": 2 * L * kv * hd * 2}
-
-
-def floors(scen: dict, m: dict, ceil: dict) -> dict[str, float]:
-    bw, rate = ceil["copy_bytes_per_s"], ceil["bf16_flops_per_s"]
-    N, L, da = m["matmul_params"], m["layers"], m["d_attn"]
-    out = {}
-    a = scen["prefill"]
-    P = a["prompt_tokens"]
-    fl = 2 * N * P + 2 * L * P * P * da  # QK^T and PV, causal half of 4*L*P^2*d
-    out["prefill_ttft_ms"] = 1000 * max(fl / rate, m["weight_bytes"] / bw)
-    b = scen["decode"]
-    ctx = b["prompt_tokens"] + b["output_tokens"] / 2
-    out["decode_tpot_ms"] = 1000 * max((m["weight_bytes"] + ctx * m["kv_bytes_per_token"]) / bw, 2 * N / rate)
-    c = scen["throughput"]
-    R, P, n_out = c["num_requests"], c["prompt_tokens"], c["output_tokens"]
-    t = max(R * (2 * N * P + 2 * L * P * P * da) / rate, n_out * m["weight_bytes"] / bw)
-    out["throughput_tok_s"] = R * n_out / t
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", default=str(Path(__file__).with_name("scenarios.toml")))
@@ -87,7 +62,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.config:
         cfg = json.loads(Path(args.config).read_text())
     else:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
         from orchestrator.models.forge import PRESETS
 
         p = PRESETS["7b-peaked"]

@@ -156,6 +156,8 @@ def _gate_evidence(g: Any) -> dict[str, Any]:
         ev["metrics"] = d.get("metrics", {})
         if g.gate == "audit":  # which measured requests left the reference, and by how much
             ev["requests"] = [r for r in d.get("requests", []) if r.get("offtop")]
+    elif g.gate == "speed_of_light":  # each checked metric against its floor, and the margin (noise + slack)
+        ev.update({k: d.get(k) for k in ("checked", "margin", "noise", "slack")})
     elif g.gate == "performance":
         ev["metrics"] = [{k: m.get(k) for k in ("metric", "role", "baseline_mean", "candidate_mean", "delta", "se",
                                                  "required", "verdict")} for m in d.get("metrics", [])]

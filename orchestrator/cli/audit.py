@@ -208,13 +208,19 @@ def floors(
     file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
 ) -> None:
-    """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them."""
+    """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them,
+    and where they are for the run's model, a trial measured faster than them is invalid."""
+    from gates import plausible
+
     try:
         data = json.loads(file.read_text())
     except (OSError, ValueError) as e:
         fail(f"cannot read {file}: {e}; give the JSON benchmarks/gpu/sol.py --out wrote")
-    if not isinstance(data, dict) or not isinstance(data.get("floors"), dict):
-        fail(f"{file} has no `floors` object; give the JSON benchmarks/gpu/sol.py --out wrote")
+    try:
+        record = plausible.record_of(data, str(file))
+    except ValueError as e:
+        fail(f"{file}: {e}")
     _, store, rid = _open(run)
-    store.add_event(rid, "speed_of_light", f"floors from {file.name}", data={"floors": data["floors"], "source": str(file)})
-    console.print(f"run {rid}: floors recorded ({', '.join(data['floors'])}); `infergoal report --html` shows % of them")
+    store.add_event(rid, "speed_of_light", f"floors from {file.name}", data=record)
+    checked = "; its next trials are held to them" if "ceilings" in record and "model" in record else ""
+    console.print(f"run {rid}: floors recorded ({', '.join(record['floors'])}){checked}; `infergoal report --html` shows % of them")
