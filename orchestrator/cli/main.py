@@ -84,6 +84,8 @@ def goal(
                                             "the knowledge base (which knob moved it, by how much); the next model's "
                                             "run swaps the knobs that mattered. Default 0 (config `probe_winner`)."),
     name: str = typer.Option("", "--name", help="Run name."),
+    share_host: bool = typer.Option(False, "--share-host", help="Measure even while another run (of any workspace or user) "
+                                    "holds the host; numbers will be noisier. Same as -o allow_concurrent_runs=true."),
     no_report: bool = typer.Option(False, "--no-report", help="Skip writing the report at the end."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
@@ -105,6 +107,7 @@ def goal(
     extra += [f"proposer={json.dumps(proposer)}"] if proposer else []
     extra += [f"seed={seed}"] if seed is not None else []
     extra += [f"probe_winner={probe_winner}"] if probe_winner is not None else []
+    extra += ["allow_concurrent_runs=true"] if share_host else []
     STATE.overrides = [*STATE.overrides, *extra]
     ws = get_workspace()
     from orchestrator.targets import TargetError, load_target
@@ -122,6 +125,7 @@ def goal(
 @app.command()
 def resume(
     run: int | None = typer.Argument(None, help="Run id (default: the latest run)."),
+    share_host: bool = typer.Option(False, "--share-host", help="Measure even while another run holds the host (noisier numbers)."),
     no_report: bool = typer.Option(False, "--no-report"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -132,7 +136,7 @@ def resume(
     if get_store(read_only=True) is None:  # nothing to resume: do not create a database to say so
         fail("no run to resume; start one with `infergoal goal \"...\"`")
     total, done = resume_progress(get_store(read_only=True), run)  # the bar keeps the goal's budget and what is done
-    outcome = drive(lambda **kw: resume_run(ws, run, **kw), total, as_json, done)
+    outcome = drive(lambda **kw: resume_run(ws, run, share_host=share_host, **kw), total, as_json, done)
     finish(outcome, as_json, not no_report)
 
 
