@@ -109,7 +109,7 @@ def goal(
     extra += [f"probe_winner={probe_winner}"] if probe_winner is not None else []
     extra += ["allow_concurrent_runs=true"] if share_host else []
     STATE.overrides = [*STATE.overrides, *extra]
-    ws = get_workspace()
+    ws = get_workspace(create=True)
     from orchestrator.targets import TargetError, load_target
 
     try:
@@ -319,11 +319,12 @@ def diff(
     a: int = typer.Argument(..., help="Trial number (0 = the baseline)."),
     b: int = typer.Argument(..., help="Trial number to compare with."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: the latest run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run, both trials' commits and the diff as JSON."),
 ) -> None:
     """Show the engine code change between two trials' commits (git diff)."""
     import git
 
-    store = get_store()
+    store = get_store(read_only=True)
     rid = run_id_of(store, run)
     ta, tb = store.get_trial_by_number(rid, a), store.get_trial_by_number(rid, b)
     if ta is None or tb is None:
@@ -332,6 +333,8 @@ def diff(
         text = git.Repo(store.get_run(rid).target["source"], search_parent_directories=True).git.diff(ta.commit, tb.commit)
     except (git.GitError, OSError) as e:
         fail(f"cannot diff the commits of #{a} and #{b}: {e}")
+    if as_json:
+        return emit({"run": rid, "a": a, "b": b, "commit_a": ta.commit, "commit_b": tb.commit, "diff": text})
     sys.stdout.write((text or f"(no code change between #{a} and #{b})") + "\n")
 
 
