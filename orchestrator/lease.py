@@ -203,6 +203,8 @@ class HostLeases:
 
     def __init__(self, hosts: list[Any], identity: dict[str, Any], *, share: bool = False, interval_s: float = HEARTBEAT_S) -> None:
         self.hosts, self.identity, self.share, self.interval_s = hosts, identity, share, interval_s
+        self.own_wait_s = 30.0
+        """How long a resume waits for a host to free the lease of the run's own dead orchestrator."""
         self.held: list[tuple[Any, Any]] = []
         self.notes: list[tuple[str, str, dict[str, Any]]] = []
         """(event kind, message, data): leases taken over from dead holders, hosts shared on request."""
@@ -216,7 +218,7 @@ class HostLeases:
             if take is None:
                 continue
             try:
-                lease = take(self.identity)
+                lease = self._take(host, take)
             except Busy as e:
                 if not self.share:
                     self.release()
@@ -234,6 +236,30 @@ class HostLeases:
             self._thread = threading.Thread(target=self._watch, name="host-leases", daemon=True)
             self._thread.start()
         return self
+
+    def _own(self, holders: list[dict[str, Any]]) -> bool:
+        """Whether the holders are this very run's previous orchestrator (a resume after kill -9)."""
+        me = (self.identity.get("workspace"), self.identity.get("run"))
+        return me[1] is not None and bool(holders) and all((h.get("workspace"), h.get("run")) == me for h in holders)
+
+    def _take(self, host: Any, take: Any) -> Any:
+        """Take one host's lease. Held by this run's own dead orchestrator (the caller has checked
+        the run is not live), an SSH host frees it once it sees the old connection gone: wait a
+        little for that; a host that never sees it (a partition) is named with the holder to end."""
+        deadline = time.monotonic() + self.own_wait_s
+        while True:
+            try:
+                return take(self.identity)
+            except Busy as e:
+                if not self._own(e.holders):
+                    raise
+                if time.monotonic() > deadline:
+                    pids = ", ".join(str(h.get("holder_pid", "?")) for h in e.holders)
+                    raise LeaseHeld(f"{_host_label(host)} is still held for run {self.identity['run']} by its previous "
+                                    f"orchestrator ({holder_text(e.holders[0])}), whose connection the host has not "
+                                    f"closed; wait a minute and resume again, or end the holder on the host "
+                                    f"(`kill {pids}` there)") from None
+                time.sleep(0.25)
 
     def name_run(self, run_id: int) -> None:
         """Write the run id into every lease held (the run row exists only after the lease)."""

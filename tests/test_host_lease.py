@@ -186,8 +186,28 @@ def test_ssh_host_lease_freed_when_its_orchestrator_is_killed(two_ws):
         pass
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    leases = _until_free(b, "box")  # sshd ends the session, `hostd lease` reads end of input
+    # Its resume, at once: the host frees the dead orchestrator's lease when sshd ends the session
+    # (`hostd lease` reads end of input); the resume waits for that instead of refusing itself.
+    with _take(a, "box", run=9) as resumed:
+        assert len(resumed.held) == 1
+    leases = _until_free(b, "box")
     leases.release()
+
+
+def test_a_resume_names_its_own_orphaned_holder_it_cannot_wait_out(tmp_path):
+    """A holder of this very run that stays (a partition: the host never saw the connection go)."""
+    a = _workspace(tmp_path / "a")
+    first = _holder(a, 4)
+    try:
+        leases = _take(a, run=4)
+        leases.own_wait_s = 0.3
+        with pytest.raises(LeaseHeld, match=f"still held for run 4 by its previous orchestrator .*`kill {first.pid}` there"):
+            leases.__enter__()
+        with pytest.raises(LeaseHeld, match="is in use by run 4"), _take(a, run=5):  # another run: refused at once
+            pass
+    finally:
+        first.stdin.close()
+        first.wait(10)
 
 
 def test_local_host_lease_uses_the_visible_gpus(tmp_path, monkeypatch):
