@@ -218,3 +218,17 @@ def test_local_host_lease_uses_the_visible_gpus(tmp_path, monkeypatch):
         assert lock.gpus == ["2"] and hostlock.acquire({"run": 2}, "3").release() is None
     finally:
         lock.release()
+
+
+def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
+    a, b = two_ws
+    with _take(a, "box", run=11, interval_s=0.2) as leases:
+        lease = leases.held[0][1]
+        assert sshd.drop_connections() >= 1
+        deadline = time.monotonic() + 20
+        while not (lease.held() and [h.get("run") for h in hostlock.holders(sshd.dir / "leases")] == [11]):
+            assert time.monotonic() < deadline, "the lease was not taken again after the connection came back"
+            time.sleep(0.2)
+        assert leases.lost == []
+        with pytest.raises(LeaseHeld, match="run 11"), _take(b, "box"):
+            pass
