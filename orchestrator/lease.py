@@ -7,28 +7,40 @@ is not live was killed (kill -9, a lost machine): `status` shows it as `interrup
 `resume` may take it over. `resume` of a live run is refused and names the owner.
 
 By default one live run per engine host: two runs on one machine skew each other's numbers.
-`allow_concurrent_runs = true` (config or `-o`) opts a run out, for pools of separate machines.
+`allow_concurrent_runs = true` (config, `-o`, or `--share-host`) opts a run out, for pools of
+separate machines. Two checks hold the rule: this workspace's runs (the store, above), and
+`HostLeases`, a lock the host itself holds (orchestrator/remote/hostlock.py), which every run on
+that host takes whatever its workspace, user or machine of origin.
 """
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import threading
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
+
+from orchestrator.remote.hostlock import Busy
 
 __all__ = [
     "HEARTBEAT_S",
+    "SHARE_HINT",
     "STALE_S",
+    "HostLeases",
     "Lease",
     "LeaseHeld",
+    "busy_message",
     "check_host_free",
     "display_status",
     "is_live",
     "owner_text",
     "pid_alive",
     "refuse_if_live",
+    "run_identity",
     "this_host",
 ]
 
@@ -36,6 +48,9 @@ HEARTBEAT_S = 5.0
 """How often the owner renews its lease."""
 STALE_S = 60.0
 """A lease not renewed for this long is dead (the owner hung, or its machine went away)."""
+
+
+SHARE_HINT = "wait, or pass --share-host (-o allow_concurrent_runs=true) to measure beside it (numbers will be noisier)"
 
 
 class LeaseHeld(RuntimeError):
@@ -93,8 +108,8 @@ def _refuse_if_busy(host: str, others: list[Any], allow_concurrent: bool) -> Non
     for o in others:
         if o.status == "running" and is_live(o) and _engine_host(o.host, o.owner_host) == mine:
             raise LeaseHeld(
-                f"run {o.id} is live on this host ({owner_text(o)}); two runs on one host skew each other's numbers. "
-                "Wait for it (`infergoal status`), or opt in with `-o allow_concurrent_runs=true` for a pool of separate machines"
+                f"run {o.id} is live on this host ({owner_text(o)}); two runs on one host skew each other's numbers: "
+                f"{SHARE_HINT}"
             )
 
 
@@ -149,3 +164,135 @@ class Lease:
             self.store.release_run(self.run_id, self.pid)
         except Exception:  # noqa: BLE001 - the lease goes stale on its own; never mask the run's outcome
             pass
+
+
+# --- the host lease: a lock the engine host holds, whatever the workspace ------------------------
+def run_identity(workspace: str | Path, run_id: int | None = None) -> dict[str, Any]:
+    """What a host lease says about its holder (see orchestrator/remote/hostlock.py)."""
+    return {"workspace": str(Path(workspace).resolve()), "run": run_id, "user": getpass.getuser(),
+            "pid": os.getpid(), "host": this_host(), "since": time.time()}
+
+
+def holder_text(h: dict[str, Any]) -> str:
+    who = f"run {h['run']}" if h.get("run") is not None else "a run being started"
+    since = ""
+    if isinstance(h.get("since"), int | float):
+        at = datetime.fromtimestamp(h["since"], timezone.utc)
+        since = f" since {at:%Y-%m-%d %H:%M:%S} UTC ({(time.time() - h['since']) / 60:.0f} min ago)"
+    return f"{who} of {h.get('workspace', '?')} ({h.get('user', '?')}, pid {h.get('pid', '?')} on {h.get('host', '?')}){since}"
+
+
+def _host_label(host: Any) -> str:
+    return f"this machine ({this_host()})" if getattr(host, "name", "local") == "local" else f"host {host.name}"
+
+
+def busy_message(host: Any, holders: list[dict[str, Any]]) -> str:
+    """One line: who holds the host, since when, and what to do."""
+    who = "; ".join(holder_text(h) for h in holders) or "another run (it did not say which)"
+    return f"{_host_label(host)} is in use by {who}; {SHARE_HINT}"
+
+
+class HostLeases:
+    """Hold the host lease of every host of a run (a pool: each of them) for a `with` block.
+
+    A host already held refuses the run with `LeaseHeld` (one line naming the holder), or with
+    `share` lets it measure beside the holder; either way `notes` says what happened, for the run's
+    events. Hosts without a lease (a test fake) are skipped. A lease whose SSH channel dropped is
+    taken again from a background thread; one that cannot be is named in `lost`.
+    """
+
+    def __init__(self, hosts: list[Any], identity: dict[str, Any], *, share: bool = False, interval_s: float = HEARTBEAT_S) -> None:
+        self.hosts, self.identity, self.share, self.interval_s = hosts, identity, share, interval_s
+        self.own_wait_s = 30.0
+        """How long a resume waits for a host to free the lease of the run's own dead orchestrator."""
+        self.held: list[tuple[Any, Any]] = []
+        self.notes: list[tuple[str, str, dict[str, Any]]] = []
+        """(event kind, message, data): leases taken over from dead holders, hosts shared on request."""
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> HostLeases:
+        for host in self.hosts:
+            take = getattr(host, "take_lease", None)
+            if take is None:
+                continue
+            try:
+                lease = self._take(host, take)
+            except Busy as e:
+                if not self.share:
+                    self.release()
+                    raise LeaseHeld(busy_message(host, e.holders)) from None
+                who = "; ".join(holder_text(h) for h in e.holders)
+                self.notes.append(("lease.shared", f"{_host_label(host)} shared with {who} on request (--share-host): "
+                                   "numbers will be noisier", {"host": host.name, "holders": e.holders}))
+                continue
+            self.held.append((host, lease))
+            for s in lease.stale:
+                state = "died" if s.get("holder_dead") else "went away"
+                self.notes.append(("lease.stale", f"{_host_label(host)}: the lease of {holder_text(s)} was left behind "
+                                   f"(its holder {state} without releasing it); taken over", {"host": host.name, "stale": s}))
+        if any(hasattr(lease, "take") for _, lease in self.held):  # SSH leases: watch their channels
+            self._thread = threading.Thread(target=self._watch, name="host-leases", daemon=True)
+            self._thread.start()
+        return self
+
+    def _own(self, holders: list[dict[str, Any]]) -> bool:
+        """Whether the holders are this very run's previous orchestrator (a resume after kill -9)."""
+        me = (self.identity.get("workspace"), self.identity.get("run"))
+        return me[1] is not None and bool(holders) and all((h.get("workspace"), h.get("run")) == me for h in holders)
+
+    def _take(self, host: Any, take: Any) -> Any:
+        """Take one host's lease. Held by this run's own dead orchestrator (the caller has checked
+        the run is not live), an SSH host frees it once it sees the old connection gone: wait a
+        little for that; a host that never sees it (a partition) is named with the holder to end."""
+        deadline = time.monotonic() + self.own_wait_s
+        while True:
+            try:
+                return take(self.identity)
+            except Busy as e:
+                if not self._own(e.holders):
+                    raise
+                if time.monotonic() > deadline:
+                    pids = ", ".join(str(h.get("holder_pid", "?")) for h in e.holders)
+                    raise LeaseHeld(f"{_host_label(host)} is still held for run {self.identity['run']} by its previous "
+                                    f"orchestrator ({holder_text(e.holders[0])}), whose connection the host has not "
+                                    f"closed; wait a minute and resume again, or end the holder on the host "
+                                    f"(`kill {pids}` there)") from None
+                time.sleep(0.25)
+
+    def name_run(self, run_id: int) -> None:
+        """Write the run id into every lease held (the run row exists only after the lease)."""
+        self.identity = self.identity | {"run": run_id}
+        for _, lease in self.held:
+            lease.update(run=run_id)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for host, lease in self.held:
+                if lease.held() or not hasattr(lease, "take"):
+                    continue
+                try:
+                    lease.identity = self.identity
+                    lease.take()
+                except Exception:  # noqa: BLE001 - busy or still unreachable: say so, try again next beat
+                    if host.name not in self.lost:
+                        self.lost.append(host.name)
+                else:
+                    if host.name in self.lost:
+                        self.lost.remove(host.name)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval_s + 5)
+            self._thread = None
+        for _, lease in reversed(self.held):
+            try:
+                lease.release()
+            except Exception:  # noqa: BLE001 - an unreachable host frees it itself when the channel dies
+                pass
+        self.held = []
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

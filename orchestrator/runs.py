@@ -24,7 +24,15 @@ from orchestrator.errors import one_line
 from orchestrator.exitcodes import classify_stop
 from orchestrator.goal import GoalError, GoalSpec
 from orchestrator.hosts import LocalHost, get_hosts
-from orchestrator.lease import Lease, LeaseHeld, check_host_free, is_live, refuse_if_live
+from orchestrator.lease import (
+    HostLeases,
+    Lease,
+    LeaseHeld,
+    check_host_free,
+    is_live,
+    refuse_if_live,
+    run_identity,
+)
 from orchestrator.measure import TrustPolicy
 from orchestrator.pool import HostPool, PoolController
 from orchestrator.proposers import RunBound, get_proposer
@@ -112,30 +120,36 @@ def start_run(
     # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
     fingerprint, *others = [h.fingerprint() for h in hosts]
     floors = _floors(ws)  # a floors file that cannot be used is refused here, before the run row
-    run = store.create_run(
-        name=name or f"{target.name}: {goal.describe()}"[:200],
-        goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
-        target_json=target.model_dump(mode="json"), config_json=ws.config.model_dump(mode="json"),
-        host=ws.config.host, proposer=ws.config.proposer,
-    )
-    with _held(store, run.id, ws.config, hosts, new=True):
-        store.add_event(run.id, "run.start", f"run {run.id} started",
-                        data={"fingerprint": fingerprint, **({"pool": others} if others else {})})
-        if floors:
-            store.add_event(run.id, "speed_of_light", f"floors from {Path(floors['source']).name}", data=floors)
-        if on_run:
-            on_run(run.id)
-        return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)
+    # The host's own lease, for runs of other workspaces and users; refused before the run row too.
+    with HostLeases(hosts, run_identity(ws.root), share=ws.config.allow_concurrent_runs) as host_leases:
+        run = store.create_run(
+            name=name or f"{target.name}: {goal.describe()}"[:200],
+            goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
+            target_json=target.model_dump(mode="json"), config_json=ws.config.model_dump(mode="json"),
+            host=ws.config.host, proposer=ws.config.proposer,
+        )
+        host_leases.name_run(run.id)
+        with _held(store, run.id, ws.config, hosts, new=True):
+            store.add_event(run.id, "run.start", f"run {run.id} started",
+                            data={"fingerprint": fingerprint, **({"pool": others} if others else {})})
+            if floors:
+                store.add_event(run.id, "speed_of_light", f"floors from {Path(floors['source']).name}", data=floors)
+            _note_leases(store, run.id, host_leases)
+            if on_run:
+                on_run(run.id)
+            return _drive(ws, store, run.id, goal, target, ws.config, hosts, on_step, on_trial)
 
 
 def resume_run(
     ws: Workspace, run_id: int | None = None, *, on_step: Callable[[str], None] | None = None,
     on_trial: Callable[[Any], None] | None = None, on_run: Callable[[int], None] | None = None,
+    share_host: bool = False,
 ) -> RunOutcome:
     """Continue a stopped or killed run from the store: interrupted trials are re-run, none lost.
 
     A run still driven by a live process is refused (`LeaseHeld` names its owner); only servers
-    whose owning run is dead are swept.
+    whose owning run is dead are swept. `share_host` measures beside another run holding the host
+    (as the run's own `allow_concurrent_runs` does).
     """
     store = open_store(ws)
     run = store.get_run(run_id) if run_id is not None else store.latest_run()
@@ -152,16 +166,24 @@ def resume_run(
         store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
         raise
     hosts = get_hosts(config.host, state_dir=ws.state_dir)
-    with _held(store, run.id, config, hosts):  # refuses a live run, naming its owner
+    share = share_host or config.allow_concurrent_runs
+    with HostLeases(hosts, run_identity(ws.root, run.id), share=share) as host_leases, _held(store, run.id, config, hosts, share=share):
         def run_is_live(rid: int) -> bool:
             r = store.get_run(rid)
             return r is not None and is_live(r)
 
         swept = _sweep_orphans(store, run.id, hosts, run_is_live)
         store.add_event(run.id, "resume", f"run {run.id} resumed", data={"orphans_killed": swept})
+        _note_leases(store, run.id, host_leases)
         if on_run:
             on_run(run.id)
         return _drive(ws, store, run.id, goal, target, config, hosts, on_step, on_trial)
+
+
+def _note_leases(store: Store, run_id: int, leases: HostLeases) -> None:
+    """Record a host shared on request, or a lease taken over from a dead holder, in the run's events."""
+    for kind, message, data in leases.notes:
+        store.add_event(run_id, kind, message, data=data)
 
 
 def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
@@ -182,9 +204,9 @@ def _stored_inputs(run: Any) -> tuple[GoalSpec, TargetSpec, Config]:
 
 
 @contextmanager
-def _held(store: Store, run_id: int, config: Config, hosts: list[Any], *, new: bool = False) -> Iterator[None]:
+def _held(store: Store, run_id: int, config: Config, hosts: list[Any], *, new: bool = False, share: bool = False) -> Iterator[None]:
     """Hold the run's lease; a run that ends by an error is marked failed, never left `running`."""
-    lease = Lease(store, run_id, allow_concurrent=config.allow_concurrent_runs)
+    lease = Lease(store, run_id, allow_concurrent=config.allow_concurrent_runs or share)
     try:
         lease.__enter__()
     except LeaseHeld as e:

@@ -233,15 +233,19 @@ class Shell(cmd.Cmd):
             self.say(f"#{t.number:<3} {t.status:<14} {f'{t.score:.3f}x' if t.score else '—':>8}  {t.proposer:<9} {t.knobs}")
         return None
 
-    def _number(self, arg: str) -> int | None:
-        if not arg.strip().isdigit() or self.run_id is None:
-            self.say("give a trial number, e.g. /show 3")
+    def _number(self, arg: str, command: str) -> int | None:
+        if self.run_id is None:
+            self.say("no run yet; /goal TEXT starts one, /run N picks one")
+            return None
+        if not arg.strip().isdigit():
+            self.say(f"error: {arg.strip()!r} is not a trial number; e.g. /{command} 3 (/trials lists them)"
+                     if arg.strip() else f"give a trial number, e.g. /{command} 3")
             return None
         return int(arg)
 
     def do_show(self, arg: str) -> None:
         """/show N — one trial: knobs, launch command, gates, error."""
-        n = self._number(arg)
+        n = self._number(arg, "show")
         t = self.store.get_trial_by_number(self.run_id, n) if n is not None else None
         if t is None:
             return self.say(f"run {self.run_id} has no trial #{arg}") if n is not None else None
@@ -260,7 +264,7 @@ class Shell(cmd.Cmd):
             used, budget = r["used"], r["budget"]
             return self.say(f"run {self.run_id} {r['status']}: {r['stop_reason'] or 'still running'}; "
                             f"{used['trials']} of {budget['trials'] or 'unlimited'} trials, {used['trial_s'] / 60:.1f} min of trial time")
-        n = self._number(arg)
+        n = self._number(arg, "why")
         if n is None:
             return None
         try:
@@ -271,7 +275,7 @@ class Shell(cmd.Cmd):
         return None
 
     def _decide(self, arg: str, status: str) -> None:
-        n = self._number(arg)
+        n = self._number(arg, "approve" if status == "kept" else "reject")
         if n is None:
             return
         try:

@@ -3,6 +3,13 @@
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _lease_dir(tmp_path_factory, monkeypatch):
+    """Each test its own host-lease folder (orchestrator/remote/hostlock.py): tests running side by
+    side on one machine must not refuse each other's runs. Runs within one test share it."""
+    monkeypatch.setenv("INFERGOAL_LEASE_DIR", str(tmp_path_factory.mktemp("leases")))
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     from orchestrator.models import forge

@@ -63,6 +63,7 @@ PermitRootLogin prohibit-password
 MaxStartups 100
 MaxSessions 100
 LogLevel ERROR
+SetEnv INFERGOAL_LEASE_DIR={d}/leases
 """)
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir

@@ -18,9 +18,19 @@ from rich.table import Table
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
 
-__all__ = ["audit_app", "html_report", "query_trials"]
+__all__ = ["audit_app", "html_report", "query_trials", "trial_number"]
 
 audit_app = typer.Typer()
+
+
+def trial_number(text: str | None) -> int | None:
+    """A trial number given on the command line; anything else ends the command with one line."""
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        fail(f"{text!r} is not a trial number; give one as `infergoal trials` lists them (0 = the baseline), "
+             "or none to ask why the run stopped")
+    return int(text)
 
 
 def _open(run: int | None) -> tuple[Any, Any, int]:
@@ -54,13 +64,14 @@ def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
 
 @audit_app.command()
 def why(
-    number: int | None = typer.Argument(None, help="Trial number (0 = baseline); leave out to ask why the run stopped."),
+    trial: str | None = typer.Argument(None, metavar="N", help="Trial number (0 = baseline); leave out to ask why the run stopped."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
     from orchestrator.audit.why import explain_run, explain_trial
 
+    number = trial_number(trial)
     _, store, rid = _open(run)
     if number is None:
         data = explain_run(store, rid)

@@ -31,10 +31,14 @@ class _State:
 STATE = _State()
 
 
-def get_workspace() -> Any:
-    """The workspace the global options name; a bad config ends the command (bad input)."""
+def get_workspace(*, create: bool = False) -> Any:
+    """The workspace the global options name; a bad config, or (unless `create`: `goal` makes one)
+    a folder that does not exist, ends the command (bad input)."""
     from orchestrator.workspace import ConfigError, Workspace
 
+    if not create and not STATE.workspace.is_dir():
+        fail(f"workspace {STATE.workspace} does not exist; make one with `infergoal init {STATE.workspace}`, "
+             "or point -w at an existing one")
     try:
         return Workspace(STATE.workspace, STATE.overrides)
     except ConfigError as e:
@@ -59,6 +63,10 @@ def run_id_of(store: Any, run: int | None) -> int:
     """The id of run `run` (default: the latest run); no such run ends the command (bad input)."""
     r = None if store is None else store.get_run(run) if run is not None else store.latest_run()
     if r is None:
+        ids = [x.id for x in store.list_runs()] if store is not None else []
+        if run is not None and ids:  # the runs there are, not advice to start one
+            shown = ", ".join(map(str, ids[-10:])) + (f" (and {len(ids) - 10} older)" if len(ids) > 10 else "")
+            fail(f"no run {run} in this workspace; its runs are {shown} (`infergoal status` lists them)")
         fail("no run found" + (f" with id {run}" if run is not None else "") + "; start one with `infergoal goal \"...\"`")
     return r.id
 

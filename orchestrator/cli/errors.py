@@ -78,12 +78,23 @@ def fail_from(e: BaseException) -> NoReturn:
 # typer 0.29 runs on its own vendored copy of click (typer._click): its usage errors (an unknown
 # option such as a goal text "-0") are not the installed click's classes, so both are passed through.
 _CLICK_FLOW: tuple[type[BaseException], ...] = (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort)
+_USAGE: tuple[type[BaseException], ...] = (click.UsageError,)
 try:
     from typer._click import exceptions as _vendored_click
 except ImportError:  # a typer that uses the installed click
     pass
 else:
     _CLICK_FLOW += (_vendored_click.ClickException,)
+    _USAGE += (_vendored_click.UsageError,)
+
+
+def _usage(e: Any, ctx: click.Context) -> NoReturn:
+    """A usage mistake (a bad argument, an unknown option or command): one line like every error,
+    not click's four, with the command's --help to turn to. A bare group still prints its help."""
+    if type(e).__name__ == "NoArgsIsHelpError":  # typer's own class or click's: same behaviour wanted
+        raise e
+    where = getattr(e, "ctx", None) or ctx
+    fail(f"{e.format_message().rstrip('.')}; see `{where.command_path} --help`")
 
 
 class GuardedGroup(typer.core.TyperGroup):
@@ -92,12 +103,17 @@ class GuardedGroup(typer.core.TyperGroup):
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> click.Context:
         opts = args[: args.index("--")] if "--" in args else args
         ERRORS.json, ERRORS.debug = "--json" in opts, "--debug" in opts
-        return super().make_context(info_name, args, parent=parent, **extra)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _USAGE as e:
+            _usage(e, click.Context(self, info_name=info_name))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _CLICK_FLOW:  # usage errors, --help, exits: click prints them with their own codes
+        except _USAGE as e:
+            _usage(e, ctx)
+        except _CLICK_FLOW:  # --help, exits: click prints them with their own codes
             raise
         except Exception as e:
             if ERRORS.debug:

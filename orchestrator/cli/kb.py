@@ -14,7 +14,7 @@ from typing import Any
 import typer
 
 from orchestrator.cli.common import get_store, get_workspace, whoami
-from orchestrator.cli.errors import fail
+from orchestrator.cli.errors import emit, fail
 from orchestrator.knowledge import KnowledgeBase
 from orchestrator.knowledge.approval import ApprovalError, approve, pending, reject
 from orchestrator.knowledge.lint import lint
@@ -39,23 +39,43 @@ def _row(e: Any, weight: float | None = None) -> str:
     return f"{e.id}{w}  ({e.kind}, {e.status})  {e.title}" + (f"  <{where}>" if where else "")
 
 
+def _entry_dict(e: Any, weight: float | None = None) -> dict[str, Any]:
+    return {"id": e.id, "kind": e.kind, "status": e.status, "title": e.title, "applies_to": e.applies_to,
+            **({"weight": weight} if weight is not None else {}), "path": str(e.path)}
+
+
 @kb_app.command("list")
 def list_(kind: str | None = typer.Option(None, "--kind", "-k", help="contract | constraint | finding | playbook"),
-          show_pending: bool = typer.Option(False, "--pending", help="List contract proposals waiting for approval.")) -> None:
+          show_pending: bool = typer.Option(False, "--pending", help="List contract proposals waiting for approval."),
+          as_json: bool = typer.Option(False, "--json", help="Print the entries as JSON.")) -> None:
     """List entries (or the pending contract proposals)."""
     kb = _kb()
     rows = pending(kb.write_dir) if show_pending else [e for e in kb.entries.values() if not kind or e.kind == kind]
-    for e in sorted(rows, key=lambda e: (e.kind, e.id)):
+    rows = sorted(rows, key=lambda e: (e.kind, e.id))
+    if as_json:
+        return emit([_entry_dict(e) for e in rows])
+    for e in rows:
         print(_row(e))
     if not rows:
         print("(none)")
+    return None
 
 
 @kb_app.command()
 def search(query: str = typer.Argument("", help="Words to look for in titles and bodies (empty: all)."),
-           engine: str | None = typer.Option(None, "--engine"), model: str | None = typer.Option(None, "--model"),
-           kind: str | None = typer.Option(None, "--kind", "-k")) -> None:
-    """Entries that fit an engine/model (on this host), by similarity x status, filtered by words."""
+           engine: str | None = typer.Option(None, "--engine", help="Engine to rank for, e.g. vllm or hfserve (default: any engine)."),
+           model: str | None = typer.Option(None, "--model", help="Model to rank for, e.g. forge:tiny or a model folder "
+                                                              "(default: any model)."),
+           kind: str | None = typer.Option(None, "--kind", "-k", help="Only this kind: contract | constraint | finding | playbook."),
+           as_json: bool = typer.Option(False, "--json", help="Print the entries with their weights as JSON.")) -> None:
+    """Entries that fit an engine/model (on this host), best first, filtered by words.
+
+    Each line's [w] is the entry's weight for this setting: how well its engine, model, hardware and
+    workload fit (1 = the same setting) times the trust its status earns (confirmed > probable >
+    hypothesis; refuted counts for nothing). The search and the agent rank entries the same way.
+    """
+    from orchestrator.knowledge.reuse import weight_legend
+
     kb = _kb()
     ws = get_workspace()
     from orchestrator.hosts import get_host
@@ -67,20 +87,29 @@ def search(query: str = typer.Argument("", help="Words to look for in titles and
     words = [w.lower() for w in query.split()]
     hits = [(w, e) for w, e in kb.similar(here, kind=kind)
             if all(x in (e.title + " " + e.body).lower() for x in words)]
+    if as_json:
+        return emit([_entry_dict(e, w) for w, e in hits])
+    if hits:
+        print(weight_legend())
     for w, e in hits:
         print(_row(e, w))
     if not hits:
         print("(no matching entries)")
+    return None
 
 
 @kb_app.command()
-def show(entry_id: str) -> None:
+def show(entry_id: str = typer.Argument(..., help="Entry id, as `infergoal kb list` shows it."),
+         as_json: bool = typer.Option(False, "--json", help="Print the entry (frontmatter and body) as JSON.")) -> None:
     """One entry in full (frontmatter and body)."""
     kb = _kb()
     e = kb.entries.get(entry_id) or next((p for p in pending(kb.write_dir) if p.id == entry_id), None)
     if e is None:
         fail(f"no entry {entry_id!r}; see `infergoal kb list`")
+    if as_json:
+        return emit({**e.meta, "body": e.body.strip(), "path": str(e.path)})
     print(e.path.read_text())
+    return None
 
 
 @kb_app.command("lint")

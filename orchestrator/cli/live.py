@@ -91,9 +91,18 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
 
     started: list[int] = []
     view = _Progress(budget_trials, as_json, done)
+
+    def on_run(run_id: int) -> None:
+        started.append(run_id)
+        if not as_json:  # drawn once the run exists: a refused request prints its error line alone
+            view.progress.start()
+
     try:
-        with interrupts.installed(), view.progress if not as_json else _null():
-            return fn(on_step=view.step, on_trial=view.trial, on_run=started.append, **kw)
+        with interrupts.installed():
+            try:
+                return fn(on_step=view.step, on_trial=view.trial, on_run=on_run, **kw)
+            finally:
+                view.progress.stop()
     except KeyboardInterrupt:
         fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")
     except (LeaseHeld, GateTampered):
@@ -104,14 +113,6 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
         if started and not ERRORS.debug:
             fail(f"run {started[0]} failed: {one_line(e)}; see `infergoal status` and `infergoal show`", "failed")
         raise
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
 
 
 def finish(outcome: Any, as_json: bool, report: bool) -> None:

@@ -84,6 +84,8 @@ def goal(
                                             "the knowledge base (which knob moved it, by how much); the next model's "
                                             "run swaps the knobs that mattered. Default 0 (config `probe_winner`)."),
     name: str = typer.Option("", "--name", help="Run name."),
+    share_host: bool = typer.Option(False, "--share-host", help="Measure even while another run (of any workspace or user) "
+                                    "holds the host; numbers will be noisier. Same as -o allow_concurrent_runs=true."),
     no_report: bool = typer.Option(False, "--no-report", help="Skip writing the report at the end."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
@@ -105,8 +107,9 @@ def goal(
     extra += [f"proposer={json.dumps(proposer)}"] if proposer else []
     extra += [f"seed={seed}"] if seed is not None else []
     extra += [f"probe_winner={probe_winner}"] if probe_winner is not None else []
+    extra += ["allow_concurrent_runs=true"] if share_host else []
     STATE.overrides = [*STATE.overrides, *extra]
-    ws = get_workspace()
+    ws = get_workspace(create=True)
     from orchestrator.targets import TargetError, load_target
 
     try:
@@ -122,6 +125,7 @@ def goal(
 @app.command()
 def resume(
     run: int | None = typer.Argument(None, help="Run id (default: the latest run)."),
+    share_host: bool = typer.Option(False, "--share-host", help="Measure even while another run holds the host (noisier numbers)."),
     no_report: bool = typer.Option(False, "--no-report"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -132,7 +136,7 @@ def resume(
     if get_store(read_only=True) is None:  # nothing to resume: do not create a database to say so
         fail("no run to resume; start one with `infergoal goal \"...\"`")
     total, done = resume_progress(get_store(read_only=True), run)  # the bar keeps the goal's budget and what is done
-    outcome = drive(lambda **kw: resume_run(ws, run, **kw), total, as_json, done)
+    outcome = drive(lambda **kw: resume_run(ws, run, share_host=share_host, **kw), total, as_json, done)
     finish(outcome, as_json, not no_report)
 
 
@@ -315,11 +319,12 @@ def diff(
     a: int = typer.Argument(..., help="Trial number (0 = the baseline)."),
     b: int = typer.Argument(..., help="Trial number to compare with."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: the latest run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run, both trials' commits and the diff as JSON."),
 ) -> None:
     """Show the engine code change between two trials' commits (git diff)."""
     import git
 
-    store = get_store()
+    store = get_store(read_only=True)
     rid = run_id_of(store, run)
     ta, tb = store.get_trial_by_number(rid, a), store.get_trial_by_number(rid, b)
     if ta is None or tb is None:
@@ -328,6 +333,8 @@ def diff(
         text = git.Repo(store.get_run(rid).target["source"], search_parent_directories=True).git.diff(ta.commit, tb.commit)
     except (git.GitError, OSError) as e:
         fail(f"cannot diff the commits of #{a} and #{b}: {e}")
+    if as_json:
+        return emit({"run": rid, "a": a, "b": b, "commit_a": ta.commit, "commit_b": tb.commit, "diff": text})
     sys.stdout.write((text or f"(no code change between #{a} and #{b})") + "\n")
 
 

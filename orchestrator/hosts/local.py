@@ -21,6 +21,7 @@ from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeou
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
+from orchestrator.remote import hostlock
 from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
 
 __all__ = ["LocalHost"]
@@ -52,6 +53,11 @@ class LocalHost:
         self.state_dir = Path(state_dir)
         self.pid_dir = self.state_dir / "servers"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
+
+    def take_lease(self, identity: dict[str, Any]) -> hostlock.HostLock:
+        """This machine's host lease for the GPUs this process sees (`CUDA_VISIBLE_DEVICES`, else all);
+        raises `hostlock.Busy` naming the holders. Held by this process: its exit frees it."""
+        return hostlock.acquire(identity, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 
     def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
         log_path = Path(log_path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from typing import Any
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.sshconn import HostSpec, SSHConnection, remote_cmd
 from orchestrator.hosts.sshsite import RemoteSite
+from orchestrator.remote import hostlock
 from orchestrator.remote.manifest import manifest, tar_files, tree_digest
 
-__all__ = ["PACKAGE_ROOT", "SSHHost", "owner_id"]
+__all__ = ["PACKAGE_ROOT", "RemoteLease", "SSHHost", "owner_id"]
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 _SHIPPED = ("orchestrator", "gates")
@@ -182,8 +184,86 @@ class SSHHost:
             self._site = RemoteSite(self)
         return self._site
 
+    def take_lease(self, identity: dict[str, Any]) -> RemoteLease:
+        """The host's lease for this host's GPUs (`--gpus`, else all), held on the host itself, so
+        runs from any workspace or machine see it; raises `hostlock.Busy` naming the holders."""
+        lease = RemoteLease(self, identity)
+        lease.take()
+        return lease
+
     def close(self) -> None:
         if self._site is not None:
             self._site.close()
         self.conn.close()
 
+
+
+class RemoteLease:
+    """The host lease of an SSH host, held by a `hostd lease` process on the host for as long as
+    its SSH channel stays open (orchestrator/remote/hostd.py `op_lease`).
+
+    Bound to the channel rather than to a detached holder with a heartbeat: when the orchestrator
+    exits or is killed -9, its TCP connection closes, sshd ends the session and the kernel frees the
+    lock at once, with no renewal traffic and no timeout to wait out. The price is that a dropped
+    connection drops the lease; `held()` sees it and `take()` takes it again on reconnection.
+    """
+
+    def __init__(self, host: SSHHost, identity: dict[str, Any]) -> None:
+        self.host, self.identity = host, dict(identity)
+        self.stale: list[dict[str, Any]] = []
+        self._chan: Any = None
+
+    def take(self) -> None:
+        h = self.host
+        h.ship_code()
+        chan = h.conn.open_stream(h.py_cmd("orchestrator.remote.hostd", "--workdir", h.workdir, "lease"))
+        chan.settimeout(h.spec.connect_timeout_s + 30)
+        chan.sendall(json.dumps({"identity": self.identity, "gpus": h.spec.gpus}).encode() + b"\n")
+        line = bytearray()
+        try:
+            while not line.endswith(b"\n"):
+                chunk = chan.recv(4096)
+                if not chunk:
+                    break
+                line += chunk
+        except OSError:  # socket.timeout among them
+            pass
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            err = chan.recv_stderr(4096).decode(errors="replace").strip().splitlines()[-3:] if chan.recv_stderr_ready() else []
+            chan.close()
+            raise HostError(f"{h.name}: the host lease could not be taken ({' | '.join(err) or 'no answer'})") from None
+        if "busy" in answer:
+            chan.close()
+            raise hostlock.Busy(answer["busy"])
+        if "error" in answer:
+            chan.close()
+            raise HostError(f"{h.name}: {answer['error']}")
+        chan.settimeout(None)
+        self.stale, self._chan = answer.get("stale", []), chan
+
+    def update(self, **fields: Any) -> None:
+        self.identity |= fields
+        if self.held():
+            self._chan.sendall(json.dumps(fields).encode() + b"\n")
+
+    def held(self) -> bool:
+        c = self._chan
+        return c is not None and not c.closed and not c.exit_status_ready() and c.get_transport().is_active()
+
+    def release(self, wait_s: float = 10.0) -> None:
+        """End of input frees the lock; wait (briefly) for the holder to exit, so a run started
+        right after this one finds the host free."""
+        c, self._chan = self._chan, None
+        if c is None:
+            return
+        try:
+            c.shutdown_write()
+            deadline = time.monotonic() + wait_s
+            while not c.exit_status_ready() and time.monotonic() < deadline and c.get_transport().is_active():
+                time.sleep(0.05)
+        except (OSError, EOFError):
+            pass
+        finally:
+            c.close()

@@ -14,13 +14,22 @@ from orchestrator.knowledge.entries import STATUS_RANK, Entry
 from orchestrator.knowledge.fingerprint import similarity
 
 __all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "prior_observations", "rank", "render_context",
-           "translate", "warm_knobs"]
+           "translate", "warm_knobs", "weight_legend"]
 
 # Below this a finding from another setting is not worth a trial; above it, at most
 # MAX_TRANSFERRED transferred knob sets are enqueued (exact-setting findings are not capped).
 MIN_SIMILARITY = 0.5
 MAX_TRANSFERRED = 2
 _STATUS_WEIGHT = {"confirmed": 1.0, "probable": 0.8, "hypothesis": 0.6, "refuted": 0.0}
+
+
+def weight_legend() -> str:
+    """What the weight `rank` gives an entry means, in one line (for `infergoal kb search`)."""
+    trust = ", ".join(f"{k} {v:g}" for k, v in _STATUS_WEIGHT.items())
+    return (f"[w] = fit of the entry's setting to this one (engine, model, hardware, workload; 1 = the same) "
+            f"x trust in its status ({trust}); best first")
+
+
 # Knobs whose good value grows with the KV-cache room per sequence (memory-bound engines on GPUs).
 _MEMORY_SCALED = ("max_batch_size", "max_num_seqs", "max_running_requests", "max_batch_prefill_tokens")
 

@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from orchestrator.remote import hostlock
 from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
 
@@ -86,6 +87,34 @@ def op_stop(a: argparse.Namespace) -> dict:
         pass
     pidfile.unlink(missing_ok=True)
     return {"stopped": a.pgid, "log": log}
+
+
+def op_lease(a: argparse.Namespace) -> dict | None:
+    """Hold the host lease while stdin stays open (see orchestrator/remote/hostlock.py).
+
+    The first stdin line is the run's identity; the answer is one line, `held` (with any stale
+    holder taken over) or `busy` (with who holds it). Held, each further line adds to the identity
+    (the run id, once known); end of input releases it. The orchestrator keeps this process's SSH
+    channel open for the whole run: when it exits, is killed -9 or its machine drops the connection,
+    sshd closes the channel, this process reads end of input or dies, and the kernel frees the lock.
+    """
+    first = sys.stdin.readline()
+    req = json.loads(first or "{}")
+    try:
+        lock = hostlock.acquire(req.get("identity", {}), req.get("gpus", ""), a.dir or None)
+    except hostlock.Busy as e:
+        return {"busy": e.holders}
+    except OSError as e:
+        return {"error": f"cannot take the host lease in {hostlock.lease_dir(a.dir or None)}: {e}"}
+    sys.stdout.write(json.dumps({"held": True, "stale": lock.stale, "holder_pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    try:
+        for line in sys.stdin:
+            if line.strip():
+                lock.update(**json.loads(line))
+    finally:
+        lock.release()
+    return None
 
 
 def op_alive(a: argparse.Namespace) -> dict:
@@ -240,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seed", default="")
     sub.add_parser("receive").add_argument("dir")
     sub.add_parser("fingerprint")
+    sub.add_parser("lease").add_argument("--dir", default="", help="lease folder (default: $INFERGOAL_LEASE_DIR or /tmp/infergoal-leases)")
     a = p.parse_args(argv)
     result = globals()["op_" + a.op.replace("-", "_")](a)
-    sys.stdout.write(json.dumps(result) + "\n")
+    if result is not None:  # `lease` has answered already, and its channel may be gone
+        sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
 

@@ -35,7 +35,7 @@ def test_why_lineage_trials_and_log(audited):
 def test_bad_input_is_one_error_line(audited):
     root, _, _ = audited
     for args, msg in ((["why", "42"], "no trial #42"), (["trials", "--where", "speed>3"], "unknown metric 'speed'"),
-                      (["trials", "--status", "won"], "unknown status won"), (["lineage", "42", "--run", "9"], "no run found with id 9")):
+                      (["trials", "--status", "won"], "unknown status won"), (["lineage", "42", "--run", "9"], "no run 9 in this workspace; its runs are 1")):
         r = _run(root, *args)
         assert r.exit_code == 2 and msg in r.stderr and "Traceback" not in r.output, (args, r.output)
 

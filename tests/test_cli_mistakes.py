@@ -1,0 +1,152 @@
+"""Issue 26 item 5: a mistake gives one `error:` line and a non-zero exit; data commands take --json.
+
+Each listed defect is checked both ways where it is a check (the mistake refused, the right use
+still working). CliRunner in-process; one real subprocess for the missing workspace.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.exitcodes import EXIT_CODES
+from orchestrator.goal import parse_goal
+from orchestrator.shell import Shell
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _cli(ws, *args):
+    r = runner.invoke(app, ["-w", str(ws), *args], env={"COLUMNS": "200"})
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _one_error(r, *needles: str) -> str:
+    assert r.exit_code == EXIT_CODES["bad_input"], r.output
+    lines = _lines(r.output)
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def _run_with_trials(ws: Path) -> tuple[Store, int, list[str]]:
+    """A run whose engine source is a git repo with two commits, as trials #0 and #1."""
+    src = ws / "engine"
+    repo = git.Repo.init(src)
+    commits = []
+    for text in ("a = 1\n", "a = 2\n"):
+        (src / "engine.py").write_text(text)
+        repo.index.add(["engine.py"])
+        commits.append(repo.index.commit(f"engine {text.strip()}",
+                                         author=git.Actor("t", "t@t"), committer=git.Actor("t", "t@t")).hexsha)
+    (ws / ".infergoal").mkdir(parents=True, exist_ok=True)
+    store = Store(f"sqlite:///{ws / '.infergoal' / 'infergoal.db'}")
+    g = parse_goal("beat the baseline by 20% on TPOT within 3 trials")
+    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t", "source": str(src)}, {}, "local", "search")
+    for n, c in enumerate(commits):
+        store.create_trial(run.id, n, commit=c, knobs={}, rationale="", proposer="search")
+    return store, run.id, commits
+
+
+def test_missing_workspace_is_an_error_naming_it_and_init(tmp_path):
+    """A real subprocess: `-w /nonexistent status` no longer says "no runs yet" and exits 0."""
+    missing = tmp_path / "nonexistent"
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "-w", str(missing), "status"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == EXIT_CODES["bad_input"] and r.stdout == ""
+    assert _lines(r.stderr) == [f"error: workspace {missing} does not exist; make one with `infergoal init {missing}`, "
+                                "or point -w at an existing one"]
+    assert not missing.exists(), "the refusal creates nothing"
+    # The other way: an existing folder with no runs still answers, exit 0.
+    r = _cli(tmp_path, "status")
+    assert r.exit_code == 0 and "no runs yet" in r.output
+    for cmd in (["trials"], ["why"], ["kb", "list"], ["report"]):
+        _one_error(_cli(missing, *cmd), "does not exist", "infergoal init")
+
+
+def test_why_with_a_word_is_one_error_line(tmp_path):
+    _one_error(_cli(tmp_path, "why", "abc"), "'abc' is not a trial number", "infergoal trials")
+    _one_error(_cli(tmp_path, "why", "-3"))  # an option-like word: still one line
+    # Other usage mistakes, click's four lines before: one line naming the --help to read.
+    _one_error(_cli(tmp_path, "show", "abc"), "show --help")
+    _one_error(_cli(tmp_path, "frobnicate"), "No such command")
+    _one_error(_cli(tmp_path, "status", "--bogus"), "--bogus", "status --help")
+    # The right use: a number reaches the store (here: no run yet, the usual line).
+    _run_with_trials(tmp_path)
+    r = _cli(tmp_path, "why", "1")
+    assert r.exit_code == 0 and "run 1 trial #1" in r.output, r.output
+    r = runner.invoke(app, [])  # no arguments at all: the help, as before
+    assert "Usage" in r.output and "goal" in r.output
+
+
+def test_shell_why_hint_names_why(tmp_path):
+    _run_with_trials(tmp_path)
+    out = io.StringIO()
+    sh = Shell(Workspace(tmp_path), stdout=out)
+    sh.onecmd(sh.precmd("/why abc"))
+    sh.onecmd(sh.precmd("/approve x"))
+    sh.onecmd(sh.precmd("/show"))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "error: 'abc' is not a trial number; e.g. /why 3 (/trials lists them)"
+    assert "/approve 3" in lines[1] and "/show 3" in lines[2]
+    assert "/show" not in lines[0]
+    sh.onecmd(sh.precmd("/why 1"))
+    assert out.getvalue().splitlines()[-1].startswith("#1 ")
+
+
+def test_diff_takes_json(tmp_path):
+    _, rid, commits = _run_with_trials(tmp_path)
+    r = _cli(tmp_path, "diff", "0", "1", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["run"] == rid and (data["a"], data["b"]) == (0, 1) and [data["commit_a"], data["commit_b"]] == commits
+    assert "-a = 1" in data["diff"] and "+a = 2" in data["diff"]
+    r = _cli(tmp_path, "diff", "0", "1")  # plain text, as before
+    assert r.exit_code == 0 and "+a = 2" in r.output
+    _one_error(_cli(tmp_path, "diff", "0", "7"), "no trial #7")
+    r = _cli(tmp_path, "diff", "0", "7", "--json")  # under --json the error is also JSON on stdout
+    assert r.exit_code == 2 and r.stdout.startswith("{") and json.loads(r.stdout)["error"].startswith("run 1 has no trial #7")
+
+
+def test_report_of_a_missing_run_names_the_runs_there(tmp_path):
+    r = _cli(tmp_path, "report", "--run", "42")  # no run at all: start one
+    assert r.exit_code == 2 and "infergoal goal" in r.output
+    _run_with_trials(tmp_path)
+    for cmd in (["report", "--run", "42"], ["trials", "--run", "42"], ["why", "--run", "42"]):
+        line = _one_error(_cli(tmp_path, *cmd), "no run 42 in this workspace; its runs are 1", "infergoal status")
+        assert "infergoal goal" not in line
+
+
+def test_kb_search_explains_its_weights_and_options(tmp_path):
+    r = _cli(tmp_path, "kb", "search", "--help")
+    for option, words in (("--engine", "Engine to rank for"), ("--model", "Model to rank for"), ("--kind", "Only this kind"),
+                          ("--json", "JSON")):
+        assert option in r.output and words in r.output, r.output
+    assert "[w]" in r.output
+    r = _cli(tmp_path, "kb", "search", "batching")
+    lines = _lines(r.output)
+    assert r.exit_code == 0 and lines[0].startswith("[w] = fit of the entry's setting") and "confirmed 1" in lines[0]
+    assert len(lines) > 1 and all("[" in line for line in lines[1:])
+    hits = json.loads(_cli(tmp_path, "kb", "search", "batching", "--json").output)
+    assert hits and all(0 < h["weight"] <= 1 and {"id", "kind", "status", "title"} <= set(h) for h in hits)
+    assert [h["id"] for h in hits] == [line.split()[0] for line in lines[1:]]
+    listed = json.loads(_cli(tmp_path, "kb", "list", "--json").output)
+    one = json.loads(_cli(tmp_path, "kb", "show", listed[0]["id"], "--json").output)
+    assert one["id"] == listed[0]["id"] and one["body"]
+    r = _cli(tmp_path, "kb", "search", "zzzz-no-such-word")  # no hits: no legend, the usual line
+    assert _lines(r.output) == ["(no matching entries)"]
