@@ -3,7 +3,8 @@
 #   benchmarks/gpu/run_step.sh LIMIT_S [check] [ib] [demo] [profile]
 # Installs the carried wheels (.whl/), forges the 7b-peaked model (cached while the machine
 # stays warm), optionally runs the engine check / speed of light, the gate demo and the profile,
-# then drives the loop (`infergoal goal`, or `resume` when the database has a run) until LIMIT_S
+# then drives the loop (`infergoal goal $GOAL_FILE`, default goal.toml, or `resume` when the database has a
+# run; FLOORS=sol.json turns the speed-of-light check on) until LIMIT_S
 # minus a margin, and copies the database, logs and JSON results to $OUT.
 set -u
 START=$SECONDS
@@ -54,13 +55,14 @@ repeats = 1
 baseline_repeats = 1
 timeout_s = 300
 scenarios = "$ROOT/benchmarks/gpu/scenarios.toml"
+${FLOORS:+floors = \"$FLOORS\"}
 TOML
 RESERVE=0; case " $* " in *" post-demo "*) RESERVE=70 ;; esac
 LEFT=$((LIMIT - (SECONDS - START) - 40 - RESERVE))
 cd "$WS"
 HAS_RUN=$(python3 -c "import sqlite3; print(sqlite3.connect('.infergoal/infergoal.db').execute(\"select count(*) from runs where status != 'finished'\").fetchone()[0])" 2>/dev/null || echo 0)
 if [ "$LEFT" -gt 60 ]; then
-  if [ "$HAS_RUN" = "0" ]; then CMD=(goal "$ROOT/benchmarks/gpu/goal.toml" --name "${RUN_NAME:-h200-7b}"); else CMD=(resume); fi
+  if [ "$HAS_RUN" = "0" ]; then CMD=(goal "${GOAL_FILE:-$ROOT/benchmarks/gpu/goal.toml}" --name "${RUN_NAME:-h200-7b}"); else CMD=(resume); fi
   log "loop: infergoal ${CMD[*]} for ${LEFT}s"
   timeout -s INT -k 25 "$LEFT" python3 -m orchestrator.cli "${CMD[@]}" > "$OUT/loop.log" 2>&1
   log "loop exit $?"; tail -30 "$OUT/loop.log"
