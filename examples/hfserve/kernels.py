@@ -56,7 +56,8 @@ except ImportError:  # the torch ops need no triton
     triton = None
 
 __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "rope_store_ref", "decode_attn_ref",
-           "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "HAVE_TRITON"]
+           "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "decode_attn_partials",
+           "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON"]
 
 HAVE_TRITON = triton is not None
 
@@ -272,6 +273,73 @@ if HAVE_TRITON:
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
+    @triton.jit
+    def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
+                                  NH: tl.constexpr, S: tl.constexpr, CHUNK: tl.constexpr,
+                                  G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                                  BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        # One program per (row, kv head, split): the same online softmax as _decode_attn_kernel over
+        # cache columns [split * CHUNK, min((split + 1) * CHUNK, n)), leaving its unnormalised partial
+        # (running max m in log2 units, sum l, accumulator acc) in float32 for _attn_reduce_kernel.
+        # A split wholly past n writes m = -inf, l = 0, acc = 0, which the reduction weighs as nothing.
+        b = tl.program_id(0).to(tl.int64)
+        kh = tl.program_id(1)
+        sp = tl.program_id(2)
+        p = tl.load(POS + b).to(tl.int32)
+        n = tl.minimum(p + 1, CTX)
+        lo = sp * CHUNK
+        hi = tl.minimum(lo + CHUNK, n)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, BLOCK_D)
+        gm = g < G
+        dm = d < HD
+        heads = kh * G + g
+        q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0).to(tl.float32)
+        kbase = KL + b * s_kb + kh * s_kh
+        vbase = VL + b * s_kb + kh * s_kh
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_G], 0.0, tl.float32)
+        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            cm = cols < hi
+            kvm = cm[:, None] & dm[None, :]
+            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s = tl.where(cm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
+            alpha = tl.exp2(m_i - m_new)
+            pe = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(pe, 1, _add)
+            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
+            m_i = m_new
+        row = (b * NH + heads) * S + sp  # partials laid out [B, nh, S] and [B, nh, S, hd]
+        tl.store(M + row, m_i, mask=gm)
+        tl.store(L + row, l_i, mask=gm)
+        tl.store(ACC + row[:, None] * HD + d[None, :], acc, mask=gm[:, None] & dm[None, :])
+
+    @triton.jit
+    def _attn_reduce_kernel(M, L, ACC, OUT, s_ob, NH: tl.constexpr, S: tl.constexpr, HD: tl.constexpr,
+                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        # One program per (row, q head): rescale each split's partial to the common max and add up.
+        b = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        sp = tl.arange(0, BLOCK_S)
+        d = tl.arange(0, BLOCK_D)
+        sm = sp < S
+        dm = d < HD
+        row = (b * NH + h) * S + sp
+        m = tl.load(M + row, mask=sm, other=float("-inf"))
+        l_s = tl.load(L + row, mask=sm, other=0.0)
+        acc = tl.load(ACC + row[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+        mx = tl.reduce(m, 0, _fmax)  # finite: split 0 always holds position 0
+        w = tl.exp2(m - mx)  # 0 for empty splits (m = -inf)
+        den = tl.reduce(l_s * w, 0, _add)
+        o = tl.reduce(acc * w[:, None], 0, _add) / den
+        tl.store(OUT + b * s_ob + h * HD + d, o.to(OUT.dtype.element_ty), mask=dm)
+
 
 def _need_triton() -> None:
     if not HAVE_TRITON:
@@ -343,12 +411,86 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     return q
 
 
-def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
-                ctx: int, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton GQA flash-decoding over cache ``[0, min(pos[b] + 1, ctx))``; returns [B, nh*hd]."""
+_SM_COUNT: dict[int, int] = {}
+
+
+def _programs_target(device: torch.device) -> int:
+    """Programs one launch needs to fill the GPU: its SM count (132 on an H200; 132 off the GPU too)."""
+    if device.type != "cuda":
+        return 132
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SM_COUNT:
+        _SM_COUNT[i] = torch.cuda.get_device_properties(i).multi_processor_count
+    return _SM_COUNT[i]
+
+
+def split_count(B: int, nkv: int, ctx: int, target: int = 132, min_cols: int = 128) -> int:
+    """Context splits for decode attention: enough that ``B * nkv * splits >= target`` programs run,
+    but no split shorter than ``min_cols`` cache columns (below that the second kernel costs more
+    than the parallelism gives). 1 = no split (one program per (row, kv head), no reduction)."""
+    want = -(-target // max(1, B * nkv))
+    return max(1, min(want, ctx // min_cols))
+
+
+def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
+                         ctx: int, scale: float, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split-KV pass one: per (row, q head, split) the float32 partial (max m in log2 units, sum l,
+    accumulator acc): shapes [B, nh, S], [B, nh, S], [B, nh, S, hd]. Split ``i`` covers cache columns
+    ``[i * chunk, (i + 1) * chunk)`` with ``chunk = ceil(ctx / S)`` rounded up to the block size."""
     _need_triton()
     nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
     g = nh // nkv
+    assert q.stride(-1) == 1 and K.stride() == V.stride() and K.stride(-1) == 1
+    per = triton.cdiv(ctx, splits)
+    block_n = min(64, max(16, triton.next_power_of_2(per)))
+    chunk = triton.cdiv(per, block_n) * block_n
+    m = torch.empty(B, nh, splits, dtype=torch.float32, device=q.device)
+    lsum = torch.empty_like(m)
+    acc = torch.empty(B, nh, splits, hd, dtype=torch.float32, device=q.device)
+    KL, VL = K[layer], V[layer]
+    _decode_attn_split_kernel[(B, nkv, splits)](
+        q, KL, VL, pos, m, lsum, acc, ctx, float(scale) * 1.4426950408889634,
+        q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
+        NH=nh, S=splits, CHUNK=chunk, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+    return m, lsum, acc
+
+
+def combine_splits_ref(m: torch.Tensor, lsum: torch.Tensor, acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The torch reference of pass two: rescale every split to the common max, sum, normalise; [B, nh*hd]."""
+    w = torch.exp2(m - m.amax(-1, keepdim=True))
+    o = (acc * w[..., None]).sum(-2) / (lsum * w).sum(-1)[..., None]
+    return o.reshape(m.shape[0], -1).to(dtype)
+
+
+def combine_splits(m: torch.Tensor, lsum: torch.Tensor, acc: torch.Tensor, dtype: torch.dtype,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Split-KV pass two (Triton): the partials reduced across splits into [B, nh*hd]."""
+    B, nh, S, hd = acc.shape
+    o = out if out is not None else torch.empty(B, nh * hd, dtype=dtype, device=acc.device)
+    _attn_reduce_kernel[(B, nh)](m, lsum, acc, o, o.stride(0), NH=nh, S=S, HD=hd,
+                                 BLOCK_S=max(2, triton.next_power_of_2(S)),
+                                 BLOCK_D=max(16, triton.next_power_of_2(hd)), num_warps=1)
+    return o
+
+
+def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
+                ctx: int, scale: float, out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """Triton GQA flash-decoding over cache ``[0, min(pos[b] + 1, ctx))``; returns [B, nh*hd].
+
+    ``splits`` (default: :func:`split_count` for this B, kv heads and context bucket on this GPU)
+    cuts the context into that many slices, one program each, reduced by a second small kernel
+    (split-KV); 1 runs the single-pass kernel. The choice depends only on host ints, so a graph
+    captured per (batch, context) bucket holds a fixed plan.
+    """
+    _need_triton()
+    nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
+    g = nh // nkv
+    if splits is None:
+        splits = split_count(B, nkv, ctx, _programs_target(q.device))
+    if splits > 1:
+        return combine_splits(*decode_attn_partials(q, K, V, layer, B, pos, ctx, scale, splits), q.dtype, out)
     assert q.stride(-1) == 1 and K.stride() == V.stride() and K.stride(-1) == 1
     o = out if out is not None else torch.empty(B, nh * hd, dtype=q.dtype, device=q.device)
     KL, VL = K[layer], V[layer]
