@@ -31,6 +31,25 @@ predicted 0.1), decode_attn 30.6 -> 21.0 us (x32: 0.3 ms, predicted 0.3). decode
 its floor (~3 us of K/V per layer at these lengths): one program per (row, kv head) is only 32 programs
 at batch 1 on 132 SMs; splitting the context across programs (split-KV) is its next step.
 
+Split-KV (written before measuring; *prediction*): ``decode_attn`` now cuts the context bucket into
+``split_count(B, kv_heads, ctx)`` slices so that B x kv_heads x splits >= the SM count (132 on an
+H200; no slice under 128 columns), one program per (row, kv head, split), and a second small kernel
+(one program per (row, q head)) rescales each split's (max, sum, acc) to the common max and adds them
+up. At batch 1, bucket 1024 (5 splits, 160 programs) the kernel should go from ~21 us to ~6 us plus
+~2 us for the reduction per layer: *prediction* -0.4 ms per step at batch 1 (4.87 -> ~4.45 ms in
+check_kernels' step; in FastModel's graph step, check_engine.py: torch 6.95 -> triton ~4.4 ms at
+position 700). Batch 4 gets 2 splits (-0.1 to -0.2 ms); batch 8 and 16 already fill the GPU with
+one program per (row, kv head) and do not split (no change there). At position 4000 (bucket 4096,
+batch 1) the gain grows: *prediction* torch ~9 ms -> triton ~5 ms, of which ~1.5 ms is split-KV
+(unsplit, 32 programs would each walk 4000 columns, ~60 us per layer; split, ~12 us).
+
+Prefill (written before measuring; *prediction*): with ``--kernels triton`` the 4096-token prefill
+runs its 65 norms fused with the residual adds (~500 MB of HBM traffic each in torch, with the
+float32 temporaries, vs ~130 MB fused: ~24 GB less per prefill, ~6 ms) and SwiGLU in one kernel
+(~180 MB less per layer, ~1.5 ms); RoPE and SDPA stay torch. *Prediction*: 116 -> ~108 ms (-7%);
+the unfused prefill RoPE (~4 ms) and the K/V copies around SDPA are what is left of the non-GEMM work.
+Whole decode step in check_engine.py, *prediction*: batch 4 7.52 -> ~5.0 ms, batch 16 8.53 -> ~6.0 ms.
+
 ``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
