@@ -12,6 +12,8 @@ batch 1: rmsnorm 1.6 vs 13.4 us, add_rmsnorm 2.0 vs 14.8, silu_mul 1.5 vs 3.7, r
 decode_attn 21.0 vs 30.6; whole step 4.87 vs 7.07 ms (logits max |d| 0.125, top-1 equal).
 batch 8: 2.0/18.4, 2.1/20.1, 1.6/4.9, 1.9/34.4, 42.8/66.8 us; step 5.47 vs 8.73 ms.
 Eager (no graph), each triton op costs ~25-60 us of Python launch overhead: use them under graphs.
+Since then decode_attn splits the context (split-KV, kernels.split_count): ``B{b}_decode_attn_us_triton``
+is the auto split, ``..._nosplit`` the single-pass kernel, ``B{b}_decode_attn_splits`` the count chosen.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ def batch(B: int, m: dict, g: torch.Generator, res: dict) -> None:
         # ops this small measure Python launch overhead, not the GPU.
         res[f"B{B}_{name}_us_triton"] = 1e3 * graph_ms(lambda f=f: f(tr), 50)
         res[f"B{B}_{name}_us_torch"] = 1e3 * graph_ms(lambda f=f: f(to), 50)
+    # Split-KV against one program per (row, kv head): the auto split count vs splits=1.
+    res[f"B{B}_decode_attn_splits"] = K.split_count(B, NKV, CTX, torch.cuda.get_device_properties(0).multi_processor_count)
+    res[f"B{B}_decode_attn_us_triton_nosplit"] = 1e3 * graph_ms(
+        lambda: K.decode_attn(q, m["K"], m["V"], 3, B, pos, CTX, HD ** -0.5, splits=1), 50)
     tokens = torch.randint(0, VOCAB, (B,), device=dev, generator=g)
     lt, it = step(tr, m, tokens, pos, CTX)
     lr, ir = step(to, m, tokens, pos, CTX)

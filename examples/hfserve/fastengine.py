@@ -12,7 +12,12 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 * **CUDA graphs** for the decode step (``--cuda-graphs on``), one per (batch bucket, context
   bucket), captured at start-up, so a decode step is one graph launch instead of ~500 kernels;
 * a choice of SDPA backend for prefill (``--sdpa flash|efficient|math``); decode attention is a
-  grouped (GQA) batched matmul that reads each cached key once.
+  grouped (GQA) batched matmul that reads each cached key once;
+* a choice of kernels (``--kernels torch|triton``): ``torch`` is the plain code below; ``triton``
+  runs the decode step's norms (each residual add fused with the norm after it), RoPE + KV store,
+  attention (split-KV flash-decoding) and SwiGLU as kernels.py's fused Triton kernels, and prefill's
+  norms and SwiGLU likewise (prefill RoPE and attention stay torch). Worth it only under CUDA graphs:
+  launched eagerly, each Triton call costs more host time than it saves on the GPU.
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -33,6 +38,7 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
+import kernels as kernels_mod
 import torch
 import torch.nn.functional as F
 from engine import (
@@ -55,7 +61,8 @@ def _round_up(x: int, m: int) -> int:
 class FastModel:
     """Llama-family forward passes over a static KV pool (weights taken from a HF model)."""
 
-    def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto") -> None:
+    def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto",
+                 kernels: str = "torch") -> None:
         cfg = hf_model.config
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise ValueError("the fast engine supports Llama/Mistral-style models without biases")
@@ -101,6 +108,12 @@ class FastModel:
         self.sdpa = sdpa
         if sdpa not in _SDPA:
             raise ValueError(f"unknown SDPA backend {sdpa!r}; choose from {sorted(_SDPA)}")
+        self.set_kernels(kernels)
+
+    def set_kernels(self, kernels: str) -> None:
+        """``"torch"`` (the plain code) or ``"triton"`` (kernels.py); graphs keep what they captured."""
+        self.ops = kernels_mod.get_ops(kernels)
+        self.kernels = kernels
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -145,27 +158,52 @@ class FastModel:
         end = start + c
         if end > self.scratch_pos:
             raise ValueError(f"sequence of {end} tokens exceeds the KV pool capacity {self.scratch_pos}")
-        g = self.nh // self.nkv
-        x = self.embed[ids]
-        cos, sin = self.cos[start:end][None, :, None, :], self.sin[start:end][None, :, None, :]
         mask = causal_lower_right(c, end)
+        if self.kernels != "torch":
+            return self._prefill_fused(ids, slot, start, all_logits, mask)
+        x = self.embed[ids]
         for li, L in enumerate(self.layers):
-            h = self._rms(x, L["ln1"])
-            q, k, v = self._split(h @ L["qkv"].t())
-            q = q.view(1, c, self.nh, self.hd)
-            k = k.view(1, c, self.nkv, self.hd)
-            q = (q * cos + self._rot(q) * sin).transpose(1, 2)
-            k = (k * cos + self._rot(k) * sin).transpose(1, 2)
-            self.K[li, slot, :, start:end] = k[0]
-            self.V[li, slot, :, start:end] = v.view(c, self.nkv, self.hd).transpose(0, 1)
-            kc = self.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
-            vc = self.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
-            with self._sdpa_ctx():
-                o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
-            x = x + o.transpose(1, 2).reshape(c, self.nh * self.hd) @ L["o"].t()
+            x = x + self._attend_prefill(self._rms(x, L["ln1"]), L, li, slot, start, mask)
             x = x + self._mlp(self._rms(x, L["ln2"]), L)
         x = self._rms(x if all_logits else x[-1:], self.norm)
         return (x @ self.lm_head.t()).float()
+
+    def _attend_prefill(self, h: torch.Tensor, L: dict[str, torch.Tensor], li: int, slot: int, start: int,
+                        mask: Any) -> torch.Tensor:
+        """One layer's attention over a prefill chunk (normed input ``h``), as :meth:`prefill` does it."""
+        c = h.shape[0]
+        end = start + c
+        g = self.nh // self.nkv
+        cos, sin = self.cos[start:end][None, :, None, :], self.sin[start:end][None, :, None, :]
+        q, k, v = self._split(h @ L["qkv"].t())
+        q = q.view(1, c, self.nh, self.hd)
+        k = k.view(1, c, self.nkv, self.hd)
+        q = (q * cos + self._rot(q) * sin).transpose(1, 2)
+        k = (k * cos + self._rot(k) * sin).transpose(1, 2)
+        self.K[li, slot, :, start:end] = k[0]
+        self.V[li, slot, :, start:end] = v.view(c, self.nkv, self.hd).transpose(0, 1)
+        kc = self.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+        vc = self.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+        with self._sdpa_ctx():
+            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
+        return o.transpose(1, 2).reshape(c, self.nh * self.hd) @ L["o"].t()
+
+    def _prefill_fused(self, ids: torch.Tensor, slot: int, start: int, all_logits: bool, mask: Any) -> torch.Tensor:
+        """:meth:`prefill` with the fused ops: each residual add fused with the norm that follows
+        it (the next layer's ln1, or the final norm), SwiGLU in one kernel; RoPE and SDPA as in torch."""
+        ops, n = self.ops, len(self.layers)
+        x = self.embed[ids]
+        h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
+        for li, L in enumerate(self.layers):
+            x, h = ops.add_rmsnorm(x, self._attend_prefill(h, L, li, slot, start, mask), L["ln2"], self.eps)
+            d = ops.silu_mul(h @ L["gu"].t(), self.inter) @ L["down"].t()
+            if li + 1 < n:
+                x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"], self.eps)
+            elif all_logits:
+                x, h = ops.add_rmsnorm(x, d, self.norm, self.eps)
+            else:  # only the last row's logits: its norm alone
+                x, h = ops.add_rmsnorm(x[-1:], d[-1:], self.norm, self.eps)
+        return (h @ self.lm_head.t()).float()
 
     # -- decode ------------------------------------------------------------------------
 
@@ -175,6 +213,8 @@ class FastModel:
         Static shapes only (B and ctx fixed per call site), no host syncs: safe to capture in a
         CUDA graph. Returns (float logits [B, V], greedy ids [B]).
         """
+        if self.kernels != "torch":
+            return self._decode_fused(tokens, pos, ctx)
         B = tokens.shape[0]
         g = self.nh // self.nkv
         rows = torch.arange(B, device=tokens.device)
@@ -200,6 +240,22 @@ class FastModel:
             x = x + o @ L["o"].t()
             x = x + self._mlp(self._rms(x, L["ln2"]), L)
         logits = (self._rms(x, self.norm) @ self.lm_head.t()).float()
+        return logits, torch.argmax(logits, dim=-1)
+
+    def _decode_fused(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`decode` with the fused ops: RoPE + KV store in one kernel, flash-decoding attention
+        that stops at each row's position, each residual add fused with the norm after it, SwiGLU
+        in one kernel. Same static shapes and no host syncs: graph-capturable."""
+        ops, B, n = self.ops, tokens.shape[0], len(self.layers)
+        x = self.embed[tokens]
+        h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
+        for li, L in enumerate(self.layers):
+            q = ops.rope_store(h @ L["qkv"].t(), self.cos, self.sin, pos, self.K, self.V, li)
+            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale)
+            x, h = ops.add_rmsnorm(x, o @ L["o"].t(), L["ln2"], self.eps)
+            d = ops.silu_mul(h @ L["gu"].t(), self.inter) @ L["down"].t()
+            x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm, self.eps)
+        logits = (h @ self.lm_head.t()).float()
         return logits, torch.argmax(logits, dim=-1)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
@@ -290,7 +346,7 @@ class FastEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
-                 sdpa: str = "auto") -> None:
+                 sdpa: str = "auto", kernels: str = "torch") -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -304,7 +360,7 @@ class FastEngine:
         # Slots: the decode batch, one staging slot for chunked prefill, one for scoring.
         self.stage_slot, self.score_slot = self.max_batch, self.max_batch + 1
         with torch.inference_mode():
-            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa)
+            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels=kernels)
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf
         self.eos_ids = set(as_list(getattr(cfg, "eos_token_id", None)))

@@ -65,3 +65,165 @@ def test_batched_decode_matches_transformers(models) -> None:
     full = torch.cat([prompts[2], nxt])
     logits, _ = dec.step([int(nxt[0])], [len(prompts[2])])
     assert torch.allclose(logits[0], ref(full[None]).logits[0, -1], atol=1e-4, rtol=1e-4)
+
+
+# -- kernels="torch" is the code as it was; kernels="triton" agrees with it ------------------------
+
+
+def _random_llama(dtype: torch.dtype, seed: int = 0):
+    """A tiny random Llama (2 layers, 4 q heads over 2 kv heads, head_dim 16), built in memory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      rms_norm_eps=1e-5, initializer_range=0.1, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # norms away from 1, so a norm applied to the wrong tensor shows
+        for n, p in hf.named_parameters():
+            if "norm" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    return hf.to(dtype)
+
+
+def _prefill_before(fm: FastModel, ids, slot: int, start: int, all_logits: bool = False):
+    """FastModel.prefill as it was before the kernels knob, line for line."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    c = ids.shape[0]
+    end = start + c
+    g = fm.nh // fm.nkv
+    x = fm.embed[ids]
+    cos, sin = fm.cos[start:end][None, :, None, :], fm.sin[start:end][None, :, None, :]
+    mask = causal_lower_right(c, end)
+    for li, L in enumerate(fm.layers):
+        h = fm._rms(x, L["ln1"])
+        q, k, v = fm._split(h @ L["qkv"].t())
+        q = q.view(1, c, fm.nh, fm.hd)
+        k = k.view(1, c, fm.nkv, fm.hd)
+        q = (q * cos + fm._rot(q) * sin).transpose(1, 2)
+        k = (k * cos + fm._rot(k) * sin).transpose(1, 2)
+        fm.K[li, slot, :, start:end] = k[0]
+        fm.V[li, slot, :, start:end] = v.view(c, fm.nkv, fm.hd).transpose(0, 1)
+        kc = fm.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+        vc = fm.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+        with fm._sdpa_ctx():
+            o = torch.nn.functional.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=fm.scale)
+        x = x + o.transpose(1, 2).reshape(c, fm.nh * fm.hd) @ L["o"].t()
+        x = x + fm._mlp(fm._rms(x, L["ln2"]), L)
+    x = fm._rms(x if all_logits else x[-1:], fm.norm)
+    return (x @ fm.lm_head.t()).float()
+
+
+def _decode_before(fm: FastModel, tokens, pos, ctx: int):
+    """FastModel.decode as it was before the kernels knob, line for line."""
+    B = tokens.shape[0]
+    g = fm.nh // fm.nkv
+    rows = torch.arange(B, device=tokens.device)
+    x = fm.embed[tokens]
+    cos, sin = fm.cos[pos][:, None, :], fm.sin[pos][:, None, :]
+    keep = torch.arange(ctx, device=tokens.device)[None, :] <= pos[:, None]
+    bias = torch.zeros(B, ctx, device=tokens.device, dtype=torch.float32).masked_fill(~keep, float("-inf"))
+    bias = bias[:, None, None, :]
+    for li, L in enumerate(fm.layers):
+        h = fm._rms(x, L["ln1"])
+        q, k, v = fm._split(h @ L["qkv"].t())
+        q = q.view(B, fm.nh, fm.hd)
+        k = k.view(B, fm.nkv, fm.hd)
+        q = q * cos + fm._rot(q) * sin
+        k = k * cos + fm._rot(k) * sin
+        fm.K[li, rows, :, pos] = k
+        fm.V[li, rows, :, pos] = v.view(B, fm.nkv, fm.hd)
+        kc, vc = fm.K[li, :B, :, :ctx], fm.V[li, :B, :, :ctx]
+        s = torch.matmul(q.view(B, fm.nkv, g, fm.hd), kc.transpose(-1, -2)).float() * fm.scale
+        p = torch.softmax(s + bias, dim=-1).to(fm.dtype)
+        o = torch.matmul(p, vc).reshape(B, fm.nh * fm.hd)
+        x = x + o @ L["o"].t()
+        x = x + fm._mlp(fm._rms(x, L["ln2"]), L)
+    logits = (fm._rms(x, fm.norm) @ fm.lm_head.t()).float()
+    return logits, torch.argmax(logits, dim=-1)
+
+
+PROMPTS = [(5, 1), (23, 2), (11, 3)]  # (length, seed) per slot
+
+
+def _prefilled(dtype: torch.dtype, kernels: str = "torch") -> tuple[FastModel, list[torch.Tensor]]:
+    with torch.inference_mode():
+        fm = FastModel(_random_llama(dtype), slots=4, capacity=300, kernels=kernels)
+        prompts = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(s)) for n, s in PROMPTS]
+        for slot, p in enumerate(prompts):
+            _prefill_before(fm, p[:-1], slot, 0)
+    return fm, prompts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_torch_kernels_are_the_code_before(dtype) -> None:
+    """kernels="torch" (the default) computes bit for bit what FastModel computed before the knob."""
+    fm, prompts = _prefilled(dtype)
+    assert fm.kernels == "torch"
+    ids = torch.cat(prompts)
+    for all_logits in (True, False):
+        want = _prefill_before(fm, ids, 3, 0, all_logits)
+        K3 = fm.K[:, 3].clone()
+        assert torch.equal(fm.prefill(ids, 3, 0, all_logits), want) and torch.equal(fm.K[:, 3], K3)
+    assert torch.equal(fm.prefill(ids[20:], 3, 20, True), _prefill_before(fm, ids[20:], 3, 20, True))  # a chunk
+    tokens = torch.tensor([int(p[-1]) for p in prompts] + [0])
+    pos = torch.tensor([len(p) - 1 for p in prompts] + [fm.scratch_pos])  # a padded row, as GraphDecoder pads
+    want, want_ids = _decode_before(fm, tokens, pos, 256)
+    got, got_ids = fm.decode(tokens, pos, 256)
+    assert torch.equal(got, want) and torch.equal(got_ids, want_ids)
+
+
+@pytest.fixture
+def interpreted(monkeypatch):
+    """kernels.py's Triton kernels on the CPU (interpreter), for the tests that run kernels="triton"."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from triton_interp import import_interpreted  # beside this file
+
+    import_interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+# fp32: only summation order differs. bf16: the kernel tests' decode-step tolerance (4 x 2**-6).
+STEP_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2.0 ** -6}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
+    """A decode step (batch 3, split-KV attention: 2 splits of the 256 bucket) and a prefill (whole
+    and chunked) with kernels="triton" equal kernels="torch"; the check is shown to tell apart logits
+    that differ (another token fed). Padded rows: test_kernels' far-position case (the interpreter
+    walks a padded row's whole bucket slowly)."""
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm, prompts = _prefilled(dtype)
+    dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
+    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    want, want_ids = dec.step(toks, pos)
+    want, Kw, Vw = want[:3].clone(), fm.K.clone(), fm.V.clone()
+    fm.K.copy_(K0)
+    fm.V.copy_(V0)
+    fm.set_kernels("triton")
+    got, got_ids = dec.step(toks, pos)
+    assert close(got[:3], want), (got[:3] - want).abs().max()
+    if dtype == torch.float32:
+        assert got_ids == want_ids
+    else:  # a random model's near-ties may flip in bf16: the pick must be a top logit within tolerance
+        assert all(float(want[i, t]) >= float(want[i].max()) - 2 * tol for i, t in enumerate(got_ids))
+    assert close(fm.K, Kw) and close(fm.V, Vw)  # the KV store
+    fm.set_kernels("torch")
+    other, _ = dec.step([(t + 1) % 128 for t in toks], pos)
+    assert not close(other[:3], want)  # both ways: a different step is caught by the same check
+    ids = torch.cat(prompts)[:20]  # short: the interpreter runs one program per row and kernel
+    fm.set_kernels("torch")
+    want_all, want_last = fm.prefill(ids, 3, 0, True), fm.prefill(ids, 3, 0)
+    fm.set_kernels("triton")
+    assert close(fm.prefill(ids, 3, 0, True), want_all) and close(fm.prefill(ids, 3, 0), want_last)
+    parts = torch.cat([fm.prefill(ids[s:s + 12], 3, s, True) for s in range(0, len(ids), 12)])
+    assert close(parts, want_all)

@@ -37,10 +37,13 @@ def _server_parser():
 def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     parse = _server_parser()
-    every = {"engine": engine, "batching": "on", "max_batch_size": 16, "prefill_chunk": 256, "sdpa": "flash"}
+    every = {"engine": engine, "batching": "on", "max_batch_size": 16, "prefill_chunk": 256, "sdpa": "flash",
+             "kernels": "triton"}
     knobs = active_only(target, every)  # what the search proposes: only the knobs that exist here
     fast = engine.startswith("fast")
-    assert set(knobs) == {"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa"} if fast else set())
+    graphs = engine == "fast-graphs"
+    assert set(knobs) == ({"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa"} if fast else set())
+                          | ({"kernels"} if graphs else set()))
     args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])  # drop the interpreter and the script
     assert args.device == "cuda" and args.dtype == "bfloat16"
     assert args.engine == ("fast" if fast else "hf")
@@ -48,6 +51,7 @@ def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     assert args.decode_loop == ("manual" if engine == "hf-manual" else "generate")
     assert (args.batching, args.max_batch_size) == ("on", 16)
     assert (args.prefill_chunk, args.sdpa) == ((256, "flash") if fast else (0, "auto"))
+    assert args.kernels == ("triton" if graphs else "torch")  # the knob exists only with graphs
     # Batching off: the batch size does not exist, so it cannot be passed.
     off = active_only(target, every | {"batching": "off"})
     assert "max_batch_size" not in off and "--max-batch-size" not in target.render(off, port=8000, model="/m", source="/s")
@@ -67,3 +71,31 @@ def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
 def test_missing_scenarios_file_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="bench.scenarios"):
         load_scenarios_file(tmp_path / "nope.toml")
+
+
+def test_kernels_knob_and_engine_steps() -> None:
+    """The `kernels` knob: torch by default, only under fast-graphs; the scripted engine steps are valid
+    knob sets of this target (naive baseline -> fast-graphs with batching -> + triton kernels)."""
+    import json
+
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    knob = target.knobs["kernels"]
+    assert (knob.type, list(knob.choices), knob.default, knob.flag) == ("categorical", ["torch", "triton"], "torch",
+                                                                        "--kernels")
+    assert knob.when == {"engine": "fast-graphs"}
+    assert "kernels" not in target.baseline_knobs()  # the naive baseline has no such knob
+    steps = json.loads((GPU / "engine_steps.json").read_text())
+    full = [target.validate_knobs(s["knobs"]) for s in steps]
+    assert [k.get("kernels") for k in full] == ["torch", "triton"]
+    assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
+    parse = _server_parser()
+    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    assert (args.kernels, args.cuda_graphs, args.engine) == ("triton", "on", "fast")
+
+
+@pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])
+def test_server_refuses_triton_kernels_without_graphs(argv: list[str]) -> None:
+    parse = _server_parser()
+    with pytest.raises(SystemExit, match="--kernels triton needs --engine fast --cuda-graphs on"):
+        parse(["--model", "/m", "--port", "1", "--kernels", "triton", *argv])
+    assert parse(["--model", "/m", "--port", "1", *argv]).kernels == "torch"

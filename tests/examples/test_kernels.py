@@ -15,8 +15,6 @@ bf16 in torch but kept in float32 here. The wrong variants miss by 3x (bf16 eps)
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
 from pathlib import Path
 
@@ -26,30 +24,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
+from triton_interp import import_interpreted  # noqa: E402  (beside this file)
 
-
-def _import_interpreted():
-    """Import kernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
-
-    Set at import rather than for the session, so the rest of a whole-suite run sees the env as it was.
-    """
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        import kernels as mod
-        from triton.runtime.interpreter import InterpretedFunction
-
-        if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled
-            mod = importlib.reload(mod)
-        return mod
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
-K = _import_interpreted()
+K = import_interpreted()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -169,6 +146,48 @@ def test_decode_attn(dtype) -> None:
     far = torch.tensor([5, CAP - 1, 63])
     assert close(K.decode_attn(q, K0, V0, 1, B, far, CTX, scale), K.decode_attn_ref(q, K0, V0, 1, B, far, CTX, scale),
                  dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [2, 3, 4])
+def test_decode_attn_split_kv(dtype, splits) -> None:
+    """Split-KV: the context cut into 2, 3 (the last split empty: chunks of 32 over a bucket of 64)
+    or 4 slices, partials reduced by the second kernel, equals the reference."""
+    K0, V0 = _pool(dtype, 9)
+    q = _rand(B, NH, HD, dtype=dtype, seed=10)
+    scale = HD ** -0.5
+    want = K.decode_attn_ref(q, K0, V0, 1, B, POS, CTX, scale)
+    got = K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale, splits=splits)
+    assert got.shape == (B, NH * HD) and got.dtype == dtype
+    assert close(got, want, dtype)
+    assert not close(K.decode_attn(q, K0, V0, 1, B, POS - 1, CTX, scale, splits=splits), want, dtype)  # one short
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_reduction_both_ways(dtype) -> None:
+    """The reduction across splits: the Triton kernel equals the torch reference over the same partials
+    and the unsplit reference; reductions that are wrong in the ways split-KV goes wrong are caught."""
+    K0, V0 = _pool(dtype, 13)
+    q = _rand(B, NH, HD, dtype=dtype, seed=14)
+    scale = HD ** -0.5
+    want = K.decode_attn_ref(q, K0, V0, 1, B, POS, CTX, scale)
+    m, lsum, acc = K.decode_attn_partials(q, K0, V0, 1, B, POS, CTX, scale, 4)
+    assert m.shape == lsum.shape == (B, NH, 4) and acc.shape == (B, NH, 4, HD)
+    assert torch.isinf(m[0, :, 1:]).all() and (lsum[0, :, 1:] == 0).all()  # pos 5: splits 1-3 are empty
+    got = K.combine_splits(m, lsum, acc, dtype)
+    assert close(got, want, dtype) and close(K.combine_splits_ref(m, lsum, acc, dtype), want, dtype)
+    # Each split's max ignored (no rescaling to the common max): caught.
+    assert not close(K.combine_splits(torch.zeros_like(m), lsum, acc, dtype), want, dtype)
+    # The last split dropped (positions 48..63 of the row at 63 lost): caught.
+    last = (m[..., :-1].contiguous(), lsum[..., :-1].contiguous(), acc[..., :-1, :].contiguous())
+    assert not close(K.combine_splits(*last, dtype), want, dtype)
+
+
+def test_split_count() -> None:
+    # An H200 (132 SMs), 7B shape (32 kv heads): batch 1 at a 1024 bucket -> 5 splits (160 programs);
+    # batch 4 -> 2; batch 16 fills the GPU alone; a short bucket caps the splits at 128 columns each.
+    assert K.split_count(1, 32, 1024) == 5 and K.split_count(4, 32, 1024) == 2
+    assert K.split_count(16, 32, 4096) == 1 and K.split_count(1, 32, 256) == 2 and K.split_count(1, 8, 64) == 1
 
 
 def test_get_ops() -> None:
