@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--scenarios", default=str(Path(__file__).with_name("scenarios_ib.toml")))
     ap.add_argument("--server", action="append", type=parse_server, default=None,
                     help=f"LABEL=COMMAND, repeatable (default: fast={BEST_CMD!r})")
+    ap.add_argument("--best-extra", default="", help="flags appended to the default best-setting command "
+                    "(e.g. '--kernels triton --max-batch-size 32'; a later flag overrides an earlier one)")
     ap.add_argument("--no-naive", action="store_true", help="skip IB's naive server")
     ap.add_argument("--naive-cap", default=DEFAULT_CAP, help="most requests per scenario for the naive server")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="ib-baseline-"))
     name = "model"
     fill = {"python": args.python, "model": args.model, "device": args.device, "name": name}
-    servers = args.server if args.server is not None else [("fast", BEST_CMD)]
+    servers = args.server if args.server is not None else [("fast", f"{BEST_CMD} {args.best_extra}".strip())]
     report: dict[str, Any] = {"model": args.model, "scenarios_file": args.scenarios, "naive_cap": args.naive_cap,
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "logs": str(log_dir),
                               "servers": {}}

@@ -36,7 +36,7 @@ for what in "$@"; do
     demo) log demo; python3 benchmarks/gpu/gate_demo.py "$MODEL" --out "$OUT/gate_demo.json" 2>>"$OUT/step.log" | tail -40 ;;
     ib) log "ib baseline: our best setting and InferenceBench's naive server, full-size scenarios"
         python3 benchmarks/gpu/ib_baseline.py "$MODEL" --out "$OUT/ib_baseline.json" --headline "$OUT/headline.json" \
-          --deadline-s "${IB_DEADLINE_S:-300}" ${IB_ARGS:-} 2>>"$OUT/step.log" | tail -30 ;;
+          --deadline-s "${IB_DEADLINE_S:-$((LIMIT - (SECONDS - START) - 60))}" --best-extra "${IB_BEST_EXTRA:-}" 2>>"$OUT/step.log" | tail -30 ;;
     profile) log profile; python3 benchmarks/gpu/profile_best.py "$MODEL" --db /root/g13ws/.infergoal/infergoal.db \
                --out "$OUT/profile.json" 2>>"$OUT/step.log" | tail -40 ;;
   esac
