@@ -16,7 +16,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("specs", ("orchestrator.goal", "orchestrator.targets", "orchestrator.workspace", "orchestrator.bench",
                "orchestrator.models", "orchestrator.agent")),
     ("execution", ("orchestrator.hosts", "orchestrator.remote", "orchestrator.measure", "orchestrator.lease")),
-    ("loop parts", ("orchestrator.proposers", "orchestrator.trial", "orchestrator.paired", "orchestrator.verdict")),
+    ("loop parts", ("orchestrator.proposers", "orchestrator.trial", "orchestrator.paired", "orchestrator.verdict",
+                    "orchestrator.fidelity")),
     ("loop", ("orchestrator.controller", "orchestrator.pool")),
     ("after a run", ("orchestrator.knowledge", "orchestrator.audit", "orchestrator.report")),
     ("composition", ("orchestrator.runs",)),
@@ -90,6 +91,6 @@ def test_the_rule_catches_an_upward_import(tmp_path):
 
 def test_the_layers_are_drawn_in_the_architecture_doc():
     doc = (ROOT / "docs" / "architecture.md").read_text()
-    for name, prefixes in LAYERS:
+    for name, _prefixes in LAYERS:
         assert name in doc, f"docs/architecture.md does not name the layer {name!r}"
 
