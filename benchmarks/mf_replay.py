@@ -7,8 +7,8 @@ Per seed, two runs of the loop's real decisions on one measured table (`benchmar
 - full: every candidate measured in full (the table value), as `benchmarks/kb_replay.py` replays it;
 - screened: the product's mechanism (`orchestrator.fidelity`, `bench.screen_fraction`): each
   candidate first gets a short bench; the real `SearchProposer.should_stop_early` (Optuna's
-  ThresholdPruner: the best kept score less `fidelity.margin`, with the table's median spread as
-  the baseline's noise) decides, on the stored history; screened out, it is stored `discarded`
+  ThresholdPruner: the best kept score less `fidelity.margin` of the baseline's noise as the
+  table measured it, `baseline_noise`) decides, on the stored history; screened out, it is stored `discarded`
   with its short score and the product's reason, never kept; otherwise its table value, as in full.
 Both use a real SQLite `Store` and the real `SearchProposer` (TPE, seeded, rebuilt from the store
 each step); the keep rule is the controller's (beat the best by 3%).
@@ -89,13 +89,24 @@ def spreads(rows: list[dict[str, Any]], model: str, workload: str = "throughput"
     return out, statistics.median(out.values()) if out else 0.05
 
 
+def baseline_noise(rows: list[dict[str, Any]], model: str, cand_spread: float, workload: str = "throughput") -> float:
+    """The noise the product's margin starts from (`verdict.noise_of`: the range of the baseline's repeats
+    over their mean): the median over the table's rows with two or more quiet baseline blocks; a table
+    without any gets 1.13 x the candidates' median spread (the expected range of two draws, in sigmas)."""
+    ranges = [(max(b) - min(b)) / statistics.fmean(b) for r in rows if r["model"] == model and r["workload"] == workload
+              for b in [quiet_blocks(r, "base")] if len(b) >= 2]
+    return statistics.median(ranges) if ranges else 1.13 * cand_spread
+
+
 class Bench:
     """The replayed bench: a knob set's full and short scores and their bench seconds."""
 
-    def __init__(self, table: Table, spread: dict[str, float], median_spread: float, fraction: float, bias: float = 1.0) -> None:
+    def __init__(self, table: Table, spread: dict[str, float], median_spread: float, fraction: float, bias: float = 1.0,
+                 noise: float | None = None) -> None:
         sc = builtin_scenarios(1.0)["throughput"]
         short = short_scenario(sc, fraction)
         self.table, self.spread, self.median_spread, self.bias = table, spread, median_spread, bias
+        self.noise = median_spread if noise is None else noise
         self.n, self.warm, self.n_short, self.tokens = sc.num_requests, sc.warmup_requests, short.num_requests, sc.output_tokens
         self.f = self.n_short / self.n  # what the short pass really runs
 
@@ -119,8 +130,8 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
     proposer = SearchProposer(seed=seed) if keep is None else PercentileScreen(seed=seed, keep=keep)
-    # The baseline's noise as sentinels would measure it: the table's median spread (or `--margin`).
-    m = margin(bench.median_spread, bench.f) if margin_ is None else margin_
+    # The baseline's noise as sentinels would measure it (`baseline_noise`), or `--margin`.
+    m = margin(bench.noise, bench.f) if margin_ is None else margin_
     rng = random.Random(seed)  # the short benches' noise: one stream per seed
     best, best_knobs, bench_s, screened, missed = 1.0, target.baseline_knobs(), 0.0, 0, []
     for n in range(1, budget + 1):
@@ -163,7 +174,7 @@ def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fractio
     rows = rows if rows is not None else load_rows(DATA / f"kb_table_{table_name}_throughput.jsonl")
     table = Table(rows, model, "throughput")
     spread, med = spreads(rows, model)
-    bench = Bench(table, spread, med, fraction, bias)
+    bench = Bench(table, spread, med, fraction, bias, noise=baseline_noise(rows, model, med))
     target = grid_target(fixed=fix or {})
     tmp = Path(tempfile.mkdtemp(prefix="mf_replay_"))
     store = Store(f"sqlite:///{tmp / 'replay.db'}")
@@ -175,7 +186,7 @@ def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fractio
         runs.append({"seed": s, "full": full, "screened": scr})
     return {"table": table_name, "model": model, "fraction": fraction, "short_requests": bench.n_short, "of": bench.n,
             "pruner": "threshold (the product)" if keep is None else f"percentile, keep top {keep:g}%",
-            "margin": round(margin(med, bench.f) if margin_ is None else margin_, 4), "bias": bias, "budget": budget, "median_spread": round(med, 4),
+            "baseline_noise": round(bench.noise, 4), "margin": round(margin(bench.noise, bench.f) if margin_ is None else margin_, 4), "bias": bias, "budget": budget, "median_spread": round(med, 4),
             "summary": summarise(runs), "runs": runs, "db": str(tmp / "replay.db")}
 
 

@@ -170,9 +170,11 @@ def test_the_search_screens_bad_candidates_on_a_short_bench_and_measures_the_res
         assert t.error.startswith("screened out at 25% fidelity: short-bench score") and "Optuna ThresholdPruner" in t.error
         assert t.score == pytest.approx(8.0 / t.knobs["tpot_ms"]) and screens[t.id]["saved_bench_s"] > 0
         assert {m.scenario for m in store.measurements(t.id)} == {"decode@0.25"}  # the full bench never ran
-    # Every search trial got a screen; the ones that passed were then measured in full, without warm-up.
-    assert set(screens) == {t.id for t in search}
-    full = [t for t in search if not is_screened(t)]
+    # Every search trial judged on a bench got a screen (one the busy host made untrusted may not have);
+    # the ones that passed were then measured in full, without warm-up.
+    judged = [t for t in search if t.status in ("kept", "discarded")]
+    assert {t.id for t in judged} <= set(screens) <= {t.id for t in search}
+    full = [t for t in judged if not is_screened(t)]
     assert full and all({m.scenario for m in store.measurements(t.id)} == {"decode", "decode@0.25"} for t in full)
     assert ("decode", 16, 0, 5.0) in host.benched or ("decode", 16, 0, 4.0) in host.benched
     # Baselines, sentinels and paired rounds are measured at full fidelity only, with their warm-up.
@@ -182,7 +184,7 @@ def test_the_search_screens_bad_candidates_on_a_short_bench_and_measures_the_res
     # A screened trial is never kept, never the best; the best is the fastest knob set the search found.
     best = store.get_trial(store.get_run(run_id).best_trial_id)
     assert best.proposer == "search" and not is_screened(best) and best.status == "kept"
-    assert best.knobs["tpot_ms"] == min(t.knobs["tpot_ms"] for t in search)
+    assert best.knobs["tpot_ms"] == min(t.knobs["tpot_ms"] for t in judged)
     assert "screened out" in next(e.message for e in store.events(run_id, kind="trial.why") if e.trial_id == screened[0].id)
 
 
