@@ -8,7 +8,7 @@ never kept; the others get the full bench, unchanged, with the short pass as its
 
 Full fidelity always: baselines and sentinels (everything is judged against them), paired rounds
 (the claim), probes (evidence for the knowledge base) and retries (a re-judgement). The decision
-is recorded once, as a `screen` event per screened trial, and read back from the store.
+is recorded once, as a `screen` event for every trial that had a short pass, and read back from the store.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 from fake_target import write_fake_target
 
 from orchestrator.bench.results import ScenarioResult
+from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
 from orchestrator.controller import Controller
 from orchestrator.fidelity import SCREENED, is_screened, margin, screen_for, short_scenario
@@ -154,7 +155,9 @@ def _run(tmp_path, fraction, short_tpot=None, trials=12):
     ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
                        reference_dir=tmp_path, scenarios=builtin_scenarios(1.0), run_dir=tmp_path / "run",
                        source_dir=tmp_path, accuracy_gate=False, integrity_gate=False,
-                       trust=TrustPolicy(probe_s=0.0, settle_s=0.0))
+                       # The fake bench returns at once: its client-CPU share over so short a window is
+                       # noise, not saturation (a busy host would otherwise make it untrusted).
+                       trust=TrustPolicy(probe_s=0.0, settle_s=0.0, saturation=SaturationPolicy(max_client_cpu=float("inf"))))
     reason = Controller(ctx, SearchProposer(seed=0), screen_fraction=fraction).run()
     return store, run.id, host, reason
 
