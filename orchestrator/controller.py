@@ -21,7 +21,7 @@ from typing import Any
 
 from gates.lock import GateTampered, verify
 from gates.thresholds import section
-from orchestrator import interrupts, verdict
+from orchestrator import fidelity, interrupts, verdict
 from orchestrator.candidate import Candidate, knob_key
 from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.paired import describe, latest_paired, run_paired
@@ -57,13 +57,15 @@ class Controller:
 
     def __init__(
         self, ctx: TrialContext, proposer: Proposer, *, repeats: int = 1, baseline_repeats: int = 2,
-        min_gain: float = 0.03, on_trial: Any = None, probe: int = 0,
+        min_gain: float = 0.03, on_trial: Any = None, probe: int = 0, screen_fraction: float = 0.0,
     ) -> None:
         self.ctx, self.proposer, self.store = ctx, proposer, ctx.store
         self.repeats, self.baseline_repeats, self.min_gain = repeats, baseline_repeats, min_gain
         self.probe = probe
         """After the stop, measure up to this many one-knob neighbours of the winner (`_probe_winner`)."""
         self.on_trial = on_trial or (lambda trial: None)
+        self.screen_fraction = screen_fraction
+        """`bench.screen_fraction`: search candidates get a short bench first (`orchestrator.fidelity`); 0 = off."""
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> str:
@@ -220,6 +222,11 @@ class Controller:
                 repeats=self.baseline_repeats if is_baseline else self.repeats,
                 remeasure=(lambda r: False) if is_baseline else (lambda r: self._borderline(r, baseline)),
                 host_ref=None if baseline is None else baseline.host,
+                screen=None if is_baseline else fidelity.screen_for(
+                    fraction=self.screen_fraction, trial=trial, proposer=self.proposer, history=self._history(),
+                    scenarios=(ctx or self.ctx).scenarios, goal_scenarios=self.ctx.goal.scenarios,
+                    score=lambda r: verdict.score(r, baseline, self.ctx.goal.objectives), noise=baseline.noise, store=self.store,
+                    run_id=self.ctx.run_id),
             )
         except GateTampered as e:  # the trial cannot count: say so, then stop the run
             self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
@@ -265,6 +272,8 @@ class Controller:
     def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
         """(status, score, objective values, whether the performance gate says the goal is met)."""
         objective = {label: r.mean(label) for label in r.samples}
+        if r.screened and baseline is not None:  # ended on its short bench: its short score, never kept
+            return "discarded", verdict.score(r, baseline, self.ctx.goal.objectives), objective, False
         if r.error:
             return r.status_hint, None, objective, False
         sol = verdict.speed_of_light(self.store, self.ctx.run_id, r, baseline, self.ctx.model_dir, self.ctx.scenarios)

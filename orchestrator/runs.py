@@ -291,7 +291,8 @@ def _drive(
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
-                 min_gain=config.min_gain, on_trial=on_trial, probe=config.probe_winner)
+                 min_gain=config.min_gain, on_trial=on_trial, probe=config.probe_winner,
+                 screen_fraction=config.bench.screen_fraction)
     controller = (Controller(ctx, proposer, **knobs) if len(hosts) == 1
                   else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
     try:

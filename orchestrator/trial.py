@@ -79,6 +79,8 @@ class TrialResult:
     """The host's state during each used measurement (`orchestrator.hosts.state.window`)."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """Scenario -> the last used measurement's full metrics."""
+    screened: bool = False
+    """Ended on its short bench (`orchestrator.fidelity`): samples and metrics are the short pass's, `error` says why."""
 
     def mean(self, label: str) -> float:
         values = self.samples.get(label, [])
@@ -105,12 +107,14 @@ def run_trial(
     max_remeasure: int = 2,
     host_ref: dict[str, Any] | None = None,
     gates: bool = True,
+    screen: Any = None,
 ) -> TrialResult:
     """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`.
 
     `host_ref`: the host's state during the reference baseline; a measurement taken while other
     tenants used clearly more of the host is redone. `gates=False` skips integrity/accuracy (a
-    paired re-measurement of a candidate already gated; the lock is still verified)."""
+    paired re-measurement of a candidate already gated; the lock is still verified). `screen`: an
+    `orchestrator.fidelity.Screen`, a short bench first that may end the trial there."""
     result = TrialResult()
     t_start = time.perf_counter()
     trial_dir = ctx.run_dir / f"trial-{trial.number}"
@@ -154,7 +158,14 @@ def run_trial(
 
         with _timed(result.timings, "bench", ctx.on_step):
             bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump())
-            err = bench.run(repeats, result)
+            err, full = None, None
+            if screen is not None:  # multi-fidelity: a short pass first, the full bench only when promising
+                with _timed(result.timings, "screen", ctx.on_step):
+                    err = bench.screen(screen, result)
+                if err is None and result.screened:
+                    return result
+                full = {name: screen.full(ctx.scenarios[name]) for name in ctx.goal.scenarios}
+            err = err or bench.run(repeats, result, scenarios=full)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.
             while err is None and n < repeats + max_remeasure and remeasure(result):
@@ -324,11 +335,26 @@ class _Bench:
     outputs: list[tuple[Any, list[Any]]] = field(default_factory=list)
     """(scenario, measured requests) of every measurement used: what the bench audit samples."""
 
-    def run(self, repeats: int, result: TrialResult, first_repeat: int = 0) -> str | None:
-        """Measure each goal scenario `repeats` times; return an error, or None."""
+    def screen(self, screen: Any, result: TrialResult) -> str | None:
+        """The short pass of `screen`; an error, or None. Screened out: `result` holds the short pass."""
+        short, t0 = TrialResult(), time.perf_counter()
+        err = self.run(1, short, scenarios=screen.scenarios, tag=f"@{screen.fraction:g}")
+        if err:
+            result.status_hint = short.status_hint
+            return err
+        why = screen.judge(short, time.perf_counter() - t0)
+        if why:
+            result.samples, result.metrics, result.host = short.samples, short.metrics, short.host
+            result.screened, result.status_hint, result.error = True, "discarded", why
+        return None
+
+    def run(self, repeats: int, result: TrialResult, first_repeat: int = 0, scenarios: dict[str, Any] | None = None,
+            tag: str = "") -> str | None:
+        """Measure each goal scenario `repeats` times; return an error, or None. `scenarios` replaces the
+        run's (a screen's short pass, stored as `NAME{tag}`)."""
         ctx, store = self.ctx, self.ctx.store
-        for name in ctx.goal.scenarios:
-            scenario = ctx.scenarios[name]
+        for goal_name in ctx.goal.scenarios:
+            scenario, name = (scenarios or ctx.scenarios)[goal_name], goal_name + tag
             for rep in range(first_repeat, first_repeat + repeats):
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
                 ctx.on_step(label)
@@ -354,7 +380,7 @@ class _Bench:
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                     reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
                     return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
-                bad_counts = count_violation(res.metrics, name)
+                bad_counts = count_violation(res.metrics, goal_name)
                 if bad_counts:  # outputs shorter/longer than asked, or usage that disagrees with the ids
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                     result.status_hint = "invalid"
@@ -364,8 +390,8 @@ class _Bench:
                 store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                 self.outputs.append((scenario, res.requests))
                 result.host.append(win)
-                result.metrics[name] = dict(res.metrics)
+                result.metrics[goal_name] = dict(res.metrics)
                 for o in ctx.goal.objectives:
-                    if o.scenario == name:
-                        result.samples.setdefault(objective_label(name, o.key), []).append(float(res.metrics[o.key]))
+                    if o.scenario == goal_name:
+                        result.samples.setdefault(objective_label(goal_name, o.key), []).append(float(res.metrics[o.key]))
         return None

@@ -43,6 +43,11 @@ class BenchConfig(BaseModel):
     settle_s: float = Field(30.0, ge=0, le=3600)
     """Before a paired A/B round redone because other tenants loaded the host: the longest wait for the
     host to calm down to the baseline's contention (0 = redo at once)."""
+    screen_fraction: float = Field(0.0, ge=0, lt=1)
+    """Multi-fidelity screening (`orchestrator.fidelity`): a search candidate is first benched with this
+    fraction of each scenario's requests (whole waves of its concurrency) and measured in full only when
+    the search's pruner calls it promising. 0 = off; baselines, sentinels, paired rounds and probes are
+    always measured in full."""
     scenarios: str = ""
     """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
     name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""

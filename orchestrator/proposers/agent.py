@@ -98,6 +98,10 @@ class AgentProposer:
         self.tool_schemas = schemas
 
     # --- the loop --------------------------------------------------------------------------
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+        """Never: the agent reads full measurements (screening is the search's)."""
+        return None
+
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         if self.ctx is None:
             raise AgentConfigError("the agent proposer was not bound to a run (call bind(ctx, kb) first)")

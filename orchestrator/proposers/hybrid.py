@@ -35,6 +35,10 @@ class HybridProposer:
     def bind(self, ctx: Any, kb: Any) -> None:
         self.agent.bind(ctx, kb)
 
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+        """Never: the agent's structures and their tuning are measured in full."""
+        return None
+
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         last = next((t for t in reversed(history) if t.proposer == self.agent.name), None)
         if last is not None and last.status not in _BROKEN and self.n_tune > 0:

@@ -24,6 +24,10 @@ class ScriptedProposer:
     def __init__(self, steps: Sequence[dict[str, Any]]) -> None:
         self.steps = list(steps)
 
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+        """Never: a scripted run measures every step in full."""
+        return None
+
     def propose(self, history: Sequence[Any], target: TargetSpec) -> Candidate | None:
         done = sum(1 for t in history if t.number > 0)
         if done >= len(self.steps):

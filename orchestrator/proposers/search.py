@@ -21,13 +21,14 @@ from typing import Any
 import optuna
 
 from orchestrator.candidate import Candidate, knob_key
+from orchestrator.fidelity import is_screened
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
+__all__ = ["SCREEN_MARGIN", "SCREEN_STARTUP", "SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -35,6 +36,13 @@ FAILED_VALUE = 0.0
 _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
 # The Optuna constraint a knob set inside a failed region breaks (> 0: infeasible).
 REGION_CONSTRAINT = "failed_region"
+
+
+# Multi-fidelity screening (`orchestrator.fidelity`): a candidate whose short-bench score falls
+# below the best kept score less the short bench's noise margin (SCREEN_MARGIN unless the caller
+# knows the noise) is not measured in full; only once SCREEN_STARTUP trials were measured in full.
+SCREEN_MARGIN = 0.10
+SCREEN_STARTUP = 4
 
 
 def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -96,6 +104,36 @@ class SearchProposer:
         self.warm_start = list(warm_start)
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
+
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float = SCREEN_MARGIN) -> str | None:
+        """Whether a candidate whose short bench scored `value` is not worth its full bench: why, or None.
+
+        Optuna's pruning API: the candidate is asked as a trial that reports `value` as its
+        intermediate value at step 0, and a `ThresholdPruner` whose bar is the best kept score of
+        `history` less `margin` (the short bench's noise) decides. Nothing is pruned before
+        SCREEN_STARTUP trials were measured in full (a best from the baseline alone says little).
+
+        Why a bar under the best, not a percentile of the run's trials (MedianPruner,
+        PercentilePruner) or successive halving: the keep rule judges a candidate against the best,
+        so a candidate clearly below the best can only be discarded, and its full bench would change
+        nothing but the precision of what the search learns from it (its short score is stored and
+        told to TPE). A candidate that would be kept is pruned only when its short bench falls more
+        than `margin` below its true score. Percentile bars follow the run's early, mostly poor
+        trials and prune less; halving needs several rungs, and one short pass is all a trial's
+        budget allows (docs/benchmarks.md, "Multi-fidelity screening (replay)", has both replayed)."""
+        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
+        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
+        if len(full) < SCREEN_STARTUP or best is None:
+            return None
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        bar = best * (1 - margin)
+        study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=bar),
+                                    sampler=optuna.samplers.RandomSampler(seed=self.seed))
+        trial = study.ask()
+        trial.report(float(value), 0)
+        if not trial.should_prune():
+            return None
+        return f"a bar of {bar:.3f}x: the best kept {best:.3f}x less the short bench's noise margin {margin:.0%} (Optuna ThresholdPruner)"
 
     def _priors_hold(self, history: Sequence[Any]) -> bool:
         """Whether the priors still steer: the transferred winner did not lose here, and the run has

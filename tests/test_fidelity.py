@@ -1,0 +1,203 @@
+"""Multi-fidelity screening (orchestrator/fidelity.py): the pruning decision, who is never screened,
+and the product path (Controller -> run_trial's bench step -> SearchProposer) on a fake bench.
+
+Fast: no server is launched; the fake host starts nothing and the fake site's bench answers from
+the candidate's `tpot_ms` knob (a short pass reads `short_tpot`, so a test can make it lie)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fake_target import write_fake_target
+
+from orchestrator.bench.results import ScenarioResult
+from orchestrator.bench.saturation import SaturationPolicy
+from orchestrator.bench.scenarios import builtin_scenarios
+from orchestrator.controller import Controller
+from orchestrator.fidelity import SCREENED, is_screened, margin, screen_for, short_scenario
+from orchestrator.goal import parse_goal
+from orchestrator.hosts.base import Proc
+from orchestrator.measure import TrustPolicy
+from orchestrator.proposers import ScriptedProposer, SearchProposer
+from orchestrator.proposers.search import SCREEN_STARTUP
+from orchestrator.roles import BASELINE, PAIRED, PROBE, RETRY, SENTINEL
+from orchestrator.store import Store
+from orchestrator.targets import load_target
+from orchestrator.trial import TrialContext
+
+
+def _t(number, score, status="discarded", error=None, proposer="search"):
+    return SimpleNamespace(id=number + 100, number=number, score=score, status=status, error=error, proposer=proposer)
+
+
+HISTORY = [_t(0, 1.0, "kept", proposer=BASELINE), _t(1, 1.4, "kept"), _t(2, 0.9), _t(3, 2.0, "kept"), _t(4, 1.2)]
+
+
+def test_a_clearly_bad_short_score_is_screened_out_and_a_good_one_goes_to_full_fidelity():
+    p = SearchProposer(seed=0)
+    why = p.should_stop_early(HISTORY, 1.0, 0.10)
+    assert why and "1.800x" in why and "best kept 2.000x" in why and "ThresholdPruner" in why
+    assert p.should_stop_early(HISTORY, 2.3, 0.10) is None  # would be kept: measured in full
+    assert p.should_stop_early(HISTORY, 1.85, 0.10) is None  # within the noise margin of the best
+    assert p.should_stop_early(HISTORY, 1.85, 0.05) is not None  # a quieter short bench: a tighter bar
+    # Before SCREEN_STARTUP full measurements there is no bar to speak of: nothing is screened.
+    assert p.should_stop_early(HISTORY[:SCREEN_STARTUP - 1], 0.1, 0.10) is None
+    # A screened trial is not a full measurement: it neither counts for the start-up nor sets the best.
+    screened = [HISTORY[0], _t(1, 5.0, error=f"{SCREENED} 25% fidelity: x"), _t(2, 1.1), _t(3, 1.2, "kept")]
+    assert is_screened(screened[1]) and p.should_stop_early(screened, 0.1, 0.10) is None
+    assert p.should_stop_early([*screened, _t(4, 1.0)], 1.0, 0.10) is not None  # bar from 1.2, not 5.0
+    # Proposers that do not screen never stop a candidate early.
+    assert ScriptedProposer([]).should_stop_early(HISTORY, 0.01, 0.10) is None
+
+
+def test_short_scenario_runs_whole_waves_on_other_prompts():
+    sc = builtin_scenarios(1.0)
+    thr, dec = short_scenario(sc["throughput"], 0.25), short_scenario(sc["decode"], 0.25)
+    assert (thr.num_requests, thr.concurrency, thr.warmup_requests) == (16, 8, 8)  # 12 requests -> 2 waves of 8
+    assert dec.num_requests == 4 and dec.seed != sc["decode"].seed and dec.name == "decode@0.25"
+    assert short_scenario(sc["throughput"], 0.01).num_requests == 8  # at least one wave
+    assert margin(0.0, 0.25) == 0.10 and margin(0.05, 0.25) == pytest.approx(0.2)
+
+
+def _screen(trial, store, run_id, fraction=0.25):
+    return screen_for(fraction=fraction, trial=trial, proposer=SearchProposer(), history=HISTORY,
+                      scenarios=builtin_scenarios(1.0), goal_scenarios=["throughput"], score=lambda r: r,
+                      noise=0.0, store=store, run_id=run_id)
+
+
+def test_baselines_sentinels_paired_probes_and_retries_are_never_screened():
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    for role in (BASELINE, SENTINEL, PAIRED, PROBE, RETRY):
+        assert _screen(_t(5, None, "running", proposer=role), store, run.id) is None, role
+    assert _screen(_t(0, None, "running"), store, run.id) is None  # trial #0 is the baseline
+    assert _screen(_t(5, None, "running"), store, run.id, fraction=0.0) is None  # off by default
+    s = _screen(store.create_trial(run.id, 5, commit="", knobs={}, rationale="", proposer="search"), store, run.id)
+    assert s is not None and s.scenarios["throughput"].num_requests == 16
+    assert s.full(builtin_scenarios(1.0)["throughput"]).warmup_requests == 0  # the short pass was its warm-up
+    why = s.judge(1.0, 2.0)  # (the fake `score` above returns the result itself)
+    assert why.startswith("screened out at 25% fidelity: short-bench score 1.000x vs a bar of 1.800x")
+    assert "s of bench saved" in why
+    assert s.judge(2.5, 2.0) is None
+    ev = [e.data for e in store.events(run.id, kind="screen")]
+    assert [e["screened_out"] for e in ev] == [True, False]
+    # 48 requests not run, at the short pass's pace of 24 requests (16 + 8 warm-up) in 2 s
+    assert ev[0]["saved_bench_s"] == pytest.approx(4.0) and ev[1]["saved_bench_s"] == 0.0
+
+
+# --- the product path: Controller -> run_trial -> the bench step -> SearchProposer, on a fake bench ---
+
+class FakeSite:
+    python = "python"
+
+    def __init__(self, host):
+        self.host = host
+
+    def place(self, path, *, kind="tree"):
+        return str(path)
+
+    def verify_gates(self):
+        pass
+
+    def facts(self):
+        return {}
+
+    def bench(self, base_url, model, scenario, **kw):
+        tpot = float(self.host.argv[self.host.argv.index("--tpot-ms") + 1])
+        if "@" in scenario.name:  # the short pass
+            tpot = self.host.short_tpot.get(tpot, tpot)
+        self.host.benched.append((scenario.name, scenario.num_requests, scenario.warmup_requests, tpot))
+        m = {"tpot_ms_p50": tpot, "tpot_ms_mean": tpot, "tpot_ms_std": 0.0, "completed": float(scenario.num_requests),
+             "failed": 0.0, "duration_s": 1.0}
+        return ScenarioResult(scenario=scenario, metrics=m)
+
+
+class FakeHost:
+    """Starts nothing: remembers the launched argv, which the fake site's bench reads its tpot from."""
+
+    name = "fake"
+
+    def __init__(self, short_tpot=None):
+        self.argv, self.benched, self.short_tpot = [], [], dict(short_tpot or {})
+
+    def site(self):
+        return FakeSite(self)
+
+    def free_port(self):
+        return 1
+
+    def start(self, argv, *, env, cwd, log_path):
+        self.argv = list(argv)
+        Path(log_path).write_text("")
+        return Proc(pid=0, pgid=0, argv=tuple(argv), log_path=str(log_path))
+
+    def wait_healthy(self, url, timeout, proc):
+        pass
+
+    def alive(self, proc):
+        return True
+
+    def stop(self, proc):
+        pass
+
+
+CHOICES = (8.0, 7.0, 6.0, 5.0, 4.0, 12.0, 16.0, 20.0, 24.0, 32.0)
+
+
+def _run(tmp_path, fraction, short_tpot=None, trials=12):
+    target = load_target(write_fake_target(tmp_path / "fake.toml", choices=CHOICES))
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    goal = parse_goal(f"beat the baseline by 80% on TPOT within {trials} trials")  # 8 -> 1.6 ms: out of reach
+    run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "search")
+    host = FakeHost(short_tpot)
+    ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
+                       reference_dir=tmp_path, scenarios=builtin_scenarios(1.0), run_dir=tmp_path / "run",
+                       source_dir=tmp_path, accuracy_gate=False, integrity_gate=False,
+                       # The fake bench returns at once: its client-CPU share over so short a window is
+                       # noise, not saturation (a busy host would otherwise make it untrusted).
+                       trust=TrustPolicy(probe_s=0.0, settle_s=0.0, saturation=SaturationPolicy(max_client_cpu=float("inf"))))
+    reason = Controller(ctx, SearchProposer(seed=0), screen_fraction=fraction).run()
+    return store, run.id, host, reason
+
+
+def test_the_search_screens_bad_candidates_on_a_short_bench_and_measures_the_rest_in_full(tmp_path):
+    store, run_id, host, reason = _run(tmp_path, 0.25)
+    trials = store.list_trials(run_id)
+    search = [t for t in trials if t.proposer == "search"]
+    screened = [t for t in search if is_screened(t)]
+    assert screened, [(t.knobs, t.status, t.score) for t in search]
+    screens = {e.trial_id: e.data for e in store.events(run_id, kind="screen")}
+    for t in screened:
+        assert t.error.startswith("screened out at 25% fidelity: short-bench score") and "Optuna ThresholdPruner" in t.error
+        assert t.score == pytest.approx(8.0 / t.knobs["tpot_ms"]) and screens[t.id]["saved_bench_s"] > 0
+        assert {m.scenario for m in store.measurements(t.id)} == {"decode@0.25"}  # the full bench never ran
+    # Every search trial judged on a bench got a screen (one the busy host made untrusted may not have);
+    # the ones that passed were then measured in full, without warm-up.
+    judged = [t for t in search if t.status in ("kept", "discarded")]
+    assert {t.id for t in judged} <= set(screens) <= {t.id for t in search}
+    full = [t for t in judged if not is_screened(t)]
+    assert full and all({m.scenario for m in store.measurements(t.id)} == {"decode", "decode@0.25"} for t in full)
+    assert ("decode", 16, 0, 5.0) in host.benched or ("decode", 16, 0, 4.0) in host.benched
+    # Baselines, sentinels and paired rounds are measured at full fidelity only, with their warm-up.
+    loop = [t for t in trials if t.proposer != "search"]
+    assert loop and not any(t.id in screens for t in loop)
+    assert all({m.scenario for m in store.measurements(t.id)} <= {"decode"} for t in loop)
+    # A screened trial is never kept, never the best; the best is the fastest knob set the search found.
+    best = store.get_trial(store.get_run(run_id).best_trial_id)
+    assert best.proposer == "search" and not is_screened(best) and best.status == "kept"
+    assert best.knobs["tpot_ms"] == min(t.knobs["tpot_ms"] for t in judged)
+    assert "screened out" in next(e.message for e in store.events(run_id, kind="trial.why") if e.trial_id == screened[0].id)
+
+
+def test_a_short_bench_that_flatters_a_slow_candidate_costs_only_its_full_bench(tmp_path):
+    # The short pass of 32 ms reads 4 ms: it passes the screen, and its full bench judges it (discarded).
+    store, run_id, _, _ = _run(tmp_path, 0.25, short_tpot={32.0: 4.0})
+    slow = [t for t in store.list_trials(run_id) if t.proposer == "search" and t.knobs["tpot_ms"] == 32.0]
+    assert slow and all(t.status == "discarded" and not is_screened(t) and t.score == pytest.approx(0.25) for t in slow)
+
+
+def test_screening_is_off_by_default(tmp_path):
+    store, run_id, host, _ = _run(tmp_path, 0.0, trials=6)
+    assert not store.events(run_id, kind="screen") and all("@" not in name for name, *_ in host.benched)
