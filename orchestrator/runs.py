@@ -107,7 +107,7 @@ def start_run(
     resolve_model(target.model)
     store = open_store(ws)
     check_host_free(store, ws.config.host, ws.config.allow_concurrent_runs)
-    hosts = get_hosts(ws.config.host, state_dir=ws.state_dir)
+    hosts = get_hosts(ws.config.host, state_dir=ws.state_dir, model_cache=ws.config.model_cache)
     # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
     fingerprint, *others = [h.fingerprint() for h in hosts]
     run = store.create_run(
@@ -147,7 +147,7 @@ def resume_run(
         # say so in its row instead of leaving it `interrupted` forever.
         store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
         raise
-    hosts = get_hosts(config.host, state_dir=ws.state_dir)
+    hosts = get_hosts(config.host, state_dir=ws.state_dir, model_cache=config.model_cache)
     with _held(store, run.id, config, hosts):  # refuses a live run, naming its owner
         def run_is_live(rid: int) -> bool:
             r = store.get_run(rid)
