@@ -97,10 +97,11 @@ def _load_fast(model_dir: str, *, dtype: torch.dtype, device: str, attn: str | N
     kw: dict[str, Any] = {"dtype": dtype}
     if attn:
         kw["attn_implementation"] = attn
-    # Built on the device with every init function switched off: the parameters are allocated but
-    # never filled (load_state_dict below replaces them), while buffers computed in __init__ (RoPE's
-    # inv_freq) come out as from_pretrained makes them.
-    with torch.device(device), no_init_weights():
+    # Built on the CPU with every init function switched off: the parameters are allocated but never
+    # touched (load_state_dict below replaces them with the device's tensors), while buffers computed
+    # in __init__ (RoPE's inv_freq) are computed on the CPU, as from_pretrained computes them, and
+    # moved to the device at the end: bit for bit the same model.
+    with no_init_weights():
         model = AutoModelForCausalLM.from_config(cfg, **kw)
     if getattr(model, "_keep_in_fp32_modules", None) or getattr(model, "_keep_in_fp32_modules_strict", None):
         raise _NotFast("the model keeps some modules in float32")
@@ -126,6 +127,7 @@ def _load_fast(model_dir: str, *, dtype: torch.dtype, device: str, attn: str | N
     untied = [k for k in missing if now[k].data_ptr() not in loaded]
     if untied:
         raise _NotFast(f"weights missing from the checkpoint: {untied[:3]}")
+    model.to(device)  # the buffers; the parameters are there already
     if os.path.isfile(os.path.join(model_dir, "generation_config.json")):
         model.generation_config = GenerationConfig.from_pretrained(model_dir)
     return model
