@@ -1,6 +1,6 @@
 """Gate time per trial: the integrity + accuracy gates of two source trees, measured interleaved.
 
-    python benchmarks/gate_time.py --before /work/main --after . [--rounds 4] [--knobs "--batching on"]
+    python benchmarks/gate_time.py --before /work/main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
 
 Starts one server of the demo target (examples/hfserve/server.py on the forge's tiny model, the
 baseline knobs unless ``--knobs``), then alternates A B A B: each round runs, in a fresh
@@ -47,11 +47,12 @@ def main() -> None:
     ap.add_argument("--after", default=str(ROOT), help="source tree whose gates/ is 'after'")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--knobs", default="", help="extra server arguments, e.g. '--batching on'")
+    ap.add_argument("--model", default="", help="model folder (default: the forge's tiny model); the 7B on the GPU")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from orchestrator.models import forge
 
-    model = Path(forge.default_model())
+    model = Path(args.model) if args.model else Path(forge.default_model())
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = spawn([sys.executable, str(SERVER), "--model", str(model), "--port", str(port),

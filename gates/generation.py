@@ -222,14 +222,20 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
     prompts = [_prompt_of(p, tok, mode) for p in probes]
     replies: list[_Reply | None] = [None] * len(probes)
     together = [i for i, p in enumerate(probes) if p.concurrent]
-    with ThreadPoolExecutor(max_workers=max(1, len(together))) as pool:
-        futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout, mode)
-                   for i in together}
-        for i, fut in futures.items():
-            replies[i] = fut.result()
-    for i, p in enumerate(probes):
-        if not p.concurrent:
-            replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout, mode)
+    # The reference's greedy continuations depend on the prompts alone: they are computed on a
+    # thread of their own while the server generates (the requests go out exactly as before), and
+    # the scoring below reads them from the cache.
+    with ThreadPoolExecutor(max_workers=1) as ref_pool:
+        ref_done = ref_pool.submit(lambda: [reference_greedy(model, ids, n) for _, ids in prompts])
+        with ThreadPoolExecutor(max_workers=max(1, len(together))) as pool:
+            futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout, mode)
+                       for i in together}
+            for i, fut in futures.items():
+                replies[i] = fut.result()
+        for i, p in enumerate(probes):
+            if not p.concurrent:
+                replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout, mode)
+        ref_done.result()
 
     records: list[dict[str, Any]] = []
     for probe, (_, prompt_ids), reply in zip(probes, prompts, replies, strict=True):

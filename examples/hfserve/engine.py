@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from loading import load_model  # beside this file (server.py and the tests put it on the path)
 
 __all__ = [
     "Engine",
@@ -182,20 +183,17 @@ class Engine:
 
     def __init__(self, model_dir: str, *, dtype: str = "float32", decode_loop: str = "generate",
                  batching: str = "off", max_batch_size: int = 8, kv_cache: str = "dynamic",
-                 attn: str | None = None, threads: int | None = None, device: str = "cpu") -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+                 attn: str | None = None, threads: int | None = None, device: str = "cpu",
+                 load: str = "fast") -> None:
+        from transformers import AutoTokenizer
 
         self.threads = threads
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-        if attn:
-            kwargs["attn_implementation"] = attn
         self.device = torch.device(device)
-        if self.device.type != "cpu":
-            kwargs["device_map"] = device  # load straight onto the GPU, no host copy
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs).eval()
+        self.model, self.load_path = load_model(model_dir, dtype=getattr(torch, dtype), device=device, attn=attn,
+                                                how=load)
         cfg = self.model.config
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048))
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id or cfg.eos_token_id))

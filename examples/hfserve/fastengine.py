@@ -50,6 +50,7 @@ from engine import (
     sample_row,
     token_event,
 )
+from loading import load_model
 
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
@@ -346,14 +347,11 @@ class FastEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
-                 sdpa: str = "auto", kernels: str = "torch") -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+                 sdpa: str = "auto", kernels: str = "torch", load: str = "fast") -> None:
+        from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        kw: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-        if device != "cpu":
-            kw["device_map"] = device
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, **kw).eval()
+        hf, self.load_path = load_model(model_dir, dtype=getattr(torch, dtype), device=device, how=load)
         cfg = hf.config
         self.max_len = min(int(max_model_len), int(getattr(cfg, "max_position_embeddings", max_model_len)))
         self.max_batch = max(1, int(max_batch_size))

@@ -393,6 +393,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                     help="attn_implementation passed to from_pretrained (default: transformers' choice)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--load", choices=["fast", "hf"], default="fast",
+                    help="fast: safetensors straight onto the device (loading.py), from_pretrained where that"
+                         " does not apply; hf: transformers' from_pretrained always. Same weights either way.")
     add_fast_args(ap)
     args = ap.parse_args(argv)
     check_fast_args(args)
@@ -438,10 +441,11 @@ def make_engine(args: argparse.Namespace) -> Any:
         return FastEngine(args.model, dtype=args.dtype, device=args.device,
                           max_batch_size=args.max_batch_size if args.batching == "on" else 1,
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
-                          cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels)
+                          cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
+                          load=args.load)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
-                  threads=args.threads, device=args.device)
+                  threads=args.threads, device=args.device, load=args.load)
 
 
 def main(argv: list[str] | None = None) -> None:

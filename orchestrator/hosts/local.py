@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.modelcache import resolve
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
@@ -49,8 +50,10 @@ class LocalHost:
     run_id: int | None = None
     """The run whose servers this host starts; recorded in each pidfile for the orphan sweep."""
 
-    def __init__(self, state_dir: str | Path) -> None:
+    def __init__(self, state_dir: str | Path, *, model_cache: str = "off") -> None:
         self.state_dir = Path(state_dir)
+        self.model_cache = resolve(model_cache)
+        """Where trials' models are copied to load from RAM (orchestrator.hosts.modelcache); None: not copied."""
         self.pid_dir = self.state_dir / "servers"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
 
@@ -203,7 +206,7 @@ class LocalHost:
 
     def site(self) -> Any:
         """Measurement in this process (see orchestrator.hosts.site)."""
-        return LocalSite()
+        return LocalSite(self.model_cache)
 
 
 def _is_our_server(pgid: int, argv: list[str] | None) -> bool:

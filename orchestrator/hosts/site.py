@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from gates import GateResult, accuracy, audit, integrity
 from gates.lock import verify
 from orchestrator.bench import Scenario, ScenarioResult, run_scenario_sync
+from orchestrator.hosts.modelcache import cached_copy
 
 __all__ = ["LocalSite", "Site"]
 
@@ -53,11 +54,17 @@ class Site(Protocol):
 
 
 class LocalSite:
-    """Everything in this process: paths are used as they are."""
+    """Everything in this process: paths are used as they are, except the model where the host keeps
+    a RAM-backed copy of it (`model_cache`: orchestrator.hosts.modelcache)."""
 
     python = None
 
+    def __init__(self, model_cache: Path | None = None) -> None:
+        self.model_cache = model_cache
+
     def place(self, path: str | Path, *, kind: str = "tree") -> str:
+        if kind == "model" and self.model_cache is not None:
+            return str(cached_copy(path, self.model_cache))
         return str(path)
 
     def verify_gates(self) -> None:

@@ -19,7 +19,7 @@ import yaml
 from orchestrator.audit.actions import human_actions
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.report.render import build_report_data
-from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg
+from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg, timeline_svg, trial_timeline
 
 __all__ = ["build_html_data", "write_html_report"]
 
@@ -165,6 +165,7 @@ def build_html_data(store: Any, run_id: int) -> dict[str, Any]:
         rows.append({**row, "minutes": max(clock, elapsed) / 60, "why": why.sentence, "decided_by": why.decided_by, "gates": gates})
     gate_names = [g for g in GATE_ORDER if any(g in r["gates"] for r in rows)]
     gate_names += sorted({g for r in rows for g in r["gates"]} - set(gate_names))
+    timeline = trial_timeline(trials)
     importance, importance_note = _importance(store, run_id)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     return {
@@ -174,7 +175,9 @@ def build_html_data(store: Any, run_id: int) -> dict[str, Any]:
         "plots": {
             "best_vs_trials": best_so_far_svg(rows, x="number", xlabel="trial"),
             "best_vs_time": best_so_far_svg(rows, x="minutes", xlabel="minutes since the run started"),
+            "timeline": timeline_svg(timeline),
         },
+        "timeline": timeline,
         "pareto": _pareto(store, trials),
         "sol": _speed_of_light(store, run_id, trials),
         "importance": importance, "importance_note": importance_note,

@@ -14,7 +14,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from orchestrator.roles import NOT_SEARCH  # noqa: E402
 
-__all__ = ["best_so_far_svg", "pareto_front", "pareto_svg"]
+__all__ = ["best_so_far_svg", "pareto_front", "pareto_svg", "timeline_svg", "trial_timeline"]
 
 COLORS = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
           "needs_approval": "tab:orange", "rejected": "tab:brown"}
@@ -74,5 +74,46 @@ def pareto_svg(points: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]
     ax.set_ylabel("output throughput (tok/s)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+TIMELINE_STEPS = (("deploy", "tab:blue"), ("gates", "tab:orange"), ("bench", "tab:green"),
+                  ("other", "tab:gray"), ("idle", "lightgray"))
+
+
+def trial_timeline(trials: Sequence[Any]) -> list[dict[str, Any]]:
+    """Seconds per trial spent deploying, gating, benchmarking, on the rest of the trial (teardown,
+    audit), and idle before it (from the previous trial's end to its start: proposing, recording).
+
+    `trials`: store trial records in run order (their `timings`, `started_at`, `finished_at`)."""
+    rows, prev_end = [], None
+    for t in trials:
+        tm = t.timings or {}
+        steps = {s: float(tm.get(s, 0.0)) for s in ("deploy", "gates", "bench")}
+        steps["other"] = max(float(tm.get("trial", 0.0)) - sum(steps.values()), 0.0)
+        if prev_end is not None and t.started_at is not None:
+            steps["idle"] = max((t.started_at - prev_end).total_seconds(), 0.0)
+        else:  # the first trial, or one never started: what the loop spent around it
+            steps["idle"] = float(tm.get("propose", 0.0)) + float(tm.get("record", 0.0))
+        prev_end = t.finished_at or prev_end
+        rows.append({"number": t.number, "status": t.status, **steps})
+    return rows
+
+
+def timeline_svg(rows: Sequence[dict[str, Any]]) -> str:
+    """One stacked bar per trial: deploy / gates / bench / other / idle seconds (`trial_timeline`)."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    xs = [r["number"] for r in rows]
+    bottom = [0.0] * len(rows)
+    for step, color in TIMELINE_STEPS:
+        heights = [r[step] for r in rows]
+        ax.bar(xs, heights, bottom=bottom, color=color, label=step, width=0.8)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7, loc="upper left", ncol=5)
+    ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return _svg(fig)

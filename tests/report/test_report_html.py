@@ -18,10 +18,26 @@ def test_page_is_self_contained_and_holds_every_section(full_run, tmp_path):
     assert not re.search(r"""(src|href|url)\s*[=(]\s*["']?(https?:)?//""", html), "nothing may be fetched"
     assert "default-src 'none'" in html
     assert re.findall(r'<section id="(\w+)"', html) == SECTIONS
-    assert html.count("<svg") == 3  # best vs trials, best vs time, Pareto
+    assert html.count("<svg") == 4  # best vs trials, best vs time, trial timeline, Pareto
     assert "Goal met" in html and "did not beat the threshold 1.299x" in html
     assert "fake on cpu: knobs giving 2.00x" in html  # the KB entry the run wrote
     assert "Agent: 1500 tokens, $0.0081" in html
+
+
+def test_trial_timeline_splits_each_trial_into_its_steps(full_run):
+    store, rid, _ = full_run
+    d = build_html_data(store, rid)
+    trials = store.list_trials(rid)
+    assert [r["number"] for r in d["timeline"]] == [t.number for t in trials]
+    for row, t in zip(d["timeline"], trials, strict=True):
+        tm = t.timings or {}
+        assert all(row[s] >= 0 for s in ("deploy", "gates", "bench", "other", "idle"))
+        assert row["deploy"] == tm.get("deploy", 0.0) and row["bench"] == tm.get("bench", 0.0)
+        # the steps of the trial add up to its own time (the rest is "other"), idle is outside it
+        assert row["deploy"] + row["gates"] + row["bench"] + row["other"] == pytest.approx(max(
+            tm.get("trial", 0.0), tm.get("deploy", 0.0) + tm.get("gates", 0.0) + tm.get("bench", 0.0)))
+    assert any(r["deploy"] > 0 for r in d["timeline"])
+    assert d["plots"]["timeline"].startswith("<svg") and "idle" in d["plots"]["timeline"]
 
 
 def test_data_pareto_gates_importance_interval_and_speed_of_light(full_run, tmp_path):
@@ -70,7 +86,7 @@ def test_chromium_renders_it_with_no_console_error_and_no_request(full_run, tmp_
     r = inspect_page(page, screenshot=tmp_path / "shot.png")
     assert r["errors"] == [] and r["requests"] == []
     assert r["title"] == f"infergoal run {rid} — fake" and r["sections"] == SECTIONS
-    for fig in ("plot-best-vs-trials", "plot-best-vs-time", "plot-pareto"):
+    for fig in ("plot-best-vs-trials", "plot-best-vs-time", "plot-timeline", "plot-pareto"):
         assert r["figures"][fig]["width"] > 300 and r["figures"][fig]["height"] > 150, fig
         assert r["figures"][fig]["paths"] > 10, f"{fig} drew nothing"
     assert r["rows"] == 10 and "Goal met" in r["text"]
