@@ -1,6 +1,6 @@
 #!/bin/bash
 # One 10-minute command of the GPU run, on the device machine, from the repository root:
-#   benchmarks/gpu/run_step.sh LIMIT_S [check] [ib] [demo] [profile]
+#   benchmarks/gpu/run_step.sh LIMIT_S [check] [ib] [demo] [profile] [noloop]
 # Installs the carried wheels (.whl/), forges the 7b-peaked model (cached while the machine
 # stays warm), optionally runs the engine check / speed of light, the gate demo and the profile,
 # then drives the loop (`infergoal goal $GOAL_FILE`, default goal.toml, or `resume` when the database has a
@@ -59,6 +59,7 @@ ${FLOORS:+floors = \"$FLOORS\"}
 TOML
 RESERVE=0; case " $* " in *" post-demo "*) RESERVE=70 ;; esac
 LEFT=$((LIMIT - (SECONDS - START) - 40 - RESERVE))
+case " $* " in *" noloop "*) LEFT=0 ;; esac  # the steps only, no loop
 cd "$WS"
 HAS_RUN=$(python3 -c "import sqlite3; print(sqlite3.connect('.infergoal/infergoal.db').execute(\"select count(*) from runs where status != 'finished'\").fetchone()[0])" 2>/dev/null || echo 0)
 if [ "$LEFT" -gt 60 ]; then
