@@ -72,7 +72,7 @@ def test_goal_status_approve_stop_resume(shell):
     assert [t.number for t in store.list_trials(2) if t.status == "kept"] == [0], "stopped while #1 was coming up"
     (root / "hold").unlink()
     child.sendline("/resume")
-    child.expect(r"#\d+ kept \d\.\d+x \{'tpot_ms': 4\.0\}", timeout=240)  # 8 -> 4 ms: about 2x
+    child.expect(r"#\d+ kept \d\.\d+x tpot_ms=4\.0", timeout=240)  # 8 -> 4 ms: about 2x
     child.expect(r"run 2 finished: (GoalMet|ProposerExhausted)", timeout=240)
     run = store.get_run(2)
     trials = store.list_trials(2)
