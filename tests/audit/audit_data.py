@@ -135,7 +135,7 @@ def add_measurements(store: Store, run_id: int, *, judged_after_sentinel: bool =
                            timings={"bench": 6.0, "total": 8.0})
         if n == 10:
             store.add_event(run_id, "trial.why", "#10 kept: a baseline measurement (sentinel)", trial_id=t.id,
-                            data={"noise": 0.0, "noise_basis": "", "baseline_trial": 0, "score": None,
+                            data={"noise": 0.0, "noise_basis": "", "baseline_trial": None, "score": None,
                                   "sentence": "#10 kept: a baseline measurement (sentinel); candidates after it are judged against it"})
     paired = {"score": 2.01, "lo": 1.93, "hi": 2.09, "confidence": 0.9, "rounds": 1, "met": True, "pair_trials": [[11, 12]],
               "objectives": {"decode:tpot_ms_p50": {"ratio": 2.01, "lo": 1.93, "hi": 2.09, "verdict": "pass"}}}
