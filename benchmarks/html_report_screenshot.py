@@ -3,7 +3,8 @@
     PYTHONPATH=.:tests:tests/audit:tests/report python benchmarks/html_report_screenshot.py [OUT.png]
 
 The run is tests/audit/audit_data.py's (every trial status, built through the store API, so its
-numbers are illustrative), plus a paired A/B outcome on the best trial and speed-of-light floors,
+numbers are illustrative), plus a sentinel and a paired A/B round of the best trial (measurements,
+marked under the trial they measure) and speed-of-light floors,
 so every section of the page has something to show.
 """
 
@@ -13,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from audit_data import build_run
+from audit_data import add_measurements, build_run
 from chromium import inspect_page
 
 from orchestrator.audit import decide, record_action
@@ -25,9 +26,7 @@ def main(out: Path) -> None:
     with tempfile.TemporaryDirectory() as d:
         store = Store(f"sqlite:///{d}/infergoal.db")
         rid = build_run(store, Path(d))
-        best = store.get_trial_by_number(rid, 7)
-        store.add_event(rid, "paired", "2.01x [1.93, 2.09]", trial_id=best.id,
-                        data={"score": 2.01, "lo": 1.93, "hi": 2.09, "confidence": 0.9, "rounds": 3, "met": True})
+        add_measurements(store, rid)  # a sentinel and a paired round of #7: measurements, shown as such
         store.add_event(rid, "speed_of_light", "floors", data={"floors": {"decode_tpot_ms": 1.02, "prefill_ttft_ms": 3.0}})
         decide(store, rid, 9, "rejected", "alice")
         record_action(store, rid, "steer", "leave the dtype alone", who="bob")

@@ -369,7 +369,8 @@ class Controller:
         if out["score"]:  # the trial's number becomes the paired one: it is the better estimate
             self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
                                     error=trial.error, timings=trial.timings)
-        self._record_why(self.store.get_trial(trial.id), trial.status, out["score"] or trial.score, trial.error,
+        # The why's score stays the screening score against its baseline; the paired ratio is told as paired.
+        self._record_why(self.store.get_trial(trial.id), trial.status, trial.score, trial.error,
                          self._baseline(), paired=out, screen_met=screen_met)
         return out
 

@@ -21,6 +21,8 @@ import time
 from typing import Any
 
 from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
+from orchestrator.audit.facts import why_facts
+from orchestrator.audit.trials import is_measurement, knob_text, measured_trial
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
@@ -152,7 +154,7 @@ class Shell(cmd.Cmd):
                     if t.status in _DONE and t.id not in self._seen:
                         self._seen.add(t.id)
                         score = f"{t.score:.3f}x" if t.score else "—"
-                        self.say(f"  #{t.number} {t.status} {score} {t.knobs}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
+                        self.say(f"  {self._label(t)} {t.status} {score} {knob_text(t.knobs)}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
             if child is not None and child.poll() is not None:
                 run = self.store.get_run(self.run_id) if self.run_id else None
                 self.say(f"run {self.run_id} {run.status if run else 'ended'}: {run.stop_reason if run else f'exit {child.returncode}'}")
@@ -216,7 +218,7 @@ class Shell(cmd.Cmd):
         best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
         inflight = [t.number for t in trials if t.status in ("pending", "running")]
         bg = "background: running" if self._running() else ("background: idle" if self.child is None else f"background: exited {self.child.returncode}")
-        self.say(f"run {run.id} {run.status}: {len(trials)} trials" + (f", best #{best.number} {best.score:.3f}x" if best and best.score else "")
+        self.say(f"run {run.id} {run.status}: {explain_run(self.store, run.id)['budget_line']}" + (f", best #{best.number} {best.score:.3f}x" if best and best.score else "")
                  + (f", in flight #{inflight[0]}" if inflight else "") + (f" — {run.stop_reason}" if run.stop_reason else "") + f" [{bg}]")
         return None
 
@@ -230,8 +232,16 @@ class Shell(cmd.Cmd):
     def do_trials(self, arg: str) -> None:
         """/trials — the current run's trials."""
         for t in self.store.list_trials(self.run_id) if self.run_id else []:
-            self.say(f"#{t.number:<3} {t.status:<14} {f'{t.score:.3f}x' if t.score else '—':>8}  {t.proposer:<9} {t.knobs}")
+            self.say(f"{self._label(t):<5} {t.status:<14} {f'{t.score:.3f}x' if t.score else '—':>8}  {t.proposer:<9} {knob_text(t.knobs)}")
         return None
+
+    @staticmethod
+    def _label(t: Any) -> str:
+        """`#7` for a trial; `↳#8` for a measurement of one (a paired round, a sentinel, a re-run)."""
+        if not is_measurement(t):
+            return f"#{t.number}"
+        of = measured_trial(t)
+        return f"↳#{t.number}" + (f" ({t.proposer} of #{of})" if of is not None else f" ({t.proposer})")
 
     def _number(self, arg: str, command: str) -> int | None:
         if self.run_id is None:
@@ -250,7 +260,7 @@ class Shell(cmd.Cmd):
         if t is None:
             return self.say(f"run {self.run_id} has no trial #{arg}") if n is not None else None
         self.say(f"#{t.number} {t.status}" + (f" {t.score:.3f}x" if t.score else "") + f" — {t.proposer}: {t.rationale}")
-        self.say(f"  knobs: {t.knobs}\n  launch: {t.launch_cmd}")
+        self.say(f"  knobs: {knob_text(t.knobs)}\n  launch: {t.launch_cmd}")
         for g in self.store.gate_results(t.id):
             self.say(f"  gate {g.gate}: {g.status} — {g.reason}")
         if t.error:
@@ -261,9 +271,8 @@ class Shell(cmd.Cmd):
         """/why [N] — the first thing that decided trial N, with its numbers (no N: why the run stopped)."""
         if not arg.strip() and self.run_id is not None:
             r = explain_run(self.store, self.run_id)
-            used, budget = r["used"], r["budget"]
             return self.say(f"run {self.run_id} {r['status']}: {r['stop_reason'] or 'still running'}; "
-                            f"{used['trials']} of {budget['trials'] or 'unlimited'} trials, {used['trial_s'] / 60:.1f} min of trial time")
+                            f"{r['budget_line']}, {r['used']['trial_s'] / 60:.1f} min of trial time")
         n = self._number(arg, "why")
         if n is None:
             return None
@@ -272,6 +281,8 @@ class Shell(cmd.Cmd):
         except LookupError as e:
             return self.say(str(e))
         self.say(f"#{n} {w.status} (decided by {w.decided_by}): {w.sentence}")
+        for k, v in why_facts(w.evidence):
+            self.say(f"  {k}: {v}")
         return None
 
     def _decide(self, arg: str, status: str) -> None:

@@ -105,8 +105,9 @@ def test_shell_why_hint_names_why(tmp_path):
     assert lines[0] == "error: 'abc' is not a trial number; e.g. /why 3 (/trials lists them)"
     assert "/approve 3" in lines[1] and "/show 3" in lines[2]
     assert "/show" not in lines[0]
+    before = len(out.getvalue().splitlines())
     sh.onecmd(sh.precmd("/why 1"))
-    assert out.getvalue().splitlines()[-1].startswith("#1 ")
+    assert out.getvalue().splitlines()[before].startswith("#1 ")  # the sentence first, then its facts
 
 
 def test_diff_takes_json(tmp_path):

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
-from orchestrator.roles import BASELINE, LOOP_ADDED, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
+from orchestrator.audit.trials import budget_line, split_trials
+from orchestrator.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
 __all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "recorded_noise", "trial_cost"]
 
@@ -205,7 +206,8 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
         if decided_by in ("threshold", "goal", "recorded", BASELINE, *REMEASURES):
             sentence = str(recorded.get("sentence") or recorded.get("reason") or recorded.get("why") or sentence)
         # A baseline's own record carries the noise it was judged with (none): not the noise it sets.
-        skip = ("sentence", "reason", "why", *(("noise",) if decided_by == BASELINE else ()))
+        # A baseline's (or sentinel's) own record carries the noise it was judged with: not the noise it sets.
+        skip = ("sentence", "reason", "why", *(("noise", "noise_basis") if trial.proposer in BASELINES or decided_by == BASELINE else ()))
         evidence = {**evidence, **{k: v for k, v in recorded.items() if k not in skip}}
         decided_by = str(recorded.get("decided_by") or decided_by)
         if isinstance(recorded.get("region"), dict) and "failed region" not in sentence:
@@ -252,6 +254,12 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
     ev: dict[str, Any] = {"score": trial.score}
     if perf is not None:
         ev["performance"] = _gate_evidence(perf)
+    if trial.proposer in BASELINES:  # a sentinel: the noise it set is what later candidates were given
+        derived, samples = baseline_noise(store, run, n)
+        noise = recorded_noise(events, baseline_trial=n)
+        ev.update(noise=derived if noise is None else noise, samples=samples)
+        return trial.proposer, (f"{trial.status}: a {trial.proposer} measurement ({trial.rationale}); it judges others, "
+                                f"not itself; the candidates after it were judged with noise {ev['noise']:.1%}"), ev
     if trial.proposer in MEASUREMENTS:
         return trial.proposer, f"{trial.status}: a {trial.proposer} measurement ({trial.rationale}); it judges others, not itself", ev
     line = _keep_line(store, run, trial, trials, events)
@@ -281,7 +289,7 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         raise LookupError(f"no run with id {run_id}; list them with `infergoal status`")
     trials = store.list_trials(run_id)
     budget = GoalSpec(**run.goal).budget
-    counted = [t for t in trials if t.proposer not in LOOP_ADDED]
+    counted, measurements = split_trials(trials)
     spent = sum((t.timings or {}).get("total", 0.0) for t in trials)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     events = store.events(run_id)
@@ -295,7 +303,8 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         "run": run_id, "status": run.status, "stop_reason": run.stop_reason,
         "budget": {"trials": budget.trials, "wall_s": budget.wall_s, "tokens": budget.tokens,
                    "stall_trials": budget.stall_trials},
-        "used": {"trials": len(counted), "trial_s": spent, **usage},
+        "used": {"trials": len(counted), "measurements": len(measurements), "trial_s": spent, **usage},
+        "budget_line": budget_line(len(counted), budget.trials, len(measurements)),
         "best": {"number": best.number, "score": best.score} if best else None,
         "failed_regions": [{"trial": r.get("trial"), "kind": r.get("kind"), "region": r.get("describe"),
                             "skipped": sum(1 for s in skips if s.get("marked_by") == r.get("trial"))} for r in regions],

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.audit.trials import knob_text
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
 
@@ -69,6 +71,7 @@ def why(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
+    from orchestrator.audit.facts import why_facts
     from orchestrator.audit.why import explain_run, explain_trial
 
     number = trial_number(trial)
@@ -80,7 +83,7 @@ def why(
         b, u = data["budget"], data["used"]
         console.print(f"run {rid}: {data['status']} — {data['stop_reason'] or 'still running'}", highlight=False)
         wall = f"{b['wall_s'] / 60:g} min" if b["wall_s"] else "unlimited"
-        console.print(f"  trials {u['trials']} of {b['trials'] or 'unlimited'}; trial time {u['trial_s'] / 60:.1f} min of "
+        console.print(f"  {data['budget_line']}; trial time {u['trial_s'] / 60:.1f} min of "
                       f"{wall}; stall limit {b['stall_trials']}", highlight=False)
         if data["best"]:
             console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
@@ -94,17 +97,20 @@ def why(
     if as_json:
         return emit(w.to_dict())
     console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by})", highlight=False)
-    console.print(f"  {w.sentence}", highlight=False)
-    for k, v in w.evidence.items():
-        if v not in (None, {}, []):
-            console.print(f"  {k}: {json.dumps(v, default=str)[:400]}", highlight=False)
-    console.print(f"  changed from the baseline: {w.changed or '(nothing)'}", highlight=False)
-    cost = f"  cost: {w.cost['seconds']:.1f} s"
+    console.print(f"  {escape(w.sentence)}", highlight=False)
+    table = Table("fact", "value", show_header=False, box=None, padding=(0, 2))
+    table.columns[0].style = "bold"
+    table.columns[1].overflow = "fold"
+    for k, v in why_facts(w.evidence):
+        table.add_row(k, escape(v))
+    table.add_row("changed from the baseline", escape(knob_text(w.changed) if w.changed else "(nothing)"))
+    cost = f"{w.cost['seconds']:.1f} s"
     if w.cost.get("tokens"):
         cost += f", {w.cost['tokens']:.0f} tokens, ${w.cost['dollars']:.4f}"
-    console.print(cost, highlight=False)
+    table.add_row("cost", cost)
     for a in w.actions:
-        console.print(f"  {a['kind']} by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC", highlight=False)
+        table.add_row(a["kind"], f"by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC")
+    console.print(table)
     return None
 
 

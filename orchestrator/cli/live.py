@@ -22,6 +22,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from orchestrator.audit.trials import knob_text
 from orchestrator.cli.common import console, err, get_store, get_workspace
 from orchestrator.cli.errors import ERRORS, emit, fail
 
@@ -137,7 +138,7 @@ def finish(outcome: Any, as_json: bool, report: bool) -> None:
         console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
                       f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
         if best and best.number:
-            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {best.knobs}", highlight=False)
+            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {escape(knob_text(best.knobs))}", highlight=False)
         if path:
             console.print(f"report: {path}")
     if code:

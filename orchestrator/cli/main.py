@@ -150,17 +150,20 @@ def _trial_dict(t: Any) -> dict[str, Any]:
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
+    from orchestrator.audit.trials import budget_line, split_trials
     from orchestrator.errors import summarize_failure
+    from orchestrator.goal import GoalSpec
     from orchestrator.lease import display_status
     from orchestrator.paired import describe, latest_paired
 
     store = get_store(read_only=True)
     rows = []
     for r in store.list_runs() if store else []:
-        trials = store.list_trials(r.id)
+        trials, measured = split_trials(store.list_trials(r.id))  # the budget's trials; measurements beside them
         best = store.get_trial(r.best_trial_id) if r.best_trial_id else None
         paired = latest_paired(store, r.id, best.id) if best else None
-        rows.append({"id": r.id, "name": r.name, "status": display_status(r), "trials": len(trials),
+        rows.append({"id": r.id, "name": r.name, "status": display_status(r), "trials": len(trials), "measurements": len(measured),
+                     "budget_line": budget_line(len(trials), GoalSpec.model_validate(r.goal).budget.trials, len(measured)),
                      "best_trial": best.number if best else None, "best_score": best.score if best else None,
                      "paired": paired, "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
                      "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None})
@@ -170,10 +173,12 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
         console.print("no runs yet; start one with `infergoal goal \"...\"`")
         return
     table = Table("run", "status", "trials", "best", "score", "stop reason", "name")
+    for c in table.columns[2:]:
+        c.overflow = "fold"  # a budget line, stop reason or name cut short is no answer: wrap it
     for r in rows:
         score = describe(r["paired"], short=True) if r["paired"] else (f"{r['best_score']:.3f}x (unpaired)" if r["best_score"] else "")
-        table.add_row(str(r["id"]), r["status"], str(r["trials"]), "" if r["best_trial"] is None else f"#{r['best_trial']}",
-                      score, (r["stop_reason"] or "")[:60], r["name"][:50])
+        table.add_row(str(r["id"]), r["status"], r["budget_line"], "" if r["best_trial"] is None else f"#{r['best_trial']}",
+                      score, escape(r["stop_reason"] or ""), escape(r["name"]))
     console.print(table)
 
 
@@ -194,13 +199,26 @@ def trials(
     ts = query_trials(everything, status, proposer, where, sort, desc)
     if as_json:
         return emit([_trial_dict(t) for t in ts])
+    from orchestrator.audit.trials import budget_line, is_measurement, knob_text, measured_trial, split_trials
+    from orchestrator.goal import GoalSpec
+
     base = everything[0].knobs if everything else {}
-    table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer", title=f"run {rid}")
+    counted, measured = split_trials(everything)
+    budget = GoalSpec.model_validate(store.get_run(rid).goal).budget.trials
+    table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",
+                  title=f"run {rid}: {budget_line(len(counted), budget, len(measured))}",
+                  caption="↳ rows are measurements of the trial they name (paired rounds, sentinels, re-runs): not trials" if measured else None)
+    for c in table.columns[3:5]:
+        c.overflow = "fold"
     for t in ts:
-        changed = " ".join(f"{k}={v}" for k, v in t.knobs.items() if base.get(k) != v) or "(defaults)"
+        changed = knob_text({k: v for k, v in t.knobs.items() if base.get(k) != v})
         obj = " ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
-        table.add_row(str(t.number), t.status, f"{t.score:.3f}" if t.score else "", obj, changed,
-                      f"{(t.timings or {}).get('total', 0):.1f}", t.proposer)
+        number, who = str(t.number), t.proposer
+        if is_measurement(t):
+            of = measured_trial(t)
+            number, who = f"↳ {t.number}", f"{t.proposer} of #{of}" if of is not None else t.proposer
+        table.add_row(number, t.status, f"{t.score:.3f}" if t.score else "", obj, changed,
+                      f"{(t.timings or {}).get('total', 0):.1f}", who, style="dim" if is_measurement(t) else None)
     console.print(table)
 
 
@@ -238,7 +256,9 @@ def show(
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)
-    console.print(f"  knobs: {t.knobs}", highlight=False)
+    from orchestrator.audit.trials import knob_text
+
+    console.print(f"  knobs: {escape(knob_text(t.knobs))}", highlight=False)
     console.print("  timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in (t.timings or {}).items()), highlight=False)
     for g in gates:
         console.print(f"  gate {g['gate']}: {g['status']} — {g['reason']}", highlight=False)

@@ -17,6 +17,7 @@ import jinja2
 import yaml
 
 from orchestrator.audit.actions import human_actions
+from orchestrator.audit.trials import is_measurement
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.report.render import build_report_data
 from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg, timeline_svg, trial_timeline
@@ -40,10 +41,10 @@ def _pareto(store: Any, trials: list[Any]) -> dict[str, Any] | None:
         return None
     # Throughput is what the throughput scenario is for; otherwise the best-covered one.
     scenario = "throughput" if "throughput" in usable else max(usable, key=lambda s: len(usable[s]))
-    status = {t.number: t.status for t in trials}
+    status = {t.number: t.status for t in trials if not is_measurement(t)}  # measurements are not trials
     points = [{"number": n, "status": status[n], "ttft": sum(v["ttft_ms_p50"]) / len(v["ttft_ms_p50"]),
                "throughput": sum(v["output_throughput"]) / len(v["output_throughput"])}
-              for n, v in sorted(usable[scenario].items()) if status[n] not in ("failed", "invalid")]
+              for n, v in sorted(usable[scenario].items()) if n in status and status[n] not in ("failed", "invalid")]
     if not points:
         return None
     front = pareto_front(points)

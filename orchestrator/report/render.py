@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.audit.trials import budget_line, is_measurement, measured_trial, split_trials
 from orchestrator.errors import summarize_failure
 from orchestrator.paired import latest_paired
 from orchestrator.roles import NOT_SEARCH
@@ -35,6 +36,8 @@ class ReportData:
     gate_rejections: list[dict[str, Any]] = field(default_factory=list)
     paired: dict[str, Any] | None = None
     """The best candidate's paired A/B outcome (ratio, interval, rounds), when it was confirmed."""
+    budget_line: str = ""
+    """`5 of 5 trials +6 measurements`: what the budget counted, as every face says it."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,6 +62,8 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "number": t.number, "status": t.status, "score": t.score, "proposer": t.proposer,
             "objective": t.objective or {}, "knobs": t.knobs, "changed": changed,
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
+            # a paired round, sentinel or re-run: a measurement of trial `of`, never a trial of its own
+            "measurement": is_measurement(t), "of": measured_trial(t),
         })
     paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []
@@ -101,7 +106,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         trials=rows, best=as_dict(best), baseline=as_dict(base), objectives=objectives,
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
-        paired=paired,
+        paired=paired, budget_line=budget_line(len(split_trials(trials)[0]), goal.budget.trials, len(split_trials(trials)[1])),
     )
 
 
@@ -115,7 +120,7 @@ def _plot(data: ReportData, out: Path) -> Path:
               "needs_approval": "tab:orange", "rejected": "tab:brown"}
     fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
     best, xs, ys = 1.0, [], []
-    for t in data.trials:
+    for t in [t for t in data.trials if not t["measurement"]]:  # measurements are not trials: off the trial axis
         score = t["score"] if t["score"] else 1.0  # failed/invalid trials score 1.0x by convention
         ax.scatter(t["number"], score, color=colors.get(t["status"], "black"), zorder=3,
                    marker="x" if t["status"] in ("failed", "invalid") else "o")

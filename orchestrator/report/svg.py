@@ -30,21 +30,28 @@ def _svg(fig: Any) -> str:
 
 
 def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) -> str:
-    """Score per trial (coloured by status) and the best kept score so far, against `x`."""
+    """Score per trial (coloured by status) and the best kept score so far, against `x`.
+
+    Measurements of a trial (paired rounds, sentinels, re-runs: `measurement` set) are not trials:
+    they are left off. The points are drawn in `x` order, so a time axis only moves forward; each
+    point's group has an id starting `trial-points` (the browser test counts them), the line `best-so-far`."""
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    shown = sorted((t for t in trials if not t.get("measurement")), key=lambda t: t[x])
     best, xs, ys = 1.0, [], []
-    for t in trials:
-        score = t["score"] or 1.0  # failed/invalid trials score 1.0x by convention
-        ax.scatter(t[x], score, color=COLORS.get(t["status"], "black"), zorder=3, s=22,
-                   marker="x" if t["status"] in ("failed", "invalid") else "o")
+    for failed in (False, True):
+        pts = [t for t in shown if (t["status"] in ("failed", "invalid")) == failed]
+        if pts:  # failed/invalid trials score 1.0x by convention
+            ax.scatter([t[x] for t in pts], [t["score"] or 1.0 for t in pts], color=[COLORS.get(t["status"], "black") for t in pts],
+                       zorder=3, s=22, marker="x" if failed else "o", gid="trial-points-failed" if failed else "trial-points")
+    for t in shown:
         if t["status"] == "kept" and t["proposer"] not in NOT_SEARCH:
-            best = max(best, score)
+            best = max(best, t["score"] or 1.0)
         xs.append(t[x])
         ys.append(best)
-    ax.step(xs, ys, where="post", color="tab:green", alpha=0.7, label="best so far")
+    ax.step(xs, ys, where="post", color="tab:green", alpha=0.7, label="best so far", gid="best-so-far")
     ax.axhline(1.0, color="black", lw=0.8, ls="--", label="baseline")
     for s, c in COLORS.items():
-        if any(t["status"] == s for t in trials):
+        if any(t["status"] == s for t in shown):
             ax.scatter([], [], color=c, label=s, s=22)
     if x == "number":
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -69,7 +76,9 @@ def pareto_svg(points: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]]
     for p in points:
         ax.scatter(p["ttft"], p["throughput"], color=COLORS.get(p["status"], "black"), s=22, zorder=3)
         ax.annotate(f"#{p['number']}", (p["ttft"], p["throughput"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.plot([p["ttft"] for p in front], [p["throughput"] for p in front], color="tab:blue", lw=1.2, label="Pareto front")
+    # Markers too: a front of one point is a point, and a line through one point draws nothing.
+    ax.plot([p["ttft"] for p in front], [p["throughput"] for p in front], color="tab:blue", lw=1.2, marker="o", ms=9,
+            mfc="none", mew=1.5, zorder=4, label="Pareto front", gid="pareto-front")
     ax.set_xlabel(f"TTFT p50 (ms), scenario {scenario}")
     ax.set_ylabel("output throughput (tok/s)")
     ax.legend(fontsize=7)

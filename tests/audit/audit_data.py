@@ -110,3 +110,43 @@ def build_run(store: Store, tmp_path: Path, *, with_files: bool = True) -> int:
     store.set_run_status(run.id, "finished", "GoalMet: #7 meets every objective, confirmed by a clean relaunch (#8)")
     json.dumps(ROWS)  # the table is plain data
     return run.id
+
+
+def add_measurements(store: Store, run_id: int, *, judged_after_sentinel: bool = True) -> None:
+    """Add to the ROWS run what the loop adds around trials: a sentinel (#10) and a paired A/B round
+    of #7 (#11 baseline half, #12 candidate half), with the controller's `trial.why` records.
+
+    The sentinel was judged with no noise (nothing before it); #9, judged after it, was given its
+    77.3% noise. #7's record holds its screening score (2.0x against baseline #0) and the paired
+    ratio 2.01x; the paired event carries per-objective ratios for the report's objective table.
+    `judged_after_sentinel=False` leaves #9's record out: then no candidate was judged against #10."""
+    trials = {t.number: t for t in store.list_trials(run_id)}
+    rows = [(10, "sentinel", "sentinel after #9", (10.0, 17.7)),
+            (11, "paired", "paired A/B of #7, round 1: baseline", (10.1,)),
+            (12, "paired", "paired A/B of #7, round 1: candidate", (5.0,))]
+    for n, role, rationale, tpots in rows:
+        t = store.create_trial(run_id, n, commit="c0ffee", knobs={"tpot_ms": 4.0 if n == 12 else 8.0}, rationale=rationale,
+                               proposer=role)
+        store.start_trial(t.id, "python fakeserver.py", None)
+        for rep, v in enumerate(tpots):
+            store.add_measurements(t.id, "decode", {"tpot_ms_p50": v, "ttft_ms_p50": 20.0, "output_throughput": 1000 / v,
+                                                    "completed": 4.0, "failed": 0.0}, repeat=rep)
+        store.finish_trial(t.id, "kept", score=None, objective={"decode:tpot_ms_p50": sum(tpots) / len(tpots)},
+                           timings={"bench": 6.0, "total": 8.0})
+        if n == 10:
+            store.add_event(run_id, "trial.why", "#10 kept: a baseline measurement (sentinel)", trial_id=t.id,
+                            data={"noise": 0.0, "noise_basis": "", "baseline_trial": None, "score": None,
+                                  "sentence": "#10 kept: a baseline measurement (sentinel); candidates after it are judged against it"})
+    paired = {"score": 2.01, "lo": 1.93, "hi": 2.09, "confidence": 0.9, "rounds": 1, "met": True, "pair_trials": [[11, 12]],
+              "objectives": {"decode:tpot_ms_p50": {"ratio": 2.01, "lo": 1.93, "hi": 2.09, "verdict": "pass"}}}
+    store.add_event(run_id, "paired", "#7: 2.01x [1.93, 2.09]", trial_id=trials[7].id, data=paired)
+    store.add_event(run_id, "trial.why", "#7 kept", trial_id=trials[7].id,
+                    data={"score": 2.0, "best": 1.25, "threshold": 1.299, "needed_gain": 0.0392156862745098, "noise": 0.0392156862745098,
+                          "min_gain": 0.03, "noise_basis": "", "baseline_trial": 0, "screen_met": True, "gates": {"performance": "pass"},
+                          "paired": paired, "sentence": "#7 kept: score 2.000x against baseline #0 cleared 1.299x (best 1.250x + "
+                          "3.9%, set by baseline noise 3.9%); gates: performance pass; paired A/B: 2.01x [1.93, 2.09] "
+                          "(90%, 1 paired rounds), goal met"})
+    if not judged_after_sentinel:
+        return
+    store.add_event(run_id, "trial.why", "#9 needs_approval", trial_id=trials[9].id,
+                    data={"score": 1.6, "noise": 0.773, "noise_basis": "", "baseline_trial": 10, "sentence": "#9 needs_approval"})

@@ -21,7 +21,7 @@ def test_why_lineage_trials_and_log(audited):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["decided_by"] == "threshold"
     r = _run(root, "why")
-    assert r.exit_code == 0 and "GoalMet" in r.stdout and "trials 9 of 12" in r.stdout
+    assert r.exit_code == 0 and "GoalMet" in r.stdout and "9 of 12 trials +1 measurement" in r.stdout
     r = _run(root, "lineage", "8", "--json")
     assert [s["number"] for s in json.loads(r.stdout)] == [8, 7, 2, 0]
     r = _run(root, "trials", "--status", "kept", "--where", "score>1.2", "--sort", "score", "--desc", "--json")

@@ -1,0 +1,52 @@
+"""Trials and the measurements of them, as every face shows them (CLI, shell, report).
+
+A trial is what the budget counts: the baseline and each proposal. The loop adds measurements
+of trials on top (paired rounds, sentinels, re-runs, probes: `roles.LOOP_ADDED`); they are
+shown under or beside the trial they measure, never counted or plotted as trials, and the
+budget line says the same number wherever it is printed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from orchestrator.roles import BASELINES, LOOP_ADDED
+
+__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "split_trials"]
+
+_NAMED = re.compile(r"#(\d+)")
+
+
+def is_measurement(t: Any) -> bool:
+    """A trial row the loop added to measure another (not counted in the budget, not a trial)."""
+    return t.proposer in LOOP_ADDED
+
+
+def measured_trial(t: Any) -> int | None:
+    """The number of the trial that measurement `t` measures (0 for a sentinel: it re-measures the
+    baseline); None for a trial, or a measurement whose rationale names none."""
+    if not is_measurement(t):
+        return None
+    if t.proposer in BASELINES:
+        return 0
+    found = _NAMED.search(t.rationale or "")
+    return int(found.group(1)) if found else None
+
+
+def split_trials(rows: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """(trials, measurements): the rows the budget counts, and the ones the loop added."""
+    rows = list(rows)
+    return [t for t in rows if not is_measurement(t)], [t for t in rows if is_measurement(t)]
+
+
+def budget_line(trials: int, budget: int | None, measurements: int) -> str:
+    """`5 of 5 trials +6 measurements`: the one way every face says what the budget counted."""
+    line = f"{trials} of {budget if budget is not None else 'unlimited'} trials"
+    return line + (f" +{measurements} measurement{'s' if measurements != 1 else ''}" if measurements else "")
+
+
+def knob_text(knobs: Mapping[str, Any] | None) -> str:
+    """`tpot_ms=4.0 max_num_seqs=64`: knobs as a user would type them (`(defaults)` when none)."""
+    return " ".join(f"{k}={v}" for k, v in (knobs or {}).items()) or "(defaults)"

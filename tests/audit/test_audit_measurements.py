@@ -1,0 +1,163 @@
+"""Issue #26, items 2 and 3: measurements are not trials; `why` is prose and a table; knobs as key=value.
+
+The run is audit_data's ROWS run plus a sentinel (#10) and one paired round of #7 (#11, #12):
+9 trials of a 12-trial budget, and 4 measurements (#8's legacy confirm among them).
+"""
+
+import io
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+import typer
+from audit_data import add_measurements, build_run
+from typer.testing import CliRunner
+
+from orchestrator.audit.why import explain_run
+from orchestrator.cli import app
+from orchestrator.cli.common import STATE
+from orchestrator.cli.live import finish
+from orchestrator.shell import Shell
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+runner = CliRunner()
+LINE = "9 of 12 trials +4 measurements"
+STOP = "GoalMet: #7 meets every objective, confirmed by a clean relaunch (#8)"
+
+
+@pytest.fixture
+def measured(audited):
+    root, store, rid = audited
+    add_measurements(store, rid)
+    return root, store, rid
+
+
+def _run(root, *args):
+    r = runner.invoke(app, ["-w", str(root), *args])
+    assert r.exit_code == 0, r.stdout
+    return r.stdout
+
+
+def _flat(text):
+    """Table text with its borders and line breaks gone: what a wrapped cell says, joined again."""
+    return " ".join(re.sub(r"[│┃┏┓┗┛┡┩└┘━─┳┻╇┼┬┴]", " ", text).split())
+
+
+def _rows(text):
+    """A rich table's body as logical rows of cells, wrapped cells joined again (a row starts
+    where its first cell has text)."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
+    return rows
+
+
+def _shell(root):
+    out = io.StringIO()
+    sh = Shell(Workspace(root), stdout=out)
+    return sh, out
+
+
+def test_the_budget_line_is_the_same_everywhere(measured, tmp_path):
+    root, store, rid = measured
+    assert explain_run(store, rid)["budget_line"] == LINE
+    assert explain_run(store, rid)["used"] | {} == {**explain_run(store, rid)["used"], "trials": 9, "measurements": 4}
+    assert LINE in _run(root, "why")
+    assert _rows(_run(root, "status"))[0][2].replace(" ", "") == LINE.replace(" ", "")  # folded, not cut
+    assert LINE in _run(root, "trials")
+    rows = json.loads(_run(root, "status", "--json"))
+    assert (rows[0]["trials"], rows[0]["measurements"]) == (9, 4)  # not 13 rows counted as trials
+    sh, out = _shell(root)
+    sh.onecmd(sh.precmd("/why"))
+    sh.onecmd(sh.precmd("/status"))
+    said = out.getvalue().splitlines()
+    assert LINE in said[0] and LINE in said[1]
+    from orchestrator.report import write_report
+    from orchestrator.report.html import write_html_report
+
+    assert f"Budget: {LINE}." in write_html_report(store, rid, tmp_path / "h").read_text()
+    assert LINE in write_report(store, rid, tmp_path / "m").read_text()
+
+
+def test_measurements_are_marked_under_the_trial_they_measure(measured):
+    root, _, _ = measured
+    out = _run(root, "trials")
+    rows = {r[0]: r for r in _rows(out)}
+    for n, of in (("↳ 8", "confirm of #7"), ("↳ 10", "sentinel of #0"), ("↳ 11", "paired of #7"), ("↳ 12", "paired of #7")):
+        assert rows[n][-1] == of, rows
+    assert {"0", "1", "2", "3", "4", "5", "6", "7", "9"} <= set(rows) and "↳ 7" not in rows and "8" not in rows
+    assert "measurements of the trial they name" in out
+    sh, said = _shell(root)
+    sh.run_id = 1
+    sh.onecmd(sh.precmd("/trials"))
+    lines = said.getvalue().splitlines()
+    assert lines[7].startswith("#7 ") and lines[11].startswith("↳#11 (paired of #7)")
+
+
+def test_why_is_prose_and_a_rounded_table_and_json_keeps_the_record(measured):
+    root, _, _ = measured
+    out = _run(root, "why", "7")
+    assert "\\u" not in out and "{" not in out and '"' not in out  # no JSON, no escaped unicode
+    assert not re.search(r"\d\.\d{4,}", out), out  # rounded
+    flat = _flat(out)
+    # the score against #0 is the screening score; the paired ratio says it is paired
+    assert "screening score 2.00x against baseline #0" in flat
+    assert "paired ratio 2.01x [1.93, 2.09] (90%, 1 paired rounds) against a fresh baseline each round; goal met" in flat
+    assert "noise 3.9% (baseline #0)" in flat and "keep line 1.299x = best 1.250x (#2) x (1 + 3.9%)" in flat
+    assert "changed from the baseline tpot_ms=4.0" in flat
+    raw = json.loads(_run(root, "why", "7", "--json"))
+    assert raw["evidence"]["noise"] == 0.0392156862745098 and raw["evidence"]["paired"]["score"] == 2.01
+    unpaired = _flat(_run(root, "why", "2"))  # no paired outcome: a plain score, no paired row
+    assert "paired" not in unpaired and "score 1.25x" in unpaired
+
+
+def test_a_sentinel_shows_the_noise_it_set_not_the_one_it_was_judged_with(measured, tmp_path):
+    root, _, _ = measured
+    flat = _flat(_run(root, "why", "10"))
+    assert "noise 77.3%" in flat and "noise 0.0%" not in flat
+    assert json.loads(_run(root, "why", "10", "--json"))["evidence"]["noise"] == 0.773
+    # without a candidate judged against it, the noise is its own repeats' spread (10.0 vs 17.7 ms)
+    other = tmp_path / "other"
+    (other / ".infergoal").mkdir(parents=True)
+    store = Store(f"sqlite:///{other / '.infergoal' / 'infergoal.db'}")
+    add_measurements(store, build_run(store, other / ".infergoal"), judged_after_sentinel=False)
+    store.close()
+    assert json.loads(_run(other, "why", "10", "--json"))["evidence"]["noise"] == pytest.approx(7.7 / 13.85)
+
+
+def test_tables_wrap_what_a_user_needs_instead_of_cutting_it(measured):
+    root, store, rid = measured
+    long_knobs = {"tpot_ms": 4.0, "max_num_batched_tokens": 16384, "enable_chunked_prefill": True, "scheduler_delay": 0.25}
+    t = store.create_trial(rid, 13, commit="c", knobs=long_knobs, rationale="long", proposer="search")
+    store.finish_trial(t.id, "discarded", score=1.1, objective={"decode:tpot_ms_p50": 9.27}, timings={"total": 1.0})
+    status = _rows(_run(root, "status"))[0]
+    assert status[5].replace(" ", "") == STOP.replace(" ", "") and status[6] == "audit demo"  # whole, at 80 columns
+    row = {r[0]: r for r in _rows(_run(root, "trials"))}["13"]
+    assert row[3].replace(" ", "") == "tpot_ms_p50=9.27"
+    assert row[4].replace(" ", "") == "".join(f"{k}={v}" for k, v in sorted(long_knobs.items()))  # whole, key=value
+
+
+def test_knobs_print_as_key_value_in_show_trials_the_shell_and_the_final_line(measured, capsys):
+    root, _, rid = measured
+    assert "knobs: tpot_ms=4.0" in _run(root, "show", "7") and "{'" not in _run(root, "show", "7")
+    assert "tpot_ms=4.0" in _run(root, "trials") and "{'" not in _run(root, "trials")
+    sh, out = _shell(root)
+    sh.run_id = rid
+    sh.onecmd(sh.precmd("/trials"))
+    sh.onecmd(sh.precmd("/show 7"))
+    assert "tpot_ms=4.0" in out.getvalue() and "{'" not in out.getvalue()
+    STATE.workspace = root
+    try:
+        finish(SimpleNamespace(run_id=rid, outcome="goal_met", stop_reason=STOP), False, False)
+    except typer.Exit as e:  # goal met: exit code 0, nothing raised
+        raise AssertionError(e) from None
+    said = capsys.readouterr().out
+    assert "best: trial #7, score 2.000x — knobs tpot_ms=4.0" in said and "{'" not in said
