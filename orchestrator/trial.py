@@ -13,13 +13,14 @@ import shlex
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.counts import count_violation
+from orchestrator.bench.rate import RatePolicy, RateSearch, at_rate, find_rate
 from orchestrator.candidate import Candidate
-from orchestrator.goal import GoalSpec
+from orchestrator.goal import SLO_SCENARIO, GoalSpec, SloGoal
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
 from orchestrator.measure import TrustPolicy, bench_trusted
@@ -28,7 +29,7 @@ from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
 
-__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial"]
+__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial", "slo_measure"]
 
 
 def objective_label(scenario: str, key: str) -> str:
@@ -59,6 +60,8 @@ class TrialContext:
     on_step: Callable[[str], None] = lambda step: None
     trust: TrustPolicy = TrustPolicy()
     """When a measurement is redone (client saturated, host busier) and the baseline re-measured."""
+    rate: RatePolicy = RatePolicy()
+    """How an SLO goal's request-rate search steps (`orchestrator.bench.rate`)."""
 
 
 @dataclass
@@ -202,6 +205,31 @@ def run_trial(
                 ctx.host.stop(proc)
         result.timings["trial"] = time.perf_counter() - t_start
     return result
+
+
+def slo_measure(slo: SloGoal, scenario: Any, bench_one: Callable[[Any], Any], policy: RatePolicy = RatePolicy(),
+                on_step: Callable[[Any], None] = lambda st: None) -> Any:
+    """An SLO goal's measurement: the highest request rate meeting its limits (or, for a goal that
+    minimizes a latency, one step at the load its throughput limit sets), as one `ScenarioResult`
+    whose metrics carry `slo_rate` and `slo_goodput`. No passing rate: `meta["slo_error"]` says why."""
+    base = scenario.model_copy(update=slo.goodput_slos)  # per-request limits: the goodput count
+    if scenario.rate:  # the scenario's rate (scaled with bench.scale) is where the search starts
+        policy = replace(policy, start_rate=scenario.rate)
+    if slo.floor_tok_s is not None:
+        st = at_rate(bench_one, base, slo.floor_tok_s / max(1, scenario.output_tokens), slo.latency_limits, policy)
+        on_step(st)
+        search = RateSearch(rate=st.rate if st.passed else 0.0, steps=[st], best=st if st.passed else None,
+                            client_bound=not st.trusted)
+    else:
+        search = find_rate(bench_one, base, slo.latency_limits, policy, on_step=on_step)
+    res = search.result()
+    if res is None:  # the last step stands for the measurement; its numbers are stored, not scored
+        last = search.steps[-1].result
+        res = type(last)(scenario=last.scenario, metrics=search.metrics() | dict(last.metrics) | {"slo_rate": 0.0, "slo_goodput": 0.0},
+                         requests=last.requests, failures=last.failures,
+                         meta=last.meta | {"slo_error": f"{slo.describe()}: {search.error}",
+                                           "rate_search": [s.to_dict() for s in search.steps]})
+    return res
 
 
 def _checkout(ctx: TrialContext, commit: str | None) -> Path:
@@ -359,10 +387,17 @@ class _Bench:
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
                 ctx.on_step(label)
 
-                def once(scenario: Any = scenario) -> Any:
+                def bench_one(scenario: Any) -> Any:
                     return self.site.bench(self.base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
                                            tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
                                            timeout_s=ctx.request_timeout_s, capabilities=self.caps)
+
+                def once(scenario: Any = scenario, name: str = name, label: str = label) -> Any:
+                    if name == SLO_SCENARIO and ctx.goal.slo is not None:  # the rate search, every step a bench
+                        return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate,
+                                           on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
+                                                                          f"{'ok' if st.passed else 'broke'}"))
+                    return bench_one(scenario)
 
                 def redo(attempt: int, reasons: list[str], name: str = name, label: str = label) -> None:
                     ctx.on_step(f"{label}: redo")
@@ -376,6 +411,9 @@ class _Bench:
                                 data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
                                       "untrusted": untrusted}, trial_id=self.trial.id)
                 (self.trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
+                if res.meta.get("slo_error"):  # no rate met the SLO: nothing to score, the trial does not count
+                    store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                    return res.meta["slo_error"]
                 if res.metrics.get("failed", 0) > 0:
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                     reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
