@@ -13,14 +13,15 @@ import shlex
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.counts import count_violation
-from orchestrator.bench.rate import RatePolicy, RateSearch, at_rate, find_rate
+from orchestrator.bench.rate import RatePolicy
+from orchestrator.bench.slo import slo_measure
 from orchestrator.candidate import Candidate
-from orchestrator.goal import SLO_SCENARIO, GoalSpec, SloGoal
+from orchestrator.goal import SLO_SCENARIO, GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
 from orchestrator.measure import TrustPolicy, bench_trusted
@@ -29,7 +30,7 @@ from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
 
-__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial", "slo_measure"]
+__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial"]
 
 
 def objective_label(scenario: str, key: str) -> str:
@@ -205,31 +206,6 @@ def run_trial(
                 ctx.host.stop(proc)
         result.timings["trial"] = time.perf_counter() - t_start
     return result
-
-
-def slo_measure(slo: SloGoal, scenario: Any, bench_one: Callable[[Any], Any], policy: RatePolicy = RatePolicy(),
-                on_step: Callable[[Any], None] = lambda st: None) -> Any:
-    """An SLO goal's measurement: the highest request rate meeting its limits (or, for a goal that
-    minimizes a latency, one step at the load its throughput limit sets), as one `ScenarioResult`
-    whose metrics carry `slo_rate` and `slo_goodput`. No passing rate: `meta["slo_error"]` says why."""
-    base = scenario.model_copy(update=slo.goodput_slos)  # per-request limits: the goodput count
-    if scenario.rate:  # the scenario's rate (scaled with bench.scale) is where the search starts
-        policy = replace(policy, start_rate=scenario.rate)
-    if slo.floor_tok_s is not None:
-        st = at_rate(bench_one, base, slo.floor_tok_s / max(1, scenario.output_tokens), slo.latency_limits, policy)
-        on_step(st)
-        search = RateSearch(rate=st.rate if st.passed else 0.0, steps=[st], best=st if st.passed else None,
-                            client_bound=not st.trusted)
-    else:
-        search = find_rate(bench_one, base, slo.latency_limits, policy, on_step=on_step)
-    res = search.result()
-    if res is None:  # the last step stands for the measurement; its numbers are stored, not scored
-        last = search.steps[-1].result
-        res = type(last)(scenario=last.scenario, metrics=search.metrics() | dict(last.metrics) | {"slo_rate": 0.0, "slo_goodput": 0.0},
-                         requests=last.requests, failures=last.failures,
-                         meta=last.meta | {"slo_error": f"{slo.describe()}: {search.error}",
-                                           "rate_search": [s.to_dict() for s in search.steps]})
-    return res
 
 
 def _checkout(ctx: TrialContext, commit: str | None) -> Path:
