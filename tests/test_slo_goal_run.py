@@ -40,6 +40,7 @@ seed = 8
 """
 
 
+@pytest.mark.timeout(1200)  # three rate searches, each redone when the shared host gets busier
 def test_an_slo_goal_keeps_the_server_with_the_higher_rate_and_drops_the_one_that_never_meets_it(tmp_path, tiny_model):
     (tmp_path / "target.toml").write_text(TARGET)
     (tmp_path / "scenarios.toml").write_text(SCENARIOS)

@@ -43,6 +43,9 @@ class RatePolicy:
     """The search stops doubling here: a server still meeting the SLO scores this."""
     min_rate: float = 0.05
     """Below this the SLO counts as broken at every rate (score 0)."""
+    max_step_seconds: float = 40.0
+    """Longest step: rates below `min_requests` / this are not tried either (a step at 0.05 req/s would
+    take ten minutes), so the SLO counts as broken below them."""
     precision: float = 0.05
     """Bisect until (fail - pass) / pass is at most this: the answer is within it of the limit."""
     min_requests: int = 30
@@ -201,8 +204,8 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
             break
         rate *= 2
     if lo is None and hi is not None:  # the first rate already failed: halve until one passes
-        rate = hi / 2
-        while rate >= policy.min_rate and budget():
+        rate, floor = hi / 2, max(policy.min_rate, policy.min_requests / policy.max_step_seconds)
+        while rate >= floor and budget():
             st = probe(rate)
             if st.passed:
                 lo = st

@@ -16,7 +16,7 @@ from orchestrator.bench.slo import slo_measure
 from orchestrator.goal import parse_goal
 
 BASE = Scenario(name="slo", prompt_tokens=16, output_tokens=4, warmup_requests=1, seed=9)
-FAST = RatePolicy(start_rate=1.0, precision=0.05, min_requests=20, min_seconds=2.0)
+FAST = RatePolicy(start_rate=1.0, precision=0.05, min_requests=20, min_seconds=2.0, max_step_seconds=1000.0)
 
 
 def synthetic(limit_rate: float, ok_ms: float = 50.0, bad_ms: float = 900.0):
@@ -59,6 +59,12 @@ def test_a_server_breaking_the_limit_at_every_rate_scores_zero():
     s = find_rate(synthetic(0.0), BASE, [("ttft_ms_p90", 300.0)], policy)
     assert s.rate == 0.0 and s.best is None and s.goodput == 0.0
     assert "SLO not met at any rate down to 0.5 req/s" in s.error and "ttft_ms_p90 900 > 300" in s.error
+
+
+def test_rates_too_slow_to_measure_are_not_tried():
+    # 20 requests at under 0.5 req/s would take longer than 40 s a step: the search stops there.
+    s = find_rate(synthetic(0.3), BASE, [("ttft_ms_p90", 300.0)], RatePolicy(min_requests=20, max_step_seconds=40))
+    assert s.rate == 0.0 and min(st.rate for st in s.steps) == 0.5 and "down to 0.5 req/s" in s.error
 
 
 def test_the_limit_is_judged_on_the_named_percentile():
