@@ -77,6 +77,10 @@ def main() -> int:
         found = find_rate(run, base, limits, policy, on_step=lambda st: print(
             f"  search {st.rate:8.2f} req/s {'pass' if st.passed else 'FAIL'}  {st.why}", flush=True))
         t_search = time.monotonic() - t0
+        if found.rate == 0:  # nothing to sweep around
+            return {"search_rate": 0.0, "search_steps": len(found.steps), "search_s": t_search, "sweep_rate": 0.0,
+                    "sweep_steps": 0, "sweep_s": 0.0, "ratio": None, "error": found.error,
+                    "steps": [s.to_dict() for s in found.steps]}
         t0 = time.monotonic()
         swept, rows = sweep(run, base, limits, policy, found.rate * a.sweep_from, found.rate * a.sweep_to, a.sweep_step)
         return {"search_rate": found.rate, "search_steps": len(found.steps), "search_s": t_search,
