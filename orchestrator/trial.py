@@ -368,8 +368,8 @@ class _Bench:
                                            tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
                                            timeout_s=ctx.request_timeout_s, capabilities=self.caps)
 
-                def once(scenario: Any = scenario, name: str = name, label: str = label) -> Any:
-                    if name == SLO_SCENARIO and ctx.goal.slo is not None:  # the rate search, every step a bench
+                def once(scenario: Any = scenario, goal_name: str = goal_name, label: str = label) -> Any:
+                    if goal_name == SLO_SCENARIO and ctx.goal.slo is not None:  # the rate search, every step a bench
                         return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate,
                                            on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
                                                                           f"{'ok' if st.passed else 'broke'}"))
