@@ -40,7 +40,7 @@ seed = 8
 """
 
 
-@pytest.mark.timeout(1200)  # three rate searches, each redone when the shared host gets busier
+@pytest.mark.timeout(1800)  # rate searches and paired rounds, each redone when the shared host gets busier
 def test_an_slo_goal_keeps_the_server_with_the_higher_rate_and_drops_the_one_that_never_meets_it(tmp_path, tiny_model):
     (tmp_path / "target.toml").write_text(TARGET)
     (tmp_path / "scenarios.toml").write_text(SCENARIOS)
@@ -51,7 +51,8 @@ def test_an_slo_goal_keeps_the_server_with_the_higher_rate_and_drops_the_one_tha
     goal = parse_goal("maximize throughput with p90 TTFT under 150 ms within 3 trials")
     out = start_run(ws, goal)
     store = Store(ws.db_url)
-    trials = {t.number: t for t in store.list_trials(out.run_id) if t.proposer not in ("sentinel", "paired")}
+    # The baseline and the proposer's candidates (sentinels and paired rounds depend on the host's load).
+    trials = dict(enumerate(t for t in store.list_trials(out.run_id) if t.proposer not in ("sentinel", "paired")))
     base, more, fewer = trials[0], trials[1], trials[2]
     rate = {n: t.objective.get("slo:slo_rate") for n, t in trials.items()}
     assert base.status == "kept" and rate[0] > 0, (base.error, rate)
