@@ -13,6 +13,12 @@ Accepted text forms (clauses may be combined, in any order, joined by "and"/",")
     [/goal] get throughput above 500 tok/s
     ... without accuracy loss
     ... within 30m | within 2h | within 12 trials | within 1h and 20 trials
+
+Goals under latency limits (SLO goals; one per goal, budget and accuracy clauses as above):
+
+    maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms
+    maximize goodput at p99 TTFT under 1 s
+    minimize p90 TPOT with throughput above 500 tok/s
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ __all__ = [
     "GoalSpec",
     "MetricInfo",
     "Objective",
+    "SloGoal",
+    "SloLimit",
     "load_goal",
     "parse_goal",
 ]
@@ -69,6 +77,15 @@ METRICS: dict[str, MetricInfo] = {
         scenario="throughput", key_prefix="output_throughput", direction="maximize", unit="tok/s", has_stats=False
     ),
 }
+# What an SLO goal maximizes, measured by the request-rate search (`orchestrator.bench.rate`) in
+# the `slo` scenario: the highest request rate meeting every limit, or the goodput at it. Not in
+# METRICS: they mean nothing without the goal's limits, so the plain forms do not accept them.
+SLO_SCENARIO = "slo"
+SLO_METRICS: dict[str, MetricInfo] = {
+    "rate": MetricInfo(scenario=SLO_SCENARIO, key_prefix="slo_rate", direction="maximize", unit="req/s", has_stats=False),
+    "goodput": MetricInfo(scenario=SLO_SCENARIO, key_prefix="slo_goodput", direction="maximize", unit="req/s",
+                          has_stats=False),
+}
 _ALIASES = {"latency": "e2e", "output throughput": "throughput", "tok/s": "throughput"}
 _STATS = ("mean", "median", "p50", "p90", "p95", "p99")
 # Units a threshold may be written in, per metric unit, with the factor to the metric's unit.
@@ -82,6 +99,8 @@ Accepted goal forms (clauses combine with "and" or ","):
   beat the baseline by 20% on TTFT and TPOT
   improve throughput by 2x
   get p90 TTFT under 150 ms        |  get throughput above 500 tok/s
+  maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms   (SLO goals: one per goal)
+  maximize goodput at p99 TTFT under 1 s  |  minimize p90 TPOT with throughput above 500 tok/s
   without accuracy loss
   within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials  |  within $20 (agent spend)
 Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99).
@@ -97,32 +116,35 @@ class Objective(BaseModel):
     """User-facing metric name, a key of `METRICS` (e.g. `ttft`)."""
     stat: str = "p50"
     """Statistic over requests: mean, median, p50, p90, p95, p99 (ignored for throughput)."""
-    kind: Literal["relative", "absolute"] = "relative"
-    """`relative`: improve on the baseline by `value` (0.2 = 20%); `absolute`: reach `value` in `unit`."""
-    value: float
-    """Relative improvement as a fraction, or the absolute threshold."""
+    kind: Literal["relative", "absolute", "best"] = "relative"
+    """`relative`: improve on the baseline by `value` (0.2 = 20%); `absolute`: reach `value` in `unit`;
+    `best`: as far as the budget allows (an SLO goal's "maximize"/"minimize": never met, only scored)."""
+    value: float = 1.0
+    """Relative improvement as a fraction, or the absolute threshold (unused for `best`)."""
+    at_load: bool = False
+    """Measured in the SLO scenario, at the load the goal's limits set, not in the metric's own scenario."""
 
     @model_validator(mode="after")
     def _check(self) -> Objective:
-        if self.metric not in METRICS:
+        if self.metric not in METRICS and self.metric not in SLO_METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
         if self.stat not in _STATS:
             raise ValueError(f"unknown statistic {self.stat!r}; known: {', '.join(_STATS)}")
-        if not METRICS[self.metric].has_stats and "stat" in self.model_fields_set and self.stat != "p50":
+        if not self.info.has_stats and "stat" in self.model_fields_set and self.stat != "p50":
             raise ValueError(f"{self.metric} is a single number per measurement; drop stat = {self.stat!r}")
         if self.value <= 0:
             raise ValueError("an objective's value must be positive")
-        if self.kind == "relative" and METRICS[self.metric].direction == "minimize" and self.value >= 1:
+        if self.kind == "relative" and self.info.direction == "minimize" and self.value >= 1:
             raise ValueError(f"cannot cut {self.metric} by {self.value:.0%}: a relative cut must be below 100%")
         return self
 
     @property
     def info(self) -> MetricInfo:
-        return METRICS[self.metric]
+        return METRICS.get(self.metric) or SLO_METRICS[self.metric]
 
     @property
     def scenario(self) -> str:
-        return self.info.scenario
+        return SLO_SCENARIO if self.at_load else self.info.scenario
 
     @property
     def key(self) -> str:
@@ -134,11 +156,15 @@ class Objective(BaseModel):
         """The value a candidate must reach, given the baseline's value."""
         if self.kind == "absolute":
             return self.value
+        if self.kind == "best":  # no target: nothing reaches it
+            return 0.0 if self.info.direction == "minimize" else math.inf
         if self.info.direction == "minimize":
             return baseline_value * (1 - self.value)
         return baseline_value * (1 + self.value)
 
     def met(self, value: float, baseline_value: float) -> bool:
+        if self.kind == "best":
+            return False
         target = self.target_for(baseline_value)
         return value <= target if self.info.direction == "minimize" else value >= target
 
@@ -153,6 +179,9 @@ class Objective(BaseModel):
         stat = f"{self.stat} " if self.info.has_stats else ""
         if self.kind == "relative":
             return f"{stat}{name} {self.value:.0%} better than baseline"
+        if self.kind == "best":
+            what = {"rate": "request rate", "goodput": "goodput"}.get(self.metric, f"{stat}{name}")
+            return f"{'highest' if self.info.direction == 'maximize' else 'lowest'} {what} under the SLO"
         op = "<=" if self.info.direction == "minimize" else ">="
         return f"{stat}{name} {op} {self.value:g} {self.info.unit}"
 
@@ -183,6 +212,86 @@ class Budget(BaseModel):
     """Stop after this many consecutive trials without a new best."""
 
 
+_PERCENTILES = ("mean", "median", "p50", "p90", "p95", "p99")
+
+
+class SloLimit(BaseModel):
+    """One limit of an SLO goal: a latency percentile under `value` ms, or throughput above `value` tok/s."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    metric: Literal["ttft", "tpot", "itl", "e2e", "throughput"]
+    stat: Literal["mean", "median", "p50", "p90", "p95", "p99"] = "p90"
+    """The statistic the limit is judged on (ignored for throughput)."""
+    value: float = Field(gt=0)
+    """Milliseconds for a latency, output tok/s for throughput."""
+
+    @property
+    def key(self) -> str:
+        """The bench metrics key the limit reads (`ttft_ms_p90`, `output_throughput`)."""
+        info = METRICS[self.metric]
+        return info.key_prefix if not info.has_stats else f"{info.key_prefix}{'p50' if self.stat == 'median' else self.stat}"
+
+    def describe(self) -> str:
+        if self.metric == "throughput":
+            return f"throughput >= {self.value:g} tok/s"
+        return f"{self.stat} {self.metric.upper()} <= {self.value:g} ms"
+
+
+class SloGoal(BaseModel):
+    """"Maximize X subject to latency limits", or "minimize a latency at a throughput floor"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    maximize: Literal["rate", "goodput"] | None = None
+    """`rate`: the highest sustainable request rate meeting every limit ("maximize throughput");
+    `goodput`: the rate of requests that each met the limits, at that rate."""
+    minimize: Literal["ttft", "tpot", "itl", "e2e"] | None = None
+    """A latency to cut, measured at the load the throughput limit sets."""
+    stat: Literal["mean", "median", "p50", "p90", "p95", "p99"] = "p90"
+    """The statistic of `minimize`."""
+    limits: tuple[SloLimit, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> SloGoal:
+        if (self.maximize is None) == (self.minimize is None):
+            raise ValueError("an SLO goal gives exactly one of maximize or minimize")
+        metrics = [lim.metric for lim in self.limits]
+        if len(set(metrics)) < len(metrics):
+            raise ValueError("an SLO goal limits each metric once")
+        floors = metrics.count("throughput")
+        if self.maximize and floors:
+            raise ValueError(f"maximize {self.maximize} takes latency limits, not a throughput limit")
+        if self.minimize and floors != 1:
+            raise ValueError(f"minimize {self.minimize} needs a throughput limit: the load to measure it at")
+        return self
+
+    @property
+    def latency_limits(self) -> list[tuple[str, float]]:
+        """(metrics key, most allowed ms) for each latency limit."""
+        return [(lim.key, lim.value) for lim in self.limits if lim.metric != "throughput"]
+
+    @property
+    def floor_tok_s(self) -> float | None:
+        """The throughput limit of a `minimize` goal (output tok/s), else None."""
+        return next((lim.value for lim in self.limits if lim.metric == "throughput"), None)
+
+    @property
+    def goodput_slos(self) -> dict[str, float]:
+        """Per-request limits for the bench's goodput count (a request is good when it meets each)."""
+        names = {"ttft": "slo_ttft_ms", "tpot": "slo_tpot_ms", "e2e": "slo_e2e_ms"}
+        return {names[lim.metric]: lim.value for lim in self.limits if lim.metric in names}
+
+    def objective(self) -> Objective:
+        """The one objective such a goal is scored on, over the baseline's (paired ratios of rates)."""
+        if self.maximize:
+            return Objective(metric=self.maximize, kind="best")
+        return Objective(metric=self.minimize or "", stat=self.stat, kind="best", at_load=True)
+
+    def describe(self) -> str:
+        head = (f"maximize {'request rate' if self.maximize == 'rate' else 'goodput'}" if self.maximize
+                else f"minimize {self.stat} {(self.minimize or '').upper()}")
+        return f"{head} with " + " and ".join(lim.describe() for lim in self.limits)
+
+
 class GoalSpec(BaseModel):
     """A parsed goal. Frozen; `digest` identifies it in the run row."""
 
@@ -191,9 +300,15 @@ class GoalSpec(BaseModel):
     objectives: tuple[Objective, ...] = Field(min_length=1)
     constraints: tuple[Constraint, ...] = ()
     budget: Budget = Budget()
+    slo: SloGoal | None = None
+    """Limits an SLO goal's objective is measured under (the `slo` scenario's rate search)."""
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> GoalSpec:
+        if self.slo is not None and self.objectives != (self.slo.objective(),):
+            raise ValueError("an SLO goal has one objective, the one its maximize/minimize names")
+        if self.slo is None and any(o.scenario == SLO_SCENARIO for o in self.objectives):
+            raise ValueError("an objective on the SLO rate needs the goal's [slo] limits")
         # Two clauses on one thing would silently let one of them win.
         seen = [(o.scenario, o.key) for o in self.objectives]
         for i, key in enumerate(seen):
@@ -206,7 +321,14 @@ class GoalSpec(BaseModel):
 
     @property
     def digest(self) -> str:
-        payload = json.dumps(self.model_dump(exclude={"text"}), sort_keys=True)
+        data = self.model_dump(exclude={"text"})
+        # Fields added for SLO goals leave other goals' digests as they were.
+        if data["slo"] is None:
+            del data["slo"]
+        for o in data["objectives"]:
+            if not o["at_load"]:
+                del o["at_load"]
+        payload = json.dumps(data, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
@@ -222,7 +344,7 @@ class GoalSpec(BaseModel):
         return "gated"
 
     def describe(self) -> str:
-        parts = [", ".join(o.describe() for o in self.objectives)]
+        parts = [self.slo.describe() if self.slo else ", ".join(o.describe() for o in self.objectives)]
         if self.accuracy_mode == "no_loss":
             parts.append("without accuracy loss")
         b = self.budget
@@ -332,6 +454,14 @@ def _parse_goal(text: str) -> GoalSpec:
 
     s = re.sub(r"\b(?:without|with no)\s+(?:any\s+)?accuracy\s+(?:loss|drop|regression)\b", take_accuracy, s)
 
+    if re.match(r"\s*(?:maximi[sz]e|minimi[sz]e)\b", s):
+        slo = _slo_clause(s.strip())
+        try:
+            return GoalSpec(text=original.strip(), objectives=(slo.objective(),), constraints=tuple(constraints),
+                            budget=Budget(**budget), slo=slo)
+        except ValidationError as e:
+            raise GoalError(f"{validation_message(e, GoalSpec)}.\n{ACCEPTED_FORMS}") from None
+
     # Relative: "beat the baseline by 20% on X and Y", "improve X by 20%|2x", "cut X by 30%".
     def rel_value(num: str, unit: str, metrics: list[tuple[str | None, str]]) -> list[Objective]:
         v = float(num)
@@ -406,6 +536,73 @@ def _parse_goal(text: str) -> GoalSpec:
         raise GoalError(f"{validation_message(e, GoalSpec)}.\n{ACCEPTED_FORMS}") from None
 
 
+_SLO_HEAD = re.compile(r"(?P<dir>maximi[sz]e|minimi[sz]e)\s+(?P<what>.+?)\s+(?:with|at|under|subject to|while keeping)\s+(?P<limits>.+)")
+_SLO_LIMIT = re.compile(
+    r"(?:(?P<stat>p\d+(?:\.\d+)?|mean|median)\s+)?(?P<metric>[a-z0-9]+)\s+"
+    r"(?P<op>under|below|above|over|at most|at least|<=|>=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?)\s*(?P<unit>[a-z/]+)?")
+_MAXIMIZED = {"throughput": "rate", "request rate": "rate", "rate": "rate", "goodput": "goodput"}
+
+
+def _slo_error(why: str) -> GoalError:
+    return GoalError(f"{why}.\n{ACCEPTED_FORMS}")
+
+
+def _slo_limit(text: str) -> SloLimit:
+    """One limit: "p90 ttft under 300 ms", "throughput above 500 tok/s"."""
+    m = _SLO_LIMIT.fullmatch(text)
+    if not m:
+        raise _slo_error(f"cannot read the limit {text!r}; write it like 'p90 TTFT under 300 ms'")
+    metric = _ALIASES.get(m.group("metric"), m.group("metric"))
+    if metric not in METRICS:
+        raise _slo_error(f"unknown metric {m.group('metric')!r} in the limit {text!r}")
+    stat = m.group("stat")
+    if stat and stat not in _PERCENTILES:
+        raise _slo_error(f"unknown percentile {stat!r} in {text!r}; known: {', '.join(_PERCENTILES)}")
+    info = METRICS[metric]
+    if not stat and info.has_stats:
+        raise _slo_error(f"the limit {text!r} names no percentile; write e.g. 'p90 {metric.upper()} under ...'")
+    if stat and not info.has_stats:
+        raise _slo_error(f"{metric} is a single number per measurement; drop {stat!r} in {text!r}")
+    below = m.group("op") in ("under", "below", "<", "<=", "at most")
+    if below != (info.direction == "minimize"):
+        raise _slo_error(f"a limit on {metric} keeps it {'under' if info.direction == 'minimize' else 'above'} "
+                         f"a value: {text!r} asks the opposite")
+    value = float(m.group("num"))
+    if value <= 0 or not math.isfinite(value):
+        raise _slo_error(f"a limit must be a positive number: {text!r}")
+    unit = m.group("unit")
+    if unit is None:
+        raise _slo_error(f"the limit {text!r} has no unit; write e.g. {m.group('num')} {info.unit}")
+    if unit not in _UNITS[info.unit]:
+        raise _slo_error(f"{metric} is measured in {info.unit}, not {unit}: {text!r}")
+    return SloLimit(metric=metric, value=value * _UNITS[info.unit][unit], **({"stat": stat} if stat else {}))
+
+
+def _slo_clause(s: str) -> SloGoal:
+    """"maximize throughput with LIMIT and LIMIT", "maximize goodput at LIMIT", "minimize p90 TPOT with LIMIT"."""
+    m = _SLO_HEAD.fullmatch(s)
+    if not m:
+        raise _slo_error(f"an SLO goal names what to maximize or minimize, then its limits ('with p90 TTFT under "
+                         f"300 ms'); could not read {s!r}")
+    what = [w for w in re.split(r"\s*(?:,|\band\b|&)\s*", m.group("what")) if w]
+    direction = "maximize" if m.group("dir").startswith("maxim") else "minimize"
+    if len(what) != 1:
+        raise _slo_error(f"{direction} names {len(what)} things ({', '.join(what)}) with no trade-off between them; "
+                         f"{direction} one and give the others as limits")
+    limits = tuple(_slo_limit(p) for p in re.split(r"\s*(?:,|\band\b|&)\s*", m.group("limits")) if p)
+    try:
+        if direction == "maximize":
+            if what[0] not in _MAXIMIZED:
+                raise _slo_error(f"an SLO goal maximizes throughput (the request rate) or goodput, not {what[0]!r}")
+            return SloGoal(maximize=_MAXIMIZED[what[0]], limits=limits)  # type: ignore[arg-type]
+        (stat, metric), = _metric_list(what[0])
+        if metric not in ("ttft", "tpot", "itl", "e2e"):
+            raise _slo_error(f"an SLO goal minimizes a latency (ttft, tpot, itl, e2e), not {what[0]!r}")
+        return SloGoal(minimize=metric, limits=limits, **({"stat": stat} if stat else {}))  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise _slo_error(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
 def load_goal(source: str | Path) -> GoalSpec:
     """Goal text, or a path to a goal TOML file (see examples/goals/)."""
     if str(source).endswith(".toml"):
@@ -429,6 +626,11 @@ def _load_goal_toml(path: Path) -> GoalSpec:
         budget["wall_s"] = _duration_s(float(m.group(1)), m.group(2))
     if not isinstance(text, str):
         raise GoalError(f"{path}: text must be a string, got {text!r}")
+    if "slo" in data and "objectives" not in data:  # an [slo] table: its objective follows from it
+        try:
+            data["objectives"] = [SloGoal.model_validate(data["slo"]).objective().model_dump()]
+        except ValidationError as e:
+            raise GoalError(f"{path}: slo: {validation_message(e, SloGoal)}") from None
     try:
         return GoalSpec.model_validate({"text": text or f"goal file {path.name}", **data})
     except ValidationError as e:

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.counts import count_violation
+from orchestrator.bench.rate import RatePolicy
+from orchestrator.bench.slo import slo_measure
 from orchestrator.candidate import Candidate
-from orchestrator.goal import GoalSpec
+from orchestrator.goal import SLO_SCENARIO, GoalSpec
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.site import Site
 from orchestrator.measure import TrustPolicy, bench_trusted
@@ -59,6 +61,8 @@ class TrialContext:
     on_step: Callable[[str], None] = lambda step: None
     trust: TrustPolicy = TrustPolicy()
     """When a measurement is redone (client saturated, host busier) and the baseline re-measured."""
+    rate: RatePolicy = RatePolicy()
+    """How an SLO goal's request-rate search steps (`orchestrator.bench.rate`)."""
 
 
 @dataclass
@@ -359,10 +363,17 @@ class _Bench:
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
                 ctx.on_step(label)
 
-                def once(scenario: Any = scenario) -> Any:
+                def bench_one(scenario: Any) -> Any:
                     return self.site.bench(self.base_url, ctx.target.served_model_name, scenario, tokenizer=ctx.tokenizer,
                                            tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
                                            timeout_s=ctx.request_timeout_s, capabilities=self.caps)
+
+                def once(scenario: Any = scenario, goal_name: str = goal_name, label: str = label) -> Any:
+                    if goal_name == SLO_SCENARIO and ctx.goal.slo is not None:  # the rate search, every step a bench
+                        return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate,
+                                           on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
+                                                                          f"{'ok' if st.passed else 'broke'}"))
+                    return bench_one(scenario)
 
                 def redo(attempt: int, reasons: list[str], name: str = name, label: str = label) -> None:
                     ctx.on_step(f"{label}: redo")
@@ -376,6 +387,9 @@ class _Bench:
                                 data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
                                       "untrusted": untrusted}, trial_id=self.trial.id)
                 (self.trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
+                if res.meta.get("slo_error"):  # no rate met the SLO: nothing to score, the trial does not count
+                    store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
+                    return res.meta["slo_error"]
                 if res.metrics.get("failed", 0) > 0:
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                     reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())

@@ -20,7 +20,7 @@ from orchestrator.roles import BASELINES
 from orchestrator.trial import TrialResult, objective_label
 
 __all__ = [
-    "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "noise_of", "noise_words", "perf_gate", "score",
+    "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",
     "speed_of_light", "why_data", "why_of", "why_record",
 ]
 
@@ -96,6 +96,8 @@ def perf_gate(r: TrialResult, baseline: Baseline, objectives: Sequence[Any]) -> 
     Relative objectives go through `gates.performance` (improvement beyond k standard errors
     of the change); absolute ones compare the candidate's mean with the threshold.
     """
+    if (untargeted := no_target(objectives)) is not None:
+        return untargeted
     rel = [o for o in objectives if o.kind == "relative"]
     absolute = [o for o in objectives if o.kind == "absolute"]
     misses = [
@@ -130,6 +132,16 @@ def speed_of_light(store: Any, run_id: int, r: TrialResult, baseline: Baseline |
         return None
     lims = plausible.limits(found[-1].data, cfg, scenarios)
     return plausible.check(r.metrics, lims, noise=baseline.noise if baseline else baseline_noise(r.samples, [r.samples])[0]) if lims else None
+
+
+def no_target(objectives: Sequence[Any]) -> Any:
+    """An SLO goal's objective (`kind="best"`: the highest rate under the limits) has no target to meet:
+    the screen never says "met", so a candidate is kept on its score (the paired ratio of rates) alone and
+    the run goes on to its budget. None for goals with targets."""
+    best = [o.describe() for o in objectives if o.kind == "best"]
+    if not best:
+        return None
+    return GateResult("performance", "fail", "no target to meet (" + "; ".join(best) + "): scored, never met", {}, 0.0)
 
 
 def needed_gain(min_gain: float, baseline: Baseline) -> float:

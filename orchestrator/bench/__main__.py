@@ -1,4 +1,7 @@
-"""``python -m orchestrator.bench --url URL --model NAME --scenario decode`` (also ``infergoal bench``)."""
+"""``python -m orchestrator.bench --url URL --model NAME --scenario decode`` (also ``infergoal bench``).
+
+``--slo "maximize throughput with p90 TTFT under 300 ms"`` runs the SLO request-rate search instead
+(`bench/rate.py`) on the scenario's shape (default: the `slo` scenario) and prints every step."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from .loadgen import run_scenario_sync
+from .rate import RatePolicy
 from .results import write_exports
 from .scenarios import Scenario, builtin_scenarios, load_trace
 
@@ -36,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arrival", choices=("closed", "poisson", "constant", "gamma", "trace"), default=None)
     p.add_argument("--trace", default=None, help="Mooncake-style JSONL trace (implies --arrival trace)")
     p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON")
+    p.add_argument("--slo", default=None, help='an SLO goal, e.g. "maximize throughput with p90 TTFT under 300 ms": '
+                   "search the highest request rate meeting it")
+    p.add_argument("--precision", type=float, default=RatePolicy.precision, help="--slo: relative precision of the rate")
+    p.add_argument("--min-seconds", type=float, default=RatePolicy.min_seconds, help="--slo: shortest step (s)")
+    p.add_argument("--min-requests", type=int, default=RatePolicy.min_requests, help="--slo: fewest requests per step")
     return p
 
 
@@ -60,8 +69,47 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     return sc.model_copy(update=upd) if upd else sc
 
 
+def slo_from_args(args: argparse.Namespace) -> int:
+    """The SLO rate search: one line per step, then the rate; 0 when some rate met the SLO."""
+    from orchestrator.goal import GoalError, parse_goal
+
+    from .slo import slo_measure
+
+    try:
+        goal = parse_goal(args.slo)
+    except GoalError as e:
+        raise SystemExit(str(e)) from None
+    if goal.slo is None:
+        raise SystemExit(f"--slo takes an SLO goal (maximize/minimize ... with limits), not {args.slo!r}")
+    if args.scenario == "decode":  # the plain default: the SLO scenario's shape instead
+        args.scenario = "slo"
+    sc = scenario_from_args(args)
+    policy = RatePolicy(precision=args.precision, min_seconds=args.min_seconds, min_requests=args.min_requests)
+
+    def bench_one(s: Scenario):  # noqa: ANN202
+        return run_scenario_sync(args.url, args.model, s, tokenizer=args.tokenizer, api=args.api, timeout_s=args.timeout)
+
+    def show(st) -> None:  # noqa: ANN001
+        print(f"  {st.rate:10.3f} req/s  {'pass' if st.passed else 'FAIL'}{'' if st.trusted else ' (untrusted)'}  {st.why}",
+              flush=True)
+
+    print(f"SLO search: {goal.slo.describe()}; ISL {sc.prompt_tokens}, OSL {sc.output_tokens}, from {sc.rate} req/s")
+    res = slo_measure(goal.slo, sc, bench_one, policy, on_step=show)
+    if args.json:
+        print(json.dumps({k: res.metrics[k] for k in sorted(res.metrics)} | {"steps": res.meta["rate_search"]}, indent=2))
+    if res.meta.get("slo_error"):
+        print(res.meta["slo_error"])
+        return 1
+    print(f"rate {res.metrics['slo_rate']:.3f} req/s, goodput {res.metrics['slo_goodput']:.3f} req/s, "
+          f"output {res.metrics['output_throughput']:.1f} tok/s"
+          + (" (client-bound: a lower bound)" if res.metrics.get("slo_client_bound") else ""))
+    return 0
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the scenario described by parsed args; print a summary; 0 if every request succeeded."""
+    if args.slo:
+        return slo_from_args(args)
     sc = scenario_from_args(args)
     res = run_scenario_sync(args.url, args.model, sc, tokenizer=args.tokenizer, api=args.api,
                             timeout_s=args.timeout)

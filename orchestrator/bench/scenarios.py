@@ -110,6 +110,12 @@ def builtin_scenarios(scale: float = 1.0) -> dict[str, Scenario]:
             name="throughput_burst", prompt_tokens=128, output_tokens=32, num_requests=32,
             concurrency=16, arrival="gamma", rate=4.0, burstiness=0.25, warmup_requests=2, seed=6,
             description="C: bursty gamma arrivals (burstiness 0.25)"),
+        # SLO goals: the shape of every step of the request-rate search (bench/rate.py sets the
+        # Poisson rate and the request count per step; num_requests is only the trust floor's check).
+        "slo": Scenario(
+            name="slo", prompt_tokens=128, output_tokens=32, num_requests=32, concurrency=0,
+            arrival="poisson", rate=1.0, warmup_requests=2, seed=8,
+            description="SLO: highest Poisson request rate meeting the goal's latency limits"),
         "prefix": Scenario(
             name="prefix", prompt_tokens=512, output_tokens=8, num_requests=16, concurrency=2,
             prefix_tokens=384, warmup_requests=2, seed=7, primary_metric="ttft_ms_mean",

@@ -1,0 +1,220 @@
+"""The highest request rate a server sustains under latency limits (an SLO), and what it serves there.
+
+Poisson arrivals at a set rate, each step long enough to be trusted (`RatePolicy.min_requests`,
+`min_seconds`); a step passes when every request succeeded, every limit holds on the percentile the
+goal names, the queue did not grow over the step, and the client was not the bottleneck
+(`bench.saturation`). The search brackets the rate (doubling from `start_rate` until a step fails,
+halving when the first one already fails) and then bisects the bracket, geometrically, until it is
+narrower than `precision`. The answer is the highest passing rate — a lower bound on the true
+limit within `precision` — or 0 when no rate down to `min_rate` met the limits.
+
+SGLang's tuner and GuideLLM's sweep search the rate the same way; SLO goals
+(`orchestrator.goal.SloGoal`) are scored on this rate, or on the goodput at it, for the baseline
+and every candidate alike.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .results import ScenarioResult
+from .saturation import SaturationPolicy, saturation_reasons
+from .scenarios import Scenario
+
+__all__ = ["RatePolicy", "RateSearch", "Step", "at_rate", "find_rate", "judge", "step_scenario"]
+
+Limits = Sequence[tuple[str, float]]
+"""(metrics key, largest allowed value), e.g. ("ttft_ms_p90", 300.0)."""
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    """How the rate search steps, and when a step is long enough to be trusted."""
+
+    start_rate: float = 1.0
+    """First rate tried (req/s)."""
+    max_rate: float = 4096.0
+    """The search stops doubling here: a server still meeting the SLO scores this."""
+    min_rate: float = 0.05
+    """Below this the SLO counts as broken at every rate (score 0)."""
+    max_step_seconds: float = 40.0
+    """Longest step: rates below `min_requests` / this are not tried either (a step at 0.05 req/s would
+    take ten minutes), so the SLO counts as broken below them."""
+    precision: float = 0.05
+    """Bisect until (fail - pass) / pass is at most this: the answer is within it of the limit."""
+    min_requests: int = 30
+    """Fewest measured requests per step: a p90 over fewer is three requests' word."""
+    min_seconds: float = 4.0
+    """Shortest step (requests = rate x this, at least `min_requests`): queues need time to build."""
+    max_requests: int = 4000
+    max_steps: int = 24
+    max_growth: float = 2.0
+    """A step whose last quarter of requests took this many times longer (median E2E) than its first
+    quarter was still queueing up: the rate is not sustainable, whatever its percentiles say."""
+    saturation: SaturationPolicy = SaturationPolicy()
+
+
+@dataclass
+class Step:
+    """One measured rate and what was judged of it."""
+
+    rate: float
+    passed: bool
+    trusted: bool
+    why: str
+    """Why it failed or was not trusted; the limits' values when it passed."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    result: ScenarioResult | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        keep = ("completed", "failed", "duration_s", "request_throughput", "output_throughput", "goodput",
+                "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p90", "tpot_ms_p99", "e2e_ms_p90", "loop_lag_ms_p50")
+        return {"rate": self.rate, "passed": self.passed, "trusted": self.trusted, "why": self.why,
+                "metrics": {k: self.metrics[k] for k in keep if k in self.metrics}}
+
+
+@dataclass
+class RateSearch:
+    """What the search found: the rate, the measurement at it, and every step on the way."""
+
+    rate: float
+    """Highest passing rate (req/s); 0.0 when no rate met the limits."""
+    steps: list[Step]
+    best: Step | None
+    client_bound: bool = False
+    """A step was client-bound: the server may sustain more than `rate` (the answer is a lower bound)."""
+
+    @property
+    def goodput(self) -> float:
+        """Requests per second that each met the per-request limits, at `rate`."""
+        return self.best.metrics.get("goodput", 0.0) if self.best else 0.0
+
+    @property
+    def error(self) -> str | None:
+        """Why there is no rate to score (the SLO broke at every rate tried), or None."""
+        if self.rate > 0:
+            return None
+        tried = min((s.rate for s in self.steps), default=0.0)
+        last = self.steps[-1].why if self.steps else "no step ran"
+        return f"SLO not met at any rate down to {tried:.3g} req/s ({last})"
+
+    def metrics(self) -> dict[str, float]:
+        """The measurement at the found rate, with the search's answer (`slo_rate`, `slo_goodput`)."""
+        base = dict(self.best.metrics) if self.best else {}
+        return base | {"slo_rate": self.rate, "slo_goodput": self.goodput, "slo_steps": float(len(self.steps)),
+                       "slo_client_bound": float(self.client_bound)}
+
+    def result(self) -> ScenarioResult | None:
+        """The found rate's `ScenarioResult`, its metrics extended by `metrics()` and the steps in `meta`."""
+        if self.best is None or self.best.result is None:
+            return None
+        res = self.best.result
+        return ScenarioResult(scenario=res.scenario, metrics=self.metrics(), requests=res.requests,
+                              failures=res.failures, meta=res.meta | {"rate_search": [s.to_dict() for s in self.steps]})
+
+
+def step_scenario(base: Scenario, rate: float, policy: RatePolicy = RatePolicy()) -> Scenario:
+    """`base` as an open-loop Poisson step at `rate`, long enough to be trusted."""
+    n = min(policy.max_requests, max(policy.min_requests, math.ceil(rate * policy.min_seconds)))
+    return base.model_copy(update={"arrival": "poisson", "rate": rate, "num_requests": n, "concurrency": 0,
+                                   "burstiness": 1.0, "name": base.name})
+
+
+def _growth(result: ScenarioResult) -> float:
+    """Median E2E of the last quarter of requests (in send order) over that of the first quarter."""
+    ok = sorted((r for r in result.requests if r.success and r.e2e_ns is not None), key=lambda r: r.t_sent_ns)
+    q = len(ok) // 4
+    if q < 3:
+        return 1.0
+    first = float(np.median([r.e2e_ns for r in ok[:q]]))
+    last = float(np.median([r.e2e_ns for r in ok[-q:]]))
+    return last / first if first > 0 else 1.0
+
+
+def judge(result: ScenarioResult, limits: Limits, policy: RatePolicy = RatePolicy(),
+          client_cpu: float | None = None) -> tuple[bool, bool, str]:
+    """(passed, trusted, why) for one step."""
+    m = result.metrics
+    sat = saturation_reasons(m, result.requests, client_cpu, policy.saturation)
+    if sat:
+        return False, False, "client-bound: " + "; ".join(sat)
+    if m.get("failed", 0) > 0 or m.get("completed", 0) == 0:
+        return False, True, f"{int(m.get('failed', 0))} request(s) failed"
+    broken = [f"{key} {m.get(key, math.inf):.4g} > {most:g}" for key, most in limits if not m.get(key, math.inf) <= most]
+    if broken:
+        return False, True, "; ".join(broken)
+    growth = _growth(result)
+    if growth > policy.max_growth:
+        return False, True, f"queue growing: E2E of the last requests {growth:.1f}x the first"
+    return True, True, "; ".join(f"{key} {m[key]:.4g} <= {most:g}" for key, most in limits) or "no failures"
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def at_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, rate: float, limits: Limits,
+            policy: RatePolicy = RatePolicy()) -> Step:
+    """Measure one step at `rate` with `run` (a bench of one scenario) and judge it.
+
+    The client's CPU share is this process's: right for a local bench, an underestimate (never a
+    false alarm) when `run` benches elsewhere."""
+    cpu0 = _cpu_s()
+    res = run(step_scenario(base, rate, policy))
+    dur = res.metrics.get("duration_s", 0.0)
+    cpu = (_cpu_s() - cpu0) / dur if dur > 0 else None
+    passed, trusted, why = judge(res, limits, policy, cpu)
+    return Step(rate, passed, trusted, why, dict(res.metrics), res)
+
+
+def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits: Limits,
+              policy: RatePolicy = RatePolicy(), on_step: Callable[[Step], None] = lambda s: None) -> RateSearch:
+    """The highest Poisson request rate at which `limits` hold, within `policy.precision`."""
+    steps: list[Step] = []
+    lo: Step | None = None  # highest trusted passing step
+    hi: float | None = None  # lowest failing (or untrusted) rate
+    client_bound = False
+
+    def probe(rate: float) -> Step:
+        nonlocal client_bound
+        st = at_rate(run, base, rate, limits, policy)
+        steps.append(st)
+        client_bound |= not st.trusted
+        on_step(st)
+        return st
+
+    def budget() -> bool:
+        return len(steps) < policy.max_steps
+
+    rate = policy.start_rate
+    while budget():  # bracket upwards: double until a step fails
+        st = probe(rate)
+        if not st.passed:
+            hi = rate
+            break
+        lo = st
+        if rate * 2 > policy.max_rate:
+            break
+        rate *= 2
+    if lo is None and hi is not None:  # the first rate already failed: halve until one passes
+        rate, floor = hi / 2, max(policy.min_rate, policy.min_requests / policy.max_step_seconds)
+        while rate >= floor and budget():
+            st = probe(rate)
+            if st.passed:
+                lo = st
+                break
+            hi, rate = rate, rate / 2
+    while lo is not None and hi is not None and (hi - lo.rate) / lo.rate > policy.precision and budget():
+        st = probe(math.sqrt(lo.rate * hi))  # rates span orders of magnitude: bisect the ratio
+        if st.passed:
+            lo = st
+        else:
+            hi = st.rate
+    return RateSearch(rate=lo.rate if lo else 0.0, steps=steps, best=lo, client_bound=client_bound)

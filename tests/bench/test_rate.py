@@ -1,0 +1,137 @@
+"""The SLO request-rate search (orchestrator/bench/rate.py): against servers with a known limit.
+
+Fast tests drive the search with a synthetic bench (a step's TTFT is a function of its rate);
+the slow ones run it against tests/bench/loadserver.py, whose latency grows with load."""
+
+from __future__ import annotations
+
+import math
+
+import loadserver
+import pytest
+
+from orchestrator.bench import RequestRecord, Scenario, ScenarioResult, run_scenario_sync
+from orchestrator.bench.rate import RatePolicy, find_rate, judge, step_scenario
+from orchestrator.bench.slo import slo_measure
+from orchestrator.goal import parse_goal
+
+BASE = Scenario(name="slo", prompt_tokens=16, output_tokens=4, warmup_requests=1, seed=9)
+FAST = RatePolicy(start_rate=1.0, precision=0.05, min_requests=20, min_seconds=2.0, max_step_seconds=1000.0)
+
+
+def synthetic(limit_rate: float, ok_ms: float = 50.0, bad_ms: float = 900.0):
+    """A bench whose every request has TTFT `ok_ms` at rates up to `limit_rate`, `bad_ms` above it."""
+    seen: list[Scenario] = []
+
+    def run(sc: Scenario) -> ScenarioResult:
+        seen.append(sc)
+        ttft = ok_ms if sc.rate <= limit_rate else bad_ms
+        recs = []
+        for i in range(sc.num_requests):
+            t0 = i * 1_000_000_000 // max(1, int(sc.rate))
+            first = t0 + int(ttft * 1e6)
+            chunks = [first + k * 10_000_000 for k in range(sc.output_tokens)]
+            recs.append(RequestRecord(index=i, prompt_tokens=16, output_tokens=sc.output_tokens, t_sent_ns=t0,
+                                      t_first_token_ns=first, t_last_token_ns=chunks[-1], t_done_ns=chunks[-1],
+                                      chunk_ns=chunks, usage_completion_tokens=sc.output_tokens, success=True))
+        metrics = {"completed": float(len(recs)), "failed": 0.0, "duration_s": sc.num_requests / sc.rate,
+                   "ttft_ms_p90": ttft, "goodput": sc.rate if ttft <= 300 else 0.0, "loop_lag_ms_p50": 0.5}
+        return ScenarioResult(scenario=sc, metrics=metrics, requests=recs)
+
+    run.seen = seen  # type: ignore[attr-defined]
+    return run
+
+
+@pytest.mark.parametrize("limit", [0.3, 7.0, 37.3, 500.0])
+def test_the_search_finds_a_known_limit_within_its_precision(limit):
+    s = find_rate(synthetic(limit), BASE, [("ttft_ms_p90", 300.0)], FAST)
+    assert limit / (1 + FAST.precision) <= s.rate <= limit  # a lower bound, within the precision
+    assert s.error is None and s.metrics()["slo_rate"] == s.rate
+    assert len(s.steps) <= FAST.max_steps
+    # Steps are Poisson and long enough to be trusted: >= min_requests and >= rate x min_seconds requests.
+    for st in s.steps:
+        sc = st.result.scenario
+        assert sc.arrival == "poisson" and sc.num_requests >= max(FAST.min_requests, st.rate * FAST.min_seconds) - 1
+
+
+def test_a_server_breaking_the_limit_at_every_rate_scores_zero():
+    policy = RatePolicy(start_rate=4.0, min_rate=0.5, min_requests=20, min_seconds=2.0)
+    s = find_rate(synthetic(0.0), BASE, [("ttft_ms_p90", 300.0)], policy)
+    assert s.rate == 0.0 and s.best is None and s.goodput == 0.0
+    assert "SLO not met at any rate down to 0.5 req/s" in s.error and "ttft_ms_p90 900 > 300" in s.error
+
+
+def test_rates_too_slow_to_measure_are_not_tried():
+    # 20 requests at under 0.5 req/s would take longer than 40 s a step: the search stops there.
+    s = find_rate(synthetic(0.3), BASE, [("ttft_ms_p90", 300.0)], RatePolicy(min_requests=20, max_step_seconds=40))
+    assert s.rate == 0.0 and min(st.rate for st in s.steps) == 0.5 and "down to 0.5 req/s" in s.error
+
+
+def test_the_limit_is_judged_on_the_named_percentile():
+    res = synthetic(100)(step_scenario(BASE, 10.0, FAST))
+    res.metrics["ttft_ms_p99"] = 400.0
+    assert judge(res, [("ttft_ms_p90", 300.0)])[:2] == (True, True)
+    assert judge(res, [("ttft_ms_p99", 300.0)])[:2] == (False, True)
+
+
+def test_a_client_bound_step_is_not_trusted():
+    run = synthetic(1000.0)
+
+    def lagging(sc: Scenario) -> ScenarioResult:
+        res = run(sc)
+        if sc.rate > 20:
+            res.metrics["loop_lag_ms_p50"] = 40.0  # the client's event loop could not keep up
+        return res
+
+    s = find_rate(lagging, BASE, [("ttft_ms_p90", 300.0)], FAST)
+    assert s.client_bound and s.rate <= 20 and s.rate >= 20 / (1 + FAST.precision)
+    assert any(not st.trusted and "client-bound" in st.why for st in s.steps)
+
+
+def test_slo_measure_scores_rate_and_goodput_and_refuses_a_broken_server():
+    goal = parse_goal("maximize goodput at p90 TTFT under 300 ms")
+    res = slo_measure(goal.slo, BASE, synthetic(12.0), FAST)
+    assert 12 / 1.05 <= res.metrics["slo_rate"] <= 12 and res.metrics["slo_goodput"] == res.metrics["slo_rate"]
+    assert res.scenario.slo_ttft_ms == 300.0 and res.meta["rate_search"]
+    assert "slo_error" not in res.meta
+    broken = slo_measure(goal.slo, BASE, synthetic(0.0), RatePolicy(start_rate=2, min_rate=0.5, min_requests=10))
+    assert broken.metrics["slo_rate"] == 0.0 and "SLO not met at any rate" in broken.meta["slo_error"]
+
+
+def test_slo_measure_for_a_latency_at_a_throughput_floor():
+    goal = parse_goal("minimize p90 TTFT with throughput above 40 tok/s")  # 4 tokens per request: 10 req/s
+    run = synthetic(1000.0)
+    res = slo_measure(goal.slo, BASE, run, FAST)
+    assert [sc.rate for sc in run.seen] == [10.0] and res.metrics["ttft_ms_p90"] == 50.0
+    over = slo_measure(parse_goal("minimize p90 TTFT with throughput above 400 tok/s and p90 ttft under 300 ms").slo,
+                       BASE, synthetic(50.0), FAST)
+    assert "slo_error" in over.meta
+
+
+# --- against a server whose latency grows with load -------------------------------------------------
+
+LIMITS = [("ttft_ms_p90", 400.0)]
+REAL = RatePolicy(start_rate=16.0, precision=0.05, min_requests=20, min_seconds=3.0)
+
+
+def _search(slots: int, ttft_ms: float, tpot_ms: float, policy: RatePolicy = REAL):
+    with loadserver.running(slots, ttft_ms, tpot_ms) as url:
+        return find_rate(lambda sc: run_scenario_sync(url, "fake", sc), BASE, LIMITS, policy)
+
+
+@pytest.mark.slow
+def test_real_search_finds_the_load_servers_capacity_within_10_percent():
+    cap = loadserver.capacity(16, 40, 100, BASE.output_tokens)  # 47 req/s
+    s = _search(16, 40, 100)
+    assert abs(s.rate / cap - 1) <= 0.10, [st.to_dict() for st in s.steps]
+    assert not s.client_bound
+
+
+@pytest.mark.slow
+def test_real_a_server_meeting_the_slo_only_at_low_rate_scores_low_and_one_always_over_not_at_all():
+    cap = loadserver.capacity(2, 40, 100, BASE.output_tokens)  # 5.9 req/s; two slots queue well before it
+    low = _search(2, 40, 100, RatePolicy(start_rate=2.0, precision=0.05, min_requests=20, min_seconds=3.0))
+    good = loadserver.capacity(16, 40, 100, BASE.output_tokens)
+    assert 0 < low.rate <= cap * 1.1 and low.rate / good < 0.15  # the paired ratio of rates says: far worse
+    slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=1.0, min_requests=10, min_seconds=2.0))
+    assert slow.rate == 0.0 and "ttft_ms_p90" in slow.error and math.isfinite(slow.steps[-1].metrics["ttft_ms_p90"])

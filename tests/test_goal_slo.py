@@ -1,0 +1,88 @@
+"""SLO goals: "maximize X subject to latency limits" and "minimize a latency at a throughput floor"."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.goal import GoalError, Objective, SloGoal, SloLimit, load_goal, parse_goal
+from orchestrator.verdict import no_target
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "goals"
+
+
+def test_maximize_throughput_under_two_limits():
+    g = parse_goal("maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms")
+    assert g.slo == SloGoal(maximize="rate", limits=(SloLimit(metric="ttft", stat="p90", value=300),
+                                                     SloLimit(metric="tpot", stat="p90", value=40)))
+    assert g.objectives == (Objective(metric="rate", kind="best"),)
+    assert g.scenarios == ["slo"] and g.objectives[0].key == "slo_rate"
+    assert g.slo.latency_limits == [("ttft_ms_p90", 300.0), ("tpot_ms_p90", 40.0)]
+    assert g.slo.goodput_slos == {"slo_ttft_ms": 300.0, "slo_tpot_ms": 40.0}
+    assert g.describe() == "maximize request rate with p90 TTFT <= 300 ms and p90 TPOT <= 40 ms"
+
+
+def test_maximize_goodput_in_seconds_with_a_budget():
+    g = parse_goal("/goal maximize goodput at p99 TTFT under 1 s within 30m")
+    assert g.slo == SloGoal(maximize="goodput", limits=(SloLimit(metric="ttft", stat="p99", value=1000),))
+    assert g.objectives[0].key == "slo_goodput" and g.budget.wall_s == 1800
+
+
+def test_minimize_a_latency_at_a_throughput_floor():
+    g = parse_goal("minimize p90 TPOT with throughput above 500 tok/s")
+    assert g.slo == SloGoal(minimize="tpot", stat="p90", limits=(SloLimit(metric="throughput", value=500),))
+    o = g.objectives[0]
+    assert (o.metric, o.stat, o.kind, o.at_load, o.scenario, o.key) == ("tpot", "p90", "best", True, "slo", "tpot_ms_p90")
+    assert g.slo.floor_tok_s == 500 and g.slo.latency_limits == []
+
+
+def test_an_slo_objective_is_scored_but_never_met():
+    o = parse_goal("maximize throughput with p90 TTFT under 300 ms").objectives[0]
+    assert o.speedup(12.0, 10.0) == pytest.approx(1.2) and not o.met(1e9, 1.0)
+    assert no_target([o]).status == "fail" and no_target(parse_goal("improve throughput by 2x").objectives) is None
+
+
+def test_other_goals_keep_their_digest():
+    # Computed on main before SLO goals existed: resumed runs still find their goal.
+    assert parse_goal("beat the baseline by 20% on TPOT").digest == "d29aac42124cb6db"
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("maximize throughput with p101 TTFT under 300 ms", "unknown percentile 'p101'"),
+    ("maximize throughput with p90 TTFT under 300", "has no unit; write e.g. 300 ms"),
+    ("maximize throughput with p90 TTFT under -3 ms", "a limit must be a positive number"),
+    ("maximize throughput and goodput with p90 TTFT under 300 ms", "no trade-off between them"),
+    ("maximize throughput and minimize p90 ttft", "names what to maximize or minimize, then its limits"),
+    ("maximize throughput with TTFT under 300 ms", "names no percentile"),
+    ("maximize throughput with p90 TTFT above 300 ms", "asks the opposite"),
+    ("maximize throughput with p90 TTFT under 300 tok/s", "measured in ms, not tok/s"),
+    ("maximize vibes with p90 TTFT under 300 ms", "maximizes throughput (the request rate) or goodput"),
+    ("maximize throughput with p90 vibes under 300 ms", "unknown metric 'vibes'"),
+    ("maximize throughput with throughput above 5 tok/s", "takes latency limits, not a throughput limit"),
+    ("minimize p90 TPOT with p90 TTFT under 300 ms", "needs a throughput limit"),
+    ("minimize throughput with throughput above 5 tok/s", "minimizes a latency"),
+    ("maximize throughput with p90 TTFT under 300 ms and p99 TTFT under 1 s", "limits each metric once"),
+])
+def test_bad_slo_goals_are_refused_in_one_clear_line(text, fragment):
+    with pytest.raises(GoalError) as e:
+        parse_goal(text)
+    first, *rest = str(e.value).splitlines()
+    assert fragment in first
+    assert "Accepted goal forms" in rest[0] and any("maximize throughput with" in line for line in rest)
+
+
+def test_plain_forms_do_not_take_the_slo_metrics():
+    with pytest.raises(GoalError, match="unknown metric"):
+        parse_goal("beat the baseline by 20% on goodput")
+
+
+def test_slo_goal_toml_matches_text_form(tmp_path):
+    toml = load_goal(EXAMPLES / "slo_throughput.toml")
+    text = parse_goal("maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms within 1h")
+    assert toml.slo == text.slo and toml.objectives == text.objectives and toml.budget == text.budget
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[slo]\nmaximize = 'rate'\nminimize = 'tpot'\n[[slo.limits]]\nmetric = 'ttft'\nvalue = 300\n")
+    with pytest.raises(GoalError, match="exactly one of maximize or minimize"):
+        load_goal(bad)
+    bad.write_text("[[objectives]]\nmetric = 'rate'\nkind = 'best'\n")
+    with pytest.raises(GoalError, match="needs the goal's"):
+        load_goal(bad)

@@ -1,0 +1,63 @@
+"""An SLO goal run end to end: the loop scores each server by the highest request rate meeting the
+goal's limits, over the baseline's (tests/bench/loadserver.py: its capacity is slots / service time)."""
+
+import json
+
+import pytest
+from fake_target import FAKE_SERVER_DIR
+
+from orchestrator.goal import parse_goal
+from orchestrator.runs import start_run
+from orchestrator.store import Store
+from orchestrator.workspace import Workspace
+
+pytestmark = pytest.mark.slow  # launches (fake) servers; each trial is a rate search (~20-40 s)
+
+TARGET = f'''
+name = "loadserver"
+engine = "fake"
+model = "forge:tiny"
+served_model_name = "fake"
+source = "{FAKE_SERVER_DIR}"
+ready_timeout_s = 30
+launch = """{{{{ python }}}} {{{{ source }}}}/loadserver.py --port {{{{ port }}}} --slots {{{{ slots }}}} --ttft-ms 40 --tpot-ms 50"""
+[knobs.slots]
+type = "categorical"
+choices = [2, 8, 1]
+default = 2
+'''
+# Steps of the search start at 4 req/s; 4-token outputs: service 190 ms, capacity 10.5 req/s per 2 slots.
+SCENARIOS = """
+[slo]
+prompt_tokens = 16
+output_tokens = 4
+num_requests = 32
+concurrency = 0
+arrival = "poisson"
+rate = 4.0
+warmup_requests = 1
+seed = 8
+"""
+
+
+@pytest.mark.timeout(1800)  # rate searches and paired rounds, each redone when the shared host gets busier
+def test_an_slo_goal_keeps_the_server_with_the_higher_rate_and_drops_the_one_that_never_meets_it(tmp_path, tiny_model):
+    (tmp_path / "target.toml").write_text(TARGET)
+    (tmp_path / "scenarios.toml").write_text(SCENARIOS)
+    (tmp_path / "steps.json").write_text(json.dumps([{"slots": 8}, {"slots": 1}]))
+    ws = Workspace(tmp_path, [f'target="{tmp_path / "target.toml"}"', f'proposer="scripted:{tmp_path / "steps.json"}"',
+                              "gates.accuracy=false", "gates.integrity=false", 'bench.scenarios="scenarios.toml"',
+                              "bench.baseline_repeats=1"])
+    goal = parse_goal("maximize throughput with p90 TTFT under 150 ms within 3 trials")
+    out = start_run(ws, goal)
+    store = Store(ws.db_url)
+    # The baseline and the proposer's candidates (sentinels and paired rounds depend on the host's load).
+    trials = dict(enumerate(t for t in store.list_trials(out.run_id) if t.proposer not in ("sentinel", "paired")))
+    base, more, fewer = trials[0], trials[1], trials[2]
+    rate = {n: t.objective.get("slo:slo_rate") for n, t in trials.items()}
+    assert base.status == "kept" and rate[0] > 0, (base.error, rate)
+    assert more.status == "kept" and more.score > 2.5, (more.score, rate)  # 4x the slots: a paired ratio of rates
+    assert fewer.status != "kept" and (fewer.score or 0) < 1, (fewer.status, fewer.score, rate)
+    m = {x.metric: x.value for x in store.measurements(more.id) if x.scenario == "slo"}
+    assert m["slo_rate"] == rate[1] and m["ttft_ms_p90"] <= 150 and m["slo_goodput"] > 0
+    assert not out.stop_reason.startswith("GoalMet")  # maximize: scored, never "met"
