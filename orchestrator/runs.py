@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gates.plausible import record_of
 from orchestrator.audit.study import StudyError, save_study
+from orchestrator.bench.rate import RatePolicy
 from orchestrator.controller import Controller
 from orchestrator.errors import one_line
 from orchestrator.exitcodes import classify_stop
@@ -271,6 +272,8 @@ def _drive(
         accuracy_gate=config.gates.accuracy, integrity_gate=config.gates.integrity,
         request_timeout_s=config.bench.timeout_s, on_step=on_step,
         trust=TrustPolicy(settle_s=config.bench.settle_s),
+        rate=RatePolicy(precision=config.bench.slo_precision, min_requests=config.bench.slo_min_requests,
+                        min_seconds=config.bench.slo_min_seconds),
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()

@@ -51,6 +51,13 @@ class BenchConfig(BaseModel):
     scenarios: str = ""
     """TOML file (relative to the workspace) whose `[NAME]` tables replace built-in scenarios of that
     name, unscaled: how a GPU run sizes InferenceBench A-C (see benchmarks/gpu/scenarios.toml)."""
+    slo_precision: float = Field(0.05, gt=0, le=1)
+    """SLO goals' rate search (`orchestrator.bench.rate`): bisect until the highest passing and the lowest
+    failing rate are this close (relative); the score is within it of the server's limit."""
+    slo_min_requests: int = Field(30, ge=8, le=100000)
+    """SLO goals: fewest measured requests in one step of the rate search (its percentiles rest on them)."""
+    slo_min_seconds: float = Field(4.0, gt=0, le=3600)
+    """SLO goals: shortest step of the rate search, so a queue has time to build up at an unsustainable rate."""
     floors: str = ""
     """The host's speed of light: a JSON as `benchmarks/gpu/sol.py --out` writes it (relative to the
     workspace), recorded on the run at its start like `infergoal floors FILE`; a trial of that model
