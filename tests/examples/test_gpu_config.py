@@ -60,6 +60,10 @@ def test_gpu_target_renders_valid_server_args(engine: str) -> None:
 def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
     goal = load_goal(GPU / "goal.toml")
     assert goal.accuracy_mode == "gated" and set(goal.scenarios) == {"prefill", "decode", "throughput"}
+    # The time-to-best goal: 4x on TPOT (decode) and throughput, no TTFT objective.
+    ttb = load_goal(GPU / "goal_4x.toml")
+    assert ttb.accuracy_mode == "gated" and set(ttb.scenarios) == {"decode", "throughput"}
+    assert sorted((o.metric, o.value) for o in ttb.objectives) == [("throughput", 3.0), ("tpot", 0.75)]
     table = load_scenarios_file(GPU / "scenarios.toml")
     assert table["prefill"].prompt_tokens == 4096 and table["throughput"].concurrency == 16
     (tmp_path / "infergoal.toml").write_text(f'[bench]\nscenarios = "{GPU / "scenarios.toml"}"\n')
