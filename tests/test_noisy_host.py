@@ -87,7 +87,7 @@ def test_load_during_the_baseline_only_gives_no_false_goal_met(tmp_path, quiet):
             burn.stop()
 
     # Out of reach for the truth (the quiet paired ratio), within reach of a baseline measured under load.
-    goal = f"improve throughput by {quiet["score"] * 1.3:.2f}x within 2 trials"
+    goal = f"improve throughput by {quiet['score'] * 1.3:.2f}x within 2 trials"
     try:
         out = start_run(ws, parse_goal(goal), on_step=on_step)
     finally:
@@ -118,7 +118,7 @@ def test_load_during_a_candidate_only_is_remeasured_not_discarded(tmp_path, quie
         elif burn.running and not (step.startswith("bench") and not step.endswith("redo")):
             burn.stop()
 
-    goal = f"improve throughput by {max(1.2, quiet["score"] / 1.5):.2f}x within 2 trials"
+    goal = f"improve throughput by {max(1.2, quiet['score'] / 1.5):.2f}x within 2 trials"
     try:
         out = start_run(ws, parse_goal(goal), on_step=on_step)
     finally:
