@@ -6,6 +6,7 @@ killed -9 (a real process holding the lock); the same through an SSH host (a rea
 loopback, where `hostd lease` holds the lock on the host for as long as its channel is open).
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -18,11 +19,13 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.exitcodes import EXIT_CODES
+from orchestrator.goal import parse_goal
 from orchestrator.hosts import LocalHost
 from orchestrator.hosts.registry import HostRegistry
 from orchestrator.hosts.ssh import SSHHost
-from orchestrator.lease import HostLeases, LeaseHeld, run_identity
+from orchestrator.lease import LEASE_LOST, LEASE_RETAKEN, HostLeases, LeaseHeld, run_identity
 from orchestrator.remote import hostlock
+from orchestrator.runs import _note_leases
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,6 +226,8 @@ def test_local_host_lease_uses_the_visible_gpus(tmp_path, monkeypatch):
 def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
     a, b = two_ws
     with _take(a, "box", run=11, interval_s=0.2) as leases:
+        told = []
+        leases.on_event = lambda kind, message, data: told.append((kind, message))
         lease = leases.held[0][1]
         assert sshd.drop_connections() >= 1
         deadline = time.monotonic() + 20
@@ -232,3 +237,78 @@ def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
         assert leases.lost == []
         with pytest.raises(LeaseHeld, match="run 11"), _take(b, "box"):
             pass
+    # The drop is in the run's events, not only healed: measurements around it may have shared the host.
+    assert [k for k, _ in told] == [LEASE_LOST, LEASE_RETAKEN], told
+    assert "host box: host lease lost mid-run (the SSH channel of `hostd lease` on box closed" in told[0][1]
+
+
+# --- a lease lost mid-run ----------------------------------------------------------------------
+def _run_row(ws: Path) -> tuple[Store, int]:
+    store = Store(f"sqlite:///{ws / '.infergoal' / 'infergoal.db'}")
+    g = parse_goal("beat the baseline by 20% on TPOT within 3 trials")
+    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, {}, "local", "search")
+    return store, run.id
+
+
+def _kinds(store: Store, rid: int) -> list[str]:
+    return [e.kind for e in store.events(rid) if e.kind.startswith("lease.")]
+
+
+def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
+    """The lock file removed under a run: written to its events as it happens (by the watcher
+    thread), taken again when nobody took the host meanwhile; when another run did, the loss
+    stays, names it, and `status`, `why` and their --json say so."""
+    ws = _workspace(tmp_path / "a")
+    store, rid = _run_row(ws)
+    lock_file = hostlock.lease_dir() / "host.lock"
+    with _take(ws, run=rid, interval_s=0.05) as leases:
+        _note_leases(store, rid, leases)  # the wiring start_run and resume_run use
+        lock = leases.held[0][1]
+        assert lock.held() and _kinds(store, rid) == []
+        lock_file.unlink()  # a /tmp cleaner, or a person
+        deadline = time.monotonic() + 10
+        while _kinds(store, rid) != [LEASE_LOST, LEASE_RETAKEN]:
+            assert time.monotonic() < deadline, _kinds(store, rid)
+            time.sleep(0.05)
+        assert lock.held() and lock_file.is_file() and leases.lost == []
+    with _take(ws, run=rid, interval_s=3600) as leases:  # this test beats the watcher itself from here
+        _note_leases(store, rid, leases)
+        lock = leases.held[0][1]
+        lock_file.unlink()
+        other = hostlock.acquire(run_identity(tmp_path / "b", 8))  # another run takes the host in the gap
+        assert not lock.held() and "was replaced" in lock.lost_reason()  # removed, and made anew by the other run
+        leases.check()
+        leases.check()  # still taken: said once, not every beat
+        assert _kinds(store, rid) == [LEASE_LOST, LEASE_RETAKEN, LEASE_LOST] and leases.lost == ["local"]
+        lost = store.events(rid, kind=LEASE_LOST)[-1]
+        assert [h["run"] for h in lost.data["held_by"]] == [8] and "now held by run 8" in lost.message
+        with pytest.raises(LeaseHeld, match="run 8"), _take(tmp_path / "c"):  # the other run really holds it
+            pass
+    other.release()
+    store.close()
+
+    r = CliRunner().invoke(app, ["-w", str(ws), "status", "--json"])
+    losses = json.loads(r.stdout)[0]["lease_lost"]
+    assert r.exit_code == 0 and [x["retaken_at"] is None for x in losses] == [False, True]
+    assert losses[1]["held_by"][0]["run"] == 8 and "was replaced" in losses[1]["reason"]
+    r = CliRunner().invoke(app, ["-w", str(ws), "status"], env={"COLUMNS": "200"})
+    assert "(host lease lost)" in r.output, r.output
+    r = CliRunner().invoke(app, ["-w", str(ws), "why"], env={"COLUMNS": "200"})
+    lines = [x.strip() for x in r.output.splitlines() if "host lease of local lost at" in x]
+    assert len(lines) == 2 and "taken again at" in lines[0] and "was removed" in lines[0], r.output
+    assert lines[1].endswith("not taken again: measurements after it may have shared the host")
+    assert len(json.loads(CliRunner().invoke(app, ["-w", str(ws), "why", "--json"]).stdout)["lease_lost"]) == 2
+
+
+def test_a_replaced_lock_file_is_a_lost_lease(tmp_path):
+    lock = hostlock.acquire({"run": 1})
+    path = hostlock.lease_dir() / "host.lock"
+    try:
+        path.rename(path.with_suffix(".old"))
+        path.write_text("")
+        assert not lock.held() and "was replaced" in lock.lost_reason()
+        lock.take()  # nobody holds the new file: taken again
+        assert lock.held() and [h["run"] for h in hostlock.holders()] == [1]
+    finally:
+        lock.release()
+    assert lock.lost_reason() == "it was released"

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
+from orchestrator.audit.leases import lease_losses
 from orchestrator.audit.trials import budget_line, split_trials
 from orchestrator.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
@@ -308,4 +309,5 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         "best": {"number": best.number, "score": best.score} if best else None,
         "failed_regions": [{"trial": r.get("trial"), "kind": r.get("kind"), "region": r.get("describe"),
                             "skipped": sum(1 for s in skips if s.get("marked_by") == r.get("trial"))} for r in regions],
+        "lease_lost": lease_losses(events),
     }

@@ -16,6 +16,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.audit.leases import lease_words
 from orchestrator.audit.trials import knob_text
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
@@ -35,9 +36,10 @@ def trial_number(text: str | None) -> int | None:
     return int(text)
 
 
-def _open(run: int | None) -> tuple[Any, Any, int]:
-    """The workspace, its store and the id of run `run` (default: the latest run)."""
-    store = get_store()
+def _open(run: int | None, *, read_only: bool = True) -> tuple[Any, Any, int]:
+    """The workspace, its store and the id of run `run` (default: the latest run). Audit commands
+    read: the store is opened read-only (nothing created or migrated) unless a command records."""
+    store = get_store(read_only=read_only)
     return get_workspace(), store, run_id_of(store, run)
 
 
@@ -89,6 +91,8 @@ def why(
             console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
         for r in data["failed_regions"]:
             console.print(f"  failed region: {r['region']}; proposals skipped inside it: {r['skipped']}", highlight=False)
+        for loss in data["lease_lost"]:
+            console.print(f"  {escape(lease_words(loss))}", highlight=False)
         return None
     try:
         w = explain_trial(store, rid, number)
@@ -187,7 +191,8 @@ def log(
     """The audit log: human actions (relock, approve, reject, steer, stop, contract decisions) with who and when."""
     from orchestrator.audit.actions import human_actions
 
-    rows = human_actions(get_store(), run)
+    store = get_store(read_only=True)
+    rows = human_actions(store, run) if store is not None else []
     if as_json:
         return emit(rows)
     table = Table("when (UTC)", "run", "who", "action", "message")
@@ -224,6 +229,7 @@ def _global_args(p: dict[str, Any]) -> list[str]:
 def floors(
     file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recorded floors as JSON."),
 ) -> None:
     """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them,
     and where they are for the run's model, a trial measured faster than them is invalid."""
@@ -237,7 +243,11 @@ def floors(
         record = plausible.record_of(data, str(file))
     except ValueError as e:
         fail(f"{file}: {e}")
-    _, store, rid = _open(run)
+    _, store, rid = _open(run, read_only=False)
     store.add_event(rid, "speed_of_light", f"floors from {file.name}", data=record)
-    checked = "; its next trials are held to them" if "ceilings" in record and "model" in record else ""
+    held = "ceilings" in record and "model" in record
+    if as_json:
+        return emit({"run": rid, "floors": record["floors"], "trials_held_to_them": held})
+    checked = "; its next trials are held to them" if held else ""
     console.print(f"run {rid}: floors recorded ({', '.join(record['floors'])}){checked}; `infergoal report --html` shows % of them")
+    return None

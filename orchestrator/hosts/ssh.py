@@ -252,6 +252,14 @@ class RemoteLease:
         c = self._chan
         return c is not None and not c.closed and not c.exit_status_ready() and c.get_transport().is_active()
 
+    def lost_reason(self) -> str:
+        """'' while held; else what ended it, in words (the host freed the lock when its channel closed)."""
+        if self.held():
+            return ""
+        if self._chan is None:
+            return "it was released"
+        return f"the SSH channel of `hostd lease` on {self.host.name} closed (connection dropped); the host freed its lock"
+
     def release(self, wait_s: float = 10.0) -> None:
         """End of input frees the lock; wait (briefly) for the holder to exit, so a run started
         right after this one finds the host free."""
