@@ -261,6 +261,9 @@ def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
     ws = _workspace(tmp_path / "a")
     store, rid = _run_row(ws)
     lock_file = hostlock.lease_dir() / "host.lock"
+    before = store.create_trial(rid, 0, commit="", knobs={}, rationale="baseline", proposer="baseline")
+    store.start_trial(before.id, "serve", None)
+    store.finish_trial(before.id, "kept", score=1.0, objective={}, timings={"total": 1.0})
     with _take(ws, run=rid, interval_s=0.05) as leases:
         _note_leases(store, rid, leases)  # the wiring start_run and resume_run use
         lock = leases.held[0][1]
@@ -271,6 +274,8 @@ def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
             assert time.monotonic() < deadline, _kinds(store, rid)
             time.sleep(0.05)
         assert lock.held() and lock_file.is_file() and leases.lost == []
+    during = store.create_trial(rid, 1, commit="", knobs={}, rationale="p", proposer="search")
+    store.start_trial(during.id, "serve", None)
     with _take(ws, run=rid, interval_s=3600) as leases:  # this test beats the watcher itself from here
         _note_leases(store, rid, leases)
         lock = leases.held[0][1]
@@ -285,6 +290,7 @@ def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
         with pytest.raises(LeaseHeld, match="run 8"), _take(tmp_path / "c"):  # the other run really holds it
             pass
     other.release()
+    store.finish_trial(during.id, "discarded", score=1.1, objective={}, timings={"total": 1.0})
     store.close()
 
     r = CliRunner().invoke(app, ["-w", str(ws), "status", "--json"])
@@ -298,6 +304,11 @@ def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
     assert len(lines) == 2 and "taken again at" in lines[0] and "was removed" in lines[0], r.output
     assert lines[1].endswith("not taken again: measurements after it may have shared the host")
     assert len(json.loads(CliRunner().invoke(app, ["-w", str(ws), "why", "--json"]).stdout)["lease_lost"]) == 2
+    # A trial measured while the host was not this run's says so; one finished before, not.
+    r = CliRunner().invoke(app, ["-w", str(ws), "why", "1"], env={"COLUMNS": "250"})
+    row = next(x for x in r.output.splitlines() if x.strip().startswith("host lease"))
+    assert "not taken again" in row and "was replaced" in row and "taken again at" not in row, r.output
+    assert "host lease" not in CliRunner().invoke(app, ["-w", str(ws), "why", "0"]).output
 
 
 def test_a_replaced_lock_file_is_a_lost_lease(tmp_path):
