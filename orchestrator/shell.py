@@ -23,7 +23,7 @@ from typing import Any
 from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
 from orchestrator.audit.facts import why_facts
 from orchestrator.audit.leases import lease_words
-from orchestrator.audit.trials import is_measurement, knob_text, measured_trial
+from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
@@ -221,7 +221,8 @@ class Shell(cmd.Cmd):
         bg = "background: running" if self._running() else ("background: idle" if self.child is None else f"background: exited {self.child.returncode}")
         told = explain_run(self.store, run.id)
         lost = "" if not told["lease_lost"] else f" — {lease_words(told['lease_lost'][-1])}"
-        self.say(f"run {run.id} {run.status}: {told['budget_line']}" + (f", best #{best.number} {best.score:.3f}x" if best and best.score else "")
+        said = score_text(best.score, paired_scores(self.store, run.id).get(best.id), unit="x") if best else ""
+        self.say(f"run {run.id} {run.status}: {told['budget_line']}" + (f", best #{best.number} {said}" if said else "")
                  + (f", in flight #{inflight[0]}" if inflight else "") + (f" — {run.stop_reason}" if run.stop_reason else "") + lost + f" [{bg}]")
         return None
 
@@ -234,8 +235,10 @@ class Shell(cmd.Cmd):
 
     def do_trials(self, arg: str) -> None:
         """/trials — the current run's trials."""
+        paired = paired_scores(self.store, self.run_id) if self.run_id else {}
         for t in self.store.list_trials(self.run_id) if self.run_id else []:
-            self.say(f"{self._label(t):<5} {t.status:<14} {f'{t.score:.3f}x' if t.score else '—':>8}  {t.proposer:<9} {knob_text(t.knobs)}")
+            score = score_text(t.score, paired.get(t.id), unit="x") or "—"
+            self.say(f"{self._label(t):<5} {t.status:<14} {score:>8}  {t.proposer:<9} {knob_text(t.knobs)}")
         return None
 
     @staticmethod

@@ -75,6 +75,7 @@ def why(
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
     from orchestrator.audit.facts import why_facts
     from orchestrator.audit.why import explain_run, explain_trial
+    from orchestrator.paired import describe, latest_paired
 
     number = trial_number(trial)
     _, store, rid = _open(run)
@@ -87,8 +88,12 @@ def why(
         wall = f"{b['wall_s'] / 60:g} min" if b["wall_s"] else "unlimited"
         console.print(f"  {data['budget_line']}; trial time {u['trial_s'] / 60:.1f} min of "
                       f"{wall}; stall limit {b['stall_trials']}", highlight=False)
-        if data["best"]:
-            console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
+        best = data["best"]
+        paired = latest_paired(store, rid, store.get_trial_by_number(rid, best["number"]).id) if best else None
+        if best and paired and paired.get("score"):  # its score is the paired ratio now
+            console.print(f"  best: #{best['number']}, paired A/B {describe(paired)}", highlight=False)
+        elif best:
+            console.print(f"  best: #{best['number']} at {best['score']:.3f}x (not confirmed by a paired A/B)", highlight=False)
         for r in data["failed_regions"]:
             console.print(f"  failed region: {r['region']}; proposals skipped inside it: {r['skipped']}", highlight=False)
         for loss in data["lease_lost"]:

@@ -203,13 +203,22 @@ def trials(
     rid = run_id_of(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
-    from orchestrator.audit.trials import budget_line, is_measurement, knob_text, measured_trial, split_trials
+    from orchestrator.audit.trials import (
+        budget_line,
+        is_measurement,
+        knob_text,
+        measured_trial,
+        paired_scores,
+        score_text,
+        split_trials,
+    )
 
     if as_json:  # each row says whether the budget counted it: a trial, or a measurement `of` one
         return emit([_trial_dict(t) | {"measurement": is_measurement(t), "of": measured_trial(t)} for t in ts])
     from orchestrator.goal import GoalSpec
 
     base = everything[0].knobs if everything else {}
+    paired = paired_scores(store, rid)  # a confirmed candidate's score is its paired ratio: say so
     counted, measured = split_trials(everything)
     budget = GoalSpec.model_validate(store.get_run(rid).goal).budget.trials
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",
@@ -224,7 +233,7 @@ def trials(
         if is_measurement(t):
             of = measured_trial(t)
             number, who = f"↳ {t.number}", f"{t.proposer} of #{of}" if of is not None else t.proposer
-        table.add_row(number, t.status, f"{t.score:.3f}" if t.score else "", obj, changed,
+        table.add_row(number, t.status, score_text(t.score, paired.get(t.id)), obj, changed,
                       f"{(t.timings or {}).get('total', 0):.1f}", who, style="dim" if is_measurement(t) else None)
     console.print(table)
 
@@ -250,7 +259,10 @@ def show(
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
         return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
-    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {t.score:.3f}x" if t.score else ""), highlight=False)
+    from orchestrator.audit.trials import knob_text, score_text
+
+    said = score_text(t.score, (paired or {}).get("score"), unit="x")
+    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {said}" if said else ""), highlight=False)
     if why:
         console.print(f"  why: {why}", highlight=False)
     if paired:
@@ -263,8 +275,6 @@ def show(
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)
-    from orchestrator.audit.trials import knob_text
-
     console.print(f"  knobs: {escape(knob_text(t.knobs))}", highlight=False)
     console.print("  timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in (t.timings or {}).items()), highlight=False)
     for g in gates:
