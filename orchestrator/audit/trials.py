@@ -14,7 +14,8 @@ from typing import Any
 
 from orchestrator.roles import BASELINES, LOOP_ADDED, PAIRED
 
-__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "paired_scores", "score_text", "split_trials"]
+__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "measurement_note", "paired_scores", "score_text",
+           "split_trials"]
 
 _NAMED = re.compile(r"#(\d+)")
 
@@ -33,6 +34,14 @@ def measured_trial(t: Any) -> int | None:
         return 0
     found = _NAMED.search(t.rationale or "")
     return int(found.group(1)) if found else None
+
+
+def measurement_note(t: Any) -> str:
+    """`; a measurement (paired of #5), not a trial` for a row the loop added; '' for a trial."""
+    if not is_measurement(t):
+        return ""
+    of = measured_trial(t)
+    return f"; a measurement ({t.proposer}" + (f" of #{of}" if of is not None else "") + "), not a trial"
 
 
 def split_trials(rows: Iterable[Any]) -> tuple[list[Any], list[Any]]:

@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.audit.leases import lease_words
-from orchestrator.audit.trials import knob_text
+from orchestrator.audit.trials import knob_text, measurement_note, paired_scores, score_text
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
 
@@ -105,7 +105,8 @@ def why(
         fail(str(e))
     if as_json:
         return emit(w.to_dict())
-    console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by})", highlight=False)
+    note = measurement_note(store.get_trial_by_number(rid, number))
+    console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by}){note}", highlight=False)
     console.print(f"  {escape(w.sentence)}", highlight=False)
     table = Table("fact", "value", show_header=False, box=None, padding=(0, 2))
     table.columns[0].style = "bold"
@@ -140,11 +141,12 @@ def lineage_cmd(
     if as_json:
         return emit([s.to_dict() for s in steps])
     table = Table("#", "status", "score", "parent", "commit", "changed from parent", "proposer", title=f"run {rid}: lineage of #{number}")
+    paired = {store.get_trial(i).number: v for i, v in paired_scores(store, rid).items()}
     for s in steps:
         changed = " ".join(f"{k}: {a}->{b}" for k, (a, b) in s.changed.items()) or ("(baseline)" if s.parent is None else "(same knobs)")
         if s.commits:
             changed += "\n" + "\n".join(s.commits[:5])
-        table.add_row(str(s.number), s.status, f"{s.score:.3f}" if s.score else "", "" if s.parent is None else f"#{s.parent}",
+        table.add_row(str(s.number), s.status, score_text(s.score, paired.get(s.number)), "" if s.parent is None else f"#{s.parent}",
                       s.commit[:12], changed, s.proposer)
     console.print(table)
     return None

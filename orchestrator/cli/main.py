@@ -259,10 +259,11 @@ def show(
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
         return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
-    from orchestrator.audit.trials import knob_text, score_text
+    from orchestrator.audit.trials import knob_text, measurement_note, score_text
 
     said = score_text(t.score, (paired or {}).get("score"), unit="x")
-    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {said}" if said else ""), highlight=False)
+    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {said}" if said else "") + measurement_note(t),
+                  highlight=False)
     if why:
         console.print(f"  why: {why}", highlight=False)
     if paired:
