@@ -242,6 +242,23 @@ def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
     assert "host box: host lease lost mid-run (the SSH channel of `hostd lease` on box closed" in told[0][1]
 
 
+
+def test_ssh_lease_whose_lock_file_is_removed_on_the_host_is_lost_then_taken_again(two_ws, sshd):
+    """`hostd lease` looks at its lock files every 2 s: one removed on the host ends it with the
+    reason, which the run's events carry (lease.lost), and the lease is taken again. ~5 s."""
+    a, _ = two_ws
+    with _take(a, "box", run=12, interval_s=0.2) as leases:
+        told = []
+        leases.on_event = lambda kind, message, data: told.append((kind, message))
+        (sshd.dir / "leases" / "host.lock").unlink()
+        deadline = time.monotonic() + 30
+        while [k for k, _ in told] != [LEASE_LOST, LEASE_RETAKEN]:
+            assert time.monotonic() < deadline, told
+            time.sleep(0.1)
+        assert f"on box, its lock file {sshd.dir / 'leases' / 'host.lock'} was removed" in told[0][1], told
+        assert [h.get("run") for h in hostlock.holders(sshd.dir / "leases")] == [12]
+
+
 # --- a lease lost mid-run ----------------------------------------------------------------------
 def _run_row(ws: Path) -> tuple[Store, int]:
     store = Store(f"sqlite:///{ws / '.infergoal' / 'infergoal.db'}")

@@ -258,6 +258,15 @@ class RemoteLease:
             return ""
         if self._chan is None:
             return "it was released"
+        said = b""
+        try:
+            while self._chan.recv_ready():  # `hostd lease` says why when the host's lock file went
+                said += self._chan.recv(4096)
+            lost = json.loads(said.splitlines()[-1]).get("lost") if said.strip() else None
+        except (OSError, ValueError, AttributeError):
+            lost = None
+        if lost:
+            return f"on {self.host.name}, {lost}"
         return f"the SSH channel of `hostd lease` on {self.host.name} closed (connection dropped); the host freed its lock"
 
     def release(self, wait_s: float = 10.0) -> None:
