@@ -8,6 +8,7 @@ loopback, where `hostd lease` holds the lock on the host for as long as its chan
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -336,6 +337,10 @@ def test_a_replaced_lock_file_is_a_lost_lease(tmp_path):
         path.write_text("")
         assert not lock.held() and "was replaced" in lock.lost_reason()
         lock.take()  # nobody holds the new file: taken again
+        assert lock.held() and [h["run"] for h in hostlock.holders()] == [1]
+        shutil.rmtree(hostlock.lease_dir())  # the whole folder gone: lost, and taken again in a new one
+        assert "was removed" in lock.lost_reason()
+        lock.take()
         assert lock.held() and [h["run"] for h in hostlock.holders()] == [1]
     finally:
         lock.release()

@@ -166,6 +166,7 @@ class HostLock:
         """Take the lease again after losing it; `Busy` names whoever holds it now."""
         self.release()  # our locks sit on files nobody else sees any more
         self.stale = []
+        _make_dir(self.directory)  # the whole folder may have gone (a /tmp cleaner)
         self._take()
 
     def release(self) -> None:
@@ -178,13 +179,17 @@ class HostLock:
         self._fds = []
 
 
-def acquire(identity: dict[str, Any], gpus: str = "", directory: str | Path | None = None) -> HostLock:
-    """Take the host lease for `gpus` ("" = all) without waiting; raise `Busy` naming the holders."""
-    d = lease_dir(directory)
+def _make_dir(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):  # only its creator may chmod it; then it is already 1777
         if d.stat().st_uid == os.getuid():
             d.chmod(0o1777)
+
+
+def acquire(identity: dict[str, Any], gpus: str = "", directory: str | Path | None = None) -> HostLock:
+    """Take the host lease for `gpus` ("" = all) without waiting; raise `Busy` naming the holders."""
+    d = lease_dir(directory)
+    _make_dir(d)
     lock = HostLock(d, gpu_set(gpus), identity | {
         "holder_pid": os.getpid(), "holder_host": socket.gethostname(),
         "gpus": gpus or "all", "since": identity.get("since") or time.time()})
