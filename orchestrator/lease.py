@@ -285,13 +285,13 @@ class HostLeases:
             self.check()
 
     def _report(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        try:
-            if self.on_event is not None:
-                return self.on_event(kind, message, data)
-        except Exception:  # noqa: BLE001 - a busy store must not end the watch; keep the note instead
-            pass
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, message, data)
+                return
+            except Exception:  # noqa: BLE001 - a busy store must not end the watch; keep the note instead
+                pass
         self.notes.append((kind, message, data))
-        return None
 
     def check(self) -> None:
         """One look at every lease held (the watcher's beat): report one lost, take it again."""
