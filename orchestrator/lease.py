@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from orchestrator.remote.hostlock import Busy
 
 __all__ = [
     "HEARTBEAT_S",
+    "LEASE_LOST",
+    "LEASE_RETAKEN",
     "SHARE_HINT",
     "STALE_S",
     "HostLeases",
@@ -49,6 +52,11 @@ HEARTBEAT_S = 5.0
 STALE_S = 60.0
 """A lease not renewed for this long is dead (the owner hung, or its machine went away)."""
 
+
+LEASE_LOST = "lease.lost"
+"""The run's event when a host lease it held was lost mid-run (its data: host, reason, held_by)."""
+LEASE_RETAKEN = "lease.retaken"
+"""The run's event when a lost host lease was taken again (its data: host)."""
 
 SHARE_HINT = "wait, or pass --share-host (-o allow_concurrent_runs=true) to measure beside it (numbers will be noisier)"
 
@@ -197,8 +205,12 @@ class HostLeases:
 
     A host already held refuses the run with `LeaseHeld` (one line naming the holder), or with
     `share` lets it measure beside the holder; either way `notes` says what happened, for the run's
-    events. Hosts without a lease (a test fake) are skipped. A lease whose SSH channel dropped is
-    taken again from a background thread; one that cannot be is named in `lost`.
+    events. Hosts without a lease (a test fake) are skipped.
+
+    A background thread looks at every lease held each `interval_s`: one lost mid-run (its lock
+    file removed or replaced, its SSH channel dropped) is reported as `LEASE_LOST` and taken again
+    when it can be (`LEASE_RETAKEN`); while it cannot, its host is named in `lost`. Reports go to
+    `on_event(kind, message, data)` (the run's events), or into `notes` while it is unset.
     """
 
     def __init__(self, hosts: list[Any], identity: dict[str, Any], *, share: bool = False, interval_s: float = HEARTBEAT_S) -> None:
@@ -209,6 +221,7 @@ class HostLeases:
         self.notes: list[tuple[str, str, dict[str, Any]]] = []
         """(event kind, message, data): leases taken over from dead holders, hosts shared on request."""
         self.lost: list[str] = []
+        self.on_event: Callable[[str, str, dict[str, Any]], None] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -232,7 +245,7 @@ class HostLeases:
                 state = "died" if s.get("holder_dead") else "went away"
                 self.notes.append(("lease.stale", f"{_host_label(host)}: the lease of {holder_text(s)} was left behind "
                                    f"(its holder {state} without releasing it); taken over", {"host": host.name, "stale": s}))
-        if any(hasattr(lease, "take") for _, lease in self.held):  # SSH leases: watch their channels
+        if any(hasattr(lease, "take") for _, lease in self.held):  # watch the files and channels
             self._thread = threading.Thread(target=self._watch, name="host-leases", daemon=True)
             self._thread.start()
         return self
@@ -269,18 +282,44 @@ class HostLeases:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for host, lease in self.held:
-                if lease.held() or not hasattr(lease, "take"):
-                    continue
-                try:
-                    lease.identity = self.identity
-                    lease.take()
-                except Exception:  # noqa: BLE001 - busy or still unreachable: say so, try again next beat
-                    if host.name not in self.lost:
-                        self.lost.append(host.name)
-                else:
-                    if host.name in self.lost:
-                        self.lost.remove(host.name)
+            self.check()
+
+    def _report(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, message, data)
+                return
+            except Exception:  # noqa: BLE001 - a busy store must not end the watch; keep the note instead
+                pass
+        self.notes.append((kind, message, data))
+
+    def check(self) -> None:
+        """One look at every lease held (the watcher's beat): report one lost, take it again."""
+        for host, lease in list(self.held):
+            if not hasattr(lease, "take") or (host.name not in self.lost and lease.held()):
+                continue
+            first = host.name not in self.lost
+            reason = lease.lost_reason() if first and hasattr(lease, "lost_reason") else ""
+            held_by: list[dict[str, Any]] = []
+            try:
+                lease.take()
+            except Busy as e:  # another run has the host now
+                held_by = e.holders
+            except Exception:  # noqa: BLE001 - still unreachable: try again next beat
+                pass
+            taken = lease.held()
+            if first:
+                who = "; ".join(holder_text(h) for h in held_by)
+                self._report(LEASE_LOST, f"{_host_label(host)}: host lease lost mid-run ({reason or 'no longer held'})"
+                             + (f"; the host is now held by {who}" if who else "")
+                             + ("" if taken else "; measurements until it is taken again may share the host"),
+                             {"host": host.name, "reason": reason, "held_by": held_by})
+            if taken:
+                self._report(LEASE_RETAKEN, f"{_host_label(host)}: host lease taken again", {"host": host.name})
+                if host.name in self.lost:
+                    self.lost.remove(host.name)
+            elif first:
+                self.lost.append(host.name)
 
     def release(self) -> None:
         self._stop.set()

@@ -182,8 +182,10 @@ def resume_run(
 
 
 def _note_leases(store: Store, run_id: int, leases: HostLeases) -> None:
-    """Record a host shared on request, or a lease taken over from a dead holder, in the run's events."""
-    for kind, message, data in leases.notes:
+    """Record a host shared on request, or a lease taken over from a dead holder, in the run's events;
+    from now on a lease lost mid-run (and taken again) goes there as it happens."""
+    leases.on_event = lambda kind, message, data: store.add_event(run_id, kind, message, data=data)
+    for kind, message, data in list(leases.notes):  # after on_event: a note the watcher adds meanwhile is in here
         store.add_event(run_id, kind, message, data=data)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
 from orchestrator.audit.facts import why_facts
-from orchestrator.audit.trials import is_measurement, knob_text, measured_trial
+from orchestrator.audit.leases import lease_words
+from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
@@ -218,8 +219,11 @@ class Shell(cmd.Cmd):
         best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
         inflight = [t.number for t in trials if t.status in ("pending", "running")]
         bg = "background: running" if self._running() else ("background: idle" if self.child is None else f"background: exited {self.child.returncode}")
-        self.say(f"run {run.id} {run.status}: {explain_run(self.store, run.id)['budget_line']}" + (f", best #{best.number} {best.score:.3f}x" if best and best.score else "")
-                 + (f", in flight #{inflight[0]}" if inflight else "") + (f" — {run.stop_reason}" if run.stop_reason else "") + f" [{bg}]")
+        told = explain_run(self.store, run.id)
+        lost = "" if not told["lease_lost"] else f" — {lease_words(told['lease_lost'][-1])}"
+        said = score_text(best.score, paired_scores(self.store, run.id).get(best.id), unit="x") if best else ""
+        self.say(f"run {run.id} {run.status}: {told['budget_line']}" + (f", best #{best.number} {said}" if said else "")
+                 + (f", in flight #{inflight[0]}" if inflight else "") + (f" — {run.stop_reason}" if run.stop_reason else "") + lost + f" [{bg}]")
         return None
 
     def do_run(self, arg: str) -> None:
@@ -231,8 +235,10 @@ class Shell(cmd.Cmd):
 
     def do_trials(self, arg: str) -> None:
         """/trials — the current run's trials."""
+        paired = paired_scores(self.store, self.run_id) if self.run_id else {}
         for t in self.store.list_trials(self.run_id) if self.run_id else []:
-            self.say(f"{self._label(t):<5} {t.status:<14} {f'{t.score:.3f}x' if t.score else '—':>8}  {t.proposer:<9} {knob_text(t.knobs)}")
+            score = score_text(t.score, paired.get(t.id), unit="x") or "—"
+            self.say(f"{self._label(t):<5} {t.status:<14} {score:>8}  {t.proposer:<9} {knob_text(t.knobs)}")
         return None
 
     @staticmethod
@@ -271,8 +277,11 @@ class Shell(cmd.Cmd):
         """/why [N] — the first thing that decided trial N, with its numbers (no N: why the run stopped)."""
         if not arg.strip() and self.run_id is not None:
             r = explain_run(self.store, self.run_id)
-            return self.say(f"run {self.run_id} {r['status']}: {r['stop_reason'] or 'still running'}; "
-                            f"{r['budget_line']}, {r['used']['trial_s'] / 60:.1f} min of trial time")
+            self.say(f"run {self.run_id} {r['status']}: {r['stop_reason'] or 'still running'}; "
+                     f"{r['budget_line']}, {r['used']['trial_s'] / 60:.1f} min of trial time")
+            for loss in r["lease_lost"]:
+                self.say(f"  {lease_words(loss)}")
+            return None
         n = self._number(arg, "why")
         if n is None:
             return None

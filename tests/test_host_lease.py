@@ -6,7 +6,9 @@ killed -9 (a real process holding the lock); the same through an SSH host (a rea
 loopback, where `hostd lease` holds the lock on the host for as long as its channel is open).
 """
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +20,13 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.exitcodes import EXIT_CODES
+from orchestrator.goal import parse_goal
 from orchestrator.hosts import LocalHost
 from orchestrator.hosts.registry import HostRegistry
 from orchestrator.hosts.ssh import SSHHost
-from orchestrator.lease import HostLeases, LeaseHeld, run_identity
+from orchestrator.lease import LEASE_LOST, LEASE_RETAKEN, HostLeases, LeaseHeld, run_identity
 from orchestrator.remote import hostlock
+from orchestrator.runs import _note_leases
 from orchestrator.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,6 +227,8 @@ def test_local_host_lease_uses_the_visible_gpus(tmp_path, monkeypatch):
 def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
     a, b = two_ws
     with _take(a, "box", run=11, interval_s=0.2) as leases:
+        told = []
+        leases.on_event = lambda kind, message, data: told.append((kind, message))
         lease = leases.held[0][1]
         assert sshd.drop_connections() >= 1
         deadline = time.monotonic() + 20
@@ -232,3 +238,110 @@ def test_ssh_lease_taken_again_after_the_connection_drops(two_ws, sshd):
         assert leases.lost == []
         with pytest.raises(LeaseHeld, match="run 11"), _take(b, "box"):
             pass
+    # The drop is in the run's events, not only healed: measurements around it may have shared the host.
+    assert [k for k, _ in told] == [LEASE_LOST, LEASE_RETAKEN], told
+    assert "host box: host lease lost mid-run (the SSH channel of `hostd lease` on box closed" in told[0][1]
+
+
+
+def test_ssh_lease_whose_lock_file_is_removed_on_the_host_is_lost_then_taken_again(two_ws, sshd):
+    """`hostd lease` looks at its lock files every 2 s: one removed on the host ends it with the
+    reason, which the run's events carry (lease.lost), and the lease is taken again. ~5 s."""
+    a, _ = two_ws
+    with _take(a, "box", run=12, interval_s=0.2) as leases:
+        told = []
+        leases.on_event = lambda kind, message, data: told.append((kind, message))
+        (sshd.dir / "leases" / "host.lock").unlink()
+        deadline = time.monotonic() + 30
+        while [k for k, _ in told] != [LEASE_LOST, LEASE_RETAKEN]:
+            assert time.monotonic() < deadline, told
+            time.sleep(0.1)
+        assert f"on box, its lock file {sshd.dir / 'leases' / 'host.lock'} was removed" in told[0][1], told
+        assert [h.get("run") for h in hostlock.holders(sshd.dir / "leases")] == [12]
+
+
+# --- a lease lost mid-run ----------------------------------------------------------------------
+def _run_row(ws: Path) -> tuple[Store, int]:
+    store = Store(f"sqlite:///{ws / '.infergoal' / 'infergoal.db'}")
+    g = parse_goal("beat the baseline by 20% on TPOT within 3 trials")
+    run = store.create_run("r", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, {}, "local", "search")
+    return store, run.id
+
+
+def _kinds(store: Store, rid: int) -> list[str]:
+    return [e.kind for e in store.events(rid) if e.kind.startswith("lease.")]
+
+
+def test_a_local_lease_lost_mid_run_is_in_the_events_status_and_why(tmp_path):
+    """The lock file removed under a run: written to its events as it happens (by the watcher
+    thread), taken again when nobody took the host meanwhile; when another run did, the loss
+    stays, names it, and `status`, `why` and their --json say so."""
+    ws = _workspace(tmp_path / "a")
+    store, rid = _run_row(ws)
+    lock_file = hostlock.lease_dir() / "host.lock"
+    before = store.create_trial(rid, 0, commit="", knobs={}, rationale="baseline", proposer="baseline")
+    store.start_trial(before.id, "serve", None)
+    store.finish_trial(before.id, "kept", score=1.0, objective={}, timings={"total": 1.0})
+    with _take(ws, run=rid, interval_s=0.05) as leases:
+        _note_leases(store, rid, leases)  # the wiring start_run and resume_run use
+        lock = leases.held[0][1]
+        assert lock.held() and _kinds(store, rid) == []
+        lock_file.unlink()  # a /tmp cleaner, or a person
+        deadline = time.monotonic() + 10
+        while _kinds(store, rid) != [LEASE_LOST, LEASE_RETAKEN]:
+            assert time.monotonic() < deadline, _kinds(store, rid)
+            time.sleep(0.05)
+        assert lock.held() and lock_file.is_file() and leases.lost == []
+    during = store.create_trial(rid, 1, commit="", knobs={}, rationale="p", proposer="search")
+    store.start_trial(during.id, "serve", None)
+    with _take(ws, run=rid, interval_s=3600) as leases:  # this test beats the watcher itself from here
+        _note_leases(store, rid, leases)
+        lock = leases.held[0][1]
+        lock_file.unlink()
+        other = hostlock.acquire(run_identity(tmp_path / "b", 8))  # another run takes the host in the gap
+        assert not lock.held() and "was replaced" in lock.lost_reason()  # removed, and made anew by the other run
+        leases.check()
+        leases.check()  # still taken: said once, not every beat
+        assert _kinds(store, rid) == [LEASE_LOST, LEASE_RETAKEN, LEASE_LOST] and leases.lost == ["local"]
+        lost = store.events(rid, kind=LEASE_LOST)[-1]
+        assert [h["run"] for h in lost.data["held_by"]] == [8] and "now held by run 8" in lost.message
+        with pytest.raises(LeaseHeld, match="run 8"), _take(tmp_path / "c"):  # the other run really holds it
+            pass
+    other.release()
+    store.finish_trial(during.id, "discarded", score=1.1, objective={}, timings={"total": 1.0})
+    store.close()
+
+    r = CliRunner().invoke(app, ["-w", str(ws), "status", "--json"])
+    losses = json.loads(r.stdout)[0]["lease_lost"]
+    assert r.exit_code == 0 and [x["retaken_at"] is None for x in losses] == [False, True]
+    assert losses[1]["held_by"][0]["run"] == 8 and "was replaced" in losses[1]["reason"]
+    r = CliRunner().invoke(app, ["-w", str(ws), "status"], env={"COLUMNS": "200"})
+    assert "(host lease lost)" in r.output, r.output
+    r = CliRunner().invoke(app, ["-w", str(ws), "why"], env={"COLUMNS": "200"})
+    lines = [x.strip() for x in r.output.splitlines() if "host lease of local lost at" in x]
+    assert len(lines) == 2 and "taken again at" in lines[0] and "was removed" in lines[0], r.output
+    assert lines[1].endswith("not taken again: measurements after it may have shared the host")
+    assert len(json.loads(CliRunner().invoke(app, ["-w", str(ws), "why", "--json"]).stdout)["lease_lost"]) == 2
+    # A trial measured while the host was not this run's says so; one finished before, not.
+    r = CliRunner().invoke(app, ["-w", str(ws), "why", "1"], env={"COLUMNS": "250"})
+    row = next(x for x in r.output.splitlines() if x.strip().startswith("host lease"))
+    assert "not taken again" in row and "was replaced" in row and "taken again at" not in row, r.output
+    assert "host lease" not in CliRunner().invoke(app, ["-w", str(ws), "why", "0"]).output
+
+
+def test_a_replaced_lock_file_is_a_lost_lease(tmp_path):
+    lock = hostlock.acquire({"run": 1})
+    path = hostlock.lease_dir() / "host.lock"
+    try:
+        path.rename(path.with_suffix(".old"))
+        path.write_text("")
+        assert not lock.held() and "was replaced" in lock.lost_reason()
+        lock.take()  # nobody holds the new file: taken again
+        assert lock.held() and [h["run"] for h in hostlock.holders()] == [1]
+        shutil.rmtree(hostlock.lease_dir())  # the whole folder gone: lost, and taken again in a new one
+        assert "was removed" in lock.lost_reason()
+        lock.take()
+        assert lock.held() and [h["run"] for h in hostlock.holders()] == [1]
+    finally:
+        lock.release()
+    assert lock.lost_reason() == "it was released"

@@ -250,6 +250,9 @@ def test_defect6_archived_workspace_on_a_read_only_mount_can_be_audited(tmp_path
     r = _ro_cli(tmp_path, "trials", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)[0]["status"] == "kept", r.stderr
     assert _ro_cli(tmp_path, "show", "0").returncode == 0
+    for cmd in (["why", "0"], ["log"]):  # the audit commands read, never write (cli/audit.py opens read-only)
+        r = _ro_cli(tmp_path, *cmd, "--json")
+        assert r.returncode == 0 and json.loads(r.stdout) is not None, (cmd, r.stderr)
     out = tmp_path.parent / f"{tmp_path.name}-report"
     r = _ro_cli(tmp_path, "report", "--out", str(out))
     assert r.returncode == 0 and (out / "report.md").is_file(), r.stderr

@@ -12,9 +12,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.roles import BASELINES, LOOP_ADDED
+from orchestrator.roles import BASELINES, LOOP_ADDED, PAIRED
 
-__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "split_trials"]
+__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "measurement_note", "paired_scores", "score_text",
+           "split_trials"]
 
 _NAMED = re.compile(r"#(\d+)")
 
@@ -35,6 +36,14 @@ def measured_trial(t: Any) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def measurement_note(t: Any) -> str:
+    """`; a measurement (paired of #5), not a trial` for a row the loop added; '' for a trial."""
+    if not is_measurement(t):
+        return ""
+    of = measured_trial(t)
+    return f"; a measurement ({t.proposer}" + (f" of #{of}" if of is not None else "") + "), not a trial"
+
+
 def split_trials(rows: Iterable[Any]) -> tuple[list[Any], list[Any]]:
     """(trials, measurements): the rows the budget counts, and the ones the loop added."""
     rows = list(rows)
@@ -45,6 +54,20 @@ def budget_line(trials: int, budget: int | None, measurements: int) -> str:
     """`5 of 5 trials +6 measurements`: the one way every face says what the budget counted."""
     line = f"{trials} of {budget if budget is not None else 'unlimited'} trials"
     return line + (f" +{measurements} measurement{'s' if measurements != 1 else ''}" if measurements else "")
+
+
+def paired_scores(store: Any, run_id: int) -> dict[int, float]:
+    """Trial id -> the ratio of its newest paired A/B (the `paired` events), for the trials that had one."""
+    return {e.trial_id: e.data["score"] for e in store.events(run_id, kind=PAIRED)
+            if e.trial_id is not None and isinstance(e.data, dict) and e.data.get("score")}
+
+
+def score_text(score: float | None, paired: float | None = None, digits: int = 3, unit: str = "") -> str:
+    """A trial's score as printed: `1.621 paired` (with `unit="x"`: `1.621x paired`) when it is its paired A/B ratio (the loop replaces
+    a confirmed candidate's screening score by it; `why N` keeps both), '' when it has none."""
+    if not score:
+        return ""
+    return f"{score:.{digits}f}{unit}" + (" paired" if paired is not None and abs(paired - score) < 1e-9 else "")
 
 
 def knob_text(knobs: Mapping[str, Any] | None) -> str:

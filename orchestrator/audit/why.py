@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
+from orchestrator.audit.leases import lease_losses, lease_words
 from orchestrator.audit.trials import budget_line, split_trials
 from orchestrator.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
@@ -183,6 +184,13 @@ def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any], events: list
             "needed_gain": needed, "threshold": best_score * (1 + needed)}
 
 
+def _while_measured(loss: dict[str, Any], trial: Any) -> bool:
+    """Whether the host lease was lost (and not yet taken again) while `trial` ran."""
+    if trial.started_at is None or (trial.finished_at is not None and loss["at"] > trial.finished_at):
+        return False
+    return loss["retaken_at"] is None or loss["retaken_at"] >= trial.started_at
+
+
 def explain_trial(store: Any, run_id: int, number: int) -> Why:
     """Explain trial `number` of run `run_id`. Raises LookupError when there is no such trial."""
     run = store.get_run(run_id)
@@ -216,6 +224,9 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     paired = _paired(trial, events)
     if paired is not None:
         evidence["paired"] = paired
+    during = [x for x in lease_losses(events) if _while_measured(x, trial)]
+    if during:  # its numbers may come from a shared host
+        evidence["host_lease"] = "; ".join(lease_words(x) for x in during)
     if actions and trial.status in ("kept", "rejected") and any(a["kind"] in ("approve", "reject") for a in actions):
         a = [a for a in actions if a["kind"] in ("approve", "reject")][-1]
         decided_by = "approval"
@@ -308,4 +319,5 @@ def explain_run(store: Any, run_id: int) -> dict[str, Any]:
         "best": {"number": best.number, "score": best.score} if best else None,
         "failed_regions": [{"trial": r.get("trial"), "kind": r.get("kind"), "region": r.get("describe"),
                             "skipped": sum(1 for s in skips if s.get("marked_by") == r.get("trial"))} for r in regions],
+        "lease_lost": lease_losses(events),
     }

@@ -16,7 +16,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.audit.trials import knob_text
+from orchestrator.audit.leases import lease_words
+from orchestrator.audit.trials import knob_text, measurement_note, paired_scores, score_text
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
 
@@ -35,9 +36,10 @@ def trial_number(text: str | None) -> int | None:
     return int(text)
 
 
-def _open(run: int | None) -> tuple[Any, Any, int]:
-    """The workspace, its store and the id of run `run` (default: the latest run)."""
-    store = get_store()
+def _open(run: int | None, *, read_only: bool = True) -> tuple[Any, Any, int]:
+    """The workspace, its store and the id of run `run` (default: the latest run). Audit commands
+    read: the store is opened read-only (nothing created or migrated) unless a command records."""
+    store = get_store(read_only=read_only)
     return get_workspace(), store, run_id_of(store, run)
 
 
@@ -73,6 +75,7 @@ def why(
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
     from orchestrator.audit.facts import why_facts
     from orchestrator.audit.why import explain_run, explain_trial
+    from orchestrator.paired import describe, latest_paired
 
     number = trial_number(trial)
     _, store, rid = _open(run)
@@ -85,10 +88,16 @@ def why(
         wall = f"{b['wall_s'] / 60:g} min" if b["wall_s"] else "unlimited"
         console.print(f"  {data['budget_line']}; trial time {u['trial_s'] / 60:.1f} min of "
                       f"{wall}; stall limit {b['stall_trials']}", highlight=False)
-        if data["best"]:
-            console.print(f"  best: #{data['best']['number']} at {data['best']['score']:.3f}x", highlight=False)
+        best = data["best"]
+        paired = latest_paired(store, rid, store.get_trial_by_number(rid, best["number"]).id) if best else None
+        if best and paired and paired.get("score"):  # its score is the paired ratio now
+            console.print(f"  best: #{best['number']}, paired A/B {describe(paired)}", highlight=False)
+        elif best:
+            console.print(f"  best: #{best['number']} at {best['score']:.3f}x (not confirmed by a paired A/B)", highlight=False)
         for r in data["failed_regions"]:
             console.print(f"  failed region: {r['region']}; proposals skipped inside it: {r['skipped']}", highlight=False)
+        for loss in data["lease_lost"]:
+            console.print(f"  {escape(lease_words(loss))}", highlight=False)
         return None
     try:
         w = explain_trial(store, rid, number)
@@ -96,7 +105,8 @@ def why(
         fail(str(e))
     if as_json:
         return emit(w.to_dict())
-    console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by})", highlight=False)
+    note = measurement_note(store.get_trial_by_number(rid, number))
+    console.print(f"run {rid} trial #{number} — {w.status} (decided by {w.decided_by}){note}", highlight=False)
     console.print(f"  {escape(w.sentence)}", highlight=False)
     table = Table("fact", "value", show_header=False, box=None, padding=(0, 2))
     table.columns[0].style = "bold"
@@ -131,11 +141,12 @@ def lineage_cmd(
     if as_json:
         return emit([s.to_dict() for s in steps])
     table = Table("#", "status", "score", "parent", "commit", "changed from parent", "proposer", title=f"run {rid}: lineage of #{number}")
+    paired = {store.get_trial(i).number: v for i, v in paired_scores(store, rid).items()}
     for s in steps:
         changed = " ".join(f"{k}: {a}->{b}" for k, (a, b) in s.changed.items()) or ("(baseline)" if s.parent is None else "(same knobs)")
         if s.commits:
             changed += "\n" + "\n".join(s.commits[:5])
-        table.add_row(str(s.number), s.status, f"{s.score:.3f}" if s.score else "", "" if s.parent is None else f"#{s.parent}",
+        table.add_row(str(s.number), s.status, score_text(s.score, paired.get(s.number)), "" if s.parent is None else f"#{s.parent}",
                       s.commit[:12], changed, s.proposer)
     console.print(table)
     return None
@@ -187,7 +198,8 @@ def log(
     """The audit log: human actions (relock, approve, reject, steer, stop, contract decisions) with who and when."""
     from orchestrator.audit.actions import human_actions
 
-    rows = human_actions(get_store(), run)
+    store = get_store(read_only=True)
+    rows = human_actions(store, run) if store is not None else []
     if as_json:
         return emit(rows)
     table = Table("when (UTC)", "run", "who", "action", "message")
@@ -224,6 +236,7 @@ def _global_args(p: dict[str, Any]) -> list[str]:
 def floors(
     file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the recorded floors as JSON."),
 ) -> None:
     """Record the host's physical floors (speed of light) for a run; the HTML report then shows % of them,
     and where they are for the run's model, a trial measured faster than them is invalid."""
@@ -237,7 +250,11 @@ def floors(
         record = plausible.record_of(data, str(file))
     except ValueError as e:
         fail(f"{file}: {e}")
-    _, store, rid = _open(run)
+    _, store, rid = _open(run, read_only=False)
     store.add_event(rid, "speed_of_light", f"floors from {file.name}", data=record)
-    checked = "; its next trials are held to them" if "ceilings" in record and "model" in record else ""
+    held = "ceilings" in record and "model" in record
+    if as_json:
+        return emit({"run": rid, "floors": record["floors"], "trials_held_to_them": held})
+    checked = "; its next trials are held to them" if held else ""
     console.print(f"run {rid}: floors recorded ({', '.join(record['floors'])}){checked}; `infergoal report --html` shows % of them")
+    return None

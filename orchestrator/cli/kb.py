@@ -113,10 +113,15 @@ def show(entry_id: str = typer.Argument(..., help="Entry id, as `infergoal kb li
 
 
 @kb_app.command("lint")
-def lint_() -> None:
+def lint_(as_json: bool = typer.Option(False, "--json", help="Print the problems as a JSON list (empty: OK).")) -> None:
     """Check every entry (seed and workspace); exit 1 on problems."""
     ws = get_workspace()
     problems = lint(ws.kb_read_dirs)
+    if as_json:
+        emit([str(p) for p in problems])
+        if problems:
+            raise typer.Exit(1)
+        return
     for p in problems:
         print(p)
     print(f"{len(problems)} problem(s)" if problems else "knowledge base OK")
@@ -125,13 +130,16 @@ def lint_() -> None:
 
 
 @kb_app.command()
-def export(out: Path | None = typer.Option(None, "--out", "-o", help="Write JSON here (default: stdout).")) -> None:
+def export(out: Path | None = typer.Option(None, "--out", "-o", help="Write JSON here (default: stdout)."),
+           as_json: bool = typer.Option(False, "--json", help="Accepted for symmetry: the output is JSON already.")) -> None:
     """Every entry as JSON (id, kind, status, applies_to, the rest of the frontmatter, body)."""
     kb = _kb()
     data = [{**e.meta, "body": e.body.strip(), "path": str(e.path)} for e in sorted(kb.entries.values(), key=lambda e: e.id)]
     text = json.dumps(data, indent=1, default=str) + "\n"
     if out:
         out.write_text(text)
+        if as_json:
+            return emit({"entries": len(data), "out": str(out)})
         print(f"{len(data)} entries -> {out}")
     else:
         sys.stdout.write(text)

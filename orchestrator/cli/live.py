@@ -22,7 +22,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from orchestrator.audit.trials import knob_text
+from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
 from orchestrator.cli.common import console, err, get_store, get_workspace
 from orchestrator.cli.errors import ERRORS, emit, fail
 
@@ -52,7 +52,11 @@ class _Progress:
         score = f"{t.score:.3f}x" if t.score else "—"
         obj = "  ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
         colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
-        line = f"#{t.number:<3} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{t.proposer}[/]"
+        label, who = f"#{t.number:<3}", t.proposer
+        if is_measurement(t):  # a paired round, sentinel or re-run: a measurement of a trial, not one
+            of = measured_trial(t)
+            label, who = f"↳{t.number:<3}", f"{t.proposer} of #{of}" if of is not None else t.proposer
+        line = f"{label} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{who}[/]"
         if t.error:
             from orchestrator.errors import summarize_failure
 
@@ -138,7 +142,8 @@ def finish(outcome: Any, as_json: bool, report: bool) -> None:
         console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
                       f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
         if best and best.number:
-            console.print(f"best: trial #{best.number}, score {best.score:.3f}x — knobs {escape(knob_text(best.knobs))}", highlight=False)
+            said = score_text(best.score, paired_scores(store, run.id).get(best.id), unit="x")
+            console.print(f"best: trial #{best.number}, score {said} — knobs {escape(knob_text(best.knobs))}", highlight=False)
         if path:
             console.print(f"report: {path}")
     if code:

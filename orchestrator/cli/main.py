@@ -150,10 +150,11 @@ def _trial_dict(t: Any) -> dict[str, Any]:
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
+    from orchestrator.audit.leases import lease_losses
     from orchestrator.audit.trials import budget_line, split_trials
     from orchestrator.errors import summarize_failure
     from orchestrator.goal import GoalSpec
-    from orchestrator.lease import display_status
+    from orchestrator.lease import LEASE_LOST, LEASE_RETAKEN, display_status
     from orchestrator.paired import describe, latest_paired
 
     store = get_store(read_only=True)
@@ -166,7 +167,8 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
                      "budget_line": budget_line(len(trials), GoalSpec.model_validate(r.goal).budget.trials, len(measured)),
                      "best_trial": best.number if best else None, "best_score": best.score if best else None,
                      "paired": paired, "stop_reason": summarize_failure(r.stop_reason) or None, "created_at": r.created_at,
-                     "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None})
+                     "owner": f"{r.owner_host}:{r.owner_pid}" if r.owner_pid else None,
+                     "lease_lost": lease_losses(store.events(r.id, kind=LEASE_LOST) + store.events(r.id, kind=LEASE_RETAKEN))})
     if as_json:
         return emit(rows)
     if not rows:
@@ -176,6 +178,9 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     for c in table.columns[2:]:
         c.overflow = "fold"  # a budget line, stop reason or name cut short is no answer: wrap it
     for r in rows:
+        lost = r["lease_lost"]
+        if lost:  # its measurements may have shared the host: say so beside its status
+            r["status"] += "\n(host lease lost" + (", taken again)" if all(x["retaken_at"] for x in lost) else ")")
         score = describe(r["paired"], short=True) if r["paired"] else (f"{r['best_score']:.3f}x (unpaired)" if r["best_score"] else "")
         table.add_row(str(r["id"]), r["status"], r["budget_line"], "" if r["best_trial"] is None else f"#{r['best_trial']}",
                       score, escape(r["stop_reason"] or ""), escape(r["name"]))
@@ -190,19 +195,30 @@ def trials(
     where: list[str] = typer.Option([], "--where", help="Metric filter, e.g. 'score>1.2', 'tpot_ms_p50<40', 'time<60' (repeatable)."),
     sort: str = typer.Option("number", "--sort", help="Sort key: number, score, time or an objective metric."),
     desc: bool = typer.Option(False, "--desc", help="Sort descending."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON; `measurement: true` rows (with `of`: the trial "
+                                 "they measure) are not counted in the budget."),
 ) -> None:
     """The trials of a run: status, score, objective values, changed knobs; filtered and sorted on request."""
     store = get_store(read_only=True)
     rid = run_id_of(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
-    if as_json:
-        return emit([_trial_dict(t) for t in ts])
-    from orchestrator.audit.trials import budget_line, is_measurement, knob_text, measured_trial, split_trials
+    from orchestrator.audit.trials import (
+        budget_line,
+        is_measurement,
+        knob_text,
+        measured_trial,
+        paired_scores,
+        score_text,
+        split_trials,
+    )
+
+    if as_json:  # each row says whether the budget counted it: a trial, or a measurement `of` one
+        return emit([_trial_dict(t) | {"measurement": is_measurement(t), "of": measured_trial(t)} for t in ts])
     from orchestrator.goal import GoalSpec
 
     base = everything[0].knobs if everything else {}
+    paired = paired_scores(store, rid)  # a confirmed candidate's score is its paired ratio: say so
     counted, measured = split_trials(everything)
     budget = GoalSpec.model_validate(store.get_run(rid).goal).budget.trials
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",
@@ -217,7 +233,7 @@ def trials(
         if is_measurement(t):
             of = measured_trial(t)
             number, who = f"↳ {t.number}", f"{t.proposer} of #{of}" if of is not None else t.proposer
-        table.add_row(number, t.status, f"{t.score:.3f}" if t.score else "", obj, changed,
+        table.add_row(number, t.status, score_text(t.score, paired.get(t.id)), obj, changed,
                       f"{(t.timings or {}).get('total', 0):.1f}", who, style="dim" if is_measurement(t) else None)
     console.print(table)
 
@@ -243,7 +259,11 @@ def show(
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
         return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
-    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {t.score:.3f}x" if t.score else ""), highlight=False)
+    from orchestrator.audit.trials import knob_text, measurement_note, score_text
+
+    said = score_text(t.score, (paired or {}).get("score"), unit="x")
+    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {said}" if said else "") + measurement_note(t),
+                  highlight=False)
     if why:
         console.print(f"  why: {why}", highlight=False)
     if paired:
@@ -256,8 +276,6 @@ def show(
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)
-    from orchestrator.audit.trials import knob_text
-
     console.print(f"  knobs: {escape(knob_text(t.knobs))}", highlight=False)
     console.print("  timings: " + ", ".join(f"{k}={v:.2f}s" for k, v in (t.timings or {}).items()), highlight=False)
     for g in gates:

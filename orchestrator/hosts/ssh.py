@@ -252,6 +252,23 @@ class RemoteLease:
         c = self._chan
         return c is not None and not c.closed and not c.exit_status_ready() and c.get_transport().is_active()
 
+    def lost_reason(self) -> str:
+        """'' while held; else what ended it, in words (the host freed the lock when its channel closed)."""
+        if self.held():
+            return ""
+        if self._chan is None:
+            return "it was released"
+        said = b""
+        try:
+            while self._chan.recv_ready():  # `hostd lease` says why when the host's lock file went
+                said += self._chan.recv(4096)
+            lost = json.loads(said.splitlines()[-1]).get("lost") if said.strip() else None
+        except (OSError, ValueError, AttributeError):
+            lost = None
+        if lost:
+            return f"on {self.host.name}, {lost}"
+        return f"the SSH channel of `hostd lease` on {self.host.name} closed (connection dropped); the host freed its lock"
+
     def release(self, wait_s: float = 10.0) -> None:
         """End of input frees the lock; wait (briefly) for the holder to exit, so a run started
         right after this one finds the host free."""

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import platform
+import select
 import shutil
 import socket
 import subprocess
@@ -28,6 +29,8 @@ from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
 
 SYNC_META = ".infergoal-sync.json"
+LEASE_CHECK_S = 2.0
+"""How often a held `lease` looks at its lock files (one removed or replaced is a lost lease)."""
 
 
 def _start_time(pid: int) -> str | None:
@@ -97,9 +100,26 @@ def op_lease(a: argparse.Namespace) -> dict | None:
     (the run id, once known); end of input releases it. The orchestrator keeps this process's SSH
     channel open for the whole run: when it exits, is killed -9 or its machine drops the connection,
     sshd closes the channel, this process reads end of input or dies, and the kernel frees the lock.
+    A lock file removed or replaced on the host ends it with one `lost` line: the orchestrator sees
+    its channel close, records the loss and takes the lease again (orchestrator/lease.py).
     """
-    first = sys.stdin.readline()
-    req = json.loads(first or "{}")
+    fd, buf = sys.stdin.fileno(), b""  # raw reads: select() must not miss lines a buffer holds
+
+    def lines(wait_s: float | None) -> list[bytes] | None:
+        """Whole lines read within `wait_s` ([] if none came), None at end of input."""
+        nonlocal buf
+        if not select.select([fd], [], [], wait_s)[0]:
+            return []
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
+        *done, buf = (buf + chunk).split(b"\n")
+        return done
+
+    first: list[bytes] | None = []
+    while first == []:
+        first = lines(None)
+    req = json.loads(first[0] if first else b"{}")
     try:
         lock = hostlock.acquire(req.get("identity", {}), req.get("gpus", ""), a.dir or None)
     except hostlock.Busy as e:
@@ -108,10 +128,18 @@ def op_lease(a: argparse.Namespace) -> dict | None:
         return {"error": f"cannot take the host lease in {hostlock.lease_dir(a.dir or None)}: {e}"}
     sys.stdout.write(json.dumps({"held": True, "stale": lock.stale, "holder_pid": os.getpid()}) + "\n")
     sys.stdout.flush()
+    got: list[bytes] | None = (first or [])[1:]  # anything sent after the identity already
     try:
-        for line in sys.stdin:
-            if line.strip():
-                lock.update(**json.loads(line))
+        while got is not None:
+            for line in got:
+                if line.strip():
+                    lock.update(**json.loads(line))
+            reason = lock.lost_reason()
+            if reason:
+                sys.stdout.write(json.dumps({"lost": reason}) + "\n")
+                sys.stdout.flush()
+                break
+            got = lines(LEASE_CHECK_S)
     finally:
         lock.release()
     return None

@@ -117,7 +117,7 @@ class HostLock:
         self.directory, self.gpus, self.identity = directory, gpus, identity
         self.stale: list[dict[str, Any]] = []
         """Identities left in the files by holders that died without releasing (taken over)."""
-        self._fds: list[tuple[int, bool]] = []  # (fd, exclusive)
+        self._fds: list[tuple[int, bool, Path]] = []  # (fd, exclusive, its path)
 
     def _take(self) -> None:
         wanted = [("host", not self.gpus)] + [(f"gpu-{g}", True) for g in self.gpus]
@@ -127,7 +127,7 @@ class HostLock:
                 os.close(fd)
                 self.release()
                 raise Busy(holders(self.directory) or [{"lock": name}])
-            self._fds.append((fd, exclusive))
+            self._fds.append((fd, exclusive, self.directory / f"{name}.lock"))
             if exclusive:
                 left = _read(fd)
                 if left:
@@ -138,15 +138,39 @@ class HostLock:
     def update(self, **fields: Any) -> None:
         """Add to the identity (e.g. the run id, known once the run row exists)."""
         self.identity = self.identity | fields
-        for fd, exclusive in self._fds:
+        for fd, exclusive, _ in self._fds:
             if exclusive:
                 _write(fd, self.identity)
 
     def held(self) -> bool:
-        return bool(self._fds)
+        """Whether the lease is still this holder's (see `lost_reason`)."""
+        return not self.lost_reason()
+
+    def lost_reason(self) -> str:
+        """'' while held. A lock file removed (a /tmp cleaner, a person) or replaced leaves our
+        flock on a file nobody else opens: the next run creates a new one and takes the host."""
+        if not self._fds:
+            return "it was released"
+        for fd, _, path in self._fds:
+            try:
+                now, mine = os.stat(path), os.fstat(fd)
+            except FileNotFoundError:
+                return f"its lock file {path} was removed"
+            except OSError as e:
+                return f"its lock file {path} cannot be read ({e.strerror})"
+            if (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+                return f"its lock file {path} was replaced"
+        return ""
+
+    def take(self) -> None:
+        """Take the lease again after losing it; `Busy` names whoever holds it now."""
+        self.release()  # our locks sit on files nobody else sees any more
+        self.stale = []
+        _make_dir(self.directory)  # the whole folder may have gone (a /tmp cleaner)
+        self._take()
 
     def release(self) -> None:
-        for fd, exclusive in reversed(self._fds):
+        for fd, exclusive, _ in reversed(self._fds):
             with contextlib.suppress(OSError):
                 if exclusive:
                     _write(fd, None)  # an empty file: released cleanly, not stale
@@ -155,13 +179,17 @@ class HostLock:
         self._fds = []
 
 
-def acquire(identity: dict[str, Any], gpus: str = "", directory: str | Path | None = None) -> HostLock:
-    """Take the host lease for `gpus` ("" = all) without waiting; raise `Busy` naming the holders."""
-    d = lease_dir(directory)
+def _make_dir(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):  # only its creator may chmod it; then it is already 1777
         if d.stat().st_uid == os.getuid():
             d.chmod(0o1777)
+
+
+def acquire(identity: dict[str, Any], gpus: str = "", directory: str | Path | None = None) -> HostLock:
+    """Take the host lease for `gpus` ("" = all) without waiting; raise `Busy` naming the holders."""
+    d = lease_dir(directory)
+    _make_dir(d)
     lock = HostLock(d, gpu_set(gpus), identity | {
         "holder_pid": os.getpid(), "holder_host": socket.gethostname(),
         "gpus": gpus or "all", "since": identity.get("since") or time.time()})

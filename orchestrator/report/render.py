@@ -9,7 +9,14 @@ from typing import Any
 
 import jinja2
 
-from orchestrator.audit.trials import budget_line, is_measurement, measured_trial, split_trials
+from orchestrator.audit.trials import (
+    budget_line,
+    is_measurement,
+    measured_trial,
+    paired_scores,
+    score_text,
+    split_trials,
+)
 from orchestrator.errors import summarize_failure
 from orchestrator.paired import latest_paired
 from orchestrator.roles import NOT_SEARCH
@@ -56,6 +63,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     base_knobs = base.knobs if base else {}
     rows = []
+    paired_of = paired_scores(store, run_id)
     for t in trials:
         changed = {k: v for k, v in t.knobs.items() if base_knobs.get(k) != v}
         rows.append({
@@ -64,6 +72,8 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
             # a paired round, sentinel or re-run: a measurement of trial `of`, never a trial of its own
             "measurement": is_measurement(t), "of": measured_trial(t),
+            # a confirmed candidate's score is its paired A/B ratio (the loop replaced its screening score)
+            "score_paired": score_text(t.score, paired_of.get(t.id)).endswith("paired"),
         })
     paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []

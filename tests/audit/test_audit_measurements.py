@@ -161,3 +161,51 @@ def test_knobs_print_as_key_value_in_show_trials_the_shell_and_the_final_line(me
         raise AssertionError(e) from None
     said = capsys.readouterr().out
     assert "best: trial #7, score 2.000x — knobs tpot_ms=4.0" in said and "{'" not in said
+
+
+def test_a_score_that_is_the_paired_ratio_says_paired_everywhere(measured, capsys, tmp_path):
+    """The loop replaces a confirmed candidate's screening score by its paired A/B ratio; a face
+    printing that number bare read as the screening score (issue 26: "6.63x" beside best/baseline).
+    Here #7's newest paired outcome is its stored score (2.000): every face marks it `paired`."""
+    root, store, rid = measured
+    t7 = store.get_trial_by_number(rid, 7)
+    store.add_event(rid, "paired", "#7: 2.00x [1.95, 2.05]", trial_id=t7.id,
+                    data={"score": 2.0, "lo": 1.95, "hi": 2.05, "confidence": 0.9, "rounds": 2, "met": True})
+    rows = {r[0]: r for r in _rows(_run(root, "trials"))}
+    assert rows["7"][2] == "2.000 paired" and rows["2"][2] == "1.250"  # only the paired ratio is marked
+    assert "best: #7, paired A/B 2.00x [1.95, 2.05] (90%, 2 paired rounds)" in _run(root, "why")
+    assert _run(root, "show", "7").splitlines()[0] == f"run {rid} trial #7 — kept, score 2.000x paired"
+    assert {r[0]: r[2] for r in _rows(_run(root, "lineage", "7"))} == {"7": "2.000 paired", "2": "1.250", "0": "1.000"}
+    # A measurement's own header says what it measures (show and why), a trial's does not.
+    assert _run(root, "show", "12").splitlines()[0] == f"run {rid} trial #12 — kept; a measurement (paired of #7), not a trial"
+    assert _run(root, "why", "10").splitlines()[0].endswith("(decided by sentinel); a measurement (sentinel of #0), not a trial")
+    assert "measurement" not in _run(root, "why", "7").splitlines()[0]
+    sh, out = _shell(root)
+    sh.run_id = rid
+    sh.onecmd(sh.precmd("/trials"))
+    sh.onecmd(sh.precmd("/status"))
+    said = out.getvalue()
+    assert re.search(r"^#7 +kept +2\.000x paired ", said, re.M) and re.search(r"^#2 +kept +1\.250x +search", said, re.M)
+    assert ", best #7 2.000x paired" in said
+    _run(root, "report", "--html", "--out", str(tmp_path / "r"))
+    assert "| 7 | kept | 2.000 paired |" in (tmp_path / "r" / "report.md").read_text()
+    assert "Best: trial #7, paired speedup <b>2.000×</b>" in (tmp_path / "r" / "report.html").read_text()
+    STATE.workspace = root
+    finish(SimpleNamespace(run_id=rid, outcome="goal_met", stop_reason=STOP), False, False)
+    assert "best: trial #7, score 2.000x paired — knobs tpot_ms=4.0" in capsys.readouterr().out
+
+
+def test_the_live_view_marks_measurements(monkeypatch):
+    from rich.console import Console
+
+    from orchestrator.cli import live
+
+    monkeypatch.setattr(live, "err", Console(file=io.StringIO(), width=200))  # where `goal` draws its lines
+    view = live._Progress(3, quiet=True)
+    row = dict(status="kept", score=None, objective={"decode:tpot_ms_p50": 9.5}, error=None, knobs={})
+    view.trial(SimpleNamespace(number=6, proposer="paired", rationale="paired A/B of #5, round 1: baseline", **row))
+    view.trial(SimpleNamespace(number=5, proposer="scripted", rationale="step", **row | {"score": 1.9}))
+    lines = view.progress.console.file.getvalue().splitlines()
+    assert lines[0].startswith("↳6   kept") and lines[0].endswith("paired of #5")
+    assert lines[1].startswith("#5   kept") and lines[1].endswith("scripted")
+    assert view.progress.tasks[0].completed == 1  # the bar counts the trial, not the measurement

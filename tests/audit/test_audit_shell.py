@@ -6,7 +6,7 @@ import signal
 import sys
 
 import pytest
-from audit_data import build_run
+from audit_data import add_measurements, build_run
 from fake_target import write_fake_target
 
 from orchestrator.roles import LOOP_ADDED
@@ -94,6 +94,13 @@ def test_goal_status_approve_stop_resume(shell):
     assert "/goal beat the baseline by 40% on TPOT within 8 trials" in history and "/approve 9" in history
 
 
+def _prompt_only(tmp_path, **kw):
+    """The shell over a real pty on `tmp_path`, no server, no run going."""
+    return pexpect.spawn(sys.executable, ["-m", "orchestrator.cli", "-w", str(tmp_path), "shell"], cwd=str(tmp_path),
+                         encoding="utf-8", timeout=60, dimensions=(40, 200),
+                         env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)}, **kw)
+
+
 def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
     # No server: the prompt alone, over a real pty, on a finished run with a trial waiting.
     state = tmp_path / ".infergoal"
@@ -101,10 +108,7 @@ def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
     store = Store(f"sqlite:///{state / 'infergoal.db'}")
     build_run(store, state)
     # Started with SIGINT ignored, as from a background job: Ctrl-C at the prompt still works.
-    child = pexpect.spawn(sys.executable, ["-m", "orchestrator.cli", "-w", str(tmp_path), "shell"], cwd=str(tmp_path),
-                          encoding="utf-8", timeout=60, dimensions=(40, 200),
-                          env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)},
-                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    child = _prompt_only(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     child.expect_exact(PROMPT)
     child.sendintr()
     child.expect_exact("/quit leaves the shell, /stop stops the run")
@@ -131,3 +135,34 @@ def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
     history = (state / "shell_history").read_text().splitlines()
     assert "/approve 9" in history and "/steer leave the dtype alone" in history
     store.close()
+
+
+def test_trials_why_and_a_mistyped_why_then_quit(tmp_path):
+    """Issue 26: /trials marks measurements, /why N answers in prose, `/why abc` is one error line
+    naming /why (not /show), and /quit ends the shell with exit 0. ~3 s, no server."""
+    state = tmp_path / ".infergoal"
+    state.mkdir()
+    store = Store(f"sqlite:///{state / 'infergoal.db'}")
+    add_measurements(store, build_run(store, state))  # a finished run with a sentinel and a paired round
+    store.close()
+    child = _prompt_only(tmp_path)
+    child.expect_exact(PROMPT)
+    child.sendline("/trials")
+    child.expect_exact(PROMPT)
+    lines = [x.strip() for x in child.before.splitlines() if x.strip()][1:]  # what /trials printed, its echo left out
+    assert lines[0].split()[:3] == ["#0", "kept", "1.000x"] and lines[0].endswith("tpot_ms=8.0")
+    assert lines[1].split()[:2] == ["#1", "failed"]
+    assert lines[8].startswith("↳#8 (confirm of #7) kept") and lines[10].startswith("↳#10 (sentinel of #0) kept")
+    assert [x.split()[0] for x in lines] == [f"#{n}" for n in range(8)] + ["↳#8", "#9"] + [f"↳#{n}" for n in (10, 11, 12)]
+    child.sendline("/why 1")
+    child.expect_exact("#1 failed (decided by startup): ")
+    child.expect_exact(PROMPT)
+    assert "CUDA out of memory" in child.before
+    child.sendline("/why abc")
+    child.expect_exact(PROMPT)
+    said = [x.strip() for x in child.before.splitlines() if x.strip()][1:]
+    assert said == ["error: 'abc' is not a trial number; e.g. /why 3 (/trials lists them)"]
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0 and child.signalstatus is None
