@@ -290,7 +290,8 @@ def _drive(
                         + (f"; {len(priors) - len(own)} probe(s) of their winners rank the swaps" if len(own) < len(priors) else ""),
                         data={"entries": sorted({p["entry"] for p in priors}), "weight": round(prior_weight(own), 4),
                               "probes": len(priors) - len(own)})
-    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors)
+    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors,
+                            objectives=goal.objectives if goal.multi_objective else ())
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
