@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.audit.pareto import run_front
 from orchestrator.audit.trials import budget_line, is_measurement, measured_trial, split_trials
 from orchestrator.errors import summarize_failure
 from orchestrator.paired import latest_paired
@@ -38,6 +39,8 @@ class ReportData:
     """The best candidate's paired A/B outcome (ratio, interval, rounds), when it was confirmed."""
     budget_line: str = ""
     """`5 of 5 trials +6 measurements`: what the budget counted, as every face says it."""
+    pareto: dict[str, Any] | None = None
+    """A goal trading off two objectives: its Pareto front (`audit.pareto.Front.to_dict`), else None."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +58,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
     base = next((t for t in trials if t.number == 0), None)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     base_knobs = base.knobs if base else {}
+    front = run_front(store, run_id)
     rows = []
     for t in trials:
         changed = {k: v for k, v in t.knobs.items() if base_knobs.get(k) != v}
@@ -64,6 +68,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
             # a paired round, sentinel or re-run: a measurement of trial `of`, never a trial of its own
             "measurement": is_measurement(t), "of": measured_trial(t),
+            "on_front": bool(front and t.number in front.numbers and not is_measurement(t)),
         })
     paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []
@@ -107,6 +112,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
         paired=paired, budget_line=budget_line(len(split_trials(trials)[0]), goal.budget.trials, len(split_trials(trials)[1])),
+        pareto=front.to_dict() if front else None,
     )
 
 
