@@ -278,7 +278,7 @@ def _drive(
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()
     workload = workload_key(goal.scenarios, config.bench.scale)
-    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
+    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload, slo=goal.slo)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
