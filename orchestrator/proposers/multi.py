@@ -10,19 +10,35 @@ stays the loop's (`orchestrator.controller`); the front is read from the store
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
+
+import optuna
 
 from orchestrator.goal import Objective
 from orchestrator.trial import objective_label
 
-__all__ = ["FAILED_FACTOR", "directions", "failed_values", "values_of"]
+__all__ = ["FAILED_FACTOR", "directions", "failed_values", "sampler_options", "values_of"]
 
 # A failed trial is told a value this many times worse than the worst one measured (a minimized
 # latency), or 0 (a maximized rate): worse than any real result, yet finite, which MOTPE's
 # hypervolume arithmetic needs.
 FAILED_FACTOR = 10.0
 _SCORED = ("kept", "discarded")
+
+
+def sampler_options(objectives: Sequence[Objective]) -> dict[str, Any]:
+    """Extra `TPESampler` options for a multi-objective study (none for one objective).
+
+    `multivariate`: the sampler models the knobs jointly. On the replayed hfserve space
+    (benchmarks/pareto_search.py, docs/benchmarks.md) independent MOTPE found a worse front than
+    the scalar search on the geometric mean, and multivariate MOTPE a better one: a trade-off
+    between throughput and TPOT runs through knob pairs (batch size only acts with batching on)."""
+    if len(objectives) < 2:
+        return {}
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+    return {"multivariate": True}
 
 
 def directions(objectives: Sequence[Objective]) -> list[str]:

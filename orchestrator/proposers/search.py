@@ -210,8 +210,10 @@ class SearchProposer:
         # A different seed per step keeps proposals reproducible for a given history.
         # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
         # several proposals asked at once spread out instead of piling onto one region.
+        # Multivariate for two objectives: one knob's effect on a trade-off depends on the others
+        # (batch size only matters with batching on); benchmarks/pareto_search.py measured it.
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
-                                             constant_liar=True)
+                                             constant_liar=True, **multi.sampler_options(self.objectives))
         if self.objectives:  # the priors carry scalar scores: a multi-objective model does without them
             study = optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler)
             failed: Any = multi.failed_values(history, self.objectives)
