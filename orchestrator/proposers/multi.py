@@ -10,11 +10,8 @@ stays the loop's (`orchestrator.controller`); the front is read from the store
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
-
-import optuna
 
 from orchestrator.goal import Objective
 from orchestrator.trial import objective_label
@@ -37,7 +34,6 @@ def sampler_options(objectives: Sequence[Objective]) -> dict[str, Any]:
     between throughput and TPOT runs through knob pairs (batch size only acts with batching on)."""
     if len(objectives) < 2:
         return {}
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
     return {"multivariate": True}
 
 
