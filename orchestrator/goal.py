@@ -19,6 +19,11 @@ Goals under latency limits (SLO goals; one per goal, budget and accuracy clauses
     maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms
     maximize goodput at p99 TTFT under 1 s
     minimize p90 TPOT with throughput above 500 tok/s
+
+Two objectives, traded off on a Pareto front (multi-objective search; one maximized, one minimized):
+
+    maximize throughput and minimize p90 TPOT
+    maximize throughput and minimize p90 TPOT with p90 TTFT under 300 ms   (the SLO rate, and TPOT at it)
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ Accepted goal forms (clauses combine with "and" or ","):
   get p90 TTFT under 150 ms        |  get throughput above 500 tok/s
   maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms   (SLO goals: one per goal)
   maximize goodput at p99 TTFT under 1 s  |  minimize p90 TPOT with throughput above 500 tok/s
+  maximize throughput and minimize p90 TPOT [with p90 TTFT under 300 ms]   (two objectives: a Pareto front)
   without accuracy loss
   within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials  |  within $20 (agent spend)
 Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99).
@@ -181,7 +187,8 @@ class Objective(BaseModel):
             return f"{stat}{name} {self.value:.0%} better than baseline"
         if self.kind == "best":
             what = {"rate": "request rate", "goodput": "goodput"}.get(self.metric, f"{stat}{name}")
-            return f"{'highest' if self.info.direction == 'maximize' else 'lowest'} {what} under the SLO"
+            where = " under the SLO" if self.metric in SLO_METRICS or self.at_load else ""
+            return f"{'highest' if self.info.direction == 'maximize' else 'lowest'} {what}{where}"
         op = "<=" if self.info.direction == "minimize" else ">="
         return f"{stat}{name} {op} {self.value:g} {self.info.unit}"
 
@@ -305,8 +312,15 @@ class GoalSpec(BaseModel):
 
     @model_validator(mode="after")
     def _no_duplicates(self) -> GoalSpec:
-        if self.slo is not None and self.objectives != (self.slo.objective(),):
-            raise ValueError("an SLO goal has one objective, the one its maximize/minimize names")
+        if self.slo is not None and (self.objectives[0] != self.slo.objective()
+                                     or any(not _second_at_load(o, self.slo) for o in self.objectives[1:2])
+                                     or len(self.objectives) > 2):
+            raise ValueError("an SLO goal has the objective its maximize/minimize names, and at most one latency "
+                             "minimized at that load (a second objective of a maximize goal)")
+        if len([o for o in self.objectives if o.kind == "best"]) not in (0, len(self.objectives)):
+            raise ValueError("'maximize'/'minimize' objectives (no target) cannot be mixed with targets")
+        if len(self.objectives) > 2 and self.objectives[0].kind == "best":
+            raise ValueError("a goal trades off at most two objectives")
         if self.slo is None and any(o.scenario == SLO_SCENARIO for o in self.objectives):
             raise ValueError("an objective on the SLO rate needs the goal's [slo] limits")
         # Two clauses on one thing would silently let one of them win.
@@ -332,6 +346,12 @@ class GoalSpec(BaseModel):
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
+    def multi_objective(self) -> bool:
+        """Two objectives without targets ("maximize throughput and minimize p90 TPOT"): the search is
+        multi-objective and the run's answer is a Pareto front (`orchestrator.audit.pareto`), not one best."""
+        return len(self.objectives) == 2 and all(o.kind == "best" for o in self.objectives)
+
+    @property
     def scenarios(self) -> list[str]:
         """Scenario names the goal needs, in first-use order."""
         return list(dict.fromkeys(o.scenario for o in self.objectives))
@@ -345,6 +365,8 @@ class GoalSpec(BaseModel):
 
     def describe(self) -> str:
         parts = [self.slo.describe() if self.slo else ", ".join(o.describe() for o in self.objectives)]
+        if self.slo and len(self.objectives) > 1:
+            parts[0] += "; and " + ", ".join(f"lowest {o.stat} {o.metric.upper()} at that rate" for o in self.objectives[1:])
         if self.accuracy_mode == "no_loss":
             parts.append("without accuracy loss")
         b = self.budget
@@ -353,6 +375,11 @@ class GoalSpec(BaseModel):
         if any(limits):
             parts.append("within " + " and ".join(x for x in limits if x))
         return "; ".join(parts)
+
+
+def _second_at_load(o: Objective, slo: SloGoal) -> bool:
+    """The one second objective an SLO goal allows: a latency minimized at the rate its maximize finds."""
+    return slo.maximize is not None and o.kind == "best" and o.at_load and o.info.direction == "minimize"
 
 
 # --- text parsing -----------------------------------------------------------------------
@@ -454,6 +481,13 @@ def _parse_goal(text: str) -> GoalSpec:
 
     s = re.sub(r"\b(?:without|with no)\s+(?:any\s+)?accuracy\s+(?:loss|drop|regression)\b", take_accuracy, s)
 
+    if len(re.findall(r"\b(?:maximi[sz]e|minimi[sz]e)\b", s)) > 1:
+        objs, slo2 = _two_objectives(s.strip())
+        try:
+            return GoalSpec(text=original.strip(), objectives=objs, constraints=tuple(constraints),
+                            budget=Budget(**budget), slo=slo2)
+        except ValidationError as e:
+            raise GoalError(f"{validation_message(e, GoalSpec)}.\n{ACCEPTED_FORMS}") from None
     if re.match(r"\s*(?:maximi[sz]e|minimi[sz]e)\b", s):
         slo = _slo_clause(s.strip())
         try:
@@ -601,6 +635,44 @@ def _slo_clause(s: str) -> SloGoal:
         return SloGoal(minimize=metric, limits=limits, **({"stat": stat} if stat else {}))  # type: ignore[arg-type]
     except ValidationError as e:
         raise _slo_error(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
+_TWO = re.compile(r"(?P<d1>maximi[sz]e|minimi[sz]e)\s+(?P<w1>.+?)\s*,?\s*\band\s+(?P<d2>maximi[sz]e|minimi[sz]e)\s+"
+                  r"(?P<w2>.+?)(?:\s+(?:with|at|under|subject to|while keeping)\s+(?P<limits>.+))?")
+
+
+def _two_objectives(s: str) -> tuple[tuple[Objective, ...], SloGoal | None]:
+    """"maximize throughput and minimize p90 TPOT [with LIMITS]": two objectives without targets.
+
+    Without limits, throughput (the throughput scenario) and the latency (its own scenario); with
+    latency limits, the SLO rate (or goodput) and the latency measured at that rate."""
+    shape = "write it as 'maximize throughput and minimize p90 TPOT' (optionally 'with p90 TTFT under 300 ms')"
+    m = _TWO.fullmatch(s)
+    if not m:
+        raise _slo_error(f"cannot read the two objectives in {s!r}; {shape}")
+    pairs = [(m.group("d1")[:5], m.group("w1").strip()), (m.group("d2")[:5], m.group("w2").strip())]
+    if pairs[0][0] == pairs[1][0]:
+        raise _slo_error(f"a goal with two objectives maximizes one and minimizes the other; {shape}")
+    up = next(w for d, w in pairs if d == "maxim")
+    down = next(w for d, w in pairs if d == "minim")
+    if re.search(r"\b(?:maximi[sz]e|minimi[sz]e)\b", f"{up} {down} {m.group('limits') or ''}"):
+        raise _slo_error(f"a goal trades off at most two objectives; {shape}")
+    if up not in _MAXIMIZED:
+        raise _slo_error(f"the maximized objective is throughput (the request rate) or goodput, not {up!r}; {shape}")
+    latency = _metric_list(down)
+    if len(latency) != 1 or latency[0][1] not in ("ttft", "tpot", "itl", "e2e"):
+        raise _slo_error(f"the minimized objective is one latency (ttft, tpot, itl, e2e), not {down!r}; {shape}")
+    stat = latency[0][0] or "p90"
+    if not m.group("limits"):
+        if _MAXIMIZED[up] != "rate":
+            raise _slo_error(f"{up} is counted against latency limits: add them ('with p90 TTFT under 300 ms')")
+        return (Objective(metric="throughput", kind="best"), Objective(metric=latency[0][1], stat=stat, kind="best")), None
+    limits = tuple(_slo_limit(p) for p in re.split(r"\s*(?:,|\band\b|&)\s*", m.group("limits")) if p)
+    try:
+        slo = SloGoal(maximize=_MAXIMIZED[up], limits=limits)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise _slo_error(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    return (slo.objective(), Objective(metric=latency[0][1], stat=stat, kind="best", at_load=True)), slo
 
 
 def load_goal(source: str | Path) -> GoalSpec:

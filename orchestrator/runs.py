@@ -280,7 +280,7 @@ def _drive(
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()
     workload = workload_key(goal.scenarios, config.bench.scale)
-    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
+    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload, slo=goal.slo)
     if warm and not store.list_trials(run_id):
         store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
     priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
@@ -292,7 +292,8 @@ def _drive(
                         + (f"; {len(priors) - len(own)} probe(s) of their winners rank the swaps" if len(own) < len(priors) else ""),
                         data={"entries": sorted({p["entry"] for p in priors}), "weight": round(prior_weight(own), 4),
                               "probes": len(priors) - len(own)})
-    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors)
+    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors,
+                            objectives=goal.objectives if goal.multi_objective else ())
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,

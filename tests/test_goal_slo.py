@@ -51,7 +51,7 @@ def test_other_goals_keep_their_digest():
     ("maximize throughput with p90 TTFT under 300", "has no unit; write e.g. 300 ms"),
     ("maximize throughput with p90 TTFT under -3 ms", "a limit must be a positive number"),
     ("maximize throughput and goodput with p90 TTFT under 300 ms", "no trade-off between them"),
-    ("maximize throughput and minimize p90 ttft", "names what to maximize or minimize, then its limits"),
+    ("maximize throughput and maximize goodput", "maximizes one and minimizes the other"),
     ("maximize throughput with TTFT under 300 ms", "names no percentile"),
     ("maximize throughput with p90 TTFT above 300 ms", "asks the opposite"),
     ("maximize throughput with p90 TTFT under 300 tok/s", "measured in ms, not tok/s"),
@@ -85,4 +85,49 @@ def test_slo_goal_toml_matches_text_form(tmp_path):
         load_goal(bad)
     bad.write_text("[[objectives]]\nmetric = 'rate'\nkind = 'best'\n")
     with pytest.raises(GoalError, match="needs the goal's"):
+        load_goal(bad)
+
+
+def test_two_objectives_trade_off_one_maximized_one_minimized(tmp_path):
+    g = parse_goal("maximize throughput and minimize p90 TPOT within 12 trials")
+    assert g.multi_objective and g.slo is None and g.scenarios == ["throughput", "decode"]
+    assert [(o.metric, o.stat, o.kind) for o in g.objectives] == [("throughput", "p50", "best"), ("tpot", "p90", "best")]
+    assert g.describe() == "highest throughput, lowest p90 TPOT; within 12 trials"
+    assert parse_goal("minimize p90 TPOT and maximize throughput within 12 trials").objectives == g.objectives
+    toml = load_goal(EXAMPLES / "pareto.toml")
+    assert toml.objectives == g.objectives and toml.budget == g.budget and toml.multi_objective
+    # The SLO rate and a latency measured at that rate.
+    s = parse_goal("maximize throughput and minimize p90 TPOT with p90 TTFT under 300 ms")
+    assert s.multi_objective and s.slo.maximize == "rate" and s.scenarios == ["slo"]
+    assert [(o.metric, o.key, o.at_load) for o in s.objectives] == [("rate", "slo_rate", False), ("tpot", "tpot_ms_p90", True)]
+    assert s.describe() == "maximize request rate with p90 TTFT <= 300 ms; and lowest p90 TPOT at that rate"
+    assert not parse_goal("maximize throughput with p90 TTFT under 300 ms").multi_objective
+    assert not parse_goal("beat the baseline by 20% on TTFT and TPOT").multi_objective
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("maximize throughput and maximize goodput", "maximizes one and minimizes the other"),
+    ("minimize p90 ttft and minimize p90 tpot", "maximizes one and minimizes the other"),
+    ("maximize throughput and minimize p90 tpot and minimize p90 ttft", "at most two objectives"),
+    ("maximize goodput and minimize p90 tpot", "counted against latency limits"),
+    ("maximize vibes and minimize p90 tpot", "throughput (the request rate) or goodput, not 'vibes'"),
+    ("maximize throughput and minimize throughput", "one latency (ttft, tpot, itl, e2e), not 'throughput'"),
+    ("maximize throughput and minimize p90 tpot with throughput above 5 tok/s", "takes latency limits"),
+])
+def test_bad_two_objective_goals_are_refused_with_the_accepted_forms(text, fragment):
+    with pytest.raises(GoalError) as e:
+        parse_goal(text)
+    first, *rest = str(e.value).splitlines()
+    assert fragment in first
+    assert "Accepted goal forms" in rest[0] and any("maximize throughput and minimize p90 TPOT" in line for line in rest)
+
+
+def test_a_second_objective_in_toml_must_be_a_latency_at_the_slo_rate(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[slo]\nmaximize = 'rate'\n[[slo.limits]]\nmetric = 'ttft'\nvalue = 300\n"
+                   "[[objectives]]\nmetric = 'rate'\nkind = 'best'\n[[objectives]]\nmetric = 'tpot'\nkind = 'best'\n")
+    with pytest.raises(GoalError, match="at most one latency minimized at that load"):
+        load_goal(bad)
+    bad.write_text("[[objectives]]\nmetric = 'throughput'\nkind = 'best'\n[[objectives]]\nmetric = 'tpot'\nvalue = 0.2\n")
+    with pytest.raises(GoalError, match="cannot be mixed with targets"):
         load_goal(bad)

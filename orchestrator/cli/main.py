@@ -203,6 +203,7 @@ def trials(
     rid = run_id_of(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
+    from orchestrator.audit.pareto import run_front
     from orchestrator.audit.trials import (
         budget_line,
         is_measurement,
@@ -213,17 +214,23 @@ def trials(
         split_trials,
     )
 
+    front = run_front(store, rid)  # a goal trading off two objectives: which trials are on its front
     if as_json:  # each row says whether the budget counted it: a trial, or a measurement `of` one
-        return emit([_trial_dict(t) | {"measurement": is_measurement(t), "of": measured_trial(t)} for t in ts])
+        return emit([_trial_dict(t) | {"measurement": is_measurement(t), "of": measured_trial(t)}
+                     | ({"on_front": t.number in front.numbers} if front else {}) for t in ts])
     from orchestrator.goal import GoalSpec
 
     base = everything[0].knobs if everything else {}
     paired = paired_scores(store, rid)  # a confirmed candidate's score is its paired ratio: say so
     counted, measured = split_trials(everything)
     budget = GoalSpec.model_validate(store.get_run(rid).goal).budget.trials
+    captions = ["↳ rows are measurements of the trial they name (paired rounds, sentinels, re-runs): not trials"] if measured else []
+    if front:
+        captions.append(f"◆ on the Pareto front of {' and '.join(o.describe() for o in front.objectives)} "
+                        f"({len(front.members)} of {len(front.points)} kept trials)")
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",
                   title=f"run {rid}: {budget_line(len(counted), budget, len(measured))}",
-                  caption="↳ rows are measurements of the trial they name (paired rounds, sentinels, re-runs): not trials" if measured else None)
+                  caption="\n".join(captions) or None)
     for c in table.columns[3:5]:
         c.overflow = "fold"
     for t in ts:
@@ -233,6 +240,8 @@ def trials(
         if is_measurement(t):
             of = measured_trial(t)
             number, who = f"↳ {t.number}", f"{t.proposer} of #{of}" if of is not None else t.proposer
+        elif front and t.number in front.numbers:
+            number = f"{t.number} ◆"
         table.add_row(number, t.status, score_text(t.score, paired.get(t.id)), obj, changed,
                       f"{(t.timings or {}).get('total', 0):.1f}", who, style="dim" if is_measurement(t) else None)
     console.print(table)

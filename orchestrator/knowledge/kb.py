@@ -23,6 +23,7 @@ from orchestrator.knowledge.fingerprint import (
     similarity,
     workload_key,
 )
+from orchestrator.knowledge.slo import write_slo_finding
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
 from orchestrator.roles import PAIRED
 
@@ -83,18 +84,22 @@ class KnowledgeBase:
         """(weight, entry) for entries that fit `here` (a `setting`), by similarity x status."""
         return reuse.rank(list(self.entries.values()), here, kind=kind, min_sim=min_sim)
 
-    def priors(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
-        """The warm-start plan with its provenance: knobs, source entry id, weight, similarity."""
+    def priors(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None,
+               slo: Any = None) -> list[dict[str, Any]]:
+        """The warm-start plan with its provenance: knobs, source entry id, weight, similarity.
+        `slo` (an SLO goal's `SloGoal`): findings measured under a fitting SLO first (`reuse.for_goal`)."""
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
-        findings = self.similar(here, kind="finding")
+        findings = reuse.for_goal(self.similar(here, kind="finding"), slo)
         avoid = reuse.avoided(self.similar(here, kind="constraint"), won=findings)
         plan = reuse.warm_knobs(findings, here, avoid)
         return [{"knobs": k, "entry": e.id, "weight": w, "similarity": similarity(e.applies_to, here)} for w, e, k in plan]
 
-    def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
+    def warm_start(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None,
+                   slo: Any = None) -> list[dict[str, Any]]:
         """Knob sets to try first: this exact setting's findings, then priors from similar settings
-        (another model size, a similar host), translated, best weight first; refuted ones never."""
-        return [p["knobs"] for p in self.priors(engine=engine, model=model, hardware=hardware, workload=workload)]
+        (another model size, a similar host), translated, best weight first; refuted ones never.
+        For an SLO goal (`slo`), findings that moved the rate under a fitting SLO come first."""
+        return [p["knobs"] for p in self.priors(engine=engine, model=model, hardware=hardware, workload=workload, slo=slo)]
 
     def prior_observations(self, *, engine: str, model: str, hardware: dict[str, Any], workload: str | None = None) -> list[dict[str, Any]]:
         """Knob sets measured on similar settings, with scores and weights: the search's prior."""
@@ -144,6 +149,7 @@ class KnowledgeBase:
         winner = write_winner(self.write_dir, d, here, key, evidence_extra)
         effects = write_effects(self.write_dir, d, here, key)
         constraints = write_constraints(self.write_dir, d, here, key)
+        slo_rate = write_slo_finding(self.write_dir, store, run_id, here, key)  # an SLO goal: what moved the rate
         moved = []
         for t in d.warm_trials:
             for _w, e in self.similar(here, kind="finding", min_sim=reuse.MIN_SIMILARITY):
@@ -154,7 +160,7 @@ class KnowledgeBase:
                     continue
                 status = update_prior(self._writable(e), run_id, t, sim, model, min_gain)
                 moved.append({"entry": e.id, "from": e.status, "to": status, "trial": t["trial"]})
-        written = [str(p) for p in (winner, effects, constraints) if p]
+        written = [str(p) for p in (winner, effects, constraints, slo_rate) if p]
         if store is not None and (written or moved):
             store.add_event(run_id, "kb.distill", f"{len(written)} entr(ies) written, {len(moved)} prior(s) re-rated",
                             data={"written": written, "priors": moved, "failures": d.failures, "dead_ends": d.dead_ends})

@@ -20,12 +20,13 @@ __all__ = ["Candidate", "Proposer", "RunBound", "ScriptedProposer", "SearchPropo
 
 def get_proposer(
     spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any]] = (), agent: Any = None,
-    priors: Sequence[dict[str, Any]] = (),
+    priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
 ) -> Proposer:
     """Pick a proposer by key: `search` (default), `scripted:FILE.json` (a list of knob dicts),
-    `claude` (the code agent; `agent` is its AgentConfig) or `hybrid` (agent + knob search)."""
+    `claude` (the code agent; `agent` is its AgentConfig) or `hybrid` (agent + knob search).
+    `objectives`: two of them make the search multi-objective (a goal with a Pareto front)."""
     if spec in ("", "search"):
-        return SearchProposer(seed=seed, warm_start=warm_start, priors=priors)
+        return SearchProposer(seed=seed, warm_start=warm_start, priors=priors, objectives=objectives)
     if spec.startswith("scripted:"):
         path = Path(spec.split(":", 1)[1])
         if not path.is_file():

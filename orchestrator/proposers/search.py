@@ -22,6 +22,7 @@ import optuna
 
 from orchestrator.candidate import Candidate, knob_key
 from orchestrator.fidelity import is_screened
+from orchestrator.proposers import multi
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
@@ -98,8 +99,10 @@ class SearchProposer:
     name = "search"
 
     def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
-                 priors: Sequence[dict[str, Any]] = ()) -> None:
+                 priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = ()) -> None:
         self.seed = seed
+        # Two objectives (a multi-objective goal): MOTPE on their measured values (`multi`), not on the score.
+        self.objectives = list(objectives) if len(objectives) > 1 else []
         self.n_startup = n_startup
         self.warm_start = list(warm_start)
         self.priors = [p for p in priors if not p.get("probe")]
@@ -207,10 +210,17 @@ class SearchProposer:
         # A different seed per step keeps proposals reproducible for a given history.
         # constant_liar: trials still running on other hosts of a pool count as bad guesses, so
         # several proposals asked at once spread out instead of piling onto one region.
+        # Multivariate for two objectives: one knob's effect on a trade-off depends on the others
+        # (batch size only matters with batching on); benchmarks/pareto_search.py measured it.
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
-                                             constant_liar=True)
-        study = optuna.create_study(direction="maximize", sampler=sampler)
-        if priors:
+                                             constant_liar=True, **multi.sampler_options(self.objectives))
+        if self.objectives:  # the priors carry scalar scores: a multi-objective model does without them
+            study = optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler)
+            failed: Any = multi.failed_values(history, self.objectives)
+        else:
+            study = optuna.create_study(direction="maximize", sampler=sampler)
+            failed = FAILED_VALUE
+        if priors and not self.objectives:
             study.add_trials(self._prior_trials(history, target, dists, regions))
         for t in history:
             # Conditional knobs: a trial carries only its active knobs (define-by-run). Outside a
@@ -222,9 +232,10 @@ class SearchProposer:
                                                           state=optuna.trial.TrialState.RUNNING))
                 continue
             value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
+            told = ({"values": multi.values_of(t, self.objectives, failed)} if self.objectives else {"value": value})
             inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
             study.add_trial(optuna.trial.create_trial(
-                params=t.knobs, distributions={k: dists[k] for k in t.knobs}, value=value,
+                params=t.knobs, distributions={k: dists[k] for k in t.knobs}, **told,
                 constraints={REGION_CONSTRAINT: 1.0} if inside else None,
                 user_attrs={REGION_CONSTRAINT: inside.describe()} if inside else None))
         # Skip knob sets already measured, or inside a failed region (re-asked at most 50 times in
@@ -235,19 +246,20 @@ class SearchProposer:
             try:  # constraints between knobs: a combination that cannot start is never proposed
                 target.validate_knobs(params)
             except ConstraintViolated:
-                study.tell(trial, FAILED_VALUE)
+                study.tell(trial, failed)
                 continue
             if any((k, repr(v)) in refused for k, v in params.items()):
-                study.tell(trial, FAILED_VALUE)
+                study.tell(trial, failed)
                 continue
             if _inside(regions, params, "TPE", skipped if skipped is not None else []):
                 trial.set_constraint(REGION_CONSTRAINT, 1.0)
-                study.tell(trial, FAILED_VALUE)
+                study.tell(trial, failed)
                 continue
             if knob_key(params) not in seen:
                 return Candidate(
                     knobs=params,
-                    rationale=f"TPE proposal after {len(study.trials) - 1} observed trials",
+                    rationale=f"{'multi-objective TPE' if self.objectives else 'TPE'} proposal after "
+                              f"{len(study.trials) - 1} observed trials",
                     proposer=self.name,
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)

@@ -17,6 +17,7 @@ import jinja2
 import yaml
 
 from orchestrator.audit.actions import human_actions
+from orchestrator.audit.pareto import Front, run_front
 from orchestrator.audit.trials import is_measurement
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.report.render import build_report_data
@@ -28,8 +29,24 @@ GATE_ORDER = ("integrity", "accuracy", "audit", "performance")  # the order a tr
 _INTERVAL_KEYS = ("interval", "ci", "paired_interval")
 
 
+def _goal_pareto(front: Front) -> dict[str, Any] | None:
+    """A two-objective goal's front: its minimized objective across, its maximized one up."""
+    if not front.points:
+        return None
+    pairs = list(zip(front.labels, front.objectives, strict=True))
+    (x, ox), (y, oy) = sorted(pairs, key=lambda p: p[1].info.direction == "maximize")
+    svg = pareto_svg(front.points, front.members, x=x, y=y, xlabel=f"{ox.describe()} ({ox.info.unit}, {x})",
+                     ylabel=f"{oy.describe()} ({oy.info.unit}, {y})")
+    return {"goal": True, "x": x, "y": y, "x_unit": ox.info.unit, "y_unit": oy.info.unit, "points": front.points,
+            "front": front.members, "svg": svg}
+
+
 def _pareto(store: Any, trials: list[Any]) -> dict[str, Any] | None:
-    """TTFT p50 against output throughput per trial, on the scenario most trials measured both on."""
+    """The goal's own front when it trades off two objectives (`audit.pareto.run_front`); otherwise
+    TTFT p50 against output throughput per trial, on the scenario most trials measured both on."""
+    front = run_front(store, trials[0].run_id) if trials else None
+    if front is not None:
+        return _goal_pareto(front)
     per: dict[str, dict[int, dict[str, list[float]]]] = {}
     for t in trials:
         for m in store.measurements(t.id):

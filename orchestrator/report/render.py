@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.audit.pareto import run_front
 from orchestrator.audit.trials import (
     budget_line,
     is_measurement,
@@ -45,6 +46,8 @@ class ReportData:
     """The best candidate's paired A/B outcome (ratio, interval, rounds), when it was confirmed."""
     budget_line: str = ""
     """`5 of 5 trials +6 measurements`: what the budget counted, as every face says it."""
+    pareto: dict[str, Any] | None = None
+    """A goal trading off two objectives: its Pareto front (`audit.pareto.Front.to_dict`), else None."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +65,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
     base = next((t for t in trials if t.number == 0), None)
     best = store.get_trial(run.best_trial_id) if run.best_trial_id else None
     base_knobs = base.knobs if base else {}
+    front = run_front(store, run_id)
     rows = []
     paired_of = paired_scores(store, run_id)
     for t in trials:
@@ -74,6 +78,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
             "measurement": is_measurement(t), "of": measured_trial(t),
             # a confirmed candidate's score is its paired A/B ratio (the loop replaced its screening score)
             "score_paired": score_text(t.score, paired_of.get(t.id)).endswith("paired"),
+            "on_front": bool(front and t.number in front.numbers and not is_measurement(t)),
         })
     paired = latest_paired(store, run_id, best.id) if best else None
     objectives = []
@@ -117,6 +122,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
         paired=paired, budget_line=budget_line(len(split_trials(trials)[0]), goal.budget.trials, len(split_trials(trials)[1])),
+        pareto=front.to_dict() if front else None,
     )
 
 

@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from orchestrator.audit.pareto import non_dominated  # noqa: E402
 from orchestrator.roles import NOT_SEARCH  # noqa: E402
 
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg", "timeline_svg", "trial_timeline"]
@@ -64,23 +65,26 @@ def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) ->
 
 
 def pareto_front(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points not dominated on (lower TTFT, higher throughput), by rising TTFT."""
-    front = [p for p in points if not any(
-        q["ttft"] <= p["ttft"] and q["throughput"] >= p["throughput"] and (q["ttft"], q["throughput"]) != (p["ttft"], p["throughput"])
-        for q in points)]
-    return sorted(front, key=lambda p: p["ttft"])
+    """Points not dominated on (lower TTFT, higher throughput), by rising TTFT (`audit.pareto.non_dominated`)."""
+    front = non_dominated(points, {"ttft": "minimize", "throughput": "maximize"})
+    return sorted(front, key=lambda p: p["ttft"])  # type: ignore[arg-type, return-value]
 
 
-def pareto_svg(points: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], scenario: str) -> str:
+def pareto_svg(points: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], scenario: str = "", *,
+               x: str = "ttft", y: str = "throughput", xlabel: str = "", ylabel: str = "") -> str:
+    """Every point (coloured by status, labelled #N) and the front drawn as a line through its members,
+    in rising `x`. Default axes: TTFT p50 against output throughput in `scenario`; a goal's two
+    objectives name their own (`x`, `y`: the point keys; the labels)."""
     fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=100)
     for p in points:
-        ax.scatter(p["ttft"], p["throughput"], color=COLORS.get(p["status"], "black"), s=22, zorder=3)
-        ax.annotate(f"#{p['number']}", (p["ttft"], p["throughput"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.scatter(p[x], p[y], color=COLORS.get(p["status"], "black"), s=22, zorder=3)
+        ax.annotate(f"#{p['number']}", (p[x], p[y]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    line = sorted(front, key=lambda p: p[x])
     # Markers too: a front of one point is a point, and a line through one point draws nothing.
-    ax.plot([p["ttft"] for p in front], [p["throughput"] for p in front], color="tab:blue", lw=1.2, marker="o", ms=9,
+    ax.plot([p[x] for p in line], [p[y] for p in line], color="tab:blue", lw=1.2, marker="o", ms=9,
             mfc="none", mew=1.5, zorder=4, label="Pareto front", gid="pareto-front")
-    ax.set_xlabel(f"TTFT p50 (ms), scenario {scenario}")
-    ax.set_ylabel("output throughput (tok/s)")
+    ax.set_xlabel(xlabel or f"TTFT p50 (ms), scenario {scenario}")
+    ax.set_ylabel(ylabel or "output throughput (tok/s)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -135,3 +135,22 @@ def test_real_a_server_meeting_the_slo_only_at_low_rate_scores_low_and_one_alway
     assert 0 < low.rate <= cap * 1.1 and low.rate / good < 0.15  # the paired ratio of rates says: far worse
     slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=1.0, min_requests=10, min_seconds=2.0))
     assert slow.rate == 0.0 and "ttft_ms_p90" in slow.error and math.isfinite(slow.steps[-1].metrics["ttft_ms_p90"])
+
+
+def test_a_latency_minimized_at_the_slo_rate_is_read_from_the_found_rates_measurement():
+    """'maximize throughput and minimize p90 TPOT with p90 TTFT under 300 ms': both objectives come
+    from the one SLO measurement (the rate, and TPOT as the bench's own metrics give it at that rate)."""
+    from orchestrator.bench.metrics import compute_metrics
+
+    stub = synthetic(12.0)
+
+    def run(sc: Scenario) -> ScenarioResult:
+        res = stub(sc)
+        real = compute_metrics(res.requests, bench_start_ns=0, bench_end_ns=int(res.metrics["duration_s"] * 1e9))
+        return ScenarioResult(scenario=sc, metrics=real | {"loop_lag_ms_p50": 0.5}, requests=res.requests)
+
+    goal = parse_goal("maximize throughput and minimize p90 TPOT with p90 TTFT under 300 ms")
+    res = slo_measure(goal.slo, BASE, run, FAST)
+    rate, tpot = goal.objectives
+    assert 12 / 1.05 <= res.metrics[rate.key] <= 12
+    assert tpot.scenario == "slo" and res.metrics[tpot.key] == pytest.approx(10.0)  # the stub's 10 ms per token
