@@ -9,6 +9,9 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 * **continuous batching**: requests join between decode steps and leave as soon as they finish;
 * **chunked prefill** (``--prefill-chunk N``): a long prompt is prefilled N tokens per step between
   decode steps, so running sequences keep streaming (chunk 0 = whole prompts, prefill first);
+* **packed prefill** (``--prefill-pack N``): queued whole prompts, up to N tokens together, run as one
+  forward pass straight into their decode slots (every GEMM once over all their rows, attention per
+  sequence), so a burst of 64 is a few prefill passes instead of 64;
 * **CUDA graphs** for the decode step (``--cuda-graphs on``), one per (batch bucket, context
   bucket), captured at start-up, so a decode step is one graph launch instead of ~500 kernels;
 * a choice of SDPA backend for prefill (``--sdpa flash|efficient|math``); decode attention is a
@@ -16,7 +19,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 * a choice of kernels (``--kernels torch|triton``): ``torch`` is the plain code below; ``triton``
   runs the decode step's norms (each residual add fused with the norm after it), RoPE + KV store,
   attention (split-KV flash-decoding) and SwiGLU as kernels.py's fused Triton kernels, and prefill's
-  norms and SwiGLU likewise (prefill RoPE and attention stay torch). Worth it only under CUDA graphs:
+  norms and SwiGLU likewise. ``--prefill-attn fused`` does prefill's RoPE + KV store as one Triton
+  launch over all packed rows and lets SDPA read the pool's K/V in place (GQA) instead of a copy. Worth it only under CUDA graphs:
   launched eagerly, each Triton call costs more host time than it saves on the GPU.
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
