@@ -52,11 +52,11 @@ Whole decode step in check_engine.py, *prediction*: batch 4 7.52 -> ~5.0 ms, bat
 
 Prefill RoPE + attention (written before measuring; *prediction*): ``rope_store`` takes a slot per
 row, so one launch per layer rotates q and k of every prefill row (of every packed prompt) and stores
-k and v, replacing ~14 torch kernels per layer whose float temporaries of a 4096-token chunk are ~100 MB
-each way; SDPA then reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave``
-copying the whole context 4x per layer (~64 MB of writes and reads per layer at 4096). Together
-~6 GB less HBM traffic per 4096-token prefill: *prediction* A's TTFT -2 to -4 ms (104 -> ~101 ms);
-less than the norms gave, since RoPE's tensors are a third of the hidden state's.
+k and v, replacing ~14 torch kernels per layer that pass q's [4096, 4096] bf16 (32 MB) through HBM
+about a dozen times (~0.5 GB per layer, ~16 GB per prefill, the ~4 ms of RoPE measured before); SDPA then
+reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave`` writing the context
+4x per layer (~64 MB written and read again per layer at 4096, ~5 GB per prefill). *Prediction*: A's
+TTFT -4 to -5 ms (104 -> ~100 ms), at the price of one more launch per layer (nothing at this size).
 
 ``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
