@@ -81,7 +81,7 @@ def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: 
                   b_pos: int = 700, ctx: int = 1024) -> list[dict]:
     """The four parts of every engine step (see the module docstring), each {wall_ms, kernels_ms}.
     The sizes are A's, B's and C's; the CPU test passes small ones."""
-    out = []
+    out, ref = [], None
     dev, vocab = fm.device, fm.embed.shape[0]
     long = torch.randint(4, vocab, (long_len,), device=dev)
     prompts = [torch.randint(4, vocab, (prompt,), device=dev) for _ in range(burst)]
@@ -107,6 +107,11 @@ def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: 
                 used += len(p)
             fm.prefill_packed(group)
 
+        # Same answer as the first step: the 4096-token prompt's next-token logits (bf16 on the GPU).
+        last = fm.prefill(long, 0, 0)[-1]
+        ref = last if ref is None else ref
+        check = {"max_abs_logit_diff_vs_step1": round(float((last - ref).abs().max()), 4),
+                 "top1_same_as_step1": bool(int(last.argmax()) == int(ref.argmax()))}
         parts: dict[str, dict] = {}
         parts["A prefill 4096"] = {"wall_ms": cuda_time(lambda: fm.prefill(long, 0, 0), reps=5),
                                    "kernels_ms": kernel_times(lambda: fm.prefill(long, 0, 0))}
@@ -118,7 +123,8 @@ def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: 
             ps = torch.tensor(poss, device=dev)
             parts[name] = {"wall_ms": cuda_time(lambda d=dec, a=toks, q=poss: d.step(a, q)),
                            "kernels_ms": kernel_times(lambda t=t, ps=ps, ctx=ctx: fm.decode(t, ps, ctx))}
-        out.append({"step": i, "knobs": k, "rationale": step.get("rationale", ""), "batch": batch, "parts": parts})
+        out.append({"step": i, "knobs": k, "rationale": step.get("rationale", ""), "batch": batch, "parts": parts,
+                    "prefill_check": check})
         print(f"step {i}: " + ", ".join(f"{n} {p['wall_ms']:.2f} ms" for n, p in parts.items()), flush=True)
     return out
 

@@ -108,6 +108,8 @@ def test_naive_plan_measures_every_scenario_within_its_budget() -> None:
         assert total <= max(budget, sum(per.values())) + 0.5  # within the window (or the minimum)
         left = budget - total  # nothing that fits was left out
         assert all(counts[n] == cap[n] or per[n] > left for n in full), (budget, counts)
+    assert {n: p["num_requests"] for n, p in ib_baseline.plan_naive(full, 160.0, cap).items()} == {
+        "prefill": 2, "decode": 1, "throughput": 3, "general": 2}  # the default 200 s less 40 s of start-up
     assert {n: p["num_requests"] for n, p in ib_baseline.plan_naive(full, 210.0, cap).items()} == {
         "prefill": 2, "decode": 2, "throughput": 3, "general": 2}
 

@@ -108,6 +108,8 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
     assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
     assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
+    assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
+    assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
     assert fm.kernels == "triton" and fm.prefill_attn == "fused"  # the last step's settings
     table = step_table.markdown_table({"floors": FLOORS, "steps": out})
     assert table.count("\n") == 2 + 4 * len(steps)
