@@ -482,9 +482,9 @@ class FastEngine:
                     filling = None
                     continue
                 if done:
-                    if filling is not None and not filling.req.cancelled and not self._first_token(filling,
-                                                                                                   self._pending_logits):
-                        active.append(filling)
+                    s = filling
+                    if not s.req.cancelled and not self._first_token(s, self._pending_logits):
+                        active.append(s)
                     filling = None
                 if budget is not None:
                     budget -= used
