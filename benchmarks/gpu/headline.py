@@ -31,6 +31,18 @@ def _m(report: dict[str, Any], server: str, scenario: str) -> dict[str, float] |
     return s.get("metrics") if s.get("ok") else None
 
 
+def _count(report: dict[str, Any], server: str, scenario: str) -> int | None:
+    """How many requests ``server`` was measured with in ``scenario`` (None: not run)."""
+    s = report.get("servers", {}).get(server, {}).get("scenarios", {}).get(scenario) or {}
+    return s.get("num_requests") if "metrics" in s else None
+
+
+def _ci(report: dict[str, Any], server: str, scenario: str) -> dict[str, Any] | None:
+    """ib_baseline.py's 95% intervals for ``scenario`` on ``server`` (None where not recorded)."""
+    s = report.get("servers", {}).get(server, {}).get("scenarios", {}).get(scenario) or {}
+    return s.get("ci95")
+
+
 def _ratio(naive: float | None, ours: float | None) -> float | None:
     if not naive or not ours or naive <= 0 or ours <= 0:
         return None
@@ -91,7 +103,9 @@ def compute(report: dict[str, Any], sol: dict[str, Any], scenarios: dict[str, An
         "c_frac_of_floor": {"value": frac["throughput"], "floor_tok_s": fl["throughput_tok_s"],
                             "metric": "throughput output_throughput / floor"},
         "geomean_vs_ib_naive": {"value": geomean([sp[n] for n in names]), "per_scenario": sp,
-                                "metric": "IB's scores: A TTFT p50, B TPOT p50, C req/s, D cube root of the three"},
+                                "metric": "IB's scores: A TTFT p50, B TPOT p50, C req/s, D cube root of the three",
+                                "naive_requests": {n: _count(report, naive, n) for n in names},
+                                "naive_ci95": {n: _ci(report, naive, n) for n in names}},
         "frac_of_floor": {"value": frac, "floors": fl},
     }
 

@@ -3,7 +3,7 @@
     python3 benchmarks/gpu/ib_baseline.py MODEL_DIR --out OUT/ib_baseline.json \\
         [--server 'fast=python3 examples/hfserve/server.py --model {model} --port {port} ...'] \\
         [--scenarios benchmarks/gpu/scenarios_ib.toml] [--naive-cap prefill=2,decode=2,throughput=4,general=4] \\
-        [--no-naive] [--deadline-s 560] [--headline benchmarks/gpu/results/headline.json]
+        [--no-naive] [--deadline-s 560] [--naive-budget-s 200] [--headline benchmarks/gpu/results/headline.json]
 
 Each server (the ``--server`` ones in order, then IB's naive server, examples/ibnaive/server.py,
 bf16, one request at a time) is started once, warmed with one short request at each prompt
@@ -12,14 +12,20 @@ every scenario of the file with the project's bench (orchestrator/bench: token-i
 outputs pinned with ignore_eos, counted by token id), and stopped. The JSON is rewritten after
 every scenario, so a command cut short keeps what it measured.
 
-How the naive server fits the budget: it is measured once, with fewer requests of the same
-shapes (``--naive-cap``) and no per-scenario warmup (the pre-warm above does that work). At
-IB's ~65 ms/token: A 2 x 8.6 s, B 2 x 33 s, C 4 x 8.4 s, D 4 x 17 s, about 3.5 minutes with the
-model load. One request at a time makes C's throughput the same for a burst of 4 as of 64 (each
-request waits for the ones before it), so 4 suffice; D with 4 requests at c4 gives the naive
-server less queueing than 16 would (mean TTFT 1.5 requests' time instead of ~3), which flatters
-it, so D's speedup is a lower bound. A and B are c1: their per-request numbers do not depend
-on the count.
+How the naive server fits the budget: its time is set aside up front (``--naive-budget-s``, taken
+off the end of ``--deadline-s``: our servers get the rest, the naive one its own window after them),
+and its request count per scenario is planned to fit that window (:func:`plan_naive`) from its
+measured speed (H200, 7B, bf16, 2026-12-02: TPOT 74-91 ms, TTFT 190 ms at 4096 tokens): each
+scenario gets one request first, so all four (D included, which the run before ran out of time for)
+are always measured, then one more each in turn (cheapest first) while the window holds, up to
+``--naive-cap``. At 200 s (160 s of requests after 40 s of start-up) that is A 2, B 1, C 3, D 2:
+~152 s. The counts, each scenario's planned seconds and
+a 95% interval per metric (t interval over the requests; B's TPOT from one request's inter-token
+gaps) go in the JSON beside the numbers, as InferenceBench's scenarios allow fewer requests when
+they are stated. One request at a time makes C's throughput the same for a burst of 3 as of 64
+(each request waits for the ones before it); D with 2 requests at c4 gives the naive server less
+queueing than 16 would, which flatters it, so D's speedup is a lower bound. A and B are c1: their
+per-request numbers do not depend on the count.
 
 With ``--headline`` it also writes the headline figures (benchmarks/gpu/headline.py).
 """
@@ -51,6 +57,13 @@ BEST_CMD = ("{python} examples/hfserve/server.py --model {model} --port {port} -
             " --served-model-name {name} --dtype bfloat16 --engine fast --cuda-graphs on --batching on"
             " --max-batch-size 16 --max-model-len 4608")
 DEFAULT_CAP = "prefill=2,decode=2,throughput=4,general=4"
+# The naive server's speed (H200, 7B shape, bf16; benchmarks/gpu/results/ib_baseline.json of
+# 2026-12-02, rounded up): seconds per output token, per prompt token, per request.
+NAIVE_S_PER_OUT, NAIVE_S_PER_IN, NAIVE_S_FIXED = 0.09, 5e-5, 0.2
+NAIVE_START_S = 40.0  # model load (20 s measured) and the warm requests
+# Two-sided 95% t quantiles by degrees of freedom (beyond the table: the normal 1.96).
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        15: 2.13, 20: 2.09, 30: 2.04}
 KEPT = ("completed", "failed", "duration_s", "request_throughput", "output_throughput",
         "ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p99",
         "itl_ms_mean", "itl_ms_p50", "e2e_ms_mean", "osl_mismatch", "osl_short", "osl_usage_missing",
@@ -73,6 +86,76 @@ def capped(scenarios: dict[str, Scenario], cap: dict[str, int]) -> dict[str, Sce
         n = min(sc.num_requests, cap.get(name, sc.num_requests))
         out[name] = sc.model_copy(update={"num_requests": n, "warmup_requests": 0})
     return out
+
+
+def naive_request_s(sc: Scenario) -> float:
+    """Seconds one request of ``sc`` takes on the naive server (one at a time, so requests add up)."""
+    return NAIVE_S_FIXED + sc.prompt_tokens * NAIVE_S_PER_IN + sc.output_tokens * NAIVE_S_PER_OUT
+
+
+def plan_naive(scenarios: dict[str, Scenario], budget_s: float, cap: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Request counts for the naive server within ``budget_s`` seconds of measuring.
+
+    Every scenario gets one request, whatever the budget (a scenario left out makes the geometric
+    mean undefined); then, round after round, cheapest request first, each gets one more while its
+    planned seconds still fit and it is under ``cap`` (B's one 512-token request already gives 511
+    inter-token gaps; C's and D's counts change what their scores see). Returns {name: {num_requests,
+    est_s, request_s}} in the file's order.
+    """
+    per = {n: naive_request_s(sc) for n, sc in scenarios.items()}
+    most = {n: min(sc.num_requests, cap.get(n, sc.num_requests)) for n, sc in scenarios.items()}
+    count = {n: 1 for n in scenarios}
+    used = sum(per.values())
+    grew = True
+    while grew:
+        grew = False
+        for n in sorted(scenarios, key=per.__getitem__):
+            if count[n] < most[n] and used + per[n] <= budget_s:
+                count[n] += 1
+                used += per[n]
+                grew = True
+    return {n: {"num_requests": count[n], "est_s": round(count[n] * per[n], 1), "request_s": round(per[n], 2)}
+            for n in scenarios}
+
+
+def ci95(values: list[float]) -> dict[str, Any]:
+    """Mean and two-sided 95% t interval of ``values`` (no interval from fewer than two)."""
+    n = len(values)
+    if n == 0:
+        return {"n": 0, "mean": None, "lo": None, "hi": None}
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "lo": None, "hi": None}
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    t = _T95.get(n - 1) or next((q for df, q in sorted(_T95.items()) if df >= n - 1), 1.96)
+    half = t * sd / n ** 0.5
+    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half}
+
+
+def request_cis(requests: list[Any]) -> dict[str, Any]:
+    """95% intervals of TTFT, TPOT and request throughput from the per-request records.
+
+    TPOT: over the requests' TPOTs, or with one request over its inter-token gaps. Request
+    throughput: 1 / service time, a request's service time being the time from when the server
+    could start it (sent, or the one before it finished) to its last token; exact for a server
+    that takes one request at a time (the naive one), an upper bound on the interval otherwise.
+    """
+    ok = sorted((r for r in requests if r.success and r.t_first_token_ns and r.t_last_token_ns),
+                key=lambda r: r.t_sent_ns)
+    ttft = [(r.t_first_token_ns - r.t_sent_ns) / 1e6 for r in ok]
+    tpot = [(r.t_last_token_ns - r.t_first_token_ns) / 1e6 / (len(r.chunk_ns) - 1) for r in ok if len(r.chunk_ns) > 1]
+    if len(tpot) == 1:
+        tpot = [(b - a) / 1e6 for a, b in zip(ok[0].chunk_ns, ok[0].chunk_ns[1:], strict=False)]
+    service, free = [], 0
+    for r in ok:
+        begin = max(r.t_sent_ns, free)
+        service.append((r.t_last_token_ns - begin) / 1e9)
+        free = r.t_last_token_ns
+    s = ci95(service)
+    rps = {"n": s["n"], "mean": 1 / s["mean"] if s["mean"] else None,
+           "lo": 1 / s["hi"] if s["hi"] and s["hi"] > 0 else None, "hi": 1 / s["lo"] if s["lo"] and s["lo"] > 0 else None}
+    return {"ttft_ms": ci95(ttft), "tpot_ms": ci95(tpot), "request_throughput": rps,
+            "tpot_from": "inter-token gaps of one request" if len(ok) == 1 else "requests"}
 
 
 def parse_server(text: str) -> tuple[str, str]:
@@ -131,6 +214,7 @@ def measure_server(label: str, argv: list[str], scenarios: dict[str, Scenario], 
             res = run_scenario_sync(url, name, sc, tokenizer=model, timeout_s=min(300.0, left))
             entry["scenarios"][sname] = s = summary(res)
             s["wall_s"] = round(time.monotonic() - t1, 1)
+            s["ci95"] = request_cis(res.requests)
             m = s["metrics"]
             print(f"[{label}] {sname}: {sc.num_requests} req {sc.prompt_tokens}/{sc.output_tokens} c{sc.concurrency}"
                   f" ok={res.ok} ttft_p50={m.get('ttft_ms_p50', 0):.1f}ms tpot_p50={m.get('tpot_ms_p50', 0):.2f}ms"
@@ -157,6 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "(e.g. '--kernels triton --max-batch-size 32'; a later flag overrides an earlier one)")
     ap.add_argument("--no-naive", action="store_true", help="skip IB's naive server")
     ap.add_argument("--naive-cap", default=DEFAULT_CAP, help="most requests per scenario for the naive server")
+    ap.add_argument("--naive-budget-s", type=float, default=200.0,
+                    help="seconds set aside at the end of --deadline-s for the naive server (load, warm-up, "
+                         "every scenario); its request counts are planned to fit (plan_naive)")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--python", default=sys.executable)
@@ -186,13 +273,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report["gpu"] = torch.cuda.get_device_name()
     except ImportError:
         pass
+    naive_at = deadline  # our servers stop starting scenarios here; the naive one has its window after
     runs = [(label, cmd, scenarios) for label, cmd in servers]
     if not args.no_naive:
-        runs.append((NAIVE, NAIVE_CMD, capped(scenarios, parse_cap(args.naive_cap))))
+        naive_at = deadline - args.naive_budget_s
+        plan = plan_naive(scenarios, args.naive_budget_s - NAIVE_START_S, parse_cap(args.naive_cap))
+        report["naive_plan"] = {"budget_s": args.naive_budget_s, "start_s": NAIVE_START_S, "scenarios": plan}
+        cap = {n: p["num_requests"] for n, p in plan.items()}
+        runs.append((NAIVE, NAIVE_CMD, capped(scenarios, cap)))
+        print("naive plan: " + ", ".join(f"{n} {p['num_requests']} req ~{p['est_s']}s" for n, p in plan.items()),
+              flush=True)
     for label, cmd, scs in runs:
         argv_ = command(cmd, fill)
         measure_server(label, argv_, scs, model=args.model, name=name, report=report, out=out,
-                       deadline=deadline, ready_s=args.ready_s, log_dir=log_dir)
+                       deadline=deadline if label == NAIVE else naive_at, ready_s=args.ready_s, log_dir=log_dir)
     if args.headline:
         from headline import write_headline  # beside this file
 

@@ -1,12 +1,21 @@
 """Where the time goes in the best candidate: kernel time by kind for its prefill and decode steps.
 
     python benchmarks/gpu/profile_best.py MODEL_DIR --db infergoal.db [--out profile.json]
+    python benchmarks/gpu/profile_best.py MODEL_DIR --steps benchmarks/gpu/engine_steps.json \
+        --out profile_steps.json [--md steps.md] [--plot steps.svg] [--sol sol.json]
 
 Takes the best kept trial's knobs from the database (dtype, SDPA backend, batch size), rebuilds
 the fast engine's model, and with torch.profiler splits CUDA kernel time of (a) one 4096-token
 prefill (scenario A) and (b) one decode step at batch 1 (B) and at the batch size (C) into GEMMs,
 attention, and everything else; it also times the CUDA-graph replay of the same decode step, so
 the gap between the graph's wall time and its kernel time is the launch/host overhead left.
+
+With ``--steps`` it does that for every engine step of engine_steps.json instead, on one model
+(the KV pool sized for the largest step; each step switches kernels, prefill attention, batch and
+packing): per step (A) a 4096-token prefill, (B) a graph decode step at batch 1 at position 700,
+(C) one wave of the burst's prefill (min(64, batch) prompts of 512, packed as the step packs them)
+and a graph decode step at that batch at position 576; kernel time by name, wall time per part.
+step_table.py writes the table (GEMM / fused / attention / other / between) and the %-of-floor plot.
 """
 
 from __future__ import annotations
@@ -45,6 +54,81 @@ def kind(name: str) -> str:
     return "other (norms, RoPE, elementwise, copies)"
 
 
+def kernel_times(fn) -> dict[str, float]:
+    """CUDA kernel time (ms) by kernel name over one call of ``fn`` (after one unprofiled call).
+    Without a GPU: CPU self time by operator (how the CPU test runs this code)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    fn()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+        fn()
+        sync()
+    out: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        if not gpu:
+            out[ev.key] += ev.self_cpu_time_total / 1000
+            continue
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            out[ev.key] += t / 1000
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: int = 512, long_len: int = 4096,
+                  b_pos: int = 700, ctx: int = 1024) -> list[dict]:
+    """The four parts of every engine step (see the module docstring), each {wall_ms, kernels_ms}.
+    The sizes are A's, B's and C's; the CPU test passes small ones."""
+    out, ref = [], None
+    dev, vocab = fm.device, fm.embed.shape[0]
+    long = torch.randint(4, vocab, (long_len,), device=dev)
+    prompts = [torch.randint(4, vocab, (prompt,), device=dev) for _ in range(burst)]
+    for i, step in enumerate(steps, 1):
+        k = step["knobs"]
+        fm.set_kernels(k.get("kernels", "torch"))
+        fm.set_prefill_attn(k.get("prefill_attn", "torch"))
+        batch = min(burst, int(k.get("max_batch_size", 8)) if k.get("batching") == "on" else 1)
+        pack = int(k.get("prefill_pack", 0))
+        wave = prompts[:batch]
+
+        def burst_prefill(wave=wave, pack=pack) -> None:
+            if not pack:
+                for j, p in enumerate(wave):
+                    fm.prefill(p, j, 0)
+                return
+            group, used = [], 0
+            for j, p in enumerate(wave):
+                if group and used + len(p) > pack:
+                    fm.prefill_packed(group)
+                    group, used = [], 0
+                group.append((p, j, 0))
+                used += len(p)
+            fm.prefill_packed(group)
+
+        # Same answer as the first step: the 4096-token prompt's next-token logits (bf16 on the GPU).
+        last = fm.prefill(long, 0, 0)[-1]
+        ref = last if ref is None else ref
+        check = {"max_abs_logit_diff_vs_step1": round(float((last - ref).abs().max()), 4),
+                 "top1_same_as_step1": bool(int(last.argmax()) == int(ref.argmax()))}
+        parts: dict[str, dict] = {}
+        parts["A prefill 4096"] = {"wall_ms": cuda_time(lambda: fm.prefill(long, 0, 0), reps=5),
+                                   "kernels_ms": kernel_times(lambda: fm.prefill(long, 0, 0))}
+        parts["C prefill burst"] = {"wall_ms": cuda_time(burst_prefill, reps=3), "kernels_ms": kernel_times(burst_prefill)}
+        for name, b, pos in (("B decode b1", 1, b_pos), ("C decode", batch, prompt + 64)):
+            dec = GraphDecoder(fm, b, use_graphs=True)
+            toks, poss = [7] * b, [pos] * b
+            t = torch.tensor(toks, device=dev)
+            ps = torch.tensor(poss, device=dev)
+            parts[name] = {"wall_ms": cuda_time(lambda d=dec, a=toks, q=poss: d.step(a, q)),
+                           "kernels_ms": kernel_times(lambda t=t, ps=ps, ctx=ctx: fm.decode(t, ps, ctx))}
+        out.append({"step": i, "knobs": k, "rationale": step.get("rationale", ""), "batch": batch, "parts": parts,
+                    "prefill_check": check})
+        print(f"step {i}: " + ", ".join(f"{n} {p['wall_ms']:.2f} ms" for n, p in parts.items()), flush=True)
+    return out
+
+
 def breakdown(fn) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -69,7 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("model")
     ap.add_argument("--db", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--steps", default="", help="engine_steps.json: profile every step instead of the best trial")
+    ap.add_argument("--sol", default=str(Path(__file__).parent / "results" / "sol.json"))
+    ap.add_argument("--scenarios", default=str(Path(__file__).parent / "scenarios_ib.toml"))
+    ap.add_argument("--md", default="", help="with --steps: the markdown table")
+    ap.add_argument("--plot", default="", help="with --steps: the %%-of-floor plot (.svg or .png)")
     args = ap.parse_args(argv)
+    if args.steps:
+        return main_steps(args)
     knobs = best_knobs(args.db) if args.db else {}
     dtype = getattr(torch, knobs.get("dtype", "bfloat16"))
     batch = int(knobs.get("max_batch_size", 16)) if knobs.get("batching") == "on" else 1
@@ -90,6 +181,31 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
+
+def main_steps(args: argparse.Namespace) -> None:
+    import tomllib
+    from headline import ib_floors
+    from step_table import markdown_table, write_plot
+    from transformers import AutoModelForCausalLM
+
+    steps = json.loads(Path(args.steps).read_text())
+    slots = max(int(s["knobs"].get("max_batch_size", 8)) for s in steps) + 2
+    hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cuda").eval()
+    fm = FastModel(hf, slots=slots, capacity=4608)
+    del hf
+    floors = ib_floors(json.loads(Path(args.sol).read_text()), tomllib.loads(Path(args.scenarios).read_text()))
+    doc = {"model": args.model, "gpu": torch.cuda.get_device_name(), "floors": floors,
+           "c_shape": {"burst": 64, "prompt_tokens": 512, "output_tokens": 128},
+           "steps": profile_steps(fm, steps)}
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    table = markdown_table(doc)
+    print(table)
+    if args.md:
+        Path(args.md).write_text(table)
+    if args.plot:
+        write_plot(doc, args.plot)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 #!/bin/bash
 # One 10-minute command of the GPU run, on the device machine, from the repository root:
-#   benchmarks/gpu/run_step.sh LIMIT_S [check] [ib] [demo] [profile] [noloop]
+#   benchmarks/gpu/run_step.sh LIMIT_S [check] [steps] [ib] [demo] [profile] [noloop]
 # Installs the carried wheels (.whl/), forges the 7b-peaked model (cached while the machine
-# stays warm), optionally runs the engine check / speed of light, the gate demo and the profile,
+# stays warm), optionally runs the engine check / speed of light, the per-engine-step profile
+# (steps: profile_best.py --steps, table + plot), IB's baseline (ib: our server with IB_BEST_EXTRA,
+# the naive server in its own IB_NAIVE_BUDGET_S window), the gate demo and the best trial's profile,
 # then drives the loop (`infergoal goal $GOAL_FILE`, default goal.toml, or `resume` when the database has a
 # run; FLOORS=sol.json turns the speed-of-light check on) until LIMIT_S
 # minus a margin, and copies the database, logs and JSON results to $OUT.
@@ -34,9 +36,14 @@ for what in "$@"; do
     check) log sol; python3 benchmarks/gpu/sol.py --config "$MODEL/config.json" --out "$OUT/sol.json" 2>>"$OUT/step.log" | tail -25
            log check; python3 benchmarks/gpu/check_engine.py "$MODEL" --out "$OUT/check.json" 2>>"$OUT/step.log" | tail -30 ;;
     demo) log demo; python3 benchmarks/gpu/gate_demo.py "$MODEL" --out "$OUT/gate_demo.json" 2>>"$OUT/step.log" | tail -40 ;;
+    steps) log "profile per engine step (engine_steps.json): table + %-of-floor plot"
+           timeout "${STEPS_TIMEOUT_S:-150}" python3 benchmarks/gpu/profile_best.py "$MODEL" \
+             --steps benchmarks/gpu/engine_steps.json --out "$OUT/profile_steps.json" \
+             --md "$OUT/profile_steps.md" --plot "$OUT/profile_steps.svg" 2>>"$OUT/step.log" | tail -30 ;;
     ib) log "ib baseline: our best setting and InferenceBench's naive server, full-size scenarios"
         python3 benchmarks/gpu/ib_baseline.py "$MODEL" --out "$OUT/ib_baseline.json" --headline "$OUT/headline.json" \
-          --deadline-s "${IB_DEADLINE_S:-$((LIMIT - (SECONDS - START) - 60))}" --best-extra "${IB_BEST_EXTRA:-}" 2>>"$OUT/step.log" | tail -30 ;;
+          --deadline-s "${IB_DEADLINE_S:-$((LIMIT - (SECONDS - START) - 60))}" --best-extra "${IB_BEST_EXTRA:-}" \
+          --naive-budget-s "${IB_NAIVE_BUDGET_S:-200}" 2>>"$OUT/step.log" | tail -30 ;;
     profile) log profile; python3 benchmarks/gpu/profile_best.py "$MODEL" --db /root/g13ws/.infergoal/infergoal.db \
                --out "$OUT/profile.json" 2>>"$OUT/step.log" | tail -40 ;;
   esac

@@ -20,6 +20,7 @@ import queue
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "ScoreRequest",
     "TokenEvent",
     "as_list",
+    "drain_jobs",
     "finish_check",
     "prompt_logprobs",
     "request_generator",
@@ -137,6 +139,24 @@ def finish_check(req: GenRequest, tok: int, eos_ids: set[int]) -> bool:
         req.emit("done", "length")
         return True
     return False
+
+
+def drain_jobs(jobs: queue.Queue, pending: deque, score: Callable[[ScoreRequest], None], *, block: bool) -> None:
+    """Move every queued job out of ``jobs``: scoring jobs run at once through ``score``, generation
+    jobs join ``pending``. With ``block`` it waits for the first job (the worker has nothing to do).
+
+    Both engines' worker loops start each step with this, so they admit work by the same rule.
+    """
+    while True:
+        try:
+            job = jobs.get(block=block)
+        except queue.Empty:
+            return
+        block = False
+        if isinstance(job, ScoreRequest):
+            score(job)
+        else:
+            pending.append(job)
 
 
 def prompt_logprobs(logits: torch.Tensor, ids: torch.Tensor,
@@ -323,17 +343,7 @@ class Engine:
         cache: Any = None
         mask: torch.Tensor | None = None
         while True:
-            block = not seqs and not pending
-            while True:
-                try:
-                    job = self.jobs.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if isinstance(job, ScoreRequest):
-                    self._safe(self._score, job)
-                else:
-                    pending.append(job)
+            drain_jobs(self.jobs, pending, lambda job: self._safe(self._score, job), block=not seqs and not pending)
             while pending and len(seqs) < self.max_batch:
                 req = pending.popleft()
                 if req.cancelled:

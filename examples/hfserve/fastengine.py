@@ -9,6 +9,9 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 * **continuous batching**: requests join between decode steps and leave as soon as they finish;
 * **chunked prefill** (``--prefill-chunk N``): a long prompt is prefilled N tokens per step between
   decode steps, so running sequences keep streaming (chunk 0 = whole prompts, prefill first);
+* **packed prefill** (``--prefill-pack N``): queued whole prompts, up to N tokens together, run as one
+  forward pass straight into their decode slots (every GEMM once over all their rows, attention per
+  sequence), so a burst of 64 is a few prefill passes instead of 64;
 * **CUDA graphs** for the decode step (``--cuda-graphs on``), one per (batch bucket, context
   bucket), captured at start-up, so a decode step is one graph launch instead of ~500 kernels;
 * a choice of SDPA backend for prefill (``--sdpa flash|efficient|math``); decode attention is a
@@ -16,7 +19,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
 * a choice of kernels (``--kernels torch|triton``): ``torch`` is the plain code below; ``triton``
   runs the decode step's norms (each residual add fused with the norm after it), RoPE + KV store,
   attention (split-KV flash-decoding) and SwiGLU as kernels.py's fused Triton kernels, and prefill's
-  norms and SwiGLU likewise (prefill RoPE and attention stay torch). Worth it only under CUDA graphs:
+  norms and SwiGLU likewise. ``--prefill-attn fused`` does prefill's RoPE + KV store as one Triton
+  launch over all packed rows and lets SDPA read the pool's K/V in place (GQA) instead of a copy. Worth it only under CUDA graphs:
   launched eagerly, each Triton call costs more host time than it saves on the GPU.
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
@@ -42,8 +46,8 @@ import kernels as kernels_mod
 import torch
 import torch.nn.functional as F
 from engine import (
-    ScoreRequest,
     as_list,
+    drain_jobs,
     finish_check,
     prompt_logprobs,
     request_generator,
@@ -63,7 +67,7 @@ class FastModel:
     """Llama-family forward passes over a static KV pool (weights taken from a HF model)."""
 
     def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto",
-                 kernels: str = "torch") -> None:
+                 kernels: str = "torch", prefill_attn: str = "torch") -> None:
         cfg = hf_model.config
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise ValueError("the fast engine supports Llama/Mistral-style models without biases")
@@ -110,6 +114,18 @@ class FastModel:
         if sdpa not in _SDPA:
             raise ValueError(f"unknown SDPA backend {sdpa!r}; choose from {sorted(_SDPA)}")
         self.set_kernels(kernels)
+        self.set_prefill_attn(prefill_attn)
+
+    def set_prefill_attn(self, how: str) -> None:
+        """Prefill's RoPE + attention: ``"torch"`` (rotate-half in torch, K/V stored by index_put, the
+        cache repeated per query head for SDPA) or ``"fused"`` (kernels.rope_store rotates q and k of
+        every packed row and stores k and v in one Triton launch; SDPA reads the pool's K/V in place
+        with ``enable_gqa``, no repeated copy)."""
+        if how not in ("torch", "fused"):
+            raise ValueError(f"unknown prefill attention {how!r}; choose from ['fused', 'torch']")
+        if how == "fused":
+            kernels_mod.get_ops("triton")  # needs triton
+        self.prefill_attn = how
 
     def set_kernels(self, kernels: str) -> None:
         """``"torch"`` (the plain code) or ``"triton"`` (kernels.py); graphs keep what they captured."""
@@ -153,30 +169,76 @@ class FastModel:
         Attention covers the slot's cache ``[0, start)`` plus the chunk causally (a lower-right
         aligned causal mask, which flash and memory-efficient SDPA both support).
         """
-        from torch.nn.attention.bias import causal_lower_right
+        return self.prefill_packed([(ids, slot, start)], all_logits)
 
-        c = ids.shape[0]
-        end = start + c
-        if end > self.scratch_pos:
-            raise ValueError(f"sequence of {end} tokens exceeds the KV pool capacity {self.scratch_pos}")
-        mask = causal_lower_right(c, end)
+    def prefill_packed(self, parts: list[tuple[torch.Tensor, int, int]], all_logits: bool = False) -> torch.Tensor:
+        """:meth:`prefill` of several sequences in one forward pass: ``parts`` = (ids, slot, start) each.
+
+        Their rows are stacked, so every GEMM (QKV, O, gate/up, down) runs once over all of them;
+        attention runs per sequence over its own slot. Returns the logits of every row
+        (``all_logits``) or of each part's last row, in ``parts`` order ([len(parts), V]).
+        """
+        lens = [int(ids.shape[0]) for ids, _, _ in parts]
+        for (_, _, start), c in zip(parts, lens, strict=True):
+            if start + c > self.scratch_pos:
+                raise ValueError(f"sequence of {start + c} tokens exceeds the KV pool capacity {self.scratch_pos}")
+        ids = parts[0][0] if len(parts) == 1 else torch.cat([p[0] for p in parts])
+        plan = self._plan(parts, lens)
+        last = plan.last
         if self.kernels != "torch":
-            return self._prefill_fused(ids, slot, start, all_logits, mask)
+            return self._prefill_fused(ids, plan, all_logits)
         x = self.embed[ids]
         for li, L in enumerate(self.layers):
-            x = x + self._attend_prefill(self._rms(x, L["ln1"]), L, li, slot, start, mask)
+            x = x + self._attend_prefill(self._rms(x, L["ln1"]), L, li, plan)
             x = x + self._mlp(self._rms(x, L["ln2"]), L)
-        x = self._rms(x if all_logits else x[-1:], self.norm)
+        x = self._rms(x if all_logits else x[last], self.norm)
         return (x @ self.lm_head.t()).float()
 
-    def _attend_prefill(self, h: torch.Tensor, L: dict[str, torch.Tensor], li: int, slot: int, start: int,
-                        mask: Any) -> torch.Tensor:
-        """One layer's attention over a prefill chunk (normed input ``h``), as :meth:`prefill` does it."""
-        c = h.shape[0]
+    def _plan(self, parts: list[tuple[torch.Tensor, int, int]], lens: list[int]) -> types.SimpleNamespace:
+        """Rows of each packed part, its slot, start and causal mask; per-row positions and slots
+        (what the fused RoPE kernel reads) only when prefill attention is fused."""
+        from torch.nn.attention.bias import causal_lower_right
+
+        rows, r0 = [], 0
+        for (_, slot, start), c in zip(parts, lens, strict=True):
+            rows.append((r0, r0 + c, slot, start, causal_lower_right(c, start + c)))
+            r0 += c
+        dev = self.device
+        last = torch.tensor([r1 - 1 for _, r1, _, _, _ in rows], device=dev) if len(rows) > 1 else slice(r0 - 1, r0)
+        pos = slots = None
+        if self.prefill_attn == "fused":
+            pos = torch.cat([torch.arange(st, st + (b - a), device=dev) for a, b, _, st, _ in rows])
+            slots = torch.cat([torch.full((b - a,), sl, device=dev) for a, b, sl, _, _ in rows])
+        return types.SimpleNamespace(rows=rows, last=last, pos=pos, slots=slots)
+
+    def _attend_prefill(self, h: torch.Tensor, L: dict[str, torch.Tensor], li: int,
+                        plan: types.SimpleNamespace) -> torch.Tensor:
+        """One layer's attention over packed prefill rows (normed input ``h``), as :meth:`prefill_packed` does it."""
+        qkv = h @ L["qkv"].t()
+        if self.prefill_attn == "fused":
+            # One launch for every row of every part: rotate q and k, store k and v at (slot, pos).
+            qr = kernels_mod.rope_store(qkv, self.cos, self.sin, plan.pos, self.K, self.V, li, slots=plan.slots)
+        outs = []
+        for r0, r1, slot, start, mask in plan.rows:
+            c, end = r1 - r0, start + r1 - r0
+            if self.prefill_attn == "fused":
+                q = qr[r0:r1].transpose(0, 1)[None]
+                kc, vc = self.K[li, slot:slot + 1, :, :end], self.V[li, slot:slot + 1, :, :end]
+                with self._sdpa_ctx():
+                    o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
+            else:
+                o = self._attend_torch(qkv[r0:r1], li, slot, start, mask)
+            outs.append(o.transpose(1, 2).reshape(c, self.nh * self.hd))
+        o = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return o @ L["o"].t()
+
+    def _attend_torch(self, qkv: torch.Tensor, li: int, slot: int, start: int, mask: Any) -> torch.Tensor:
+        """RoPE, KV store and SDPA of one part's rows in plain torch; returns [1, nh, c, hd]."""
+        c = qkv.shape[0]
         end = start + c
         g = self.nh // self.nkv
         cos, sin = self.cos[start:end][None, :, None, :], self.sin[start:end][None, :, None, :]
-        q, k, v = self._split(h @ L["qkv"].t())
+        q, k, v = self._split(qkv)
         q = q.view(1, c, self.nh, self.hd)
         k = k.view(1, c, self.nkv, self.hd)
         q = (q * cos + self._rot(q) * sin).transpose(1, 2)
@@ -186,24 +248,24 @@ class FastModel:
         kc = self.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
         vc = self.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
         with self._sdpa_ctx():
-            o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
-        return o.transpose(1, 2).reshape(c, self.nh * self.hd) @ L["o"].t()
+            return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
 
-    def _prefill_fused(self, ids: torch.Tensor, slot: int, start: int, all_logits: bool, mask: Any) -> torch.Tensor:
-        """:meth:`prefill` with the fused ops: each residual add fused with the norm that follows
-        it (the next layer's ln1, or the final norm), SwiGLU in one kernel; RoPE and SDPA as in torch."""
-        ops, n = self.ops, len(self.layers)
+    def _prefill_fused(self, ids: torch.Tensor, plan: types.SimpleNamespace, all_logits: bool) -> torch.Tensor:
+        """:meth:`prefill_packed` with the fused ops: each residual add fused with the norm that follows
+        it (the next layer's ln1, or the final norm), SwiGLU in one kernel; RoPE and attention as
+        ``prefill_attn`` says."""
+        ops, n, last = self.ops, len(self.layers), plan.last
         x = self.embed[ids]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
         for li, L in enumerate(self.layers):
-            x, h = ops.add_rmsnorm(x, self._attend_prefill(h, L, li, slot, start, mask), L["ln2"], self.eps)
+            x, h = ops.add_rmsnorm(x, self._attend_prefill(h, L, li, plan), L["ln2"], self.eps)
             d = ops.silu_mul(h @ L["gu"].t(), self.inter) @ L["down"].t()
             if li + 1 < n:
                 x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"], self.eps)
             elif all_logits:
                 x, h = ops.add_rmsnorm(x, d, self.norm, self.eps)
-            else:  # only the last row's logits: its norm alone
-                x, h = ops.add_rmsnorm(x[-1:], d[-1:], self.norm, self.eps)
+            else:  # only each part's last row's logits: their norm alone
+                x, h = ops.add_rmsnorm(x[last], d[last], self.norm, self.eps)
         return (h @ self.lm_head.t()).float()
 
     # -- decode ------------------------------------------------------------------------
@@ -347,7 +409,8 @@ class FastEngine:
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
-                 sdpa: str = "auto", kernels: str = "torch", load: str = "fast") -> None:
+                 sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
+                 prefill_attn: str = "torch") -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -358,11 +421,13 @@ class FastEngine:
         # Slots: the decode batch, one staging slot for chunked prefill, one for scoring.
         self.stage_slot, self.score_slot = self.max_batch, self.max_batch + 1
         with torch.inference_mode():
-            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels=kernels)
+            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels=kernels,
+                                prefill_attn=prefill_attn)
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf
         self.eos_ids = set(as_list(getattr(cfg, "eos_token_id", None)))
         self.chunk = max(0, int(prefill_chunk))
+        self.pack = max(0, int(prefill_pack))
         self.decoder = GraphDecoder(self.fm, self.max_batch, cuda_graphs)
         with torch.inference_mode():
             secs = self.decoder.capture_all()
@@ -390,20 +455,20 @@ class FastEngine:
         pending: deque = deque()
         filling: _FSeq | None = None  # a chunked prefill in progress (staging slot)
         while True:
-            block = not active and not pending and filling is None
-            while True:
-                try:
-                    job = self.jobs.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if isinstance(job, ScoreRequest):
-                    self._safe_score(job)
-                else:
-                    pending.append(job)
+            drain_jobs(self.jobs, pending, self._safe_score, block=not active and not pending and filling is None)
             # Prefill: whole prompts first (chunk 0), or one chunk per step between decode steps.
             budget = self.chunk if self.chunk else None
             while (filling is not None or pending) and len(active) < self.max_batch:
+                if filling is None and self.pack:
+                    used = self._prefill_packed(pending, active, budget)
+                    if used:
+                        if budget is not None:
+                            budget -= used
+                            if budget <= 0:
+                                break
+                        continue
+                    if not pending:  # every one left was cancelled
+                        break
                 if filling is None:
                     req = pending.popleft()
                     if req.cancelled:
@@ -417,8 +482,9 @@ class FastEngine:
                     filling = None
                     continue
                 if done:
-                    if filling is not None and not filling.req.cancelled and not self._first_token(filling):
-                        active.append(filling)
+                    s = filling
+                    if not s.req.cancelled and not self._first_token(s, self._pending_logits):
+                        active.append(s)
                     filling = None
                 if budget is not None:
                     budget -= used
@@ -454,9 +520,49 @@ class FastEngine:
         self._pending_logits = logits[-1]
         return True, n
 
-    def _first_token(self, s: _FSeq) -> bool:
-        """Emit the token sampled from the prompt's last logits; True if the request is finished."""
-        row = self._pending_logits
+    def _prefill_packed(self, pending: deque, active: list[_FSeq], budget: int | None) -> int:
+        """Prefill the queued whole prompts that fit together (``--prefill-pack`` tokens, the step's
+        chunk budget, free slots) in one forward pass, straight into their decode slots; emit their
+        first tokens and admit the unfinished ones to ``active``. Returns the tokens prefilled, 0
+        when the next prompt does not fit whole (the one-prompt path then takes it, chunked)."""
+        cap = self.pack if budget is None else min(self.pack, budget)
+        group: list[_FSeq] = []
+        used = 0
+        while pending and len(active) + len(group) < self.max_batch:
+            req = pending[0]
+            if req.cancelled:
+                pending.popleft()
+                continue
+            n = len(req.prompt_ids)
+            if used + n > cap or n > self.fm.scratch_pos:  # too long: left to the one-prompt path
+                break
+            pending.popleft()
+            group.append(_FSeq(req, self._generator(req)))
+            used += n
+        if not group:
+            return 0
+        rows = range(len(active), len(active) + len(group))
+        parts = [(torch.tensor(s.req.prompt_ids, device=self.fm.device), row, 0) for s, row in zip(group, rows,
+                                                                                                      strict=True)]
+        try:
+            logits = self.fm.prefill_packed(parts)
+        except Exception as exc:  # a bad batch must not kill the worker
+            print(f"hfserve: packed prefill failed: {exc!r}", file=sys.stderr, flush=True)
+            for s in group:
+                s.req.emit("error", str(exc))
+            return used
+        # Sequences that finish at once leave holes: the next admitted one moves into the first hole.
+        for s, row, lg in zip(group, rows, logits, strict=True):
+            s.pos, s.last, s.done_prompt = len(s.req.prompt_ids), -1, len(s.req.prompt_ids)
+            if s.req.cancelled or self._first_token(s, lg):
+                continue
+            if row != len(active):
+                self.fm.move_slot(row, len(active), s.pos)
+            active.append(s)
+        return used
+
+    def _first_token(self, s: _FSeq, row: torch.Tensor) -> bool:
+        """Emit the token sampled from the prompt's last logits ``row``; True if the request is finished."""
         tok = sample_row(row, s.req, s.gen)
         return self._emit(s, tok, row)
 

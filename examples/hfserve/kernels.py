@@ -50,6 +50,14 @@ float32 temporaries, vs ~130 MB fused: ~24 GB less per prefill, ~6 ms) and SwiGL
 the unfused prefill RoPE (~4 ms) and the K/V copies around SDPA are what is left of the non-GEMM work.
 Whole decode step in check_engine.py, *prediction*: batch 4 7.52 -> ~5.0 ms, batch 16 8.53 -> ~6.0 ms.
 
+Prefill RoPE + attention (written before measuring; *prediction*): ``rope_store`` takes a slot per
+row, so one launch per layer rotates q and k of every prefill row (of every packed prompt) and stores
+k and v, replacing ~14 torch kernels per layer that pass q's [4096, 4096] bf16 (32 MB) through HBM
+about a dozen times (~0.5 GB per layer, ~16 GB per prefill, the ~4 ms of RoPE measured before); SDPA then
+reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave`` writing the context
+4x per layer (~64 MB written and read again per layer at 4096, ~5 GB per prefill). *Prediction*: A's
+TTFT -4 to -5 ms (104 -> ~100 ms), at the price of one more launch per layer (nothing at this size).
+
 ``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
@@ -146,8 +154,12 @@ def _rot(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-                   K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotate q and k of one decode step, store k and v at ``K[layer, b, :, pos[b]]``; return q [B, nh, hd]."""
+                   K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None,
+                   slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate q and k of B rows, store k and v at ``K[layer, slots[b], :, pos[b]]``; return q [B, nh, hd].
+
+    ``slots`` defaults to the row index (a decode step: row b is slot b); a prefill passes the
+    slot of each row's sequence, so packed prompts' rows land in their own slots."""
     B, nkv, hd = qkv.shape[0], K.shape[2], K.shape[4]
     nh = qkv.shape[-1] // hd - 2 * nkv
     q_end, k_end = nh * hd, (nh + nkv) * hd
@@ -157,7 +169,7 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos:
     k = k.view(B, nkv, hd)
     q = q * c + _rot(q) * s
     k = k * c + _rot(k) * s
-    rows = torch.arange(B, device=qkv.device)
+    rows = torch.arange(B, device=qkv.device) if slots is None else slots
     K[layer, rows, :, pos] = k
     V[layer, rows, :, pos] = v.reshape(B, nkv, hd)
     return _into(q_out, q)
@@ -222,8 +234,9 @@ if HAVE_TRITON:
         tl.store(OUT + row * so + offs, (a * u).to(dt), mask=m)
 
     @triton.jit
-    def _rope_store_kernel(QKV, COS, SIN, POS, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
-                           NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _rope_store_kernel(QKV, COS, SIN, POS, SLOT, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
+                           NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
+                           HAS_SLOT: tl.constexpr):
         # One program per (row, head) over the nh q heads and then the nkv k heads; a k program
         # also copies its v head, so the whole step's RoPE and KV store is this one launch.
         b = tl.program_id(0).to(tl.int64)
@@ -246,10 +259,39 @@ if HAVE_TRITON:
             tl.store(QO + b * s_qb + h * s_qh + d, y, mask=dm)
         else:
             kh = h - NH
-            off = b * s_kb + kh * s_kh + p * s_kp + d
+            sl = b
+            if HAS_SLOT:  # a prefill row: its sequence's slot; a decode row b is slot b
+                sl = tl.load(SLOT + b).to(tl.int64)
+            off = sl * s_kb + kh * s_kh + p * s_kp + d
             tl.store(KL + off, y, mask=dm)
             v = tl.load(QKV + b * s_qkv + (NH + NKV + kh) * HD + d, mask=dm, other=0.0)
             tl.store(VL + off, v, mask=dm)
+
+    @triton.jit
+    def _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+        # The online softmax both decode kernels share: the G query heads ``q`` of one (row, kv head)
+        # over cache columns [lo, hi), scores in log2 units (qk_scale includes log2(e)). Returns the
+        # unnormalised (running max m, sum l, accumulator acc) in float32; an empty span gives
+        # (-inf, 0, 0), which the split reduction weighs as nothing.
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_G], 0.0, tl.float32)
+        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            cm = cols < hi
+            kvm = cm[:, None] & dm[None, :]
+            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            s = tl.where(cm[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
+            alpha = tl.exp2(m_i - m_new)
+            pe = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.reduce(pe, 1, _add)
+            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
+            m_i = m_new
+        return m_i, l_i, acc
 
     @triton.jit
     def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
@@ -272,23 +314,8 @@ if HAVE_TRITON:
                     other=0.0).to(tl.float32)
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.full([BLOCK_G], 0.0, tl.float32)
-        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
-        for start in range(0, n, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            cm = cols < n
-            kvm = cm[:, None] & dm[None, :]
-            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale  # log2 units
-            s = tl.where(cm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
-            alpha = tl.exp2(m_i - m_new)
-            pe = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.reduce(pe, 1, _add)
-            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
-            m_i = m_new
+        m_i, l_i, acc = _attn_span(q, kbase, vbase, 0, n, s_kp, qk_scale, d, dm,
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
@@ -317,23 +344,8 @@ if HAVE_TRITON:
                     other=0.0).to(tl.float32)
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
-        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        l_i = tl.full([BLOCK_G], 0.0, tl.float32)
-        acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
-        for start in range(lo, hi, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            cm = cols < hi
-            kvm = cm[:, None] & dm[None, :]
-            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-            s = tl.where(cm[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
-            alpha = tl.exp2(m_i - m_new)
-            pe = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.reduce(pe, 1, _add)
-            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
-            m_i = m_new
+        m_i, l_i, acc = _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm,
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
         row = (b * NH + heads) * S + sp  # partials laid out [B, nh, S] and [B, nh, S, hd]
         tl.store(M + row, m_i, mask=gm)
         tl.store(L + row, l_i, mask=gm)
@@ -415,8 +427,10 @@ def silu_mul(gu: torch.Tensor, inter: int, out: torch.Tensor | None = None) -> t
 
 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
-               K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton RoPE of a decode step's q and k plus the KV-pool store, in one launch; returns q [B, nh, hd]."""
+               K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None,
+               slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton RoPE of B rows' q and k plus the KV-pool store at (``slots[b]``, ``pos[b]``), in one
+    launch; returns q [B, nh, hd]. ``slots`` None: row b is slot b (a decode step)."""
     _need_triton()
     B, nkv, hd = qkv.shape[0], K.shape[2], K.shape[4]
     nh = qkv.shape[-1] // hd - 2 * nkv
@@ -424,9 +438,11 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     assert K.stride() == V.stride() and K.stride(-1) == 1
     q = q_out if q_out is not None else torch.empty(B, nh, hd, dtype=qkv.dtype, device=qkv.device)
     KL, VL = K[layer], V[layer]  # views: the layer offset is folded into the pointer on the host
-    _rope_store_kernel[(B, nh + nkv)](qkv, cos, sin, pos, q, KL, VL, qkv.stride(0), cos.stride(0),
+    _rope_store_kernel[(B, nh + nkv)](qkv, cos, sin, pos, pos if slots is None else slots, q, KL, VL,
+                                      qkv.stride(0), cos.stride(0),
                                       q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
-                                      NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1)
+                                      NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1,
+                                      HAS_SLOT=slots is not None)
     return q
 
 

@@ -410,6 +410,12 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                          " (+ CUDA-graph decode), fastengine.py")
     ap.add_argument("--prefill-chunk", type=int, default=0,
                     help="fast engine: prompt tokens prefilled per step between decode steps (0 = whole prompts)")
+    ap.add_argument("--prefill-pack", type=int, default=0,
+                    help="fast engine: queued whole prompts packed into one prefill forward pass, up to this many"
+                         " tokens (0 = one prompt per forward pass)")
+    ap.add_argument("--prefill-attn", choices=["torch", "fused"], default="torch",
+                    help="fast engine: prefill RoPE + KV store as one Triton kernel over all packed rows and SDPA"
+                         " reading the KV pool in place (GQA, no repeated copy); torch: rotate-half and copies")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
@@ -442,7 +448,7 @@ def make_engine(args: argparse.Namespace) -> Any:
                           max_batch_size=args.max_batch_size if args.batching == "on" else 1,
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
-                          load=args.load)
+                          load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device, load=args.load)

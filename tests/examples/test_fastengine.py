@@ -227,3 +227,128 @@ def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
     assert close(fm.prefill(ids, 3, 0, True), want_all) and close(fm.prefill(ids, 3, 0), want_last)
     parts = torch.cat([fm.prefill(ids[s:s + 12], 3, s, True) for s in range(0, len(ids), 12)])
     assert close(parts, want_all)
+
+
+# -- packed prefill (several prompts, one forward pass) and the fused prefill RoPE + attention -----
+
+
+def _packed_case(fm: FastModel):
+    """Three prompts packed at slots 2, 0, 3 (out of order on purpose), one a continuation chunk."""
+    gen = torch.Generator().manual_seed(5)
+    a, b, c = (torch.randint(0, 128, (n,), generator=gen) for n in (9, 17, 6))
+    fm.prefill(c[:4], 3, 0)  # slot 3 holds 4 tokens already: the packed part continues at position 4
+    return [(a, 2, 0), (b, 0, 0), (c[4:], 3, 4)]
+
+
+@torch.inference_mode()
+def test_packed_prefill_equals_one_at_a_time() -> None:
+    """prefill_packed over three parts gives each part's last logits and the same KV as three prefill
+    calls (float32: only GEMM blocking differs); a part written to the wrong slot is caught."""
+    fm = FastModel(_random_llama(torch.float32), slots=4, capacity=300)
+    parts = _packed_case(fm)
+    want = torch.cat([fm.prefill(ids, slot, start) for ids, slot, start in parts])
+    Kw, Vw = fm.K.clone(), fm.V.clone()  # the packed pass rewrites the same positions with the same values
+    got = fm.prefill_packed(parts)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+    assert torch.allclose(fm.K, Kw, atol=1e-6) and torch.allclose(fm.V, Vw, atol=1e-6)
+    all_rows = fm.prefill_packed(parts, all_logits=True)
+    assert all_rows.shape[0] == sum(len(p[0]) for p in parts)
+    assert torch.allclose(all_rows[[8, 25, 27]], want, atol=1e-5, rtol=1e-5)  # each part's last row
+    swapped = [(parts[0][0], 1, 0), parts[1], parts[2]]  # part a into slot 1: its own KV is elsewhere
+    bad = fm.prefill_packed([(parts[0][0], 2, 1), parts[1], parts[2]])  # a at position 1: RoPE shifted
+    assert not torch.allclose(bad[0], want[0], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(fm.prefill_packed(swapped)[0], want[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_fused_prefill_attention_equals_torch(dtype, interpreted) -> None:
+    """prefill_attn="fused" (Triton RoPE + store over every packed row, SDPA with GQA on the pool) equals
+    "torch" for a whole prompt, a chunk and a packed set; a perturbed kernel (positions off by one) fails."""
+    import kernels
+
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm = FastModel(_random_llama(dtype), slots=4, capacity=300)
+    parts = _packed_case(fm)
+    want = fm.prefill_packed(parts, all_logits=True)
+    Kw = fm.K.clone()
+    fm.set_prefill_attn("fused")
+    assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
+    fm.set_kernels("triton")  # with the fused norms and SwiGLU as well
+    assert close(fm.prefill_packed(parts, all_logits=True), want)
+    fm.set_kernels("torch")
+    orig = kernels.rope_store
+
+    def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None):
+        return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots)
+
+    kernels.rope_store = shifted
+    try:
+        assert not close(fm.prefill_packed(parts, all_logits=True), want)
+    finally:
+        kernels.rope_store = orig
+
+
+def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int], **kw) -> list[list[int]]:
+    """Greedy tokens per prompt from a FastEngine on the CPU, every prompt submitted at once (a burst);
+    ``sizes`` gets the number of prompts of each prefill forward pass."""
+    import asyncio
+
+    from engine import GenRequest
+    from fastengine import FastEngine
+
+    eng = FastEngine(str(model_dir), dtype="float32", device="cpu", cuda_graphs=False, **kw)
+    packed_prefill = eng.fm.prefill_packed
+
+    def counted(parts, all_logits=False):
+        sizes.append(len(parts))
+        return packed_prefill(parts, all_logits)
+
+    eng.fm.prefill_packed = counted
+
+    async def run() -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        reqs = [GenRequest(prompt_ids=p, max_tokens=n, temperature=0.0, top_p=1.0, seed=None, ignore_eos=True,
+                           logprobs=None, loop=loop) for p, n in zip(prompts, (6, 1, 9, 4, 7, 3), strict=False)]
+        with eng.jobs.not_empty:  # one atomic burst: the worker wakes to all of them queued
+            eng.jobs.queue.extend(reqs)
+            eng.jobs.unfinished_tasks += len(reqs)
+            eng.jobs.not_empty.notify()
+        out = []
+        for r in reqs:
+            toks = []
+            while True:
+                kind, payload = await asyncio.wait_for(r.events.get(), 60)
+                if kind == "token":
+                    toks.append(payload.token_id)
+                elif kind == "done":
+                    break
+                else:
+                    raise AssertionError(payload)
+            out.append(toks)
+        return out
+
+    return asyncio.run(run())
+
+
+def test_packed_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
+    """A burst of 6 requests (one finishing at its first token) through packed prefill and 4 slots
+    decodes greedily to exactly the tokens of one-prompt prefill, and of one request at a time."""
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
+    sizes: dict[str, list[int]] = {k: [] for k in ("alone", "one", "packed", "chunked")}
+    alone = _engine_outputs(tiny_model, prompts, sizes["alone"], max_batch_size=1)
+    one = _engine_outputs(tiny_model, prompts, sizes["one"], max_batch_size=4)
+    packed = _engine_outputs(tiny_model, prompts, sizes["packed"], max_batch_size=4, prefill_pack=64)
+    chunked = _engine_outputs(tiny_model, prompts, sizes["chunked"], max_batch_size=4, prefill_pack=64,
+                              prefill_chunk=40)
+    assert [len(t) for t in alone] == [6, 1, 9, 4, 7, 3]
+    assert packed == one == alone and chunked == alone
+    # Packing happened: the burst's first pass took 3 prompts (12 + 30 + 7 <= 64 tokens, 4 slots), the
+    # next 2 (the 30-token one finished at its first token, freeing a slot); under the 40-token chunk
+    # budget some passes still pack while the 30-token prompt goes the chunked one-prompt way.
+    assert max(sizes["one"]) == 1 and sizes["packed"][0] == 3 and max(sizes["chunked"]) >= 2, sizes

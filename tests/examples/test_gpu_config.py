@@ -38,11 +38,11 @@ def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     parse = _server_parser()
     every = {"engine": engine, "batching": "on", "max_batch_size": 16, "prefill_chunk": 256, "sdpa": "flash",
-             "kernels": "triton"}
+             "kernels": "triton", "prefill_pack": 8192, "prefill_attn": "fused"}
     knobs = active_only(target, every)  # what the search proposes: only the knobs that exist here
     fast = engine.startswith("fast")
     graphs = engine == "fast-graphs"
-    assert set(knobs) == ({"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa"} if fast else set())
+    assert set(knobs) == ({"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa", "prefill_pack", "prefill_attn"} if fast else set())
                           | ({"kernels"} if graphs else set()))
     args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])  # drop the interpreter and the script
     assert args.device == "cuda" and args.dtype == "bfloat16"
@@ -51,6 +51,7 @@ def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     assert args.decode_loop == ("manual" if engine == "hf-manual" else "generate")
     assert (args.batching, args.max_batch_size) == ("on", 16)
     assert (args.prefill_chunk, args.sdpa) == ((256, "flash") if fast else (0, "auto"))
+    assert (args.prefill_pack, args.prefill_attn) == ((8192, "fused") if fast else (0, "torch"))
     assert args.kernels == ("triton" if graphs else "torch")  # the knob exists only with graphs
     # Batching off: the batch size does not exist, so it cannot be passed.
     off = active_only(target, every | {"batching": "off"})
@@ -90,11 +91,14 @@ def test_kernels_knob_and_engine_steps() -> None:
     assert "kernels" not in target.baseline_knobs()  # the naive baseline has no such knob
     steps = json.loads((GPU / "engine_steps.json").read_text())
     full = [target.validate_knobs(s["knobs"]) for s in steps]
-    assert [k.get("kernels") for k in full] == ["torch", "triton"]
+    assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton"]
+    assert [(k["max_batch_size"], k["prefill_pack"], k["prefill_attn"]) for k in full] == [
+        (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused")]
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
     args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
     assert (args.kernels, args.cuda_graphs, args.engine) == ("triton", "on", "fast")
+    assert (args.max_batch_size, args.prefill_pack, args.prefill_attn) == (64, 32768, "fused")
 
 
 @pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])

@@ -89,3 +89,69 @@ def test_naive_cap_keeps_shapes() -> None:
     assert all(cap[n].prompt_tokens == full[n].prompt_tokens and cap[n].warmup_requests == 0 for n in full)
     assert ib_baseline.command("{python} x.py --model {model} --port {port}", {"python": "py", "model": "/m"}) == [
         "py", "x.py", "--model", "/m", "--port", "{port}"]
+
+
+def test_naive_plan_measures_every_scenario_within_its_budget() -> None:
+    """The naive server's counts are planned up front: one request per scenario always (D included),
+    then more in turn while the window holds; the plan is what the JSON states."""
+    from orchestrator.bench.scenarios import load_scenarios_file
+
+    full = load_scenarios_file(GPU / "scenarios_ib.toml")
+    cap = ib_baseline.parse_cap(ib_baseline.DEFAULT_CAP)
+    per = {n: ib_baseline.naive_request_s(s) for n, s in full.items()}
+    assert per["general"] == pytest.approx(0.2 + 2048 * 5e-5 + 256 * 0.09)
+    for budget in (0.0, 100.0, 210.0, 1000.0):
+        plan = ib_baseline.plan_naive(full, budget, cap)
+        counts = {n: p["num_requests"] for n, p in plan.items()}
+        assert all(1 <= counts[n] <= cap[n] for n in full), counts  # every scenario measured, none over its cap
+        total = sum(p["est_s"] for p in plan.values())
+        assert total <= max(budget, sum(per.values())) + 0.5  # within the window (or the minimum)
+        left = budget - total  # nothing that fits was left out
+        assert all(counts[n] == cap[n] or per[n] > left for n in full), (budget, counts)
+    assert {n: p["num_requests"] for n, p in ib_baseline.plan_naive(full, 160.0, cap).items()} == {
+        "prefill": 2, "decode": 1, "throughput": 3, "general": 2}  # the default 200 s less 40 s of start-up
+    assert {n: p["num_requests"] for n, p in ib_baseline.plan_naive(full, 210.0, cap).items()} == {
+        "prefill": 2, "decode": 2, "throughput": 3, "general": 2}
+
+
+def _rec(i: int, sent: float, first: float, gaps: list[float]):
+    from orchestrator.bench.records import RequestRecord
+
+    ms = 1_000_000
+    chunks = [int(first * ms)]
+    for g in gaps:
+        chunks.append(chunks[-1] + int(g * ms))
+    return RequestRecord(index=i, prompt_tokens=8, output_tokens=len(chunks), t_sent_ns=int(sent * ms),
+                         t_first_token_ns=chunks[0], t_last_token_ns=chunks[-1], chunk_ns=chunks, success=True)
+
+
+def test_request_cis() -> None:
+    """95% t intervals per metric; one request: TPOT from its inter-token gaps, TTFT without interval;
+    served one at a time, request throughput is 1 / service time (queueing excluded)."""
+    ci = ib_baseline.ci95([10.0, 12.0, 14.0])
+    assert ci["mean"] == pytest.approx(12.0) and ci["hi"] - ci["mean"] == pytest.approx(4.30 * 2 / 3 ** 0.5)
+    assert ib_baseline.ci95([5.0])["lo"] is None and ib_baseline.ci95([])["mean"] is None
+    one = ib_baseline.request_cis([_rec(0, 0, 100, [80, 82, 78, 80])])
+    assert one["tpot_from"] == "inter-token gaps of one request" and one["tpot_ms"]["n"] == 4
+    assert one["tpot_ms"]["mean"] == pytest.approx(80.0) and one["tpot_ms"]["lo"] < 80 < one["tpot_ms"]["hi"]
+    assert one["ttft_ms"]["mean"] == pytest.approx(100.0) and one["ttft_ms"]["lo"] is None
+    # A serial server, three requests sent at once: each 1 s of service, the later ones queued.
+    burst = [_rec(i, 0, 1000 * i + 100, [300, 300, 300]) for i in range(3)]
+    for i, r in enumerate(burst[1:], 1):  # each starts when the one before it ended
+        r.t_first_token_ns = burst[i - 1].t_last_token_ns + 100_000_000
+        r.chunk_ns = [r.t_first_token_ns + k * 300_000_000 for k in range(4)]
+        r.t_last_token_ns = r.chunk_ns[-1]
+    rps = ib_baseline.request_cis(burst)["request_throughput"]
+    assert rps["mean"] == pytest.approx(1.0, rel=1e-6) and rps["n"] == 3
+
+
+def test_headline_states_naive_counts_and_intervals(tmp_path: Path) -> None:
+    r = _report()
+    for name, sc in r["servers"]["ib_naive"]["scenarios"].items():
+        sc["num_requests"] = 2
+        sc["ci95"] = {"ttft_ms": {"n": 2, "mean": 1.0, "lo": 0.5, "hi": 1.5}, "scenario": name}
+    h = headline.compute(r, SOL, {"prefill": {"prompt_tokens": 4096}, "decode": {"prompt_tokens": 512, "output_tokens": 512},
+                                  "throughput": {"num_requests": 64, "prompt_tokens": 512, "output_tokens": 128}})
+    g = h["geomean_vs_ib_naive"]
+    assert g["value"] is not None and g["naive_requests"] == dict.fromkeys(("prefill", "decode", "throughput", "general"), 2)
+    assert g["naive_ci95"]["general"]["scenario"] == "general"

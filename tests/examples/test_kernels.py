@@ -131,6 +131,27 @@ def test_rope_store(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_store_prefill_rows(dtype) -> None:
+    """rope_store over packed prefill rows: two sequences' tokens (slot 2 at positions 4-7, slot 0 at
+    0-2) each stored at (slots[b], pos[b]); a row sent to the wrong slot is caught."""
+    cos, sin = _tables(dtype)
+    pos = torch.tensor([4, 5, 6, 7, 0, 1, 2])
+    slots = torch.tensor([2, 2, 2, 2, 0, 0, 0])
+    qkv = _rand(len(pos), (NH + 2 * NKV) * HD, dtype=dtype, seed=17)
+    K0, V0 = _pool(dtype, 18)
+    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    q_want = K.rope_store_ref(qkv, cos, sin, pos, Kr, Vr, 0, slots=slots)
+    q = K.rope_store(qkv, cos, sin, pos, Kt, Vt, 0, slots=slots)
+    assert close(q, q_want, dtype) and close(Kt, Kr, dtype) and torch.equal(Vt, Vr)
+    touched = torch.zeros(LAYERS, SLOTS, NKV, CAP, dtype=torch.bool)
+    touched[0, slots, :, pos] = True
+    assert torch.equal(Kt[~touched], K0[~touched]) and not torch.equal(Kt[touched], K0[touched])
+    Kw, Vw = K0.clone(), V0.clone()
+    K.rope_store(qkv, cos, sin, pos, Kw, Vw, 0, slots=torch.tensor([2, 2, 2, 2, 1, 0, 0]))  # one row astray
+    assert not close(Kw, Kr, dtype) and not torch.equal(Vw, Vr)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attn(dtype) -> None:
     K0, V0 = _pool(dtype, 9)
     q = _rand(B, NH, HD, dtype=dtype, seed=10)

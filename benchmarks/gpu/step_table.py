@@ -1,0 +1,149 @@
+"""Where the time goes per engine step: the profile table and the %-of-floor plot (no GPU needed).
+
+    python benchmarks/gpu/step_table.py profile_steps.json [--md steps.md] [--plot steps.svg]
+
+``profile_best.py --steps`` measures, for each engine step of engine_steps.json, the steps that
+make up scenarios A-C (a 4096-token prefill, a decode step at batch 1, C's burst prefill and its
+decode step at the burst's batch) with torch.profiler, and writes them as JSON; this module turns
+that JSON into a markdown table (GEMM / fused / attention / other / between kernels, per part and
+step) and a plot of each scenario's % of its speed-of-light floor per step (SVG or PNG by suffix).
+
+Kinds of kernel: ``gemm`` (cuBLAS / CUTLASS matmuls), ``fused`` (kernels.py's Triton norms, RoPE +
+store and SwiGLU), ``attention`` (SDPA's flash / memory-efficient kernels, softmax, kernels.py's
+decode attention and its split reduction), ``other`` (the unfused norms, RoPE, elementwise work and
+copies), and ``between``: the part's wall time minus the sum of its kernels (launch gaps and host
+work; for a CUDA-graph decode step, the replay's wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown_table", "write_plot"]
+
+KINDS = ("gemm", "fused", "attention", "other", "between")
+_ATTN = ("flash", "fmha", "attention", "softmax", "_decode_attn", "_attn_reduce", "attn_span")
+_FUSED = ("_rmsnorm_kernel", "_silu_mul_kernel", "_rope_store_kernel")
+_GEMM = ("gemm", "xmma", "cutlass", "nvjet", "matmul", "sm90_", "cublas")
+PARTS = ("A prefill 4096", "B decode b1", "C prefill burst", "C decode")
+
+
+def classify(name: str) -> str:
+    """The kind of one CUDA kernel, from its name."""
+    n = name.lower()
+    if any(k in n for k in _ATTN):
+        return "attention"
+    if any(k.lower() in n for k in _FUSED):
+        return "fused"
+    if any(k in n for k in _GEMM):
+        return "gemm"
+    return "other"
+
+
+def split(kernels_ms: dict[str, float], wall_ms: float) -> dict[str, float]:
+    """Kernel time by name -> by kind, plus ``between`` (wall minus all kernels, never below 0)."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for name, ms in kernels_ms.items():
+        out[classify(name)] += ms
+    out["between"] = max(0.0, wall_ms - sum(out[k] for k in KINDS if k != "between"))
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def c_time_ms(parts: dict[str, Any], burst: int, out_tokens: int, batch: int) -> float:
+    """C's burst modelled from its profiled parts: ceil(burst / batch) waves, each one wave's prefill
+    then ``out_tokens`` decode steps at the wave's batch (no HTTP, no overlap of waves)."""
+    waves = math.ceil(burst / max(1, batch))
+    return waves * (parts["C prefill burst"]["wall_ms"] + out_tokens * parts["C decode"]["wall_ms"])
+
+
+def frac_of_floor(parts: dict[str, Any], floors: dict[str, float], *, burst: int = 64, out_tokens: int = 128,
+                  batch: int = 64) -> dict[str, float | None]:
+    """Each scenario's floor over its profiled (A, B) or modelled (C) time: 1.0 = at the speed of light."""
+    a, b = parts.get("A prefill 4096"), parts.get("B decode b1")
+    res: dict[str, float | None] = {
+        "A": floors["prefill_ttft_ms"] / a["wall_ms"] if a else None,
+        "B": floors["decode_tpot_ms"] / b["wall_ms"] if b else None,
+        "C": None,
+    }
+    if "C prefill burst" in parts and "C decode" in parts:
+        tok_s = burst * out_tokens / (c_time_ms(parts, burst, out_tokens, batch) / 1000)
+        res["C"] = tok_s / floors["throughput_tok_s"]
+    return res
+
+
+def _step_fracs(doc: dict[str, Any], step: dict[str, Any]) -> dict[str, float | None]:
+    c = doc.get("c_shape", {})
+    return frac_of_floor(step["parts"], doc["floors"], burst=c.get("burst", 64), out_tokens=c.get("output_tokens", 128),
+                         batch=step.get("batch", 64))
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """One row per (engine step, part): wall ms, the five kinds in ms, and the scenario's % of floor."""
+    head = "| step | part | wall ms | GEMM | fused | attention | other | between | % of floor |"
+    lines = [head, "|" + "---|" * 10]
+    for step in doc["steps"]:
+        fr = _step_fracs(doc, step)
+        for part in PARTS:
+            p = step["parts"].get(part)
+            if p is None:
+                continue
+            kinds = split(p["kernels_ms"], p["wall_ms"])
+            scen = part[0]
+            pct = fr.get(scen)
+            shown = "" if pct is None or (part == "C prefill burst") else f"{100 * pct:.0f}%"
+            if part == "C decode" and pct is not None:
+                shown += " (C, modelled)"
+            cells = " | ".join(f"{kinds[k]:.2f}" for k in KINDS)
+            lines.append(f"| {step['step']} | {part} | {p['wall_ms']:.2f} | {cells} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
+    """% of floor per scenario (A, B, C) against the engine step, as SVG or PNG (by suffix)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [s["step"] for s in doc["steps"]]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for scen, label in (("A", "A prefill 4096/128 (TTFT)"), ("B", "B decode 512/512 (TPOT)"),
+                        ("C", "C burst 64 x 512/128 (tok/s, modelled)")):
+        ys = [_step_fracs(doc, s)[scen] for s in doc["steps"]]
+        xs = [x for x, y in zip(steps, ys, strict=True) if y is not None]
+        ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=label)
+    ax.axhline(100, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("engine step (benchmarks/gpu/engine_steps.json)")
+    ax.set_ylabel("% of speed-of-light floor")
+    ax.set_xticks(steps)
+    ax.set_ylim(0, 110)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(doc.get("title", "Where each engine step stands against the floor"), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile", help="profile_best.py --steps JSON")
+    ap.add_argument("--md", default="", help="write the markdown table here (default: print it)")
+    ap.add_argument("--plot", default="", help="write the plot here (.svg or .png)")
+    args = ap.parse_args(argv)
+    doc = json.loads(Path(args.profile).read_text())
+    table = markdown_table(doc)
+    if args.md:
+        Path(args.md).write_text(table)
+    print(table)
+    if args.plot:
+        print("plot:", write_plot(doc, args.plot))
+
+
+if __name__ == "__main__":
+    main()

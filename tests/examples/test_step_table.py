@@ -1,0 +1,115 @@
+"""benchmarks/gpu/step_table.py on a synthetic per-step profile (no GPU): the table and the plot."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import step_table  # noqa: E402
+
+FLOORS = {"prefill_ttft_ms": 80.0, "decode_tpot_ms": 3.4, "throughput_tok_s": 13600.0}
+
+
+def _part(wall: float, gemm: float, fused: float, attn: float, other: float) -> dict:
+    k = {"sm90_xmma_gemm_bf16bf16_bf16f32": gemm, "void at::native::elementwise_kernel<add>": other}
+    if fused:
+        k["_rmsnorm_kernel"] = fused / 2
+        k["_rope_store_kernel"] = fused / 2
+    k["pytorch_flash::flash_fwd_kernel" if wall > 50 else "_decode_attn_split_kernel"] = attn
+    return {"wall_ms": wall, "kernels_ms": k}
+
+
+def _doc() -> dict:
+    s1 = {"A prefill 4096": _part(114.0, 80.0, 0.0, 12.0, 20.0), "B decode b1": _part(7.1, 3.6, 0.0, 1.0, 1.8),
+          "C prefill burst": _part(160.0, 130.0, 0.0, 8.0, 15.0), "C decode": _part(8.8, 4.5, 0.0, 1.5, 2.0)}
+    s2 = {"A prefill 4096": _part(100.0, 80.0, 6.0, 10.0, 3.0), "B decode b1": _part(4.75, 3.6, 0.6, 0.3, 0.1),
+          "C prefill burst": _part(600.0, 520.0, 20.0, 30.0, 10.0), "C decode": _part(7.0, 5.0, 0.8, 0.9, 0.1)}
+    return {"floors": FLOORS, "c_shape": {"burst": 64, "output_tokens": 128},
+            "steps": [{"step": 1, "knobs": {}, "batch": 16, "parts": s1}, {"step": 2, "knobs": {}, "batch": 64, "parts": s2}]}
+
+
+def test_classify_and_split() -> None:
+    assert step_table.classify("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn") == "gemm"
+    assert step_table.classify("_rmsnorm_kernel") == "fused" and step_table.classify("_silu_mul_kernel") == "fused"
+    assert step_table.classify("_decode_attn_split_kernel") == "attention"
+    assert step_table.classify("_attn_reduce_kernel") == "attention"
+    assert step_table.classify("pytorch_flash::flash_fwd_kernel<...>") == "attention"
+    assert step_table.classify("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>") == "other"
+    kinds = step_table.split(_doc()["steps"][1]["parts"]["B decode b1"]["kernels_ms"], 4.75)
+    assert kinds == {"gemm": 3.6, "fused": 0.6, "attention": 0.3, "other": 0.1, "between": pytest.approx(0.15)}
+    assert step_table.split({"gemm": 5.0}, 4.0)["between"] == 0.0  # never negative
+
+
+def test_fractions_of_floor() -> None:
+    doc = _doc()
+    fr = step_table.frac_of_floor(doc["steps"][0]["parts"], FLOORS, batch=16)
+    assert fr["A"] == pytest.approx(80 / 114) and fr["B"] == pytest.approx(3.4 / 7.1)
+    # C modelled: 4 waves of (prefill 160 ms + 128 decode steps of 8.8 ms).
+    assert fr["C"] == pytest.approx(64 * 128 / (4 * (160 + 128 * 8.8) / 1000) / 13600)
+    fr2 = step_table.frac_of_floor(doc["steps"][1]["parts"], FLOORS, batch=64)
+    assert fr2["C"] == pytest.approx(64 * 128 / ((600 + 128 * 7.0) / 1000) / 13600)
+    assert step_table.frac_of_floor({}, FLOORS) == {"A": None, "B": None, "C": None}
+
+
+def test_table_and_plot_written(tmp_path: Path) -> None:
+    doc = _doc()
+    prof = tmp_path / "profile_steps.json"
+    prof.write_text(json.dumps(doc))
+    md, svg, png = tmp_path / "steps.md", tmp_path / "steps.svg", tmp_path / "steps.png"
+    step_table.main([str(prof), "--md", str(md), "--plot", str(svg)])
+    lines = md.read_text().splitlines()
+    assert lines[0].startswith("| step | part | wall ms | GEMM | fused | attention | other | between |")
+    assert len(lines) == 2 + 8  # header, rule, 4 parts x 2 steps
+    row = next(x for x in lines if x.startswith("| 2 | B decode b1 |"))
+    assert "| 4.75 | 3.60 | 0.60 | 0.30 | 0.10 | 0.15 | 72% |" in row  # 3.4 / 4.75
+    assert "(C, modelled)" in next(x for x in lines if x.startswith("| 1 | C decode |"))
+    text = svg.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+    step_table.write_plot(doc, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profile_steps_runs_on_the_cpu() -> None:
+    """profile_best.profile_steps over engine steps 1 and 4 on a tiny random Llama (CPU, eager, small
+    sizes): every step's four parts measured, packing and the fused prefill switched per step, and
+    the result goes through the table writer. The profiler runs on the torch step only (under the
+    Triton interpreter it records every numpy call of every program: minutes)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_fastengine import _random_llama  # noqa: PLC0415  (beside this file)
+    from triton_interp import import_interpreted  # noqa: PLC0415
+
+    import_interpreted()
+    import profile_best
+    from fastengine import FastModel
+
+    every = json.loads((GPU / "engine_steps.json").read_text())
+    steps = [every[0], every[-1]]  # the unfused one and the one with everything (interpreted: ~10 s a step)
+    with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+        mp.setenv("TRITON_INTERPRET", "1")
+        fm = FastModel(_random_llama(torch.float32), slots=6, capacity=300)
+        mp.setattr(profile_best, "cuda_time", lambda fn, reps=1: (fn(), 1.0)[1])
+        real = profile_best.kernel_times  # the profiler over interpreted Triton is minutes: torch steps only
+
+        def times(fn):
+            # (the interpreted steps' code ran already, in cuda_time)
+            return real(fn) if fm.kernels == "torch" and fm.prefill_attn == "torch" else {"interpreted": 1.0}
+
+        mp.setattr(profile_best, "kernel_times", times)
+        out = profile_best.profile_steps(fm, steps, burst=3, prompt=6, long_len=16, b_pos=20, ctx=256)
+    assert [s["step"] for s in out] == list(range(1, len(steps) + 1))
+    assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
+    assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
+    assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
+    assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
+    assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
+    assert fm.kernels == "triton" and fm.prefill_attn == "fused"  # the last step's settings
+    table = step_table.markdown_table({"floors": FLOORS, "steps": out})
+    assert table.count("\n") == 2 + 4 * len(steps)
