@@ -1,8 +1,13 @@
-"""The Pareto front of a run: its kept trials that no other kept trial beats on every objective.
+"""The Pareto front of a run: its measured trials that no other measured trial beats on every objective.
+
+Measured: kept, or discarded on a full measurement with every gate passed (the keep rule is the
+geometric mean of the two speedups, so a real trade-off — the lowest latency at a lower throughput —
+can be discarded and still be on the front). Not measured: trials screened out on a short bench (a
+lower-fidelity number), probes, failures, gate rejections, and measurements of a trial.
 
 A goal with two objectives and no targets ("maximize throughput and minimize p90 TPOT") has no
 single answer: the run's answer is the front, the trade-offs between them. The front is a query
-over what the store holds (each kept trial's measured objective values, `trials.objective_json`),
+over what the store holds (each measured trial's objective values, `trials.objective_json`),
 never a decision of its own, so it is computed here, by `non_dominated`, and every face (the
 `trials` table and its `--json`, the report's plot, the knowledge base) reads it through `run_front`.
 """
@@ -14,9 +19,10 @@ from typing import Any
 
 from orchestrator.audit.trials import is_measurement
 from orchestrator.goal import GoalSpec, Objective
+from orchestrator.roles import PROBE
 from orchestrator.trial import objective_label
 
-__all__ = ["Front", "front_of", "non_dominated", "run_front"]
+__all__ = ["Front", "front_of", "measured", "non_dominated", "run_front"]
 
 
 def non_dominated(points: Sequence[Mapping[str, Any]], directions: Mapping[str, str]) -> list[Mapping[str, Any]]:
@@ -33,13 +39,13 @@ def non_dominated(points: Sequence[Mapping[str, Any]], directions: Mapping[str, 
 
 
 class Front:
-    """A run's Pareto front: the objectives it is over, every kept trial's point, and the members."""
+    """A run's Pareto front: the objectives it is over, every measured trial's point, and the members."""
 
     def __init__(self, objectives: Sequence[Objective], points: list[dict[str, Any]], members: list[dict[str, Any]]):
         self.objectives = list(objectives)
         self.labels = [objective_label(o.scenario, o.key) for o in objectives]
         self.points = points
-        """{"number", "status", label: value...} for each kept trial with both values, by number."""
+        """{"number", "status", label: value...} for each measured trial with both values, by number."""
         self.members = members
         """The points on the front, by the first objective's value."""
 
@@ -53,13 +59,20 @@ class Front:
                 "front": [p["number"] for p in self.members], "points": self.points}
 
 
+def measured(t: Any) -> bool:
+    """Kept, or discarded on its full measurement (gates passed, not screened out, not a probe)."""
+    if is_measurement(t) or t.proposer == PROBE:
+        return False
+    return t.status == "kept" or (t.status == "discarded" and not t.error)
+
+
 def front_of(trials: Sequence[Any], objectives: Sequence[Objective]) -> Front:
-    """The front over `trials` (store trial records): kept trials, not measurements of one, whose
-    stored objective values name every objective."""
+    """The front over `trials` (store trial records): the measured ones (`measured`) whose stored
+    objective values name every objective."""
     labels = [objective_label(o.scenario, o.key) for o in objectives]
     points = [{"number": t.number, "status": t.status, **{lab: float(t.objective[lab]) for lab in labels}}
               for t in sorted(trials, key=lambda t: t.number)
-              if t.status == "kept" and not is_measurement(t) and all(lab in (t.objective or {}) for lab in labels)]
+              if measured(t) and all(lab in (t.objective or {}) for lab in labels)]
     members = non_dominated(points, {lab: o.info.direction for lab, o in zip(labels, objectives, strict=True)})
     return Front(objectives, points, sorted(members, key=lambda p: (p[labels[0]], p["number"])))  # type: ignore[arg-type]
 

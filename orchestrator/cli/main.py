@@ -227,7 +227,7 @@ def trials(
     captions = ["↳ rows are measurements of the trial they name (paired rounds, sentinels, re-runs): not trials"] if measured else []
     if front:
         captions.append(f"◆ on the Pareto front of {' and '.join(o.describe() for o in front.objectives)} "
-                        f"({len(front.members)} of {len(front.points)} kept trials)")
+                        f"({len(front.members)} of {len(front.points)} measured trials)")
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",
                   title=f"run {rid}: {budget_line(len(counted), budget, len(measured))}",
                   caption="\n".join(captions) or None)
