@@ -40,7 +40,11 @@ def _hfserve_repo(tmp: Path) -> Path:
 def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
     target = _hfserve_repo(tmp_path)
-    knobs = {"batching": "on", "decode_loop": "manual"}
+    # bfloat16, slower than float32 on this CPU for the tiny model (knowledge_base/findings/hfserve-cpu-knobs.md):
+    # the honest candidate is measured and discarded, so no winner is left for a paired A/B at the stop
+    # (six more server launches that this test does not judge). The cheat's knobs are the same: its
+    # commit, not its knobs, is what the gate rejects.
+    knobs = {"dtype": "bfloat16"}
     seen = {}
 
     def after_cheat(body):
@@ -51,13 +55,13 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         turn(tool_use("edit_file", path="server.py", old=ANCHOR, new=CHEAT)),
         turn(tool_use("run_trial", knobs=knobs, rationale="answer repeats from a cache", prediction="throughput x10")),
         after_cheat,
-        turn(tool_use("run_trial", knobs=knobs, rationale="honest batched decode loop", prediction="throughput up")),
-        turn(tool_use("finish", summary="batching on")),
+        turn(tool_use("run_trial", knobs=knobs, rationale="honest bfloat16 weights", prediction="throughput up")),
+        turn(tool_use("finish", summary="bfloat16 measured")),
     ]
     # Scale 0.5, as tests/test_e2e.py: the naive baseline's throughput scenario runs ~0.57 s on a quiet
     # 2-core machine, above the 0.3 s a measurement needs (orchestrator.measure.TrustPolicy.min_seconds;
-    # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial, the six paired
-    # halves at the stop) measures half as many requests.
+    # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial) measures half as
+    # many requests.
     with MessagesAPI(script) as api:
         ws = Workspace(tmp_path, [f'target="{target}"', 'proposer="claude"', f'agent.base_url="{api.base_url}"',
                                   "gates.accuracy=false", "bench.scale=0.5", "bench.baseline_repeats=1"])
