@@ -32,15 +32,25 @@ def _hfserve_repo(tmp: Path) -> Path:
     repo.git.add("-A")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])
     text = (PACKAGE_ROOT / "examples" / "targets" / "hfserve.toml").read_text()
+    # One torch thread on every server (baseline included): with torch's default of one OpenMP thread
+    # per core, the bench client beside it makes the baseline's speed a lottery (docs/benchmarks.md,
+    # `--one-thread`; a starved baseline made even a slower candidate look 17x and be kept).
+    threads = 'choices = [0, 1, 2]\ndefault = 0'
+    assert threads in text
     target = tmp / "hfserve.toml"
-    target.write_text(text.replace('source = "../hfserve"', f'source = "{repo_dir}"'))
+    target.write_text(text.replace('source = "../hfserve"', f'source = "{repo_dir}"').replace(threads, threads[:-1] + "1"))
     return target
 
 
 def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
     target = _hfserve_repo(tmp_path)
-    knobs = {"batching": "on", "decode_loop": "manual"}
+    # bfloat16 and a static KV cache under generate(), each slower than the baseline on this CPU for the
+    # tiny model (knowledge_base/findings/hfserve-cpu-knobs.md; the demo's static cache cost ~1/3): the
+    # honest candidate is measured and discarded, so no winner is left for a paired A/B at the stop
+    # (six more server launches that this test does not judge). The cheat's knobs are the same: its
+    # commit, not its knobs, is what the gate rejects.
+    knobs = {"dtype": "bfloat16", "kv_cache": "static"}
     seen = {}
 
     def after_cheat(body):
@@ -51,13 +61,13 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         turn(tool_use("edit_file", path="server.py", old=ANCHOR, new=CHEAT)),
         turn(tool_use("run_trial", knobs=knobs, rationale="answer repeats from a cache", prediction="throughput x10")),
         after_cheat,
-        turn(tool_use("run_trial", knobs=knobs, rationale="honest batched decode loop", prediction="throughput up")),
-        turn(tool_use("finish", summary="batching on")),
+        turn(tool_use("run_trial", knobs=knobs, rationale="honest bfloat16 weights, static KV cache", prediction="throughput up")),
+        turn(tool_use("finish", summary="bfloat16 measured")),
     ]
     # Scale 0.5, as tests/test_e2e.py: the naive baseline's throughput scenario runs ~0.57 s on a quiet
     # 2-core machine, above the 0.3 s a measurement needs (orchestrator.measure.TrustPolicy.min_seconds;
-    # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial, the six paired
-    # halves at the stop) measures half as many requests.
+    # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial) measures half as
+    # many requests.
     with MessagesAPI(script) as api:
         ws = Workspace(tmp_path, [f'target="{target}"', 'proposer="claude"', f'agent.base_url="{api.base_url}"',
                                   "gates.accuracy=false", "bench.scale=0.5", "bench.baseline_repeats=1"])
