@@ -70,6 +70,11 @@ class Detok:
         return ""
 
 
+def _sse(payload: dict) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
 def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
     return web.json_response({"error": {"message": message, "type": etype, "param": None, "code": status}},
                              status=status)
@@ -227,7 +232,7 @@ class Server:
             await resp.prepare(request)
 
         async def send(payload: dict) -> None:
-            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            await resp.write(_sse(payload))
 
         text_parts: list[str] = []
         tokens: list[TokenEvent] = []
@@ -245,26 +250,37 @@ class Server:
             if stream and not chat and echo:
                 await send({"id": rid, "object": obj, "created": created, "model": self.name, "choices": [
                     {"index": 0, "text": prompt_text, "logprobs": echo_lp, "finish_reason": None}]})
-            while req is not None:
-                kind, payload = await req.events.get()
-                if kind == "error":
-                    raise RuntimeError(payload)
-                if kind == "done":
-                    finish = payload
-                    break
-                ev: TokenEvent = payload
-                piece = detok.add(ev.token_id)
-                tokens.append(ev)
-                pieces.append(piece)
-                text_parts.append(piece)
-                if stream:
-                    lp_obj = self._lp_obj([ev], [piece], chat, as_ids, 0) if logprobs is not None else None
-                    if chat:
-                        choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp_obj, "finish_reason": None}
-                    else:
-                        choice = {"index": 0, "text": piece, "logprobs": lp_obj, "finish_reason": None}
-                    await send({"id": rid, "object": obj, "created": created, "model": self.name,
-                                "choices": [choice]})
+            # Everything the worker queued since the last wake-up is handled at once: one SSE event
+            # per token as before (same bytes, same chunking), written to the socket in one call.
+            done = req is None
+            while not done:
+                out: list[bytes] = []
+                failed = None
+                for kind, payload in await req.events.get_batch():
+                    if kind == "error":
+                        failed = payload
+                        break
+                    if kind == "done":
+                        finish, done = payload, True
+                        break
+                    ev: TokenEvent = payload if isinstance(payload, TokenEvent) else TokenEvent(payload)
+                    piece = detok.add(ev.token_id)
+                    tokens.append(ev)
+                    pieces.append(piece)
+                    text_parts.append(piece)
+                    if stream:
+                        lp_obj = self._lp_obj([ev], [piece], chat, as_ids, 0) if logprobs is not None else None
+                        if chat:
+                            choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp_obj,
+                                      "finish_reason": None}
+                        else:
+                            choice = {"index": 0, "text": piece, "logprobs": lp_obj, "finish_reason": None}
+                        out.append(_sse({"id": rid, "object": obj, "created": created, "model": self.name,
+                                         "choices": [choice]}))
+                if out:
+                    await resp.write(b"".join(out))
+                if failed is not None:
+                    raise RuntimeError(failed)
         except (ConnectionResetError, asyncio.CancelledError):
             if req is not None:
                 req.cancelled = True
