@@ -46,6 +46,37 @@ class BadRequest(Exception):
     """A client error, answered with HTTP 400 and an OpenAI-style error body."""
 
 
+def text_decoder(tok: Any) -> Any:
+    """``ids -> tok.decode(ids, skip_special_tokens=True)``, the same text, ~10x cheaper where possible.
+
+    For a tokenizers-backed tokenizer (transformers 5's ``TokenizersBackend``) whose ``decode`` and
+    ``_decode`` are not overridden and that cleans up no spaces, transformers' decode is exactly the
+    Rust tokenizer's ``decode(ids, skip_special_tokens)`` behind ~5 us of Python per call: that is
+    called directly. Any other tokenizer (or transformers version) goes through ``tok.decode``.
+    """
+    slow = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return slow
+    backend = getattr(tok, "_tokenizer", None)
+    if (isinstance(tok, TokenizersBackend) and backend is not None
+            and type(tok).decode is PreTrainedTokenizerBase.decode
+            and type(tok)._decode is TokenizersBackend._decode
+            and getattr(tok, "clean_up_tokenization_spaces", True) is False):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return slow
+
+
+def sse_template(payload: dict, mark: str) -> tuple[bytes, bytes] | None:
+    """The SSE event of ``payload`` split around the JSON string ``mark`` (a field's value in it), so
+    ``pre + json.dumps(text).encode() + post == _sse(payload with text in place of mark)``, byte for
+    byte; None if ``mark`` is not found exactly once (the caller then builds each event whole)."""
+    parts = _sse(payload).split(json.dumps(mark).encode())
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
 class Detok:
     """Incremental detokenizer (the prefix/read-offset scheme of TGI/vLLM).
 
@@ -55,6 +86,7 @@ class Detok:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
+        self.decode = text_decoder(tokenizer)
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
@@ -62,8 +94,8 @@ class Detok:
     def add(self, token_id: int) -> str:
         """Add one token and return the newly completed text (possibly empty)."""
         self.ids.append(token_id)
-        prefix_text = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
-        new_text = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        prefix_text = self.decode(self.ids[self.prefix:self.read])
+        new_text = self.decode(self.ids[self.prefix:])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return new_text[len(prefix_text):]
@@ -250,6 +282,13 @@ class Server:
             if stream and not chat and echo:
                 await send({"id": rid, "object": obj, "created": created, "model": self.name, "choices": [
                     {"index": 0, "text": prompt_text, "logprobs": echo_lp, "finish_reason": None}]})
+            tmpl = None
+            if stream and logprobs is None:
+                mark = "\x00piece\x00"
+                choice = ({"index": 0, "delta": {"content": mark}, "logprobs": None, "finish_reason": None} if chat
+                          else {"index": 0, "text": mark, "logprobs": None, "finish_reason": None})
+                tmpl = sse_template({"id": rid, "object": obj, "created": created, "model": self.name,
+                                     "choices": [choice]}, mark)
             # Everything the worker queued since the last wake-up is handled at once: one SSE event
             # per token as before (same bytes, same chunking), written to the socket in one call.
             done = req is None
@@ -268,7 +307,9 @@ class Server:
                     tokens.append(ev)
                     pieces.append(piece)
                     text_parts.append(piece)
-                    if stream:
+                    if tmpl is not None:  # no logprobs: the event's constant bytes are built once
+                        out.append(tmpl[0] + json.dumps(piece).encode() + tmpl[1])
+                    elif stream:
                         lp_obj = self._lp_obj([ev], [piece], chat, as_ids, 0) if logprobs is not None else None
                         if chat:
                             choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp_obj,
