@@ -29,6 +29,7 @@ from loading import load_model  # beside this file (server.py and the tests put 
 
 __all__ = [
     "Engine",
+    "EventStream",
     "GenRequest",
     "ScoreRequest",
     "TokenEvent",
@@ -39,6 +40,7 @@ __all__ = [
     "request_generator",
     "sample_row",
     "token_event",
+    "wake",
 ]
 
 # --------------------------------------------------------------------------- jobs
@@ -53,6 +55,72 @@ class TokenEvent:
     top: list[tuple[int, float]] | None = None
 
 
+class EventStream:
+    """A request's events, from the worker thread to its handler on the event loop.
+
+    The worker appends with :meth:`push` (a deque append: no lock, no syscall) and wakes the
+    handler with :func:`wake`, once per decode step for the whole batch rather than once per token
+    per request. The handler reads one event with :meth:`get` or everything queued with
+    :meth:`get_batch`. A token's payload may be a bare id (the fast engine's, when no logprobs
+    were asked); :meth:`get` hands it out as a :class:`TokenEvent` either way.
+    """
+
+    __slots__ = ("_buf", "_waiter")
+
+    def __init__(self) -> None:
+        self._buf: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def push(self, kind: str, payload: Any) -> None:
+        """Worker side: queue an event; the handler sees it after the next :func:`wake`."""
+        self._buf.append((kind, payload))
+
+    def _wake(self) -> None:  # on the event loop
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self) -> None:
+        while not self._buf:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    async def get(self) -> tuple[str, Any]:
+        """The next event, ``(kind, payload)``; a token's payload is a :class:`TokenEvent`."""
+        await self._wait()
+        kind, payload = self._buf.popleft()
+        if kind == "token" and isinstance(payload, int):
+            payload = TokenEvent(payload)
+        return kind, payload
+
+    async def get_batch(self) -> list[tuple[str, Any]]:
+        """Every queued event (at least one), in order; a token's payload is an id or a :class:`TokenEvent`."""
+        await self._wait()
+        buf = self._buf
+        return [buf.popleft() for _ in range(len(buf))]
+
+
+def _wake_all(streams: list[EventStream]) -> None:
+    for s in streams:
+        s._wake()
+
+
+def wake(reqs: list[GenRequest]) -> None:
+    """Thread-safe: wake the handlers of ``reqs`` after :meth:`GenRequest.push`, one event-loop call
+    per loop (every request of a server shares one) instead of one per request."""
+    by_loop: dict[Any, list[EventStream]] = {}
+    for r in reqs:
+        by_loop.setdefault(r.loop, []).append(r.events)
+    for loop, streams in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_wake_all, streams)
+        except RuntimeError:  # the loop was closed (the server is shutting down)
+            pass
+
+
 @dataclass
 class GenRequest:
     """A generation job handed from the event loop to the model worker."""
@@ -65,14 +133,19 @@ class GenRequest:
     ignore_eos: bool
     logprobs: int | None  # top-K per generated token, None = no logprobs
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: EventStream = field(default_factory=EventStream)
     cancelled: bool = False
     finish_reason: str | None = None
     n_generated: int = 0
 
     def emit(self, kind: str, payload: Any) -> None:
-        """Thread-safe: queue an event for the request's handler on the event loop."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        """Thread-safe: queue an event for the request's handler on the event loop and wake it."""
+        self.events.push(kind, payload)
+        self.loop.call_soon_threadsafe(self.events._wake)
+
+    def push(self, kind: str, payload: Any) -> None:
+        """Thread-safe: queue an event without waking the handler (the worker calls :func:`wake`)."""
+        self.events.push(kind, payload)
 
 
 @dataclass
@@ -130,13 +203,14 @@ def request_generator(req: GenRequest, device: torch.device) -> torch.Generator 
     return gen
 
 
-def finish_check(req: GenRequest, tok: int, eos_ids: set[int]) -> bool:
-    """After ``tok`` was emitted: emit "done" and return True if the request is finished."""
+def finish_check(req: GenRequest, tok: int, eos_ids: set[int], *, notify: bool = True) -> bool:
+    """After ``tok`` was emitted: emit "done" and return True if the request is finished.
+    ``notify=False`` only queues it (the caller wakes the handler, see :func:`wake`)."""
     if tok in eos_ids and not req.ignore_eos:
-        req.emit("done", "stop")
+        (req.emit if notify else req.push)("done", "stop")
         return True
     if req.n_generated >= req.max_tokens:
-        req.emit("done", "length")
+        (req.emit if notify else req.push)("done", "length")
         return True
     return False
 

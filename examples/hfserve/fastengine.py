@@ -53,6 +53,7 @@ from engine import (
     request_generator,
     sample_row,
     token_event,
+    wake,
 )
 from loading import load_model
 
@@ -346,6 +347,7 @@ class GraphDecoder:
         dev = fm.device
         self.inp = torch.zeros(2, max_batch, dtype=torch.long, device=dev)  # tokens, positions
         self.host = torch.zeros(2, max_batch, dtype=torch.long, pin_memory=dev.type == "cuda")
+        self.host_np = self.host.numpy()  # the same memory: a list goes in without a tensor built per step
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self.pool = None
 
@@ -384,17 +386,18 @@ class GraphDecoder:
         n = len(tokens)
         b = self._bucket(self.batch_buckets, n)
         c = self._bucket(self.ctx_buckets, max(positions) + 1)
-        self.host[0, :n] = torch.tensor(tokens)
-        self.host[1, :n] = torch.tensor(positions)
-        self.host[0, n:b] = 0
-        self.host[1, n:b] = self.fm.scratch_pos  # padding rows write only the scratch position
+        h = self.host_np
+        h[0, :n] = tokens
+        h[1, :n] = positions
+        h[0, n:b] = 0
+        h[1, n:b] = self.fm.scratch_pos  # padding rows write only the scratch position
         self.inp[:, :b].copy_(self.host[:, :b], non_blocking=True)
         if self.use_graphs:
             graph, logits, ids = self._graph(b, c)
             graph.replay()
         else:
             logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
-        return logits, ids[:n].tolist()
+        return logits, ids[:n].tolist()  # the step's one device->host copy, the whole batch at once
 
 
 class _FSeq:
@@ -554,36 +557,52 @@ class FastEngine:
         # Sequences that finish at once leave holes: the next admitted one moves into the first hole.
         for s, row, lg in zip(group, rows, logits, strict=True):
             s.pos, s.last, s.done_prompt = len(s.req.prompt_ids), -1, len(s.req.prompt_ids)
-            if s.req.cancelled or self._first_token(s, lg):
+            if s.req.cancelled or self._first_token(s, lg, notify=False):
                 continue
             if row != len(active):
                 self.fm.move_slot(row, len(active), s.pos)
             active.append(s)
+        wake([s.req for s in group])  # one event-loop call for the whole group's first tokens
         return used
 
-    def _first_token(self, s: _FSeq, row: torch.Tensor) -> bool:
-        """Emit the token sampled from the prompt's last logits ``row``; True if the request is finished."""
+    def _first_token(self, s: _FSeq, row: torch.Tensor, notify: bool = True) -> bool:
+        """Emit the token sampled from the prompt's last logits ``row``; True if the request is finished.
+        ``notify=False`` only queues the events (the caller wakes the handlers)."""
         tok = sample_row(row, s.req, s.gen)
-        return self._emit(s, tok, row)
-
-    def _emit(self, s: _FSeq, tok: int, row: torch.Tensor) -> bool:
         req = s.req
         req.n_generated += 1
-        req.emit("token", token_event(tok, row, req.logprobs))
+        req.push("token", token_event(tok, row, req.logprobs))
         s.last = tok
-        return finish_check(req, tok, self.eos_ids)
+        done = finish_check(req, tok, self.eos_ids, notify=False)
+        if notify:
+            wake([req])
+        return done
 
     def _decode(self, active: list[_FSeq]) -> list[_FSeq]:
+        """One decode step over ``active``. Host work per request is a few attribute updates and a
+        deque append: the sampled ids come back in one copy for the whole batch, a greedy request
+        without logprobs gets its bare id (the HTTP side builds the event and detokenizes), and the
+        handlers are woken by one event-loop call for the step, not one per token per request."""
         logits, greedy = self.decoder.step([s.last for s in active], [s.pos for s in active])
         finished: list[int] = []
+        eos = self.eos_ids
         for i, s in enumerate(active):
             s.pos += 1
-            if s.req.cancelled:
+            req = s.req
+            if req.cancelled:
                 finished.append(i)
                 continue
-            tok = greedy[i] if s.req.temperature <= 0 else sample_row(logits[i], s.req, s.gen)
-            if self._emit(s, tok, logits[i]):
+            if req.temperature <= 0:
+                tok = greedy[i]
+                req.events.push("token", tok if req.logprobs is None else token_event(tok, logits[i], req.logprobs))
+            else:
+                tok = sample_row(logits[i], req, s.gen)
+                req.events.push("token", token_event(tok, logits[i], req.logprobs))
+            req.n_generated += 1
+            s.last = tok
+            if finish_check(req, tok, eos, notify=False):
                 finished.append(i)
+        wake([s.req for s in active])
         # Refill holes from the end, so decoding slots stay 0..n-1 (KV moves, not gathers).
         for i in reversed(finished):
             last = len(active) - 1

@@ -46,6 +46,37 @@ class BadRequest(Exception):
     """A client error, answered with HTTP 400 and an OpenAI-style error body."""
 
 
+def text_decoder(tok: Any) -> Any:
+    """``ids -> tok.decode(ids, skip_special_tokens=True)``, the same text, ~10x cheaper where possible.
+
+    For a tokenizers-backed tokenizer (transformers 5's ``TokenizersBackend``) whose ``decode`` and
+    ``_decode`` are not overridden and that cleans up no spaces, transformers' decode is exactly the
+    Rust tokenizer's ``decode(ids, skip_special_tokens)`` behind ~5 us of Python per call: that is
+    called directly. Any other tokenizer (or transformers version) goes through ``tok.decode``.
+    """
+    slow = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return slow
+    backend = getattr(tok, "_tokenizer", None)
+    if (isinstance(tok, TokenizersBackend) and backend is not None
+            and type(tok).decode is PreTrainedTokenizerBase.decode
+            and type(tok)._decode is TokenizersBackend._decode
+            and getattr(tok, "clean_up_tokenization_spaces", True) is False):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return slow
+
+
+def sse_template(payload: dict, mark: str) -> tuple[bytes, bytes] | None:
+    """The SSE event of ``payload`` split around the JSON string ``mark`` (a field's value in it), so
+    ``pre + json.dumps(text).encode() + post == _sse(payload with text in place of mark)``, byte for
+    byte; None if ``mark`` is not found exactly once (the caller then builds each event whole)."""
+    parts = _sse(payload).split(json.dumps(mark).encode())
+    return (parts[0], parts[1]) if len(parts) == 2 else None
+
+
 class Detok:
     """Incremental detokenizer (the prefix/read-offset scheme of TGI/vLLM).
 
@@ -55,6 +86,7 @@ class Detok:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
+        self.decode = text_decoder(tokenizer)
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
@@ -62,12 +94,17 @@ class Detok:
     def add(self, token_id: int) -> str:
         """Add one token and return the newly completed text (possibly empty)."""
         self.ids.append(token_id)
-        prefix_text = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
-        new_text = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        prefix_text = self.decode(self.ids[self.prefix:self.read])
+        new_text = self.decode(self.ids[self.prefix:])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return new_text[len(prefix_text):]
         return ""
+
+
+def _sse(payload: dict) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
 def _error(status: int, message: str, etype: str = "invalid_request_error") -> web.Response:
@@ -227,7 +264,7 @@ class Server:
             await resp.prepare(request)
 
         async def send(payload: dict) -> None:
-            await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            await resp.write(_sse(payload))
 
         text_parts: list[str] = []
         tokens: list[TokenEvent] = []
@@ -245,26 +282,46 @@ class Server:
             if stream and not chat and echo:
                 await send({"id": rid, "object": obj, "created": created, "model": self.name, "choices": [
                     {"index": 0, "text": prompt_text, "logprobs": echo_lp, "finish_reason": None}]})
-            while req is not None:
-                kind, payload = await req.events.get()
-                if kind == "error":
-                    raise RuntimeError(payload)
-                if kind == "done":
-                    finish = payload
-                    break
-                ev: TokenEvent = payload
-                piece = detok.add(ev.token_id)
-                tokens.append(ev)
-                pieces.append(piece)
-                text_parts.append(piece)
-                if stream:
-                    lp_obj = self._lp_obj([ev], [piece], chat, as_ids, 0) if logprobs is not None else None
-                    if chat:
-                        choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp_obj, "finish_reason": None}
-                    else:
-                        choice = {"index": 0, "text": piece, "logprobs": lp_obj, "finish_reason": None}
-                    await send({"id": rid, "object": obj, "created": created, "model": self.name,
-                                "choices": [choice]})
+            tmpl = None
+            if stream and logprobs is None:
+                mark = "\x00piece\x00"
+                choice = ({"index": 0, "delta": {"content": mark}, "logprobs": None, "finish_reason": None} if chat
+                          else {"index": 0, "text": mark, "logprobs": None, "finish_reason": None})
+                tmpl = sse_template({"id": rid, "object": obj, "created": created, "model": self.name,
+                                     "choices": [choice]}, mark)
+            # Everything the worker queued since the last wake-up is handled at once: one SSE event
+            # per token as before (same bytes, same chunking), written to the socket in one call.
+            done = req is None
+            while not done:
+                out: list[bytes] = []
+                failed = None
+                for kind, payload in await req.events.get_batch():
+                    if kind == "error":
+                        failed = payload
+                        break
+                    if kind == "done":
+                        finish, done = payload, True
+                        break
+                    ev: TokenEvent = payload if isinstance(payload, TokenEvent) else TokenEvent(payload)
+                    piece = detok.add(ev.token_id)
+                    tokens.append(ev)
+                    pieces.append(piece)
+                    text_parts.append(piece)
+                    if tmpl is not None:  # no logprobs: the event's constant bytes are built once
+                        out.append(tmpl[0] + json.dumps(piece).encode() + tmpl[1])
+                    elif stream:
+                        lp_obj = self._lp_obj([ev], [piece], chat, as_ids, 0) if logprobs is not None else None
+                        if chat:
+                            choice = {"index": 0, "delta": {"content": piece}, "logprobs": lp_obj,
+                                      "finish_reason": None}
+                        else:
+                            choice = {"index": 0, "text": piece, "logprobs": lp_obj, "finish_reason": None}
+                        out.append(_sse({"id": rid, "object": obj, "created": created, "model": self.name,
+                                         "choices": [choice]}))
+                if out:
+                    await resp.write(b"".join(out))
+                if failed is not None:
+                    raise RuntimeError(failed)
         except (ConnectionResetError, asyncio.CancelledError):
             if req is not None:
                 req.cancelled = True
