@@ -18,7 +18,7 @@ Also the median trial time and the per-trial deploy / gates / bench / other / id
 report's own `trial_timeline`). headline.json is updated, not replaced: `time_to_best_<kind>_s`
 (the value is (a), (b) beside it) and `median_trial_s`, each naming the database; a figure not
 reached is null with a `why`. `--kind` defaults to warm when the run started from the knowledge
-base (a `kb.warm_start` or `kb.priors` event), else cold. The database is opened read-only.
+base (a `kb.warm_start` or `kb.priors` event), else cold. The database is read from a copy.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sqlite3
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -65,10 +67,27 @@ def _ts(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text) if text else None
 
 
-def _open(db: Path) -> sqlite3.Connection:
+def _read(db: Path, queries: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Rows of each query, read from a copy of the database: opening a WAL database, even read-only,
+    leaves -wal / -shm files beside it (the results folder is committed)."""
     if not db.exists():
         raise FileNotFoundError(db)
-    return sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for suffix in ("", "-wal"):
+            if Path(f"{db}{suffix}").exists():
+                shutil.copyfile(f"{db}{suffix}", Path(tmp) / f"run.db{suffix}")
+        con = sqlite3.connect(Path(tmp) / "run.db")
+        try:
+            out: dict[str, list[tuple[Any, ...]]] = {}
+            for name, (sql, params) in queries.items():
+                if name != "run":
+                    params = (out["run"][0][0],)
+                out[name] = con.execute(sql, params).fetchall()
+                if name == "run" and not out[name]:
+                    raise LookupError(f"no run in {db}")
+            return out
+        finally:
+            con.close()
 
 
 def sessions(events: list[tuple[datetime, str]], last_seen: datetime) -> list[tuple[datetime, datetime]]:
@@ -118,23 +137,18 @@ def target_score(best: dict[str, Any], metrics: list[str]) -> tuple[float | None
 
 def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[str, Any]:
     """Every figure of the run, as a dict (see the module docstring)."""
-    con = _open(db)
-    try:
-        row = con.execute("select id, name, goal_json, updated_at from runs " +
-                          ("where id = ?" if run_id is not None else "order by id desc limit 1"),
-                          (run_id,) if run_id is not None else ()).fetchone()
-        if row is None:
-            raise LookupError(f"no run in {db}")
-        rid, name, goal_json, updated = row
-        goal = json.loads(goal_json)
-        trials = [_Trial(i, n, st, pr, sc, json.loads(kj or "{}"), json.loads(tj) if tj else None, _ts(sa), _ts(fa))
-                  for i, n, st, pr, sc, kj, tj, sa, fa in con.execute(
-                      "select id, number, status, proposer, score, knobs_json, timings_json, started_at, finished_at "
-                      "from trials where run_id = ? order by number", (rid,))]
-        events = [(_ts(ts), kind, tid, json.loads(dj) if dj else {}) for ts, kind, tid, dj in con.execute(
-            "select ts, kind, trial_id, data_json from events where run_id = ? order by ts, id", (rid,))]
-    finally:
-        con.close()
+    rows = _read(db, {
+        "run": ("select id, name, goal_json, updated_at from runs "
+                + ("where id = ?" if run_id is not None else "order by id desc limit 1"),
+                (run_id,) if run_id is not None else ()),
+        "trials": ("select id, number, status, proposer, score, knobs_json, timings_json, started_at, finished_at "
+                   "from trials where run_id = ? order by number", ()),
+        "events": ("select ts, kind, trial_id, data_json from events where run_id = ? order by ts, id", ())})
+    rid, name, goal_json, updated = rows["run"][0]
+    goal = json.loads(goal_json)
+    trials = [_Trial(i, n, st, pr, sc, json.loads(kj or "{}"), json.loads(tj) if tj else None, _ts(sa), _ts(fa))
+              for i, n, st, pr, sc, kj, tj, sa, fa in rows["trials"]]
+    events = [(_ts(ts), kind, tid, json.loads(dj) if dj else {}) for ts, kind, tid, dj in rows["events"]]
     last = max([e[0] for e in events] + [t.finished_at for t in trials if t.finished_at] + [_ts(updated)])
     spans = sessions([(ts, k) for ts, k, _, _ in events], last)
     total = sum((b - a).total_seconds() for a, b in spans)
