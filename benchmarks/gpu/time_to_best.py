@@ -248,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "headline.json")
     ap.add_argument("--print-only", action="store_true", help="print, do not write headline.json")
     args = ap.parse_args(argv)
-    res = analyse(args.db, json.loads(args.best_known.read_text()), args.run_id)
+    try:
+        res = analyse(args.db, json.loads(args.best_known.read_text()), args.run_id)
+    except (LookupError, FileNotFoundError) as e:  # a workspace whose run never started
+        print(f"time_to_best: {e}", file=sys.stderr)
+        return 1
     kind = args.kind or res["kind"]
     a, b, m = res["kept_within_5pct"], res["paired_goal_met"], res["median_trial"]
     print(f"run {res['run']['name']} ({kind}, {res['sessions']} session(s), {res['gpu_s_total']:.0f} GPU-s): "

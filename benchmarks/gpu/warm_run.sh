@@ -14,7 +14,7 @@
 #   SMALL_TRIALS=6 SMALL_WALL=(what the command's limit leaves, minus the paired confirmation at the stop)
 #   BIG_TRIALS= (empty: the goal's own)  SCENARIOS=benchmarks/gpu/scenarios.toml (empty: the built-in ones)
 #   BENCH_SCALE= FLOORS= (a sol.json: the speed-of-light check)  WS_ROOT=/root  PY=python3  REPEATS=1
-#   DRY=1: nothing is forged that needs a GPU; used by the CPU dry run (docs/benchmarks.md, "next GPU session")
+#   EXTRA_TOML= (lines appended to each infergoal.toml; the CPU dry run's fake target turns the gates off there)
 set -u
 START=$SECONDS
 LIMIT=${1:-585}; PHASE=${2:-small}
@@ -54,8 +54,9 @@ PY
 workspace() {  # workspace() DIR PRESET TRIALS WALL: target, goal and infergoal.toml of one phase
   local ws=$1 preset=$2 trials=$3 wall=$4
   mkdir -p "$ws/.infergoal"
+  # the target's relative `source` is relative to its own folder: made absolute for the copy
   sed -e "s|^model = .*|model = \"forge:$preset\"|" -e "s|^name = \"\(.*\)\"|name = \"\1-$preset\"|" \
-      -e "s|^source = .*|source = \"$(dirname "$TARGET")/../hfserve\"|" "$TARGET" > "$ws/target.toml"
+      -e "s|^source = \"\([^/][^\"]*\)\"|source = \"$(cd "$(dirname "$TARGET")" && pwd)/\1\"|" "$TARGET" > "$ws/target.toml"
   sed -e "${trials:+s/^trials = .*/trials = $trials/}" -e "${wall:+s/^wall = .*/wall = \"${wall}s\"/}" \
       "$GOAL_FILE" > "$ws/goal.toml"
   cat > "$ws/infergoal.toml" <<TOML
@@ -70,10 +71,12 @@ timeout_s = 300
 ${SCENARIOS:+scenarios = \"$SCENARIOS\"}
 ${BENCH_SCALE:+scale = $BENCH_SCALE}
 ${FLOORS:+floors = \"$FLOORS\"}
+${EXTRA_TOML:-}
 TOML
 }
 
-has_run() {  # a run of this workspace that has not finished
+has_run() {  # a run of this workspace that has not finished (never creates the database)
+  [ -f "$1/.infergoal/infergoal.db" ] || { echo 0; return; }
   (cd "$1" && $PY -c "import sqlite3; print(sqlite3.connect('.infergoal/infergoal.db').execute(\"select count(*) from runs where status != 'finished'\").fetchone()[0])" 2>/dev/null) || echo 0
 }
 
@@ -105,7 +108,7 @@ case $PHASE in
   big)
     log "forge $BIG_PRESET"; MODEL=$(forge "$BIG_PRESET"); log "model $MODEL"
     workspace "$BIG_WS" "$BIG_PRESET" "${BIG_TRIALS:-}" ""
-    if [ "$(has_run "$BIG_WS")" = "0" ] && [ ! -f "$BIG_WS/.infergoal/infergoal.db" ]; then
+    if [ ! -f "$BIG_WS/.infergoal/infergoal.db" ]; then  # a fresh big workspace: it starts from the small run's kb
       rm -rf "$BIG_WS/kb"
       if [ -d "$SMALL_WS/kb" ]; then cp -r "$SMALL_WS/kb" "$BIG_WS/kb"; log "kb copied from $SMALL_WS/kb"
       elif [ -d "$KB_FROM" ]; then cp -r "$KB_FROM" "$BIG_WS/kb"; log "kb copied from $KB_FROM (carried)"
