@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gates import generation  # noqa: E402
+from gates import reference  # noqa: E402
 from gates.accuracy import _heldout_ids, _reference_rows, draw_windows, load_reference  # noqa: E402
-from gates.generation import reference_greedy, reference_greedy_many, score_many  # noqa: E402
+from gates.reference import reference_greedy, reference_greedy_many, score_many  # noqa: E402
 
 
 def main() -> None:
@@ -58,17 +58,17 @@ def main() -> None:
         rng = random.Random(1000 + rnd)
         prompts = [[tok.bos_token_id, *w] for w in draw_windows(heldout, rng, 12, 32)]
         windows = [[tok.bos_token_id, *w] for w in draw_windows(heldout, rng, 8, 96)]
-        generation._GREEDY_CACHE.clear()
+        reference._GREEDY_CACHE.clear()
         timed("greedy, one prompt at a time", lambda ps=prompts: [reference_greedy(model, p, 32) for p in ps])
         served = [reference_greedy(model, p, 32)[0] for p in prompts]
-        generation._GREEDY_CACHE.clear()
+        reference._GREEDY_CACHE.clear()
         timed("greedy, batched", lambda ps=prompts: reference_greedy_many(model, ps, 32))
         timed("teacher-forced windows, one at a time", lambda ws=windows: forward_each(ws))
         timed("teacher-forced windows, batched", lambda ws=windows: _reference_rows(model, ws, {}, 0.0))
         pairs = list(zip(prompts, served, strict=True))
-        generation._SCORE_CACHE.clear()
+        reference._SCORE_CACHE.clear()
         timed("scoring, one at a time", lambda pp=pairs: [score_many(model, [pair]) for pair in pp])
-        generation._SCORE_CACHE.clear()
+        reference._SCORE_CACHE.clear()
         timed("scoring, batched", lambda pp=pairs: score_many(model, pp))
         timed("scoring, cached (same ids again)", lambda pp=pairs: score_many(model, pp))
         if rnd == 0:

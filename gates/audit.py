@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gates.generation import score_many
+from gates.reference import score_many
 from gates.result import GateResult
 from gates.thresholds import section
 

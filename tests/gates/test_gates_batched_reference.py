@@ -1,4 +1,4 @@
-"""The gates' reference work done in batches (gates/generation.py, gates/accuracy.py) gives what the
+"""The gates' reference work done in batches (gates/reference.py, gates/accuracy.py) gives what the
 one-at-a-time path gives, and the score cache never lets a different continuation pass (no server)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gates import generation
+from gates import reference as ref_module
 from gates.accuracy import _heldout_ids, _reference_rows, draw_windows, load_reference
-from gates.generation import _GREEDY_CACHE, reference_greedy, reference_greedy_many, score_many
+from gates.reference import _GREEDY_CACHE, reference_greedy, reference_greedy_many, score_many
 
 torch = pytest.importorskip("torch")
 
@@ -42,9 +42,9 @@ def test_batched_scores_match_and_the_cache_never_passes_another_continuation(re
     rng = random.Random(5)
     forged = [[rng.randrange(len(tok)) for _ in range(16)] for _ in prompts]  # what a broken decode returns
     pairs = list(zip(prompts, honest, strict=True)) + list(zip(prompts, forged, strict=True))
-    generation._SCORE_CACHE.clear()
+    ref_module._SCORE_CACHE.clear()
     batched = score_many(model, pairs)
-    generation._SCORE_CACHE.clear()
+    ref_module._SCORE_CACHE.clear()
     one_by_one = [score_many(model, [pair])[0] for pair in pairs]
     for (g1, n1), (g2, n2) in zip(batched, one_by_one, strict=True):
         assert g1 == pytest.approx(g2, abs=1e-4) and n1 == pytest.approx(n2, abs=1e-4)
@@ -52,7 +52,7 @@ def test_batched_scores_match_and_the_cache_never_passes_another_continuation(re
     assert all(max(g) < 1e-4 for g, _ in batched[:3])
     # With the honest scores cached, the forged continuations of the same prompts are scored afresh
     # and fail as before (random tokens sit nats below the reference's top-1).
-    generation._SCORE_CACHE.clear()
+    ref_module._SCORE_CACHE.clear()
     score_many(model, pairs[:3])
     again = score_many(model, pairs[3:])
     assert all(sum(x > 0.05 for x in g) >= 12 for g, _ in again)
