@@ -44,6 +44,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ _REF_LOCK = threading.Lock()
 _REF_CACHE: dict[str, tuple[Any, Any]] = {}
 _HELDOUT_CACHE: dict[int, list[int]] = {}
 _EPS = 1e-9
+_BATCH = 8  # windows per batched reference forward (8 x 97 positions x a 32 k vocab: ~100 MB of fp32 logits)
 
 
 def load_reference(model_dir: Path | str) -> tuple[Any, Any]:
@@ -119,6 +121,26 @@ def coarse_kl(ref_logprobs: Any, served: Mapping[int, float]) -> float:
     rest_r, rest_s = max(1.0 - ref_mass, _EPS), max(1.0 - served_mass, _EPS)
     kl += rest_r * math.log(rest_r / rest_s)
     return max(kl, 0.0)
+
+
+def _reference_rows(model: Any, windows: Sequence[list[int]], timing: dict[str, float], t0: float) -> list[Any]:
+    """The reference's logits (float32, on the CPU) for every window; windows of one length go
+    through the model together (no padding: each row sees only its own window)."""
+    import torch
+
+    rows: list[Any] = [None] * len(windows)
+    by_len: dict[int, list[int]] = {}
+    for i, w in enumerate(windows):
+        by_len.setdefault(len(w), []).append(i)
+    for idx in by_len.values():
+        for at in range(0, len(idx), _BATCH):
+            part = idx[at:at + _BATCH]
+            with torch.no_grad():
+                logits = model(torch.tensor([windows[i] for i in part], device=model.device)).logits.float().cpu()
+            for row, i in enumerate(part):
+                rows[i] = logits[row]
+    timing["reference_teacher_forced"] = time.perf_counter() - t0
+    return rows
 
 
 def _parse_id(token: str) -> int:
@@ -266,28 +288,38 @@ def check(
     windows = draw_windows(_heldout_ids(tok), rng, int(cfg["windows"]), int(cfg["window_tokens"]))
     bos = getattr(tok, "bos_token_id", None)
     acc: dict[str, list[float]] = {key: [] for key in ("kl", "dlp", "nll_ref", "nll_srv", "mismatch", "uncontained")}
+    timing: dict[str, float] = {}
+    details["timing_s"] = timing
+    t0 = time.perf_counter()
     # Without echo logprobs there is no teacher-forced score to read; the windows are still drawn
     # (the generation probes come after them from the same seeded stream).
-    for window in windows if mode.echo_logprobs else ():
-        ids = ([bos] if bos is not None else []) + window
-        try:
-            token_lps, tops = _served_logprobs(base_url, served_model, ids, k, float(cfg["timeout_s"]))
-        except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
-            return done("fail", f"echo logprobs request failed: {exc}")
-        with torch.no_grad():
-            logits = model(torch.tensor([ids], device=model.device)).logits[0].float().cpu()
-        try:
-            _score(torch.log_softmax(logits, dim=-1), ids, token_lps, tops, k, acc)
-        except ValueError as exc:
-            return done("fail", str(exc))
+    sent = [([bos] if bos is not None else []) + w for w in windows] if mode.echo_logprobs else []
+    with ThreadPoolExecutor(max_workers=1) as ref_pool:
+        # The reference's rows depend on the windows alone: one batched forward on its own thread
+        # while the server is asked window by window, exactly as before.
+        ref_rows = ref_pool.submit(_reference_rows, model, sent, timing, t0) if sent else None
+        for i, ids in enumerate(sent):
+            try:
+                token_lps, tops = _served_logprobs(base_url, served_model, ids, k, float(cfg["timeout_s"]))
+            except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+                return done("fail", f"echo logprobs request failed: {exc}")
+            rows = ref_rows.result()[i]  # a reference that fails raises here: the harness's fault, not a verdict
+            try:
+                _score(torch.log_softmax(rows, dim=-1), ids, token_lps, tops, k, acc)
+            except ValueError as exc:
+                return done("fail", str(exc))
+    timing["teacher_forced"] = time.perf_counter() - t0
     metrics = summarize(acc) if mode.echo_logprobs else {}
     details["metrics"] = metrics
     gcfg = {**cfg["generation"], "timeout_s": cfg["timeout_s"]}
     gcfg["margin"] = generation_margin(gcfg, metrics)
     probes = draw_probes(_heldout_ids(tok), rng, pairs=int(gcfg["pairs"]), length=int(gcfg["prompt_tokens"]),
                          tail=int(gcfg["tail_tokens"]), chat=chat)
+    gen_timing: dict[str, float] = {}
+    timing["generation"] = gen_timing
     try:
-        gen_metrics, details["generation"] = check_generation(base_url, served_model, model, tok, probes, gcfg, mode)
+        gen_metrics, details["generation"] = check_generation(base_url, served_model, model, tok, probes, gcfg, mode,
+                                                              timing=gen_timing)
     except GenerationError as exc:
         return done("fail", f"generation: {exc}")
     except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:

@@ -38,9 +38,8 @@ token, and an EOS more than ``eos_gap_limit`` below the reference's top-1 fails 
 
 from __future__ import annotations
 
-import inspect
 import random
-import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,15 +47,12 @@ from typing import Any
 
 from gates._http import GateHTTPError, post_json, post_stream
 from gates.api import ApiMode
+from gates.reference import reference_greedy, reference_greedy_many, score_many
 from gates.textalign import align_text
 
-__all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "reference_greedy", "summarize_generation"]
+__all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "reference_greedy", "reference_greedy_many",
+           "score_many", "summarize_generation"]
 
-_GREEDY_LOCK = threading.Lock()
-# (model id, prompt ids, new tokens) -> (greedy ids, their reference NLL per token). The reference
-# model is deterministic, so a prompt seen again (a relaunch judged with the same seed, a chat
-# prompt shared by modes) is never recomputed.
-_GREEDY_CACHE: dict[tuple[int, tuple[int, ...], int], tuple[list[int], float]] = {}
 SHAPES = (("completions", False), ("completions", True), ("chat", True), ("chat", False))
 
 
@@ -157,47 +153,6 @@ def _send(base_url: str, model: str, probe: Probe, prompt: Any, n: int, timeout:
     return _Reply(ids, usage, finish, "".join(parts))
 
 
-def reference_greedy(model: Any, prompt: list[int], n: int) -> tuple[list[int], float]:
-    """The reference's own greedy continuation of ``n`` tokens (EOS ignored) and its NLL per token."""
-    import torch
-
-    key = (id(model), tuple(prompt), n)
-    with _GREEDY_LOCK:
-        if key in _GREEDY_CACHE:
-            return _GREEDY_CACHE[key]
-    # transformers renamed `past_key_values` to `cache` (5.2x); accept both.
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    ids = list(prompt)
-    with torch.no_grad():
-        out = model(torch.tensor([ids], device=model.device), use_cache=True)
-        total = 0.0
-        for step in range(n):
-            lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-            tok = int(torch.argmax(lp))
-            total -= float(lp[tok])
-            ids.append(tok)
-            if step + 1 < n:
-                cache = getattr(out, "cache", None)
-                cache = cache if cache is not None else getattr(out, "past_key_values", None)
-                out = model(torch.tensor([[tok]], device=model.device), use_cache=True, **{cache_kw: cache})
-    result = (ids[len(prompt):], total / n)
-    with _GREEDY_LOCK:
-        _GREEDY_CACHE[key] = result
-    return result
-
-
-def _score(model: Any, prompt: list[int], served: list[int]) -> tuple[list[float], float]:
-    """Teacher-forced on the served tokens: per position the gap to the reference's top-1, and NLL per token."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + served], device=model.device)).logits[0].float().cpu()
-    rows = torch.log_softmax(logits[len(prompt) - 1:-1], dim=-1)
-    chosen = rows.gather(-1, torch.tensor(served)[:, None])[:, 0]
-    gap = rows.max(dim=-1).values - chosen
-    return gap.tolist(), float(-chosen.mean())
-
-
 def _prompt_of(probe: Probe, tok: Any, mode: ApiMode = ApiMode()) -> tuple[Any, list[int]]:
     """(what to send, the prompt ids the server should see) for a probe."""
     if probe.api == "chat":
@@ -211,8 +166,13 @@ def _prompt_of(probe: Probe, tok: Any, mode: ApiMode = ApiMode()) -> tuple[Any, 
 
 
 def check_generation(base_url: str, served_model: str, model: Any, tok: Any, probes: Sequence[Probe],
-                     cfg: Mapping[str, Any], mode: ApiMode = ApiMode()) -> tuple[dict[str, float], list[dict[str, Any]]]:
+                     cfg: Mapping[str, Any], mode: ApiMode = ApiMode(),
+                     timing: dict[str, float] | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Run every probe against the server and score it; returns (metrics, per-prompt records).
+
+    ``timing``, when given, receives the seconds from the first request to: the concurrent phase's
+    replies (``server_concurrent``), every reply (``server``), the reference's greedy continuations
+    (``reference_greedy``, on its own thread meanwhile), and the scoring after them (``scoring``).
 
     Raises:
         GenerationError: a count, usage or prompt length that disagrees with the request.
@@ -222,42 +182,51 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
     prompts = [_prompt_of(p, tok, mode) for p in probes]
     replies: list[_Reply | None] = [None] * len(probes)
     together = [i for i, p in enumerate(probes) if p.concurrent]
+    clock = timing if timing is not None else {}
+    t0 = time.perf_counter()
+
+    def greedy() -> None:  # the prompts are all of one length: one batch, n decode steps in all
+        reference_greedy_many(model, [ids for _, ids in prompts], n)
+        clock["reference_greedy"] = time.perf_counter() - t0
+
     # The reference's greedy continuations depend on the prompts alone: they are computed on a
     # thread of their own while the server generates (the requests go out exactly as before), and
     # the scoring below reads them from the cache.
     with ThreadPoolExecutor(max_workers=1) as ref_pool:
-        ref_done = ref_pool.submit(lambda: [reference_greedy(model, ids, n) for _, ids in prompts])
+        ref_done = ref_pool.submit(greedy)
         with ThreadPoolExecutor(max_workers=max(1, len(together))) as pool:
             futures = {i: pool.submit(_send, base_url, served_model, probes[i], prompts[i][0], n, timeout, mode)
                        for i in together}
             for i, fut in futures.items():
                 replies[i] = fut.result()
+        clock["server_concurrent"] = time.perf_counter() - t0
         for i, p in enumerate(probes):
             if not p.concurrent:
                 replies[i] = _send(base_url, served_model, p, prompts[i][0], n, timeout, mode)
+        clock["server"] = time.perf_counter() - t0
         ref_done.result()
+    t_score = time.perf_counter()
 
-    records: list[dict[str, Any]] = []
+    # Every reply's counts first, in probe order, up to the first that is wrong; then the replies
+    # before it are scored together (one batched reference forward) and judged in the same order,
+    # so the error raised is the one a probe-by-probe pass would raise first.
+    checked: list[tuple[Probe, list[int], list[int], bool, str]] = []
+    wrong: Exception | None = None
     for probe, (_, prompt_ids), reply in zip(probes, prompts, replies, strict=True):
         assert reply is not None
-        served, usage = reply.ids, reply.usage
         shape = f"{probe.api}{' stream' if probe.stream else ''}{' concurrent' if probe.concurrent else ''}"
-        stopped = False
-        if mode.ignore_eos and mode.token_ids:
-            if len(served) != n:
-                raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
-            if not usage or usage.get("completion_tokens") != n:
-                raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
-                                      f"but {n} token ids delivered")
-        else:
-            served, stopped = _counted(reply, shape, n, (model, tok, prompt_ids), mode, float(cfg["retokenize_tolerance"]))
-        if probe.api == "completions" and usage.get("prompt_tokens") != len(prompt_ids):
-            raise GenerationError(f"{shape}: usage prompt_tokens={usage.get('prompt_tokens')} for a prompt "
-                                  f"of {len(prompt_ids)} ids")
-        greedy, nll_ref = reference_greedy(model, prompt_ids, n)
+        try:
+            served, stopped = _checked_counts(reply, probe, shape, n, prompt_ids, (model, tok), mode, cfg)
+        except Exception as exc:  # noqa: BLE001 - raised below, after the probes before it are judged
+            wrong = exc
+            break
         # An early stop is one more generated token, EOS, judged like the others (gates.api).
-        scored = served + [tok.eos_token_id] if stopped else served
-        gaps, nll = _score(model, prompt_ids, scored)
+        checked.append((probe, prompt_ids, served + [tok.eos_token_id] if stopped else served, stopped, shape))
+    records: list[dict[str, Any]] = []
+    scores = score_many(model, [(prompt_ids, scored) for _, prompt_ids, scored, _, _ in checked])
+    for (probe, prompt_ids, scored, stopped, shape), (gaps, nll) in zip(checked, scores, strict=True):
+        served = scored[:-1] if stopped else scored
+        greedy, nll_ref = reference_greedy(model, prompt_ids, n)
         if stopped and gaps[-1] > float(cfg["eos_gap_limit"]):
             raise GenerationError(f"{shape}: stopped at EOS after {len(served)} of {n} tokens where the reference "
                                   f"puts EOS {gaps[-1]:.2f} below its top choice (limit {cfg['eos_gap_limit']})")
@@ -265,7 +234,30 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
         records.append({"shape": shape, "concurrent": probe.concurrent, "offtop": sum(g > margin for g in gaps),
                         "gaps": sorted(round(g, 3) for g in gaps if g > 1e-6), "prefix": prefix,
                         "nll": nll, "nll_ref": nll_ref, "tokens": len(scored)})
+    if wrong is not None:
+        raise wrong
+    clock["scoring"] = time.perf_counter() - t_score
     return summarize_generation(records, n), records
+
+
+def _checked_counts(reply: _Reply, probe: Probe, shape: str, n: int, prompt_ids: list[int], ref: tuple[Any, Any],
+                    mode: ApiMode, cfg: Mapping[str, Any]) -> tuple[list[int], bool]:
+    """(the served ids to score, stopped early at EOS) of one reply whose counts and usage agree
+    with its request; raises :class:`GenerationError` where they do not."""
+    served, usage = reply.ids, reply.usage
+    stopped = False
+    if mode.ignore_eos and mode.token_ids:
+        if len(served) != n:
+            raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
+        if not usage or usage.get("completion_tokens") != n:
+            raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
+                                  f"but {n} token ids delivered")
+    else:
+        served, stopped = _counted(reply, shape, n, (*ref, prompt_ids), mode, float(cfg["retokenize_tolerance"]))
+    if probe.api == "completions" and usage.get("prompt_tokens") != len(prompt_ids):
+        raise GenerationError(f"{shape}: usage prompt_tokens={usage.get('prompt_tokens')} for a prompt "
+                              f"of {len(prompt_ids)} ids")
+    return served, stopped
 
 
 def _counted(reply: _Reply, shape: str, n: int, ref: tuple[Any, Any, list[int]], mode: ApiMode,

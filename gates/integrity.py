@@ -97,11 +97,18 @@ def _check_models(base_url: str, served_model: str) -> str:
 
 def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: float,
                    mode: ApiMode = ApiMode(), tok: Any = None) -> dict[str, Any]:
-    """One streamed and one non-streamed request; the client's own counts plus the server's usage."""
-    events = post_stream(base_url, "/v1/completions", mode.body({
-        "model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
-        "logprobs": 1, "return_tokens_as_token_ids": True}), timeout=timeout)
+    """One streamed and one non-streamed request; the client's own counts plus the server's usage.
+
+    The two are independent (each is counted on its own): they go out together, so the check waits
+    for one reply instead of two in a row, and a batching server answers them in one batch."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        streamed = pool.submit(post_stream, base_url, "/v1/completions", mode.body({
+            "model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True},
+            "logprobs": 1, "return_tokens_as_token_ids": True}), timeout=timeout)
+        whole = pool.submit(_completion, base_url, model, prompt, n, timeout, mode, logprobs=1,
+                            return_tokens_as_token_ids=True)
+        events, (reply, _) = streamed.result(), whole.result()
     # Count the token ids the chunks carry, never the chunks: vLLM holds back a token that decodes
     # to a partial UTF-8 character and sends it with the next one (9 tokens in 3-4 chunks).
     # A server that sends no ids is counted by its content-bearing chunks (the closing chunk,
@@ -117,7 +124,6 @@ def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: floa
         counted = sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
     usages = [e["usage"] for e in events if e.get("usage")]
     finishes = [c["finish_reason"] for c in choices if c.get("finish_reason")]
-    reply, _ = _completion(base_url, model, prompt, n, timeout, mode, logprobs=1, return_tokens_as_token_ids=True)
     choice = reply["choices"][0]
     tokens = ((choice.get("logprobs") or {}).get("tokens")) or []
     return {"stream_chunks": counted, "stream_usage": usages[-1] if usages else None,
@@ -288,11 +294,14 @@ def check(
         text = random_prompt(rng, words)
         ids = list(tok(text, add_special_tokens=False)["input_ids"])
         prompt, seen = mode.prompt(tok, ids)
-        state["probe"] = _probe_lengths(base_url, served_model, prompt, n_len, timeout, mode, tok)
+        # The text prompt's usage probe is independent of the two length probes: sent beside them.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            text_reply = pool.submit(_completion, base_url, served_model, text, 1, timeout, mode)
+            state["probe"] = _probe_lengths(base_url, served_model, prompt, n_len, timeout, mode, tok)
+            state["text_usage"] = text_reply.result()[0].get("usage")
         state["prompt_len"] = len(seen)
         text_lens = {len(tok(text)["input_ids"]), len(ids)}  # with or without the BOS the server may add
         state["text_lens"] = text_lens
-        state["text_usage"] = _completion(base_url, served_model, text, 1, timeout, mode)[0].get("usage")
         return _check_max_tokens(state["probe"], n_len, mode, tol)
 
     steps = [

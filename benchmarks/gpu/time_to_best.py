@@ -1,0 +1,278 @@
+"""Time to best from one run database: GPU-seconds of the loop until it found and confirmed the best.
+
+    python benchmarks/gpu/time_to_best.py RUN_DB [--best-known benchmarks/gpu/best_known.json]
+        [--run-id N] [--kind cold|warm] [--out benchmarks/gpu/results/headline.json] [--print-only]
+
+The clock (issue #23) runs from the run's start (`infergoal goal`; the model forge happens before
+it and is not counted) and only while a session of the run was live: a run resumed on a fresh
+machine adds its sessions' seconds (`run.start` / `resume` events up to each `session` event), never
+the time the machine was away. Measured to:
+
+(a) the first kept search trial whose *screening* score (the first `trial.why` of the trial; a
+    paired confirmation later overwrites the trial's score) is within 5% of the best known
+    setting's screening score for this goal (`--best-known`: measured for the goal's objective
+    metrics, else the geometric mean of its paired per-metric ratios over them, the loop's score);
+(b) the first paired outcome that met the goal (the `paired` event; `GoalMet` follows it).
+
+Also the median trial time and the per-trial deploy / gates / bench / other / idle split (the
+report's own `trial_timeline`). headline.json is updated, not replaced: `time_to_best_<kind>_s`
+(the value is (a), (b) beside it) and `median_trial_s`, each naming the database; a figure not
+reached is null with a `why`. `--kind` defaults to warm when the run started from the knowledge
+base (a `kb.warm_start` or `kb.priors` event), else cold. The database is read from a copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from orchestrator.report.svg import trial_timeline  # noqa: E402
+from orchestrator.roles import NOT_SEARCH  # noqa: E402
+
+__all__ = ["analyse", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
+
+WITHIN = 0.05  # "within 5% of the best known setting" (issue #23)
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """The fields `trial_timeline` reads, from a database row."""
+
+    id: int
+    number: int
+    status: str
+    proposer: str
+    score: float | None
+    knobs: dict[str, Any]
+    timings: dict[str, float] | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+def _ts(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _read(db: Path, queries: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """Rows of each query, read from a copy of the database: opening a WAL database, even read-only,
+    leaves -wal / -shm files beside it (the results folder is committed)."""
+    if not db.exists():
+        raise FileNotFoundError(db)
+    with tempfile.TemporaryDirectory() as tmp:
+        for suffix in ("", "-wal"):
+            if Path(f"{db}{suffix}").exists():
+                shutil.copyfile(f"{db}{suffix}", Path(tmp) / f"run.db{suffix}")
+        con = sqlite3.connect(Path(tmp) / "run.db")
+        try:
+            out: dict[str, list[tuple[Any, ...]]] = {}
+            for name, (sql, params) in queries.items():
+                if name != "run":
+                    params = (out["run"][0][0],)
+                out[name] = con.execute(sql, params).fetchall()
+                if name == "run" and not out[name]:
+                    raise LookupError(f"no run in {db}")
+            return out
+        finally:
+            con.close()
+
+
+def sessions(events: list[tuple[datetime, str]], last_seen: datetime) -> list[tuple[datetime, datetime]]:
+    """(start, end) of each live session: from `run.start` / `resume` to the next `session` event
+    (a session killed without one ends at the next start, or at the run's last record)."""
+    out: list[tuple[datetime, datetime]] = []
+    start: datetime | None = None
+    for ts, kind in sorted(events):
+        if kind in ("run.start", "resume"):
+            if start is not None:  # the previous session ended without its `session` event
+                out.append((start, ts))
+            start = ts
+        elif kind == "session" and start is not None:
+            out.append((start, ts))
+            start = None
+    if start is not None:
+        out.append((start, max(last_seen, start)))
+    return out
+
+
+def gpu_seconds(spans: list[tuple[datetime, datetime]], at: datetime) -> float:
+    """Seconds of live sessions from the run's start up to ``at``."""
+    total = 0.0
+    for a, b in spans:
+        if at <= a:
+            break
+        total += (min(at, b) - a).total_seconds()
+    return total
+
+
+def _label(knobs: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
+
+
+def target_score(best: dict[str, Any], metrics: list[str]) -> tuple[float | None, str]:
+    """(the best known setting's screening score for a goal on ``metrics``, where it comes from)."""
+    for s in best.get("screen", []):
+        if sorted(s["metrics"]) == sorted(metrics):
+            return float(s["score"]), s.get("basis", "measured")
+    ratios = best.get("paired_ratios", {})
+    if metrics and all(m in ratios for m in metrics):
+        score = math.prod(float(ratios[m]) for m in metrics) ** (1 / len(metrics))
+        return score, ("derived: geometric mean of the best known setting's paired ratios over "
+                       + ", ".join(f"{m} {ratios[m]}x" for m in metrics) + " (no screening score measured for this goal)")
+    return None, f"the best known setting has no score for the objectives {metrics}"
+
+
+def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[str, Any]:
+    """Every figure of the run, as a dict (see the module docstring)."""
+    rows = _read(db, {
+        "run": ("select id, name, goal_json, updated_at from runs "
+                + ("where id = ?" if run_id is not None else "order by id desc limit 1"),
+                (run_id,) if run_id is not None else ()),
+        "trials": ("select id, number, status, proposer, score, knobs_json, timings_json, started_at, finished_at "
+                   "from trials where run_id = ? order by number", ()),
+        "events": ("select ts, kind, trial_id, data_json from events where run_id = ? order by ts, id", ())})
+    rid, name, goal_json, updated = rows["run"][0]
+    goal = json.loads(goal_json)
+    trials = [_Trial(i, n, st, pr, sc, json.loads(kj or "{}"), json.loads(tj) if tj else None, _ts(sa), _ts(fa))
+              for i, n, st, pr, sc, kj, tj, sa, fa in rows["trials"]]
+    events = [(_ts(ts), kind, tid, json.loads(dj) if dj else {}) for ts, kind, tid, dj in rows["events"]]
+    last = max([e[0] for e in events] + [t.finished_at for t in trials if t.finished_at] + [_ts(updated)])
+    spans = sessions([(ts, k) for ts, k, _, _ in events], last)
+    total = sum((b - a).total_seconds() for a, b in spans)
+    metrics = [o["metric"] for o in goal.get("objectives", [])]
+    target, basis = target_score(best, metrics)
+    by_id = {t.id: t for t in trials}
+    warm = any(k in ("kb.warm_start", "kb.priors") for _, k, _, _ in events)
+
+    # (a) the screening score of each kept search trial, when it was decided
+    screened: dict[int, tuple[datetime, float]] = {}
+    for ts, kind, tid, data in events:
+        if kind == "trial.why" and tid in by_id and tid not in screened and data.get("score") is not None:
+            screened[tid] = (ts, float(data["score"]))
+    kept = sorted((ts, score, by_id[tid]) for tid, (ts, score) in screened.items()
+                  if by_id[tid].status == "kept" and by_id[tid].proposer not in NOT_SEARCH
+                  and by_id[tid].number > 0)
+    best_seen = max(kept, key=lambda k: k[1], default=None)
+    hit = next((k for k in kept if target is not None and k[1] >= (1 - WITHIN) * target), None)
+    a: dict[str, Any] = {"value": round(gpu_seconds(spans, hit[0]), 1) if hit else None}
+    if hit:
+        a["trial"] = {"number": hit[2].number, "score": round(hit[1], 3), "knobs": _label(hit[2].knobs)}
+    else:
+        a["why"] = (f"no kept trial reached {1 - WITHIN:.0%} of the best known screening score "
+                    f"{target:.2f}x in {total:.0f} GPU-seconds" if target is not None else basis)
+    # (b) the first paired outcome that met the goal
+    met = next(((ts, data, tid) for ts, kind, tid, data in events if kind == "paired" and data.get("met")), None)
+    b: dict[str, Any] = {"value": round(gpu_seconds(spans, met[0]), 1) if met else None}
+    if met:
+        b["trial"] = by_id[met[2]].number if met[2] in by_id else None
+        b["paired"] = {k: met[1].get(k) for k in ("score", "lo", "hi", "rounds")}
+    else:
+        pairs = [d for _, k, _, d in events if k == "paired"]
+        b["why"] = (f"{len(pairs)} paired confirmation(s), none met the goal" if pairs
+                    else f"no paired confirmation ran in {total:.0f} GPU-seconds")
+
+    done = [t for t in trials if t.timings and t.timings.get("trial")]
+    rows = trial_timeline(done)
+    for r, t in zip(rows, done, strict=True):
+        r.update(proposer=t.proposer, trial=round(float(t.timings["trial"]), 2),
+                 **{k: round(float(v), 2) for k, v in r.items() if isinstance(v, float)})
+    split = {s: round(statistics.median(r[s] for r in rows), 2) for s in ("deploy", "gates", "bench", "other", "idle")} if rows else {}
+    median = {"value": round(statistics.median(float(t.timings["trial"]) for t in done), 2) if done else None,
+              "trials": len(done), "split_median_s": split, "per_trial": rows}
+    if not done:
+        median["why"] = "no finished trial"
+    first = min((t.started_at for t in trials if t.started_at), default=None)
+    median["before_first_trial_s"] = round(gpu_seconds(spans, first), 1) if first else None  # start-up, on the clock
+    return {"db": str(db), "run": {"id": rid, "name": name, "goal": goal.get("text", "")},
+            "kind": "warm" if warm else "cold", "gpu_s_total": round(total, 1),
+            "sessions": len(spans), "best_known": {"label": best.get("label") or _label(best.get("knobs", {})),
+                                                   "screen_score": target, "basis": basis,
+                                                   "within": WITHIN},
+            "best_reached": ({"number": best_seen[2].number, "score": round(best_seen[1], 3),
+                              "at_s": round(gpu_seconds(spans, best_seen[0]), 1), "knobs": _label(best_seen[2].knobs)}
+                             if best_seen else None),
+            "kept_within_5pct": a, "paired_goal_met": b, "median_trial": median}
+
+
+def update_headline(out: Path, res: dict[str, Any], kind: str, db_label: str) -> dict[str, Any]:
+    """Write `time_to_best_<kind>_s` and `median_trial_s` into ``out`` (other fields kept)."""
+    head = json.loads(out.read_text()) if out.exists() else {}
+    a, b = res["kept_within_5pct"], res["paired_goal_met"]
+    entry: dict[str, Any] = {"value": a["value"], "paired_goal_met_s": b["value"], "gpu_s_total": res["gpu_s_total"],
+                             "best_known": res["best_known"], "best_reached": res["best_reached"],
+                             "source": db_label, "run": res["run"]["name"], "goal": res["run"]["goal"]}
+    whys = [w for w in (a.get("why"), b.get("why") and f"paired: {b['why']}") if w]
+    if whys:
+        entry["why"] = "; ".join(whys)
+    if "trial" in a:
+        entry["trial"] = a["trial"]
+    if "paired" in b:
+        entry["paired"] = b["paired"]
+    head[f"time_to_best_{kind}_s"] = entry
+    m = res["median_trial"]
+    head["median_trial_s"] = {"value": m["value"], "trials": m["trials"], "split_median_s": m["split_median_s"],
+                              "before_first_trial_s": m["before_first_trial_s"],
+                              "per_trial": [{k: r[k] for k in ("number", "proposer", "status", "trial", "deploy", "gates",
+                                                               "bench", "other", "idle")} for r in m["per_trial"]],
+                              "source": db_label, **({"why": m["why"]} if "why" in m else {})}
+    out.write_text(json.dumps(head, indent=1) + "\n")
+    return head
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("db", type=Path)
+    ap.add_argument("--best-known", type=Path, default=Path(__file__).with_name("best_known.json"))
+    ap.add_argument("--run-id", type=int, default=None)
+    ap.add_argument("--kind", choices=("cold", "warm"), default=None, help="default: warm when the run started from the KB")
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "headline.json")
+    ap.add_argument("--print-only", action="store_true", help="print, do not write headline.json")
+    args = ap.parse_args(argv)
+    try:
+        res = analyse(args.db, json.loads(args.best_known.read_text()), args.run_id)
+    except (LookupError, FileNotFoundError) as e:  # a workspace whose run never started
+        print(f"time_to_best: {e}", file=sys.stderr)
+        return 1
+    kind = args.kind or res["kind"]
+    a, b, m = res["kept_within_5pct"], res["paired_goal_met"], res["median_trial"]
+    print(f"run {res['run']['name']} ({kind}, {res['sessions']} session(s), {res['gpu_s_total']:.0f} GPU-s): "
+          f"best known {res['best_known']['screen_score'] or float('nan'):.2f}x ({res['best_known']['basis']})")
+    print(f"  (a) kept within 5%: {a['value'] if a['value'] is not None else 'not reached'} s"
+          + (f" (#{a['trial']['number']} {a['trial']['score']}x)" if "trial" in a else f": {a.get('why')}"))
+    print(f"  (b) paired GoalMet: {b['value'] if b['value'] is not None else 'not reached'} s" + ("" if b["value"] else f": {b['why']}"))
+    if res["best_reached"]:
+        br = res["best_reached"]
+        print(f"  best reached: #{br['number']} {br['score']}x at {br['at_s']} s ({br['knobs']})")
+    print(f"  median trial {m['value']} s over {m['trials']}; median split {m['split_median_s']}; "
+          f"{m['before_first_trial_s']} s from the run's start to its first trial")
+    for r in m["per_trial"]:
+        print(f"   #{r['number']:<3} {r['proposer']:<9} {r['status']:<10} trial {r['trial']:6.1f}  deploy {r['deploy']:5.1f}"
+              f"  gates {r['gates']:5.1f}  bench {r['bench']:5.1f}  other {r['other']:5.1f}  idle {r['idle']:5.1f}")
+    if not args.print_only:
+        update_headline(args.out, res, kind, _rel(args.db))
+        print(f"wrote time_to_best_{kind}_s, median_trial_s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
