@@ -27,7 +27,7 @@ OOM = ("start-up failure (out_of_memory): torch.OutOfMemoryError: CUDA out of me
 CRASH = "start-up failure (crash): Segmentation fault (core dumped) [ServerCrashed: server exited before it became healthy]"
 # The failing knob set: the fast engine with graphs, batching on, 16 slots, 1024-token chunks.
 K = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 16, "prefill_chunk": 1024, "sdpa": "auto",
-     "kernels": "torch"}
+     "kernels": "torch", "prefill_pack": 0, "prefill_attn": "torch"}
 
 
 @pytest.fixture(autouse=True)
@@ -36,14 +36,16 @@ def _quiet():
 
 
 def small_target(engine=None):
-    """hfserve_gpu with a small space: batch sizes 2..32 in powers of two (still `memory = "up"`), sdpa
-    and the decode kernels pinned; `engine` pins the engine too (18 knob sets in all)."""
+    """hfserve_gpu with a small space: batch sizes 2..32 in powers of two (still `memory = "up"`), sdpa,
+    the decode kernels and the prefill steps pinned; `engine` pins the engine too (18 knob sets in all)."""
     t = load_target(GPU)
     knobs = dict(t.knobs)
     knobs["max_batch_size"] = knobs["max_batch_size"].model_copy(
         update={"type": "categorical", "choices": (2, 4, 8, 16, 32), "low": None, "high": None, "log": False})
     knobs["sdpa"] = knobs["sdpa"].model_copy(update={"choices": ("auto",)})
     knobs["kernels"] = knobs["kernels"].model_copy(update={"choices": ("torch",)})
+    for name in ("prefill_pack", "prefill_attn"):  # the prefill steps pinned to their defaults, like sdpa
+        knobs[name] = knobs[name].model_copy(update={"choices": (knobs[name].default,)})
     if engine:
         knobs["engine"] = knobs["engine"].model_copy(update={"choices": (engine,), "default": engine})
     return t.model_copy(update={"knobs": knobs})
