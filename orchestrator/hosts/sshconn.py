@@ -15,7 +15,9 @@ import select
 import shlex
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import paramiko
@@ -28,6 +30,9 @@ __all__ = [
     "ConnectionLost", "HostAuthFailed", "HostKeyChanged", "HostKeyUnknown", "HostSpec", "SSHConnection", "parse_ssh_url",
     "remote_cmd", "trust_host",
 ]
+
+
+T = TypeVar("T")
 
 
 class HostKeyUnknown(HostError):
@@ -166,7 +171,7 @@ class SSHConnection:
                         wait=wait_exponential(multiplier=0.5, max=5), reraise=True,
                         before_sleep=lambda state: self._drop())
 
-    def retried(self, fn):
+    def retried(self, fn: Callable[[], T]) -> T:
         """fn() under `retrying()` (every host call goes through here); marks the host down when the retries run out on a transient failure,
         up again when a call goes through."""
         policy = self.retrying()
