@@ -46,13 +46,14 @@ def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_mode
     drops, done = [], threading.Event()
 
     def dropper():
-        # Kill every SSH session of the host 6 s apart, whatever the trial is doing (three times: a
+        # Kill every SSH session of the host every 6 s, whatever the trial is doing (three times: a
         # link that never holds for a worker's start-up is a dead host). A look that finds no session
-        # open (the run still starting on a loaded machine) is no drop: it waits for one.
-        while not done.wait(0.5) and len(drops) < 3:
+        # open (the run still starting on a loaded machine) is no drop: it looks again 0.5 s later.
+        wait = 6.0
+        while not done.wait(wait) and len(drops) < 3:
             if n := sshd.drop_connections():
                 drops.append(n)
-                done.wait(6.0)
+            wait = 6.0 if n else 0.5
 
     t = threading.Thread(target=dropper, daemon=True)
     t.start()
