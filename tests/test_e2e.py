@@ -28,6 +28,15 @@ STEPS = [
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"},
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 16, "threads": 1}, "rationale": "one thread"},
 ]
+# For the kill -9 test: three candidates slower than the baseline on this CPU (bfloat16 runs slower
+# than float32 here: the demo's manual loop + bf16 was 0.92x, docs/benchmarks.md). None is kept, so
+# no paired A/B of a winner follows the stop (6 more server launches): that test is about the kill
+# and the resume, not the confirmation (tests/test_controller.py and test_loop_end_to_end judge it).
+SLOWER = [
+    {"knobs": {"decode_loop": "manual", "dtype": "bfloat16"}, "rationale": "own decode loop"},
+    {"knobs": {"decode_loop": "manual", "dtype": "bfloat16", "batching": "on", "max_batch_size": 1}, "rationale": "batch of one"},
+    {"knobs": {"dtype": "bfloat16"}, "rationale": "half the bytes"},
+]
 
 
 def _ws(tmp_path, steps=STEPS, extra=()):
@@ -78,7 +87,7 @@ def _wait_for(cond, timeout, what):
 
 
 def test_kill_minus_9_mid_trial_then_resume(tmp_path, tiny_model):
-    ws = _ws(tmp_path)
+    ws = _ws(tmp_path, SLOWER)
     steps = tmp_path / "steps.json"
     cli = [sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), *sum((["-o", o] for o in FAST), []),
            "-o", f'proposer="scripted:{steps}"']

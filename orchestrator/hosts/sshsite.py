@@ -108,29 +108,29 @@ class _Worker:
             raise HostError(f"{self.host.name}: {op} on the host failed: {type(e).__name__}: {e}") from None
 
     def _call(self, op: str, wait_s: float, req: dict) -> dict:
-        for attempt in self.host.conn.retrying():
-            with attempt:
-                if self.chan is None or self.chan.closed or self.chan.exit_status_ready():
-                    self._open()
-                assert self.chan is not None
-                try:
-                    self.chan.settimeout(wait_s)
-                    self.chan.sendall((json.dumps({"op": op, **req}) + "\n").encode())
-                    line = self.reader.readline()
-                except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
-                    self.chan = None
-                    raise ConnectionLost(f"{self.host.name}: the measurement worker's connection broke ({type(e).__name__}: {e})") from None
-                if not line:
-                    self.chan = None
-                    raise ConnectionLost(f"{self.host.name}: the measurement worker went away mid-{op}")
-                answer = json.loads(line)
-                if "tampered" in answer:
-                    t = answer["tampered"]
-                    raise GateTampered(t["changed"], t["added"], t["removed"], note=f"on host {self.host.name}")
-                if "error" in answer:
-                    raise HostError(f"{self.host.name}: {op} failed on the host: {answer['error']}")
-                return answer["ok"]
-        raise AssertionError("unreachable")
+        def once() -> dict:
+            if self.chan is None or self.chan.closed or self.chan.exit_status_ready():
+                self._open()
+            assert self.chan is not None
+            try:
+                self.chan.settimeout(wait_s)
+                self.chan.sendall((json.dumps({"op": op, **req}) + "\n").encode())
+                line = self.reader.readline()
+            except (TimeoutError, OSError, paramiko.SSHException, EOFError) as e:
+                self.chan = None
+                raise ConnectionLost(f"{self.host.name}: the measurement worker's connection broke ({type(e).__name__}: {e})") from None
+            if not line:
+                self.chan = None
+                raise ConnectionLost(f"{self.host.name}: the measurement worker went away mid-{op}")
+            answer = json.loads(line)
+            if "tampered" in answer:
+                t = answer["tampered"]
+                raise GateTampered(t["changed"], t["added"], t["removed"], note=f"on host {self.host.name}")
+            if "error" in answer:
+                raise HostError(f"{self.host.name}: {op} failed on the host: {answer['error']}")
+            return answer["ok"]
+
+        return self.host.conn.retried(once)
 
     def close(self) -> None:
         if self.chan is not None:

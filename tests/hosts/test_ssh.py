@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sshd_server import keygen
+from sshd_server import SSHD, Sshd, keygen
 from typer.testing import CliRunner
 
 from gates.lock import GateTampered
@@ -23,7 +23,13 @@ from orchestrator.cli import app
 from orchestrator.hosts import HostError, ServerCrashed, ServerTimeout, get_host
 from orchestrator.hosts.registry import HostRegistry
 from orchestrator.hosts.ssh import SSHHost
-from orchestrator.hosts.sshconn import HostAuthFailed, HostKeyChanged, HostKeyUnknown, trust_host
+from orchestrator.hosts.sshconn import (
+    HostAuthFailed,
+    HostKeyChanged,
+    HostKeyUnknown,
+    SSHConnection,
+    trust_host,
+)
 
 FAKE = Path(__file__).resolve().parents[1] / "bench"
 
@@ -224,6 +230,39 @@ def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, ssh
         other.close()
         bystander.kill()
         bystander.wait()
+
+
+def test_a_host_that_failed_a_whole_retry_cycle_fails_the_next_calls_at_once(tmp_path):
+    # A host that died: the first call waits out its retries (here 3 attempts: 0.5 + 1 s of backoff);
+    # the calls after it (stop the server, fetch its log) try once each instead of waiting again.
+    if SSHD is None:
+        pytest.skip("OpenSSH server not installed")
+    server = Sshd.start(tmp_path / "sshd")
+    (tmp_path / "known_hosts").write_text(server.known_hosts_line())
+    conn = SSHConnection(server.spec("box", workdir=tmp_path / "remote"), tmp_path / "known_hosts", attempts=3)
+    try:
+        assert conn.exec("echo up")[:2] == (0, b"up\n") and not conn.down
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(HostError, match="after 3 attempts"):
+            conn.exec("true")
+        assert time.monotonic() - t0 >= 1.5 and conn.down
+        for call in (lambda: conn.exec("true"), lambda: conn.open_stream("cat")):
+            t0 = time.monotonic()
+            with pytest.raises((HostError, OSError)):
+                call()
+            assert time.monotonic() - t0 < 1.0, "a host that is down is tried once, without backoff"
+        assert "after 1 attempt)" in str(pytest.raises(HostError, conn.exec, "true").value)
+        # The mark lapses after down_s: a host back from a reboot gets the whole retry cycle again.
+        conn.down_s = 0.0
+        assert not conn.down
+        t0 = time.monotonic()
+        with pytest.raises(HostError, match="after 3 attempts"):
+            conn.exec("true")
+        assert time.monotonic() - t0 >= 1.5
+    finally:
+        conn.close()
+        server.stop()
 
 
 def test_public_surface():

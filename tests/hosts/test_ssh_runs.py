@@ -37,17 +37,23 @@ def _host_events(store, run_id):
 
 
 def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_model):
-    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 6.0, 4.0, 7.9))
-    ws = _ssh_ws(tmp_path, sshd, [{"tpot_ms": 6.0}, {"tpot_ms": 7.9}, {"tpot_ms": 4.0}],
+    # Every candidate is slower than the baseline (4 ms): none is kept, so no paired A/B of a winner
+    # follows the stop (6 more servers over SSH). The test is about the drops, not the confirmation.
+    target = write_fake_target(tmp_path / "fake.toml", choices=(4.0, 6.0, 7.9, 8.0))
+    ws = _ssh_ws(tmp_path, sshd, [{"tpot_ms": 6.0}, {"tpot_ms": 7.9}, {"tpot_ms": 8.0}],
                  [f'target="{target}"', "gates.accuracy=false", "gates.integrity=false", "bench.scale=0.5",
                   "bench.timeout_s=5"])
     drops, done = [], threading.Event()
 
     def dropper():
-        # Kill every SSH session of the host every few seconds, whatever the trial is doing
-        # (a few times: a link that never holds for a worker's start-up is a dead host).
-        while not done.wait(6.0) and len(drops) < 3:
-            drops.append(sshd.drop_connections())
+        # Kill every SSH session of the host every 6 s, whatever the trial is doing (three times: a
+        # link that never holds for a worker's start-up is a dead host). A look that finds no session
+        # open (the run still starting on a loaded machine) is no drop: it looks again 0.5 s later.
+        wait = 6.0
+        while not done.wait(wait) and len(drops) < 3:
+            if n := sshd.drop_connections():
+                drops.append(n)
+            wait = 6.0 if n else 0.5
 
     t = threading.Thread(target=dropper, daemon=True)
     t.start()
@@ -72,13 +78,14 @@ def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_mode
     assert not list((tmp_path / "remote" / "servers").glob("*.json")), "every server stopped, pidfiles gone"
 
 
-# Its winner meets the goal in the screen, so the stop confirms it with paired rounds over SSH at scale 1.0
-# (~70 s a round); on a loaded 2-core host rounds far from the others' median are redone (at most
+# Its winner meets the goal in the screen, so the stop confirms it with paired rounds over SSH (~70 s a
+# round at bench.scale 1.0, about half at 0.5); on a loaded 2-core host rounds far from the others' median are redone (at most
 # max_redo x 3 times): one full suite run on 2026-12-02 spent 600 s there and hit the default limit.
 @pytest.mark.timeout(1200)
 def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model):
     steps = [{"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"}]
-    # Scale 1: the throughput scenario then runs long enough to resolve the goal on a quiet host too.
+    # Scale 1.0: tried at 0.5 (as tests/test_e2e.py), its paired rounds were noisier and more of them
+    # were redone (docs/benchmarks.md, "Test-suite wall time"), so the run was not shorter.
     ws = _ssh_ws(tmp_path, sshd, steps, ["bench.scale=1.0", "bench.baseline_repeats=1"])
     out = start_run(ws, parse_goal("beat the baseline by 20% on throughput without accuracy loss within 2 trials"))
     store = Store(ws.db_url)
