@@ -225,7 +225,7 @@ def trials(
     counted, measured = split_trials(everything)
     budget = GoalSpec.model_validate(store.get_run(rid).goal).budget.trials
     captions = ["↳ rows are measurements of the trial they name (paired rounds, sentinels, re-runs): not trials"] if measured else []
-    if front:
+    if front and front.points:  # nothing measured yet: no caption for an empty front
         captions.append(f"◆ on the Pareto front of {' and '.join(o.describe() for o in front.objectives)} "
                         f"({len(front.members)} of {len(front.points)} measured trials)")
     table = Table("#", "status", "score", "objective", "changed knobs", "time s", "proposer",

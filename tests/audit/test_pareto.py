@@ -88,3 +88,12 @@ def test_the_reports_draw_the_front_as_a_line_through_its_members(tmp_path):
     assert sum(len(list(g.iter(f"{SVG}use"))) for g in line) == 3  # the members marked on one line
     page = write_html_report(store, rid, tmp_path / "html").read_text()
     assert "Pareto front of the goal" in page and "#4 (20.0 ms, 110.0 tok/s), #2 (30.0 ms, 120.0 tok/s), #1 (60.0 ms, 180.0 tok/s)" in page
+
+
+def test_trials_says_nothing_of_a_front_before_anything_is_measured(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
+    run = store.create_run("r", GOAL.text, GOAL.model_dump(mode="json"), GOAL.digest, {"name": "t"}, {}, "local", "search")
+    store.create_trial(run.id, 0, commit="", knobs={"batch": 0}, rationale="baseline", proposer="baseline")  # running
+    r = CliRunner().invoke(app, ["-w", str(tmp_path), "trials"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "Pareto front" not in r.output and "◆" not in r.output
