@@ -61,6 +61,10 @@ DEFAULT_CAP = "prefill=2,decode=2,throughput=4,general=4"
 # 2026-12-02, rounded up): seconds per output token, per prompt token, per request.
 NAIVE_S_PER_OUT, NAIVE_S_PER_IN, NAIVE_S_FIXED = 0.09, 5e-5, 0.2
 NAIVE_START_S = 40.0  # model load (20 s measured) and the warm requests
+NAIVE_MIN_S = NAIVE_START_S + 60.0  # the naive server's smallest useful window: one request per scenario
+# Our server's window: 44 s to ready (42 CUDA graphs at 64 slots, H200 2026-12-02), warm-up and ~47 s of
+# scenarios. On 2026-12-02 it got 70 s and every scenario was skipped; the naive window now yields to it.
+OURS_MIN_S = 120.0
 # Two-sided 95% t quantiles by degrees of freedom (beyond the table: the normal 1.96).
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
         15: 2.13, 20: 2.09, 30: 2.04}
@@ -118,6 +122,24 @@ def plan_naive(scenarios: dict[str, Scenario], budget_s: float, cap: dict[str, i
             for n in scenarios}
 
 
+def window_for_naive(deadline_s: float, naive_budget_s: float, ours_need_s: float) -> float:
+    """The naive server's window: as asked, or shrunk so that our servers keep ``ours_need_s``.
+
+    Refuses (SystemExit, one line) a deadline that cannot hold both: no GPU time is spent on a run
+    whose speedups cannot be computed.
+    """
+    if deadline_s - naive_budget_s >= ours_need_s:
+        return naive_budget_s
+    shrunk = deadline_s - ours_need_s
+    if shrunk < NAIVE_MIN_S:
+        raise SystemExit(f"ib_baseline: --deadline-s {deadline_s:.0f} is too short: our server(s) need "
+                         f"{ours_need_s:.0f} s and the naive server at least {NAIVE_MIN_S:.0f} s; give it "
+                         f"{ours_need_s + NAIVE_MIN_S:.0f} s or more (run it without the steps before it)")
+    print(f"naive window {naive_budget_s:.0f} s -> {shrunk:.0f} s so that our server(s) keep {ours_need_s:.0f} s",
+          flush=True)
+    return shrunk
+
+
 def ci95(values: list[float]) -> dict[str, Any]:
     """Mean and two-sided 95% t interval of ``values`` (no interval from fewer than two)."""
     n = len(values)
@@ -143,9 +165,17 @@ def request_cis(requests: list[Any]) -> dict[str, Any]:
     ok = sorted((r for r in requests if r.success and r.t_first_token_ns and r.t_last_token_ns),
                 key=lambda r: r.t_sent_ns)
     ttft = [(r.t_first_token_ns - r.t_sent_ns) / 1e6 for r in ok]
-    tpot = [(r.t_last_token_ns - r.t_first_token_ns) / 1e6 / (len(r.chunk_ns) - 1) for r in ok if len(r.chunk_ns) > 1]
+    # Per token, as the scenario's own TPOT metric counts it (the output's token count, not its chunks:
+    # a text streamer's chunk can carry several tokens; counting chunks inflated the naive server's TPOT).
+    tpot = [r.tpot_ns / 1e6 for r in ok if r.tpot_ns is not None]
+    tpot_from = "requests"
     if len(tpot) == 1:
-        tpot = [(b - a) / 1e6 for a, b in zip(ok[0].chunk_ns, ok[0].chunk_ns[1:], strict=False)]
+        one = next(r for r in ok if r.tpot_ns is not None)
+        if len(one.chunk_ns) == one.osl:  # one chunk per token: the gaps are inter-token times
+            tpot = [(b - a) / 1e6 for a, b in zip(one.chunk_ns, one.chunk_ns[1:], strict=False)]
+            tpot_from = "inter-token gaps of one request"
+        else:
+            tpot_from = "one request (its chunks carry several tokens: no interval)"
     service, free = [], 0
     for r in ok:
         begin = max(r.t_sent_ns, free)
@@ -154,8 +184,7 @@ def request_cis(requests: list[Any]) -> dict[str, Any]:
     s = ci95(service)
     rps = {"n": s["n"], "mean": 1 / s["mean"] if s["mean"] else None,
            "lo": 1 / s["hi"] if s["hi"] and s["hi"] > 0 else None, "hi": 1 / s["lo"] if s["lo"] and s["lo"] > 0 else None}
-    return {"ttft_ms": ci95(ttft), "tpot_ms": ci95(tpot), "request_throughput": rps,
-            "tpot_from": "inter-token gaps of one request" if len(ok) == 1 else "requests"}
+    return {"ttft_ms": ci95(ttft), "tpot_ms": ci95(tpot), "request_throughput": rps, "tpot_from": tpot_from}
 
 
 def parse_server(text: str) -> tuple[str, str]:
@@ -244,6 +273,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--naive-budget-s", type=float, default=200.0,
                     help="seconds set aside at the end of --deadline-s for the naive server (load, warm-up, "
                          "every scenario); its request counts are planned to fit (plan_naive)")
+    ap.add_argument("--ours-min-s", type=float, default=OURS_MIN_S,
+                    help="seconds each of our servers needs (start, CUDA graphs, warm-up, every scenario): "
+                         "the naive window shrinks to leave them this much, and a deadline too short for both "
+                         "is refused before any server starts")
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--python", default=sys.executable)
@@ -275,7 +308,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         pass
     naive_at = deadline  # our servers stop starting scenarios here; the naive one has its window after
     runs = [(label, cmd, scenarios) for label, cmd in servers]
+    need = args.ours_min_s * len(servers)
     if not args.no_naive:
+        args.naive_budget_s = window_for_naive(args.deadline_s, args.naive_budget_s, need)
         naive_at = deadline - args.naive_budget_s
         plan = plan_naive(scenarios, args.naive_budget_s - NAIVE_START_S, parse_cap(args.naive_cap))
         report["naive_plan"] = {"budget_s": args.naive_budget_s, "start_s": NAIVE_START_S, "scenarios": plan}

@@ -122,7 +122,8 @@ def _rec(i: int, sent: float, first: float, gaps: list[float]):
     for g in gaps:
         chunks.append(chunks[-1] + int(g * ms))
     return RequestRecord(index=i, prompt_tokens=8, output_tokens=len(chunks), t_sent_ns=int(sent * ms),
-                         t_first_token_ns=chunks[0], t_last_token_ns=chunks[-1], chunk_ns=chunks, success=True)
+                         t_first_token_ns=chunks[0], t_last_token_ns=chunks[-1], chunk_ns=chunks, client_chunks=len(chunks),
+                         success=True)
 
 
 def test_request_cis() -> None:
@@ -155,3 +156,25 @@ def test_headline_states_naive_counts_and_intervals(tmp_path: Path) -> None:
     g = h["geomean_vs_ib_naive"]
     assert g["value"] is not None and g["naive_requests"] == dict.fromkeys(("prefill", "decode", "throughput", "general"), 2)
     assert g["naive_ci95"]["general"]["scenario"] == "general"
+
+
+def test_request_cis_counts_tokens_not_chunks() -> None:
+    """A text streamer's chunk can carry several tokens: TPOT is per output token, as the scenario's
+    metric counts it; one such request gives no gap interval (its gaps are not inter-token times).
+    On the H200 (2026-12-02) counting chunks put the naive server's TPOT at 1554 ms for a 95 ms metric."""
+    r = _rec(0, 0, 100, [80, 320, 80])  # 4 chunks ...
+    r.usage_completion_tokens = 10  # ... carrying 10 tokens: (580 - 100) / 9 ms per token
+    ci = ib_baseline.request_cis([r])
+    assert ci["tpot_ms"]["n"] == 1 and ci["tpot_ms"]["mean"] == pytest.approx(480 / 9)
+    assert ci["tpot_ms"]["lo"] is None and "several tokens" in ci["tpot_from"]
+    two = ib_baseline.request_cis([r, _rec(1, 1000, 1100, [80, 320, 80])])
+    assert two["tpot_ms"]["n"] == 2 and two["tpot_from"] == "requests"
+
+
+def test_naive_window_yields_to_our_server_or_the_run_is_refused() -> None:
+    """2026-12-02: the ib step got 240 s, the naive window 170 s, and our server's 70 s held its start but
+    no scenario: every speedup was lost. Now the naive window shrinks, and a deadline for neither is refused."""
+    assert ib_baseline.window_for_naive(345.0, 170.0, 120.0) == 170.0  # room for both: as asked
+    assert ib_baseline.window_for_naive(240.0, 170.0, 120.0) == 120.0  # shrunk: ours keep 120 s
+    with pytest.raises(SystemExit, match="too short"):
+        ib_baseline.window_for_naive(200.0, 170.0, 120.0)  # 80 s left for the naive server: refused

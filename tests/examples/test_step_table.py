@@ -113,3 +113,5 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert fm.kernels == "triton" and fm.prefill_attn == "fused"  # the last step's settings
     table = step_table.markdown_table({"floors": FLOORS, "steps": out})
     assert table.count("\n") == 2 + 4 * len(steps)
+    # a valid markdown table: the separator row has as many cells as the header and every row
+    assert len({line.count("|") for line in table.splitlines()}) == 1
