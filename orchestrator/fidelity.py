@@ -4,7 +4,8 @@ With `bench.screen_fraction` f > 0, a search candidate's bench step starts with 
 goal scenario with about f of its measured requests (`short_scenario`). Its score against the
 newest baseline goes to the proposer (`should_stop_early`: the search asks Optuna's pruner); a
 candidate it calls unpromising ends `discarded` with the reason and the bench time saved, and is
-never kept; the others get the full bench, unchanged, with the short pass as its warm-up.
+never kept; the others are gated, then get the full bench, unchanged, with the short pass as its
+warm-up. A screened-out candidate is not gated (`orchestrator.trial.run_trial`): it can never be kept.
 
 Full fidelity always: baselines and sentinels (everything is judged against them), paired rounds
 (the claim), probes (evidence for the knowledge base) and retries (a re-judgement). The decision

@@ -147,28 +147,44 @@ def run_trial(
             if facts := site.facts():
                 ctx.store.add_event(ctx.run_id, "trial.host", f"#{trial.number} on {ctx.host.name}", trial_id=trial.id, data=facts)
 
-        with _timed(result.timings, "gates", ctx.on_step):
-            # The gate files are re-hashed before every trial: a proposer that edited them
-            # (or anything else that did) stops the run here, before its numbers can count.
-            site.verify_gates()
-            verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate) if gates else None
-            margin = None  # the accuracy gate's off-top margin for this server; the bench audit uses it
-            if verdict is None and gates:
-                verdict, result.gate_drift, margin = _run_gates(ctx, site, trial, candidate, base_url, port, proc,
-                                                                engine.capabilities.model_dump())
-            if verdict is not None:
-                result.status_hint, result.error = "invalid", verdict
+        margin = None  # the accuracy gate's off-top margin for this server; the bench audit uses it
+
+        def gated_out() -> bool:
+            """Run the gates; True when they end the trial (`result` then says why)."""
+            nonlocal margin
+            with _timed(result.timings, "gates", ctx.on_step):
+                # The gate files are re-hashed before every trial: a proposer that edited them
+                # (or anything else that did) stops the run here, before its numbers can count.
+                site.verify_gates()
+                verdict = capability_verdict(ctx.store, trial.id, engine.capabilities, ctx.integrity_gate, ctx.accuracy_gate) if gates else None
+                if verdict is None and gates:
+                    verdict, result.gate_drift, margin = _run_gates(ctx, site, trial, candidate, base_url, port, proc,
+                                                                    engine.capabilities.model_dump())
+                if verdict is not None:
+                    result.status_hint, result.error = "invalid", verdict
+                    return True
+            return False
+
+        bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump())
+        err, full = None, None
+        if screen is None:
+            if gated_out():
                 return result
+        else:
+            # Multi-fidelity: the short pass first, then the gates only for a candidate it passes. A
+            # screened-out candidate is never kept nor claimed, so gating it bought nothing (on the H200,
+            # 13-28 s of a 57-116 s trial); the gate files are still verified before its number is stored.
+            site.verify_gates()
+            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step):
+                err = bench.screen(screen, result)
+            if err is None and result.screened:
+                result.error = f"{result.error} (gates not run: a screened-out candidate is never kept)"
+                return result
+            if err is None and gated_out():
+                return result
+            full = {name: screen.full(ctx.scenarios[name]) for name in ctx.goal.scenarios}
 
         with _timed(result.timings, "bench", ctx.on_step):
-            bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump())
-            err, full = None, None
-            if screen is not None:  # multi-fidelity: a short pass first, the full bench only when promising
-                with _timed(result.timings, "screen", ctx.on_step):
-                    err = bench.screen(screen, result)
-                if err is None and result.screened:
-                    return result
-                full = {name: screen.full(ctx.scenarios[name]) for name in ctx.goal.scenarios}
             err = err or bench.run(repeats, result, scenarios=full)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.

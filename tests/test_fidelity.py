@@ -146,7 +146,7 @@ class FakeHost:
 CHOICES = (8.0, 7.0, 6.0, 5.0, 4.0, 12.0, 16.0, 20.0, 24.0, 32.0)
 
 
-def _run(tmp_path, fraction, short_tpot=None, trials=12):
+def _run(tmp_path, fraction, short_tpot=None, trials=12, gates=False):
     target = load_target(write_fake_target(tmp_path / "fake.toml", choices=CHOICES))
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     goal = parse_goal(f"beat the baseline by 80% on TPOT within {trials} trials")  # 8 -> 1.6 ms: out of reach
@@ -154,7 +154,7 @@ def _run(tmp_path, fraction, short_tpot=None, trials=12):
     host = FakeHost(short_tpot)
     ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
                        reference_dir=tmp_path, scenarios=builtin_scenarios(1.0), run_dir=tmp_path / "run",
-                       source_dir=tmp_path, accuracy_gate=False, integrity_gate=False,
+                       source_dir=tmp_path, accuracy_gate=gates, integrity_gate=gates,
                        # The fake bench returns at once: its client-CPU share over so short a window is
                        # noise, not saturation (a busy host would otherwise make it untrusted).
                        trust=TrustPolicy(probe_s=0.0, settle_s=0.0, saturation=SaturationPolicy(max_client_cpu=float("inf"))))
@@ -201,3 +201,34 @@ def test_a_short_bench_that_flatters_a_slow_candidate_costs_only_its_full_bench(
 def test_screening_is_off_by_default(tmp_path):
     store, run_id, host, _ = _run(tmp_path, 0.0, trials=6)
     assert not store.events(run_id, kind="screen") and all("@" not in name for name, *_ in host.benched)
+
+
+def test_the_gates_run_only_for_candidates_the_screen_passes(tmp_path, monkeypatch):
+    """A screened-out candidate is never kept, so it is not gated (13-28 s a trial on the H200); one the
+    screen passes is gated before its full bench, so a fast cheat still ends invalid, and the baseline,
+    never screened, is gated first as before."""
+    import orchestrator.trial as trial_mod
+
+    gated = []
+
+    def fake_gates(ctx, site, trial, candidate, base_url, port, proc, caps):
+        gated.append(trial.number)
+        if candidate.knobs.get("tpot_ms", 8.0) <= 5.0:  # the fast ones cheat: the gates catch them
+            return "accuracy drift: the test's cheat", False, None
+        return None, False, None
+
+    monkeypatch.setattr(trial_mod, "capability_verdict", lambda *a, **k: None)
+    monkeypatch.setattr(trial_mod, "_run_gates", fake_gates)
+    store, run_id, host, _ = _run(tmp_path, 0.25, gates=True)
+    trials = store.list_trials(run_id)
+    screens = {e.trial_id: e.data for e in store.events(run_id, kind="screen")}
+    screened = [t for t in trials if is_screened(t)]
+    assert screened and all(t.number not in gated and "gates not run" in t.error for t in screened)
+    passed = [t for t in trials if t.proposer == "search" and t.id in screens and not is_screened(t)]
+    assert passed and all(t.number in gated for t in passed)
+    cheats = [t for t in passed if t.knobs["tpot_ms"] <= 5.0]
+    assert cheats and all(t.status == "invalid" and "accuracy drift" in t.error for t in cheats)
+    assert all({m.scenario for m in store.measurements(t.id)} == {"decode@0.25"} for t in cheats)  # no full bench
+    assert 0 in gated and gated.index(0) == 0  # the baseline: gated, first
+    best = store.get_trial(store.get_run(run_id).best_trial_id)
+    assert best.knobs.get("tpot_ms", 8.0) > 5.0 and best.number in gated

@@ -61,6 +61,7 @@ kb = "kb"
 repeats = 1
 baseline_repeats = 1
 timeout_s = 300
+screen_fraction = ${SCREEN_FRACTION:-0.25}
 scenarios = "$ROOT/benchmarks/gpu/scenarios.toml"
 ${FLOORS:+floors = \"$FLOORS\"}
 TOML

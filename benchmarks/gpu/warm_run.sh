@@ -14,6 +14,7 @@
 #   SMALL_TRIALS=6 SMALL_WALL=(what the command's limit leaves, minus the paired confirmation at the stop)
 #   BIG_TRIALS= (empty: the goal's own)  SCENARIOS=benchmarks/gpu/scenarios.toml (empty: the built-in ones)
 #   BENCH_SCALE= FLOORS= (a sol.json: the speed-of-light check)  WS_ROOT=/root  PY=python3  REPEATS=1
+#   SCREEN_FRACTION=0.25 (bench.screen_fraction: multi-fidelity; 0 = off, as on 2026-12-02)
 #   EXTRA_TOML= (lines appended to each infergoal.toml; the CPU dry run's fake target turns the gates off there)
 set -u
 START=$SECONDS
@@ -68,6 +69,7 @@ kb = "kb"
 repeats = ${REPEATS:-1}
 baseline_repeats = ${REPEATS:-1}
 timeout_s = 300
+screen_fraction = ${SCREEN_FRACTION:-0.25}
 ${SCENARIOS:+scenarios = \"$SCENARIOS\"}
 ${BENCH_SCALE:+scale = $BENCH_SCALE}
 ${FLOORS:+floors = \"$FLOORS\"}
