@@ -30,7 +30,8 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import web
+_T_START = time.perf_counter()  # the start-up timeline (``startup_line``) counts from here
+from aiohttp import web  # noqa: E402
 
 # The engines sit beside this file, wherever the tree is placed (an SSH host's copy too), and the
 # server runs as a script or is loaded from its path: its own folder goes on the import path.
@@ -38,6 +39,18 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path[:1] != [_HERE]:
     sys.path.insert(0, _HERE)
 from engine import Engine, GenRequest, ScoreRequest, TokenEvent  # noqa: E402
+
+_T_IMPORTED = time.perf_counter()
+
+
+def startup_line(t_engine: float, t_listen: float) -> str:
+    """Where the server's start-up went, in seconds from this module's first line: the imports (torch,
+    transformers, aiohttp), building the engine (weights, KV pool, CUDA graphs, warm-up: the loader's
+    own line says the weights' share) and opening the socket. A trial's deploy is this plus the
+    interpreter's start and the launcher's readiness poll (issue 23: ~15 s of the H200's ~20 s deploy
+    were outside the weights and not yet broken down)."""
+    return (f"hfserve: startup imports {_T_IMPORTED - _T_START:.2f}s engine {t_engine - _T_IMPORTED:.2f}s "
+            f"listen {t_listen - t_engine:.2f}s total {t_listen - _T_START:.2f}s")
 
 # --------------------------------------------------------------------------- HTTP layer
 
@@ -515,6 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     """Load the model, start the HTTP server, print the readiness line."""
     args = parse_args(argv)
     engine = make_engine(args)
+    t_engine = time.perf_counter()
     if args.batching == "on" and args.decode_loop == "generate":
         print("hfserve: --batching on uses the manual decode loop", file=sys.stderr, flush=True)
     if args.kv_cache == "static" and (args.decode_loop == "manual" or args.batching == "on"):
@@ -529,6 +543,7 @@ def main(argv: list[str] | None = None) -> None:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, args.host, args.port).start()
+        print(startup_line(t_engine, time.perf_counter()), file=sys.stderr, flush=True)
         # Printed only once the socket listens, so launchers can wait on this line.
         print(f"infergoal-hfserve ready pid={os.getpid()}", flush=True)
         try:
