@@ -40,5 +40,6 @@ def get_proposer(
 
         cfg = agent if agent is not None else AgentConfig()
         claude = AgentProposer(cfg)
-        return claude if spec != "hybrid" else HybridProposer(claude, seed=seed, n_tune=cfg.hybrid_search_trials)
+        return claude if spec != "hybrid" else HybridProposer(claude, seed=seed, n_tune=cfg.hybrid_search_trials,
+                                                              objectives=objectives)
     raise ValueError(f"unknown proposer {spec!r}; use search, claude, hybrid or scripted:FILE.json")

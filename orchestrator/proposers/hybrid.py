@@ -29,8 +29,10 @@ class HybridProposer:
 
     name = "hybrid"
 
-    def __init__(self, agent: AgentProposer, *, seed: int = 0, n_tune: int = 3) -> None:
+    def __init__(self, agent: AgentProposer, *, seed: int = 0, n_tune: int = 3, objectives: Sequence[Any] = ()) -> None:
         self.agent, self.seed, self.n_tune = agent, seed, n_tune
+        self.objectives = list(objectives)
+        """A two-objective goal's objectives: the knob tuning is then multi-objective, as a search run's is."""
 
     def bind(self, ctx: Any, kb: Any) -> None:
         self.agent.bind(ctx, kb)
@@ -45,7 +47,8 @@ class HybridProposer:
             same = [t for t in history if t.commit == last.commit]
             tuned = [t for t in same if t.number > last.number and t.proposer == TUNE]
             if len(tuned) < self.n_tune:
-                search = SearchProposer(seed=self.seed + last.number, n_startup=max(1, self.n_tune - 1))
+                search = SearchProposer(seed=self.seed + last.number, n_startup=max(1, self.n_tune - 1),
+                                        objectives=self.objectives)
                 c = search.propose(same, target)
                 if c is not None:
                     return Candidate(knobs=c.knobs, commit=last.commit, proposer=TUNE, extra=c.extra,

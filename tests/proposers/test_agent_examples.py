@@ -26,3 +26,31 @@ def test_gpu_goal_for_the_hybrid_loads():
     g = load_goal(PACKAGE_ROOT / "examples" / "goals" / "hybrid_gpu.toml")
     assert {o.metric for o in g.objectives} == {"throughput", "tpot"} and g.accuracy_mode == "no_loss"
     assert g.budget.trials == 30 and g.budget.wall_s == 7200
+
+
+def test_the_hybrid_tunes_a_two_objective_goal_with_the_multi_objective_search(monkeypatch):
+    """A two-objective goal (a Pareto front) run by the hybrid: its knob tuning is the multi-objective
+    search a `search` run of that goal gets, not the scalar one."""
+    from types import SimpleNamespace
+
+    import orchestrator.proposers.hybrid as hybrid
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    from orchestrator.goal import parse_goal
+
+    g = parse_goal("maximize throughput and minimize p90 TPOT within 20 trials")
+    p = get_proposer("hybrid", objectives=g.objectives if g.multi_objective else ())
+    built = []
+
+    class Spy:
+        def __init__(self, **kw):
+            built.append(kw)
+
+        def propose(self, history, target):
+            return SimpleNamespace(knobs={"x": 1}, extra={}, rationale="spy")
+
+    monkeypatch.setattr(hybrid, "SearchProposer", Spy)
+    agent_trial = SimpleNamespace(number=1, proposer=p.agent.name, status="kept", commit="abc")
+    c = p.propose([agent_trial], target=None)
+    assert c.proposer == hybrid.TUNE and c.commit == "abc"
+    assert g.multi_objective and [o.metric for o in built[0]["objectives"]] == [o.metric for o in g.objectives]
