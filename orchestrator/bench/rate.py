@@ -99,7 +99,7 @@ class RateSearch:
     """What the search found: the rate, the measurement at it, and every step on the way."""
 
     rate: float
-    """Highest passing rate (req/s); 0.0 when no rate met the limits."""
+    """Highest passing rate (req/s), confirmed by a longer step (`confirmed`); 0.0 when no rate met the limits."""
     steps: list[Step]
     best: Step | None
     client_bound: bool = False
