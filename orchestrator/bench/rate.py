@@ -11,7 +11,8 @@ limit within `precision` — or 0 when no rate down to `min_rate` met the limits
 A found rate counts only once it has passed twice: near saturation one short step's pass/fail is
 not monotone in the rate (on real vLLM a rate failed between two that had passed once each), so
 the search re-runs the step at its best passing rate, `confirm_length` times as long, and on a
-failure steps down by `precision` and tries again, at most `confirmations` times. A rate none of
+failure steps down by `precision` (then by strides that double) and tries again, at most
+`confirmations` times. A rate none of
 them confirmed scores 0 (`RateSearch.confirmed` False), as a broken SLO does.
 
 SGLang's tuner and GuideLLM's sweep search the rate the same way; SLO goals
@@ -61,9 +62,10 @@ class RatePolicy:
     max_requests: int = 4000
     max_steps: int = 24
     """Steps of the bracketing and bisection; the confirmation steps come on top (`confirmations`)."""
-    confirmations: int = 3
-    """Most confirmation steps: the found rate, then one `precision` lower after each failure.
-    0 trusts the bisection's single pass (the search before confirmation)."""
+    confirmations: int = 4
+    """Most confirmation steps: the found rate, then one `precision` lower, then strides that double
+    (2, 4, ... precisions: at 5%, four steps reach 29% below the found rate). 0 trusts the
+    bisection's single pass (the search before confirmation)."""
     confirm_length: float = 2.0
     """A confirmation step is this many times as long (`min_seconds`, `min_requests`) as a search step:
     it settles the answer, so it gets more requests than the steps that only steered the search."""
@@ -258,15 +260,18 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
     if lo is None:
         return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound)
     # Confirm: the answer is a rate that passed twice (its search step, then a longer one). A failure
-    # steps down by the precision, the search's own resolution, and confirms there instead.
-    unconfirmed, rate, tries = lo.rate, lo.rate, 0
+    # steps down by the precision, the search's own resolution, and confirms there instead; when that
+    # fails too, the longer step sees a queue the short ones missed (a server near its limit queues
+    # slowly), so the stride doubles rather than creeping down 5% at a time.
+    unconfirmed, rate, tries, stride = lo.rate, lo.rate, 0, 1
     while tries < policy.confirmations:
         st = probe(rate, confirm=True)
         tries += 1
         if st.passed:
             return RateSearch(rate=rate, steps=steps, best=st, client_bound=client_bound, confirmed=True,
                               confirmations=tries, unconfirmed_rate=unconfirmed)
-        rate /= 1 + policy.precision
+        rate /= (1 + policy.precision) ** stride
+        stride *= 2
     if tries:
         return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound, confirmations=tries,
                           unconfirmed_rate=unconfirmed)

@@ -216,4 +216,6 @@ def test_a_rate_no_confirmation_holds_scores_zero_and_says_why():
 
     s = find_rate(run, BASE, [("ttft_ms_p90", 300.0)], replace(FAST, max_rate=64.0))
     assert s.rate == 0.0 and s.best is None and not s.confirmed and s.confirmations == FAST.confirmations
-    assert s.unconfirmed_rate == 64.0 and "SLO met once at 64 req/s but not confirmed by 3" in s.error
+    assert s.unconfirmed_rate == 64.0 and "SLO met once at 64 req/s but not confirmed by 4" in s.error
+    # One precision down, then strides that double: 5%, then 10%, 20% more (29% below in all).
+    assert [st.rate for st in s.steps if st.confirm] == pytest.approx([64 / 1.05**k for k in (0, 1, 3, 7)])
