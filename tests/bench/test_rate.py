@@ -219,3 +219,36 @@ def test_a_rate_no_confirmation_holds_scores_zero_and_says_why():
     assert s.unconfirmed_rate == 64.0 and "SLO met once at 64 req/s but not confirmed by 4" in s.error
     # One precision down, then strides that double: 5%, then 10%, 20% more (29% below in all).
     assert [st.rate for st in s.steps if st.confirm] == pytest.approx([64 / 1.05**k for k in (0, 1, 3, 7)])
+
+
+def _slo_rate_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "slo_rate.py"
+    spec = importlib.util.spec_from_file_location("slo_rate_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_manual_sweep_stops_only_at_a_failure_its_longer_recheck_confirms():
+    sweep = _slo_rate_script().sweep
+    limits = [("ttft_ms_p90", 300.0)]
+    steady = synthetic(20.0)  # 10, 12, 14.4, 17.28 pass; 20.7 fails, and fails its re-check
+    best, rows = sweep(steady, BASE, limits, FAST, 10.0, 40.0, 0.2)
+    assert best == pytest.approx(17.28) and [r["recheck"] for r in rows] == [False] * 5 + [True]
+    assert not rows[-1]["passed"] and rows[-1]["metrics"]["completed"] >= 2 * rows[-2]["metrics"]["completed"] - 1
+
+    inner, bad, unlucky = synthetic(20.0), synthetic(0.0), {"left": 1}
+
+    def once_unlucky(sc: Scenario) -> ScenarioResult:  # the first step at 12 req/s fails, as 90.4 did on vLLM
+        if abs(sc.rate - 12.0) < 1e-9 and unlucky["left"]:
+            unlucky["left"] -= 1
+            return bad(sc)
+        return inner(sc)
+
+    best, rows = sweep(once_unlucky, BASE, limits, FAST, 10.0, 40.0, 0.2)
+    assert best == pytest.approx(17.28) and [(r["passed"], r["recheck"]) for r in rows[1:3]] == [(False, False), (True, True)]
+    unlucky["left"] = 1
+    assert sweep(once_unlucky, BASE, limits, FAST, 10.0, 40.0, 0.2, recheck=False)[0] == 10.0  # the old sweep
