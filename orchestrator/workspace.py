@@ -58,6 +58,9 @@ class BenchConfig(BaseModel):
     """SLO goals: fewest measured requests in one step of the rate search (its percentiles rest on them)."""
     slo_min_seconds: float = Field(4.0, gt=0, le=3600)
     """SLO goals: shortest step of the rate search, so a queue has time to build up at an unsustainable rate."""
+    slo_confirmations: int = Field(4, ge=0, le=20)
+    """SLO goals: most confirmation steps (twice as long) that settle the search's answer; a rate counts only
+    once it has passed twice (0: trust the bisection's single pass)."""
     floors: str = ""
     """The host's speed of light: a JSON as `benchmarks/gpu/sol.py --out` writes it (relative to the
     workspace), recorded on the run at its start like `infergoal floors FILE`; a trial of that model

@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", type=float, default=RatePolicy.precision, help="--slo: relative precision of the rate")
     p.add_argument("--min-seconds", type=float, default=RatePolicy.min_seconds, help="--slo: shortest step (s)")
     p.add_argument("--min-requests", type=int, default=RatePolicy.min_requests, help="--slo: fewest requests per step")
+    p.add_argument("--confirmations", type=int, default=RatePolicy.confirmations,
+                   help="--slo: most confirmation steps (twice as long) settling the answer; 0: none")
     return p
 
 
@@ -84,7 +86,8 @@ def slo_from_args(args: argparse.Namespace) -> int:
     if args.scenario == "decode":  # the plain default: the SLO scenario's shape instead
         args.scenario = "slo"
     sc = scenario_from_args(args)
-    policy = RatePolicy(precision=args.precision, min_seconds=args.min_seconds, min_requests=args.min_requests)
+    policy = RatePolicy(precision=args.precision, min_seconds=args.min_seconds, min_requests=args.min_requests,
+                        confirmations=args.confirmations)
 
     def bench_one(s: Scenario):  # noqa: ANN202
         return run_scenario_sync(args.url, args.model, s, tokenizer=args.tokenizer, api=args.api, timeout_s=args.timeout)

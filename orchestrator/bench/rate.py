@@ -8,6 +8,13 @@ halving when the first one already fails) and then bisects the bracket, geometri
 narrower than `precision`. The answer is the highest passing rate — a lower bound on the true
 limit within `precision` — or 0 when no rate down to `min_rate` met the limits.
 
+A found rate counts only once it has passed twice: near saturation one short step's pass/fail is
+not monotone in the rate (on real vLLM a rate failed between two that had passed once each), so
+the search re-runs the step at its best passing rate, `confirm_length` times as long, and on a
+failure steps down by `precision` (then by strides that double) and tries again, at most
+`confirmations` times. A rate none of
+them confirmed scores 0 (`RateSearch.confirmed` False), as a broken SLO does.
+
 SGLang's tuner and GuideLLM's sweep search the rate the same way; SLO goals
 (`orchestrator.goal.SloGoal`) are scored on this rate, or on the goodput at it, for the baseline
 and every candidate alike.
@@ -18,7 +25,7 @@ from __future__ import annotations
 import math
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +34,7 @@ from .results import ScenarioResult
 from .saturation import SaturationPolicy, saturation_reasons
 from .scenarios import Scenario
 
-__all__ = ["RatePolicy", "RateSearch", "Step", "at_rate", "find_rate", "judge", "step_scenario"]
+__all__ = ["RatePolicy", "RateSearch", "Step", "at_rate", "confirm_policy", "find_rate", "judge", "step_scenario"]
 
 Limits = Sequence[tuple[str, float]]
 """(metrics key, largest allowed value), e.g. ("ttft_ms_p90", 300.0)."""
@@ -54,6 +61,14 @@ class RatePolicy:
     """Shortest step (requests = rate x this, at least `min_requests`): queues need time to build."""
     max_requests: int = 4000
     max_steps: int = 24
+    """Steps of the bracketing and bisection; the confirmation steps come on top (`confirmations`)."""
+    confirmations: int = 4
+    """Most confirmation steps: the found rate, then one `precision` lower, then strides that double
+    (2, 4, ... precisions: at 5%, four steps reach 29% below the found rate). 0 trusts the
+    bisection's single pass (the search before confirmation)."""
+    confirm_length: float = 2.0
+    """A confirmation step is this many times as long (`min_seconds`, `min_requests`) as a search step:
+    it settles the answer, so it gets more requests than the steps that only steered the search."""
     max_growth: float = 2.0
     """A step whose last quarter of requests took this many times longer (median E2E) than its first
     quarter was still queueing up: the rate is not sustainable, whatever its percentiles say."""
@@ -71,12 +86,14 @@ class Step:
     """Why it failed or was not trusted; the limits' values when it passed."""
     metrics: dict[str, float] = field(default_factory=dict)
     result: ScenarioResult | None = field(default=None, repr=False)
+    confirm: bool = False
+    """A confirmation step (longer, run after the bisection to settle the answer)."""
 
     def to_dict(self) -> dict[str, Any]:
         keep = ("completed", "failed", "duration_s", "request_throughput", "output_throughput", "goodput",
                 "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p90", "tpot_ms_p99", "e2e_ms_p90", "loop_lag_ms_p50")
         return {"rate": self.rate, "passed": self.passed, "trusted": self.trusted, "why": self.why,
-                "metrics": {k: self.metrics[k] for k in keep if k in self.metrics}}
+                "confirm": self.confirm, "metrics": {k: self.metrics[k] for k in keep if k in self.metrics}}
 
 
 @dataclass
@@ -84,11 +101,17 @@ class RateSearch:
     """What the search found: the rate, the measurement at it, and every step on the way."""
 
     rate: float
-    """Highest passing rate (req/s); 0.0 when no rate met the limits."""
+    """Highest passing rate (req/s), confirmed by a longer step (`confirmed`); 0.0 when no rate met the limits."""
     steps: list[Step]
     best: Step | None
     client_bound: bool = False
     """A step was client-bound: the server may sustain more than `rate` (the answer is a lower bound)."""
+    confirmed: bool = False
+    """`rate` passed a confirmation step (False when confirmation is off or none passed)."""
+    confirmations: int = 0
+    """Confirmation steps run (the last of `steps`); at most `RatePolicy.confirmations`."""
+    unconfirmed_rate: float = 0.0
+    """The bisection's answer before confirmation (its best single pass); equals `rate` when that passed."""
 
     @property
     def goodput(self) -> float:
@@ -100,15 +123,20 @@ class RateSearch:
         """Why there is no rate to score (the SLO broke at every rate tried), or None."""
         if self.rate > 0:
             return None
-        tried = min((s.rate for s in self.steps), default=0.0)
         last = self.steps[-1].why if self.steps else "no step ran"
+        if self.unconfirmed_rate > 0:  # a rate passed once, but no confirmation step held
+            low = min(s.rate for s in self.steps if s.confirm)
+            return (f"SLO met once at {self.unconfirmed_rate:.3g} req/s but not confirmed by {self.confirmations} "
+                    f"longer step(s) down to {low:.3g} req/s ({last})")
+        tried = min((s.rate for s in self.steps), default=0.0)
         return f"SLO not met at any rate down to {tried:.3g} req/s ({last})"
 
     def metrics(self) -> dict[str, float]:
         """The measurement at the found rate, with the search's answer (`slo_rate`, `slo_goodput`)."""
         base = dict(self.best.metrics) if self.best else {}
         return base | {"slo_rate": self.rate, "slo_goodput": self.goodput, "slo_steps": float(len(self.steps)),
-                       "slo_client_bound": float(self.client_bound)}
+                       "slo_client_bound": float(self.client_bound), "slo_confirmations": float(self.confirmations),
+                       "slo_confirmed": float(self.confirmed)}
 
     def result(self) -> ScenarioResult | None:
         """The found rate's `ScenarioResult`, its metrics extended by `metrics()` and the steps in `meta`."""
@@ -160,6 +188,13 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def confirm_policy(policy: RatePolicy) -> RatePolicy:
+    """`policy` with steps `confirm_length` times as long: the length of a confirmation step."""
+    k = policy.confirm_length
+    return replace(policy, min_seconds=policy.min_seconds * k, min_requests=math.ceil(policy.min_requests * k),
+                   max_requests=math.ceil(policy.max_requests * k))
+
+
 def at_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, rate: float, limits: Limits,
             policy: RatePolicy = RatePolicy()) -> Step:
     """Measure one step at `rate` with `run` (a bench of one scenario) and judge it.
@@ -176,15 +211,20 @@ def at_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, rate: flo
 
 def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits: Limits,
               policy: RatePolicy = RatePolicy(), on_step: Callable[[Step], None] = lambda s: None) -> RateSearch:
-    """The highest Poisson request rate at which `limits` hold, within `policy.precision`."""
+    """The highest Poisson request rate at which `limits` hold, within `policy.precision`.
+
+    Bracket, bisect, then confirm the best passing rate with a longer step (stepping down by the
+    precision after each failed confirmation, at most `policy.confirmations` times); every step,
+    confirmation steps included (`Step.confirm`), is kept in `RateSearch.steps`."""
     steps: list[Step] = []
     lo: Step | None = None  # highest trusted passing step
     hi: float | None = None  # lowest failing (or untrusted) rate
     client_bound = False
 
-    def probe(rate: float) -> Step:
+    def probe(rate: float, confirm: bool = False) -> Step:
         nonlocal client_bound
-        st = at_rate(run, base, rate, limits, policy)
+        st = at_rate(run, base, rate, limits, confirm_policy(policy) if confirm else policy)
+        st.confirm = confirm
         steps.append(st)
         client_bound |= not st.trusted
         on_step(st)
@@ -217,4 +257,22 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
             lo = st
         else:
             hi = st.rate
-    return RateSearch(rate=lo.rate if lo else 0.0, steps=steps, best=lo, client_bound=client_bound)
+    if lo is None:
+        return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound)
+    # Confirm: the answer is a rate that passed twice (its search step, then a longer one). A failure
+    # steps down by the precision, the search's own resolution, and confirms there instead; when that
+    # fails too, the longer step sees a queue the short ones missed (a server near its limit queues
+    # slowly), so the stride doubles rather than creeping down 5% at a time.
+    unconfirmed, rate, tries, stride = lo.rate, lo.rate, 0, 1
+    while tries < policy.confirmations:
+        st = probe(rate, confirm=True)
+        tries += 1
+        if st.passed:
+            return RateSearch(rate=rate, steps=steps, best=st, client_bound=client_bound, confirmed=True,
+                              confirmations=tries, unconfirmed_rate=unconfirmed)
+        rate /= (1 + policy.precision) ** stride
+        stride *= 2
+    if tries:
+        return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound, confirmations=tries,
+                          unconfirmed_rate=unconfirmed)
+    return RateSearch(rate=lo.rate, steps=steps, best=lo, client_bound=client_bound, unconfirmed_rate=unconfirmed)
