@@ -113,15 +113,9 @@ def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: floa
     # to a partial UTF-8 character and sends it with the next one (9 tokens in 3-4 chunks).
     # A server that sends no ids is counted by its content-bearing chunks (the closing chunk,
     # empty text + finish_reason, is not a token), or, when the target says it has no ids, by
-    # re-tokenizing the text it sent (gates.api).
+    # re-tokenizing each chunk's text (gates.api, `_stream_count`).
     choices = [e["choices"][0] for e in events if e.get("choices")]
-    id_lists = [(c.get("logprobs") or {}).get("tokens") for c in choices]
-    if not mode.token_ids:
-        counted = mode.count(tok, None, "".join(c.get("text") or "" for c in choices))
-    elif any(id_lists):
-        counted = sum(len(ids or []) for ids in id_lists)
-    else:
-        counted = sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
+    counted = _stream_count(choices, mode, tok)
     usages = [e["usage"] for e in events if e.get("usage")]
     finishes = [c["finish_reason"] for c in choices if c.get("finish_reason")]
     choice = reply["choices"][0]
@@ -130,6 +124,21 @@ def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: floa
             "stream_finish": finishes[-1] if finishes else None,
             "nonstream_tokens": mode.count(tok, tokens, choice.get("text") or ""),
             "nonstream_usage": reply.get("usage"), "nonstream_finish": choice.get("finish_reason")}
+
+
+def _stream_count(choices: list[Mapping[str, Any]], mode: ApiMode, tok: Any) -> int:
+    """Generated tokens in a streamed reply's chunks, as the client counts them.
+
+    With ids, the ids the chunks carry. Without (a text-only engine), each chunk's text
+    re-tokenized on its own and summed: re-tokenizing the joined text merges tokens across chunk
+    boundaries (a reply of 9 tokens read back as 7 on transformers serve), while one chunk's text
+    is almost always one token read back as itself; the tolerance covers the rest."""
+    if not mode.token_ids:
+        return sum(mode.count(tok, None, c.get("text") or "") for c in choices)
+    id_lists = [(c.get("logprobs") or {}).get("tokens") for c in choices]
+    if any(id_lists):
+        return sum(len(ids or []) for ids in id_lists)
+    return sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
 
 
 def _check_max_tokens(probe: Mapping[str, Any], n: int, mode: ApiMode = ApiMode(), tolerance: float = 0.0) -> str:

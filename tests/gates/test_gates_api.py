@@ -56,3 +56,28 @@ def test_text_spelled_back_with_the_reference_gives_the_generated_ids(reference)
         if list(tok(text, add_special_tokens=False)["input_ids"]) != greedy:
             return  # why the aligner exists: plain re-tokenization does not give the ids back
     pytest.fail("no window needed the aligner (forge model changed?): pick another seed")
+
+
+def test_a_text_only_stream_is_counted_chunk_by_chunk(reference) -> None:
+    """The integrity gate's max_tokens probe on a text-only engine (transformers serve): a reply of
+    9 tokens whose joined text re-tokenizes to 7 (neighbouring tokens merge across chunks) was
+    judged as not honouring max_tokens=9 under load in CI; each chunk read back on its own counts 9.
+    A stream that really stops short is still caught."""
+    from gates.integrity import _Failed, _check_max_tokens, _stream_count
+
+    _, tok = reference
+    mode = ApiMode.of(TEXT_ONLY)
+    # Pairs that merge when joined (" '" + "'" -> " ''", "t" + "he" -> "the"), as the forged model can emit them.
+    parts = [" '", "'", "t", "he", " a", "nd", " the", " the", " of"]
+    chunks = [{"text": p, "finish_reason": None} for p in parts] + [{"text": "", "finish_reason": "length"}]
+    joined = mode.count(tok, None, "".join(parts))
+    assert joined < len(parts) - 1, "the joined text no longer merges: pick other chunks"
+    assert _stream_count(chunks, mode, tok) == 9
+    probe = {"stream_chunks": _stream_count(chunks, mode, tok), "stream_finish": "length",
+             "nonstream_tokens": 9, "nonstream_finish": "length"}
+    assert "stream_chunks 9" in _check_max_tokens(probe, 9, mode, 0.1)
+    with pytest.raises(_Failed, match="not honoured"):  # what the joined count made of the same reply
+        _check_max_tokens({**probe, "stream_chunks": joined}, 9, mode, 0.1)
+    short = [c for c in chunks if c["text"] not in (" the", " of")]  # 6 tokens sent, finish "length"
+    with pytest.raises(_Failed, match="not honoured"):
+        _check_max_tokens({**probe, "stream_chunks": _stream_count(short, mode, tok)}, 9, mode, 0.1)
