@@ -178,8 +178,10 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    # On SIGTERM, in-flight requests (a `hang` fault's) get 1 s, not aiohttp's 60: the host's stop would
+    # wait out its whole grace (10 s) and then kill, on every hanging candidate's teardown.
     web.run_app(make_app(a.ttft_ms, a.tpot_ms, a.fault, a.fault_every, a.eos_after, a.empty_first_chunk),
-                host=a.host, port=a.port, print=None, access_log=None)
+                host=a.host, port=a.port, print=None, access_log=None, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":
