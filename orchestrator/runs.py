@@ -275,7 +275,8 @@ def _drive(
         request_timeout_s=config.bench.timeout_s, on_step=on_step,
         trust=TrustPolicy(settle_s=config.bench.settle_s),
         rate=RatePolicy(precision=config.bench.slo_precision, min_requests=config.bench.slo_min_requests,
-                        min_seconds=config.bench.slo_min_seconds, confirmations=config.bench.slo_confirmations),
+                        min_seconds=config.bench.slo_min_seconds, confirmations=config.bench.slo_confirmations,
+                        max_step_seconds=config.bench.slo_max_step_s),
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()

@@ -58,6 +58,10 @@ class BenchConfig(BaseModel):
     """SLO goals: fewest measured requests in one step of the rate search (its percentiles rest on them)."""
     slo_min_seconds: float = Field(4.0, gt=0, le=3600)
     """SLO goals: shortest step of the rate search, so a queue has time to build up at an unsustainable rate."""
+    slo_max_step_s: float = Field(40.0, gt=0, le=3600)
+    """SLO goals: longest step of the rate search. A rate at which `slo_min_requests` take longer than this
+    is not tried: a server that meets the limits only below `slo_min_requests / slo_max_step_s` req/s
+    scores 0, as one that meets them at no rate (it bounds how long a hopeless candidate's search runs)."""
     slo_confirmations: int = Field(4, ge=0, le=20)
     """SLO goals: most confirmation steps (twice as long) that settle the search's answer; a rate counts only
     once it has passed twice (0: trust the bisection's single pass)."""
