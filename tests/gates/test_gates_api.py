@@ -63,7 +63,7 @@ def test_a_text_only_stream_is_counted_chunk_by_chunk(reference) -> None:
     9 tokens whose joined text re-tokenizes to 7 (neighbouring tokens merge across chunks) was
     judged as not honouring max_tokens=9 under load in CI; each chunk read back on its own counts 9.
     A stream that really stops short is still caught."""
-    from gates.integrity import _Failed, _check_max_tokens, _stream_count
+    from gates.integrity import _check_max_tokens, _Failed, _stream_count
 
     _, tok = reference
     mode = ApiMode.of(TEXT_ONLY)
