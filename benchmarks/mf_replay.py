@@ -1,6 +1,6 @@
 """Multi-fidelity screening replayed on the measured tables: does the short bench lose the best, and what does it save?
 
-    python benchmarks/mf_replay.py --seeds 20 --budget 20 --fraction 0.25 [--table small] [--keep 50] [--json out.json]
+    python benchmarks/mf_replay.py --seeds 20 --budget 20 --fraction 0.25 [--table small] [--keep 50] [--startup 4,0] [--json out.json]
 
 Per seed, two runs of the loop's real decisions on one measured table (`benchmarks/data/`,
 `kb_replay.Table`: a knob set's value is its best quiet block over the median quiet baseline block):
@@ -25,6 +25,9 @@ Models (stated, not measured end to end):
   = warm-up + N; screened out = warm-up + short; passed = warm-up + short + N (the short pass is
   the full bench's warm-up). A knob set that failed costs no bench time in either run.
 `--keep P` replays Optuna's PercentilePruner (top P% of the run's trials) instead of the bar.
+`--startup N[,M...]`: full measurements (the baseline counted) before the pruner judges; the product's
+screen states the baseline's noise and passes `fidelity.KNOWN_NOISE_STARTUP` (0, the default here), 4 was
+the proposer's `SCREEN_STARTUP` before; several values replay one full run and one screened run each.
 Reported: seeds whose final best (the table value of the run's best trial) equals the full run's,
 and the search's bench time saved (the baseline, the same in both, is not counted).
 """
@@ -47,7 +50,7 @@ from kb_replay import DATA, MIN_GAIN, MODELS, Table, load_rows  # noqa: E402
 from kb_table import behaviour_key, grid_target, quiet_blocks  # noqa: E402
 
 from orchestrator.bench.scenarios import builtin_scenarios  # noqa: E402
-from orchestrator.fidelity import SCREENED, margin, short_scenario  # noqa: E402
+from orchestrator.fidelity import KNOWN_NOISE_STARTUP, SCREENED, margin, short_scenario  # noqa: E402
 from orchestrator.proposers.search import SCREEN_STARTUP, SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
@@ -63,11 +66,12 @@ class PercentileScreen(SearchProposer):
         super().__init__(*a, **kw)
         self.keep = keep
 
-    def should_stop_early(self, history: Any, value: float, margin: float) -> str | None:
+    def should_stop_early(self, history: Any, value: float, margin: float, startup: int | None = None) -> str | None:
         from orchestrator.fidelity import is_screened
 
+        n_startup = SCREEN_STARTUP if startup is None else startup
         study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=self.seed),
-                                    pruner=optuna.pruners.PercentilePruner(self.keep, n_startup_trials=SCREEN_STARTUP))
+                                    pruner=optuna.pruners.PercentilePruner(self.keep, n_startup_trials=n_startup))
         for t in history:
             if t.status in ("kept", "discarded") and t.score:
                 pruned = is_screened(t)
@@ -123,7 +127,7 @@ class Bench:
 
 
 def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, screen: bool, keep: float | None,
-           margin_: float | None = None) -> dict[str, Any]:
+           margin_: float | None = None, startup: int = KNOWN_NOISE_STARTUP) -> dict[str, Any]:
     """One run: TPE proposals, each measured in full or screened first; returns its best and bench time."""
     run = store.create_run(name=f"{'screen' if screen else 'full'}-s{seed}", goal_text="replay", goal_json={}, goal_hash="mf",
                            target_json={}, config_json={}, host="replay", proposer="search")
@@ -146,7 +150,7 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
             continue
         if screen:
             s = bench.short(cand.knobs, rng)
-            why = proposer.should_stop_early(history, s, m)  # the product's decision, on the stored history
+            why = proposer.should_stop_early(history, s, m, startup=startup)  # the product's decision, on the stored history
             bench_s += bench.seconds(cand.knobs, bench.warm + bench.n_short)
             if why:
                 screened += 1
@@ -169,7 +173,8 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
 
 def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fraction: float = 0.25, keep: float | None = None,
         bias: float = 1.0, fix: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None,
-        margin_: float | None = None) -> dict[str, Any]:
+        margin_: float | None = None, startups: tuple[int, ...] = (KNOWN_NOISE_STARTUP,)) -> dict[str, Any]:
+    """The replay of one table; `summary` and `runs` for the first of `startups`, `by_startup` for each."""
     model = MODELS[TABLES[table_name]]
     rows = rows if rows is not None else load_rows(DATA / f"kb_table_{table_name}_throughput.jsonl")
     table = Table(rows, model, "throughput")
@@ -178,13 +183,15 @@ def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fractio
     target = grid_target(fixed=fix or {})
     tmp = Path(tempfile.mkdtemp(prefix="mf_replay_"))
     store = Store(f"sqlite:///{tmp / 'replay.db'}")
-    runs = []
+    by: dict[int, list[dict[str, Any]]] = {st: [] for st in startups}
     for s in range(seeds):
         # Seeds 1000 apart, as in kb_replay (SearchProposer seeds each step with seed + len(history)).
         full = replay(bench, target, store, seed=1000 * s, budget=budget, screen=False, keep=keep)
-        scr = replay(bench, target, store, seed=1000 * s, budget=budget, screen=True, keep=keep, margin_=margin_)
-        runs.append({"seed": s, "full": full, "screened": scr})
-    return {"table": table_name, "model": model, "fraction": fraction, "short_requests": bench.n_short, "of": bench.n,
+        for st in startups:
+            scr = replay(bench, target, store, seed=1000 * s, budget=budget, screen=True, keep=keep, margin_=margin_, startup=st)
+            by[st].append({"seed": s, "full": full, "screened": scr})
+    runs = by[startups[0]]
+    return {"startup": startups[0], "by_startup": {st: summarise(rs) for st, rs in by.items()},"table": table_name, "model": model, "fraction": fraction, "short_requests": bench.n_short, "of": bench.n,
             "pruner": "threshold (the product)" if keep is None else f"percentile, keep top {keep:g}%",
             "baseline_noise": round(bench.noise, 4), "margin": round(margin(bench.noise, bench.f) if margin_ is None else margin_, 4), "bias": bias, "budget": budget, "median_spread": round(med, 4),
             "summary": summarise(runs), "runs": runs, "db": str(tmp / "replay.db")}
@@ -215,12 +222,14 @@ def main() -> None:
     ap.add_argument("--margin", type=float, help="the bar's noise margin (default: the product's `fidelity.margin` "
                     "of the table's median spread)")
     ap.add_argument("--short-bias", type=float, default=1.0, help="every short score x this (1: unbiased)")
+    ap.add_argument("--startup", default=str(KNOWN_NOISE_STARTUP), help="full measurements before the pruner judges, "
+                    "comma-separated for several (4: the start-up before 2026-12-02; 0: the product's, the noise stated)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE", help="pin a knob (a smaller space)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     fix = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     out = run(args.table, seeds=args.seeds, budget=args.budget, fraction=args.fraction, keep=args.keep, bias=args.short_bias, fix=fix,
-              margin_=args.margin)
+              margin_=args.margin, startups=tuple(int(x) for x in args.startup.split(",")))
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -21,7 +21,8 @@ from typing import Any
 
 from orchestrator.roles import BASELINES, NOT_SEARCH, RETRY
 
-__all__ = ["FULL_FIDELITY", "MIN_MARGIN", "SCREENED", "Z", "Screen", "is_screened", "margin", "screen_for", "short_scenario"]
+__all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_SHORT_SHARE", "MIN_MARGIN", "SCREENED", "Z", "Screen", "is_screened",
+           "margin", "screen_for", "short_scenario"]
 
 SCREENED = "screened out at"
 """How a screened trial's reason starts (`trials.error`): readers that must tell it apart ask `is_screened`."""
@@ -33,6 +34,19 @@ MIN_MARGIN = 0.10
 """The least noise margin a short bench gets: a baseline measured twice can show almost no spread."""
 Z = 2.0
 """Standard deviations of the short bench's noise a candidate may fall below the best and still be measured in full."""
+KNOWN_NOISE_STARTUP = 0
+"""Full measurements (the baseline counted) the pruner waits for when the screen states the short bench's
+noise (the baseline's, measured or assumed: `verdict.baseline_noise`): none. The bar is then the best kept
+score (the baseline's 1.0 until a candidate beats it) less that noise margin, and a short score under it is
+slower than the default knobs beyond the noise: the keep rule would discard it anyway. The proposer's own
+start-up (`SCREEN_STARTUP`, 4) is for a caller that does not know the noise. On the H200 a run holds 4-5
+search trials, so a start-up of 4 screened nothing (docs/benchmarks.md, "Multi-fidelity screening (replay)")."""
+MAX_SHORT_SHARE = 0.5
+"""A short pass that would run more than this share of the full bench's measured requests is not run: a
+candidate it passes pays it on top of its full bench, one it screens out saves only the rest, so with about
+half of the candidates screened out (the replays) it pays off only below half. A scenario of one wave (the
+H200 goal's burst of 16 requests at concurrency 16) cannot be shortened at all: whole waves keep a batching
+server's batches full, and fewer requests in the wave would measure another load."""
 
 
 def margin(noise: float, fraction: float) -> float:
@@ -82,8 +96,10 @@ def screen_for(
 
     `history`: the run's trials; `score(result)`: the short pass's score against the newest
     baseline (the keep rule's score, `verdict.score`); `noise`: that baseline's relative noise. The
-    proposer's `should_stop_early(history, value, margin)` decides; a proposer without it never
-    stops a candidate early."""
+    proposer's `should_stop_early(history, value, margin, startup=KNOWN_NOISE_STARTUP)` decides (the
+    noise is known: measured, or assumed and said); a proposer without it never stops a candidate early.
+    A short pass that cannot save (more than MAX_SHORT_SHARE of the full bench's requests) is not run:
+    a `screen` event with `skipped` says why, and the candidate is measured in full only."""
     if fraction <= 0 or trial.proposer in FULL_FIDELITY or trial.number == 0:
         return None
     ask = getattr(proposer, "should_stop_early", None)
@@ -94,11 +110,22 @@ def screen_for(
     seen = [t for t in history if t.proposer not in NOT_SEARCH and t.id != trial.id]
     full_n = sum(scenarios[n].num_requests for n in goal_scenarios)
     short_n = sum(short[n].num_requests for n in goal_scenarios)
-    m = margin(noise, short_n / full_n)  # the fraction the short pass really runs (whole waves)
+    share = short_n / full_n  # the fraction the short pass really runs (whole waves)
+    if share > MAX_SHORT_SHARE:
+        whole = [n for n in goal_scenarios if short[n].num_requests >= scenarios[n].num_requests]
+        why = (f"the short pass would run {short_n} of the full bench's {full_n} requests ({share:.0%} > "
+               f"{MAX_SHORT_SHARE:.0%})" + (f"; {', '.join(whole)} cannot be shorter than one wave of its concurrency"
+                                            if whole else "") + ": no saving worth its cost")
+        store.add_event(run_id, "screen", f"#{trial.number} not screened: {why}; measured in full",
+                        data={"fraction": fraction, "skipped": True, "screened_out": False, "reason": why,
+                              "short_requests": short_n, "full_requests": full_n, "saved_bench_s": 0.0},
+                        trial_id=trial.id)
+        return None
+    m = margin(noise, share)
 
     def judge(result: Any, bench_s: float) -> str | None:
         value = score(result)
-        why = ask(seen, value, m)
+        why = ask(seen, value, m, startup=KNOWN_NOISE_STARTUP)
         # The bench time not spent: the full bench's requests at the short pass's pace (its
         # warm-up, paid either way, counted with the short pass).
         saved = bench_s * full_n / (short_n + sum(short[n].warmup_requests for n in goal_scenarios)) if why else 0.0

@@ -304,6 +304,13 @@ def _drive(
                   else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
     try:
         reason = controller.run()
+    except KeyboardInterrupt:
+        # Stopped from outside (Ctrl-C, the shell's /stop, SIGTERM, a command's `timeout -s INT`), often
+        # in the paired rounds at the stop: what the run learned still goes to the knowledge base, its
+        # best kept trial as an unconfirmed winner, so a run on another model starts warm.
+        _write_back(kb, store, run_id, target, fingerprint, workload,
+                    interrupted="the run was interrupted (SIGINT/SIGTERM) before its stop; `infergoal resume` continues it")
+        raise
     finally:
         # Wall time of this session (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
@@ -312,9 +319,7 @@ def _drive(
             getattr(h, "close", lambda: None)()
     if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
         store.set_run_status(run_id, "failed", stop_reason=reason)
-    written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
-    if written:
-        store.add_event(run_id, "kb.write_back", f"finding written: {written}", data={"path": str(written)})
+    _write_back(kb, store, run_id, target, fingerprint, workload)
     try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)
         save_study(store, run_id, ws.db_url)
     except StudyError:
@@ -322,6 +327,24 @@ def _drive(
     except (SQLAlchemyError, OSError) as e:  # the run is recorded; only the dashboard view is missing
         store.add_event(run_id, "study.error", f"Optuna study not written: {e}"[:500])
     return RunOutcome(run_id=run_id, stop_reason=reason)
+
+
+def _write_back(kb: Any, store: Store, run_id: int, target: TargetSpec, fingerprint: dict[str, Any], workload: str,
+                interrupted: str | None = None) -> None:
+    """The run's findings and constraints into the knowledge base (`KnowledgeBase.write_back`).
+    `interrupted`: why the run was stopped early; a failure to write is then recorded, never raised
+    (the interrupt is what the caller must see)."""
+    try:
+        written = kb.write_back(store, run_id, engine=target.engine, model=target.model, hardware=fingerprint,
+                                workload=workload, interrupted=interrupted)
+    except Exception as e:  # noqa: BLE001
+        if interrupted is None:
+            raise
+        store.add_event(run_id, "kb.error", f"knowledge not written at the interrupt: {e}"[:500])
+        return
+    if written:
+        store.add_event(run_id, "kb.write_back", f"finding written{' (run interrupted, unconfirmed)' if interrupted else ''}: "
+                        f"{written}", data={"path": str(written), "interrupted": bool(interrupted)})
 
 
 def _floors(ws: Workspace) -> dict[str, Any] | None:

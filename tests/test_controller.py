@@ -236,3 +236,27 @@ def test_probes_after_the_stop_measure_the_winners_neighbours_and_a_resume_finis
     finding = next(p for p in (ws.kb_write_dir / "findings").glob("*.md") if parse_entry(p).meta.get("knobs"))
     assert [p["trial"] for p in parse_entry(finding).meta["probes"]] == sorted(
         (t.number for t in probes), key=lambda n: -store.get_trial_by_number(run.id, n).score)
+
+
+def test_a_run_interrupted_in_its_paired_rounds_still_writes_its_knowledge(fake_ws):
+    """The product path of a stop from outside (`timeout -s INT` in the paired rounds at the stop, as on
+    the H200's 2B run): `start_run` re-raises the interrupt after writing the best kept trial as an
+    unconfirmed winner, so a run on another model starts warm."""
+    from orchestrator.knowledge.entries import parse_entry
+
+    ws = fake_ws([{"tpot_ms": 6.0}])
+
+    def stop_in_the_paired_rounds(trial):
+        if trial.proposer == "paired":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # 8 -> 6 ms is kept, not the 80% asked: paired rounds at the stop
+        start_run(ws, parse_goal("beat the baseline by 80% on TPOT within 2 trials"), on_trial=stop_in_the_paired_rounds)
+    store = Store(ws.db_url)
+    run = store.latest_run()
+    assert run.status == "stopped"
+    [written] = store.events(run.id, kind="kb.write_back")
+    assert written.data["interrupted"] and "unconfirmed" in written.message
+    finding = parse_entry(Path(written.data["path"]))
+    assert finding.status == "hypothesis" and finding.meta["knobs"]["tpot_ms"] == 6.0
+    assert "not confirmed by paired rounds" in finding.meta["evidence"][0]["unconfirmed"]

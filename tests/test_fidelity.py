@@ -16,7 +16,7 @@ from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
 from orchestrator.controller import Controller
-from orchestrator.fidelity import SCREENED, is_screened, margin, screen_for, short_scenario
+from orchestrator.fidelity import MAX_SHORT_SHARE, SCREENED, is_screened, margin, screen_for, short_scenario
 from orchestrator.goal import parse_goal
 from orchestrator.hosts.base import Proc
 from orchestrator.measure import TrustPolicy
@@ -42,8 +42,13 @@ def test_a_clearly_bad_short_score_is_screened_out_and_a_good_one_goes_to_full_f
     assert p.should_stop_early(HISTORY, 2.3, 0.10) is None  # would be kept: measured in full
     assert p.should_stop_early(HISTORY, 1.85, 0.10) is None  # within the noise margin of the best
     assert p.should_stop_early(HISTORY, 1.85, 0.05) is not None  # a quieter short bench: a tighter bar
-    # Before SCREEN_STARTUP full measurements there is no bar to speak of: nothing is screened.
+    # A caller that does not state the noise: nothing is screened before SCREEN_STARTUP full measurements.
     assert p.should_stop_early(HISTORY[:SCREEN_STARTUP - 1], 0.1, 0.10) is None
+    # The noise stated (the product's screen: `startup=0`): judged from the first search trial, against
+    # the baseline's 1.0 less the margin.
+    why = p.should_stop_early(HISTORY[:1], 0.8, 0.10, startup=0)
+    assert why and "a bar of 0.900x: the best kept 1.000x (the baseline)" in why
+    assert p.should_stop_early(HISTORY[:1], 0.95, 0.10, startup=0) is None  # inside the noise: measured in full
     # A screened trial is not a full measurement: it neither counts for the start-up nor sets the best.
     screened = [HISTORY[0], _t(1, 5.0, error=f"{SCREENED} 25% fidelity: x"), _t(2, 1.1), _t(3, 1.2, "kept")]
     assert is_screened(screened[1]) and p.should_stop_early(screened, 0.1, 0.10) is None
@@ -61,10 +66,43 @@ def test_short_scenario_runs_whole_waves_on_other_prompts():
     assert margin(0.0, 0.25) == 0.10 and margin(0.05, 0.25) == pytest.approx(0.2)
 
 
-def _screen(trial, store, run_id, fraction=0.25):
-    return screen_for(fraction=fraction, trial=trial, proposer=SearchProposer(), history=HISTORY,
-                      scenarios=builtin_scenarios(1.0), goal_scenarios=["throughput"], score=lambda r: r,
+def _screen(trial, store, run_id, fraction=0.25, history=HISTORY, scenarios=None, goal=("throughput",)):
+    return screen_for(fraction=fraction, trial=trial, proposer=SearchProposer(), history=history,
+                      scenarios=scenarios or builtin_scenarios(1.0), goal_scenarios=list(goal), score=lambda r: r,
                       noise=0.0, store=store, run_id=run_id)
+
+
+def test_the_screen_judges_from_the_first_search_trial_when_the_noise_is_known():
+    """The baseline's noise is always known to the screen (measured, or assumed and said), so the
+    pruner does not wait for 4 full measurements: on the H200 a run holds 4-5 search trials, and with
+    that start-up nothing was screened while every candidate paid its short pass."""
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    trial = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
+    s = _screen(trial, store, run.id, history=HISTORY[:1])  # only the baseline measured so far
+    why = s.judge(0.8, 2.0)
+    assert why and "short-bench score 0.800x vs a bar of 0.900x: the best kept 1.000x (the baseline)" in why
+    assert s.judge(0.95, 2.0) is None  # within the margin of the baseline: measured in full
+
+
+def test_a_short_pass_that_cannot_save_is_not_run():
+    """A scenario of one wave (the H200 goal's burst of 16 at concurrency 16) has no shorter version:
+    its "short" pass is the whole scenario, paid again by every candidate it passes. Above
+    MAX_SHORT_SHARE of the full bench's requests no screen is run, and the event says why."""
+    from orchestrator.bench.scenarios import load_scenarios_file
+
+    gpu = load_scenarios_file(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "scenarios.toml")
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    trial = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
+    for fraction in (0.25, 0.125):  # decode 2 (1) of 8 + throughput 16 of 16: 75% (71%) of the requests
+        assert _screen(trial, store, run.id, fraction=fraction, scenarios=gpu, goal=("decode", "throughput")) is None
+    ev = store.events(run.id, kind="screen")
+    assert [e.data["skipped"] for e in ev] == [True, True] and ev[0].data["short_requests"] == 18
+    assert "throughput cannot be shorter than one wave" in ev[0].message and "measured in full" in ev[0].message
+    assert f"> {MAX_SHORT_SHARE:.0%}" in ev[0].data["reason"]
+    # The built-in scenarios shorten (16 of 48 at 0.25): screened as before.
+    assert _screen(trial, store, run.id) is not None
 
 
 def test_baselines_sentinels_paired_probes_and_retries_are_never_screened():
@@ -146,14 +184,14 @@ class FakeHost:
 CHOICES = (8.0, 7.0, 6.0, 5.0, 4.0, 12.0, 16.0, 20.0, 24.0, 32.0)
 
 
-def _run(tmp_path, fraction, short_tpot=None, trials=12, gates=False):
+def _run(tmp_path, fraction, short_tpot=None, trials=12, gates=False, scenarios=None):
     target = load_target(write_fake_target(tmp_path / "fake.toml", choices=CHOICES))
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     goal = parse_goal(f"beat the baseline by 80% on TPOT within {trials} trials")  # 8 -> 1.6 ms: out of reach
     run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "search")
     host = FakeHost(short_tpot)
     ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
-                       reference_dir=tmp_path, scenarios=builtin_scenarios(1.0), run_dir=tmp_path / "run",
+                       reference_dir=tmp_path, scenarios=scenarios or builtin_scenarios(1.0), run_dir=tmp_path / "run",
                        source_dir=tmp_path, accuracy_gate=gates, integrity_gate=gates,
                        # The fake bench returns at once: its client-CPU share over so short a window is
                        # noise, not saturation (a busy host would otherwise make it untrusted).
@@ -196,6 +234,16 @@ def test_a_short_bench_that_flatters_a_slow_candidate_costs_only_its_full_bench(
     store, run_id, _, _ = _run(tmp_path, 0.25, short_tpot={32.0: 4.0})
     slow = [t for t in store.list_trials(run_id) if t.proposer == "search" and t.knobs["tpot_ms"] == 32.0]
     assert slow and all(t.status == "discarded" and not is_screened(t) and t.score == pytest.approx(0.25) for t in slow)
+
+
+def test_a_one_wave_goal_scenario_is_measured_in_full_without_a_short_pass(tmp_path):
+    sc = builtin_scenarios(1.0)
+    sc["decode"] = sc["decode"].model_copy(update={"num_requests": 8, "concurrency": 8})  # one wave
+    store, run_id, host, _ = _run(tmp_path, 0.25, trials=5, scenarios=sc)
+    search = [t for t in store.list_trials(run_id) if t.proposer == "search"]
+    skipped = [e for e in store.events(run_id, kind="screen") if e.data.get("skipped")]
+    assert search and {e.trial_id for e in skipped} == {t.id for t in search}
+    assert all("@" not in name for name, *_ in host.benched) and not any(is_screened(t) for t in search)
 
 
 def test_screening_is_off_by_default(tmp_path):

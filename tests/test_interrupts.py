@@ -87,3 +87,36 @@ def test_the_health_wait_raises_a_swallowed_interrupt_at_once(tmp_path):
             assert time.monotonic() - t0 < 1.0
     finally:
         host.stop(proc, grace_s=1)
+
+
+TERM_CHILD = textwrap.dedent("""
+    import sys, time
+    from orchestrator import interrupts
+
+    with interrupts.installed():
+        try:
+            print("ready", flush=True)
+            time.sleep(30)
+        except KeyboardInterrupt:
+            print("stopped cleanly", flush=True)  # the clean stop: the run is marked, its knowledge written
+            time.sleep(30 if sys.argv[1] == "hang" else 0)
+""")
+
+
+@pytest.mark.parametrize("mode", ["clean", "hang"])
+def test_sigterm_stops_a_run_as_sigint_does_and_a_second_one_ends_it(mode):
+    """SIGTERM (a supervisor's stop, `timeout` without `-s INT`) is the same clean stop as SIGINT; one
+    that comes while the stop is being handled (the shell's escalation) ends the process at once."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-c", TERM_CHILD, mode], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        assert p.stdout.readline().strip() == "stopped cleanly"
+        if mode == "hang":
+            time.sleep(0.2)
+            p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=10) == (-signal.SIGTERM if mode == "hang" else 0)
+    finally:
+        p.kill()

@@ -2,6 +2,8 @@
 # The warm time-to-best run (issue #23), beside run_step.sh. On the device machine, from the repository root:
 #   benchmarks/gpu/warm_run.sh LIMIT_S small   # forge $SMALL_PRESET; goal_4x on it, cold, for a fixed budget:
 #                                              # the run ends on its budget, so the knowledge base (kb/) gets its finding
+#                                              # (stopped by the limit's SIGINT instead, it still writes its best
+#                                              # kept trial, unconfirmed: a `hypothesis` the big run reads at 0.6 weight)
 #   benchmarks/gpu/warm_run.sh LIMIT_S big     # forge $BIG_PRESET; copy that kb into the big workspace; the big run
 #                                              # warm (a second `big` command resumes it until it stops)
 # Each command copies the databases, the small run's kb (kb_small/) and the time-to-best figures to $OUT.
@@ -97,7 +99,9 @@ case $PHASE in
   small)
     log "forge $SMALL_PRESET"; MODEL=$(forge "$SMALL_PRESET"); log "model $MODEL"
     grep -hE '"(final_loss|heldout_top1_prob|build_seconds)"' "$MODEL/infergoal_model.json" 2>/dev/null
-    # The run must end on its own budget (a kill writes no finding): its wall budget leaves room for
+    # The run should end on its own budget: its finding is then confirmed or refuted by the paired
+    # rounds at the stop. Stopped by `timeout -s INT` in those rounds, it still writes its best kept
+    # trial as an unconfirmed finding (orchestrator/runs.py; SIGKILL, 25 s later, writes nothing): its wall budget leaves room for
     # the paired confirmation of its winner at the stop (3 rounds of two fresh servers).
     WALL=${SMALL_WALL:-$((LIMIT - (SECONDS - START) - 45 - ${PAIRED_RESERVE_S:-200}))}
     workspace "$SMALL_WS" "$SMALL_PRESET" "${SMALL_TRIALS:-6}" "$WALL"

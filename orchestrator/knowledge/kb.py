@@ -130,11 +130,15 @@ class KnowledgeBase:
             return parse_entry(dst)
 
     def write_back(self, store: Any, run_id: int, *, engine: str, model: str, hardware: dict[str, Any],
-                   workload: str | None = None, min_gain: float = 0.0) -> Path | None:
+                   workload: str | None = None, min_gain: float = 0.0, interrupted: str | None = None) -> Path | None:
         """Distill the run into findings and constraints; move the status of priors it tried.
 
         Returns the winner finding's path (None without a winner); the rest is recorded as a
-        `kb.distill` event with every path written."""
+        `kb.distill` event with every path written. `interrupted`: the run was stopped before its stop
+        (SIGINT, SIGTERM, a command's time limit, often in the paired rounds at the stop): what it
+        learned is written all the same, the best kept trial as an unconfirmed winner (`hypothesis`,
+        its evidence says why), so a later run on another model starts warm. A later write of the same
+        run (`infergoal resume` finishing it) replaces this run's evidence instead of adding to it."""
         d = distill(store, run_id)
         here = self.setting(engine=engine, model=model, hardware=hardware, workload=workload)
         hw = here["hardware"]
@@ -146,6 +150,10 @@ class KnowledgeBase:
         if paired and paired.get("score"):  # the paired A/B ratio and its interval, when the run measured one
             evidence_extra["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
                                         "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
+        if d.winner and paired and paired.get("met"):  # confirmed by its paired rounds before the run was stopped
+            d.winner["confirmed_by_relaunch"] = True
+        if interrupted and d.winner and not d.winner["confirmed_by_relaunch"]:
+            evidence_extra["unconfirmed"] = f"not confirmed by paired rounds: {interrupted}"
         winner = write_winner(self.write_dir, d, here, key, evidence_extra)
         effects = write_effects(self.write_dir, d, here, key)
         constraints = write_constraints(self.write_dir, d, here, key)

@@ -30,6 +30,12 @@ def _has_run(meta: dict[str, Any], run_id: int) -> bool:
     return any(isinstance(ev, dict) and ev.get("run") == run_id for ev in meta.get("evidence", []))
 
 
+def _others(items: list[Any], run_id: int) -> list[Any]:
+    """`items` (evidence, avoid, failures) less this run's: a run written again (stopped, then
+    resumed to its end) replaces what it wrote before instead of adding to it."""
+    return [x for x in items if not (isinstance(x, dict) and x.get("run") == run_id)]
+
+
 def _write(path: Path, meta: dict[str, Any], body: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(meta, body))
@@ -46,13 +52,22 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
     path = write_dir / "findings" / f"{fid}.md"
     evidence = {"run": d.run_id, "trial": w["trial"], "score": w["score"], "objective": w["objective"],
                 "confirmed_by_relaunch": w["confirmed_by_relaunch"], **evidence_extra}
-    if path.is_file():
-        e = parse_entry(path)
+    unconfirmed = "unconfirmed" in evidence  # the run was stopped before its paired rounds confirmed it
+    old = parse_entry(path) if path.is_file() else None
+    mine = [ev for ev in (old.meta.get("evidence") or []) if isinstance(ev, dict) and ev.get("run") == d.run_id] if old else []
+    others = _others(old.meta.get("evidence") or [], d.run_id) if old else []
+    # An entry only this run wrote before (it was stopped, then resumed to its end) is written anew.
+    if old is not None and (others or not mine):
+        e = old
         meta = dict(e.meta)
-        if not _has_run(meta, d.run_id):
-            meta["evidence"] = [*meta.get("evidence", []), evidence]
+        # Another run's entry is promoted by this run's win; an unconfirmed win (the run was stopped)
+        # does not move it, and promotes it once confirmed when the resumed run writes again.
+        if not unconfirmed and (not mine or any("unconfirmed" in ev for ev in mine)):
             meta["status"] = promote(meta.get("status", "hypothesis"))
-        meta["speedup"] = max(float(meta.get("speedup", 0)), w["score"])
+        meta["evidence"] = [*others, evidence]
+        # This run's earlier number is replaced (a screening score, then its paired ratio), others' stay.
+        before = [float(ev["score"]) for ev in others if isinstance(ev, dict) and ev.get("score")] if mine else [float(meta.get("speedup", 0))]
+        meta["speedup"] = max([w["score"], *before])
         meta["observations"] = _merge_observations(meta.get("observations") or [], d.observations)
         body = e.body
         if d.probes and meta.get("knobs") == w["knobs"]:
@@ -71,8 +86,9 @@ def write_winner(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key:
     if d.probes:
         meta["probes"] = _merge_observations([], [{**p, "run": d.run_id} for p in d.probes])
     knob_lines = "\n".join(f"- `{k}` = `{v}`" for k, v in w["knobs"].items())
+    stopped = f" The run was stopped before this was confirmed ({evidence['unconfirmed']})." if unconfirmed else ""
     body = (f"\nRun {d.run_id}, trial #{w['trial']} scored {w['score']:.3f}x (geomean speedup over the "
-            f"baseline) for the goal `{d.goal}` on model `{applies_to.get('model')}`.\n\nKnobs:\n{knob_lines}\n\n"
+            f"baseline) for the goal `{d.goal}` on model `{applies_to.get('model')}`.{stopped}\n\nKnobs:\n{knob_lines}\n\n"
             "Warm-starts later runs: on this exact setting first, on similar ones (another model size, "
             "a similar host) as a prior weighted by similarity. Each run that reproduces it raises its status; "
             "a similar run where it loses to the baseline lowers it.\n")
@@ -132,8 +148,8 @@ def write_effects(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key
         if not _has_run(meta, d.run_id):
             agree = meta.get("top_knob") == top
             meta["status"] = promote(meta["status"]) if agree else demote(meta["status"])
-            meta["evidence"] = [*meta.get("evidence", []), evidence]
-            meta["top_knob"] = top
+        meta["evidence"] = [*_others(meta.get("evidence", []), d.run_id), evidence]
+        meta["top_knob"] = top
         meta["updated"] = _today()
         return _write(path, meta, body)
     meta = {"id": fid, "kind": "finding", "title": f"{engine} on {applies_to['hardware']}: which knob moves which metric",
@@ -156,20 +172,24 @@ def write_constraints(write_dir: Path, d: Distilled, applies_to: dict[str, Any],
         meta = {"id": cid, "kind": "constraint", "title": f"{engine} on {applies_to['hardware']}: what failed or never paid off",
                 "applies_to": applies_to, "status": "hypothesis", "avoid": [], "failures": [], "evidence": [],
                 "created": _today()}
-    if not _has_run(meta, d.run_id):
-        meta["evidence"] = [*meta.get("evidence", []), {"run": d.run_id, "failures": len(d.failures), "dead_ends": len(d.dead_ends)}]
-        for f in d.failures:
-            meta["failures"] = [*meta.get("failures", []), {"run": d.run_id, **f}]
-            # Only a failure that changed a single knob from the baseline pins the blame on it.
-            if len(f["changed"]) == 1:
-                (k, v), = f["changed"].items()
-                meta["avoid"] = [*meta["avoid"], {"knob": k, "value": v, "why": f"{f['kind']}: {f['reason'][:120]}",
-                                                  "run": d.run_id, "trials": [f["trial"]]}]
-        for de in d.dead_ends:
-            meta["avoid"] = [*meta["avoid"], {"knob": de["knob"], "value": de["value"], "run": d.run_id, "trials": de["trials"],
-                                              "why": f"never beat the baseline (best {de['best_score']:.2f}x)"}]
-        if len(meta["evidence"]) > 1:
-            meta["status"] = promote(meta["status"])
+    fresh = not _has_run(meta, d.run_id)
+    # This run's items replace what it wrote before (a stopped run, resumed to its end), others' stay.
+    meta["evidence"] = [*_others(meta.get("evidence", []), d.run_id),
+                        {"run": d.run_id, "failures": len(d.failures), "dead_ends": len(d.dead_ends)}]
+    meta["failures"] = _others(meta.get("failures", []), d.run_id)
+    meta["avoid"] = _others(meta.get("avoid", []), d.run_id)
+    for f in d.failures:
+        meta["failures"] = [*meta.get("failures", []), {"run": d.run_id, **f}]
+        # Only a failure that changed a single knob from the baseline pins the blame on it.
+        if len(f["changed"]) == 1:
+            (k, v), = f["changed"].items()
+            meta["avoid"] = [*meta["avoid"], {"knob": k, "value": v, "why": f"{f['kind']}: {f['reason'][:120]}",
+                                              "run": d.run_id, "trials": [f["trial"]]}]
+    for de in d.dead_ends:
+        meta["avoid"] = [*meta["avoid"], {"knob": de["knob"], "value": de["value"], "run": d.run_id, "trials": de["trials"],
+                                          "why": f"never beat the baseline (best {de['best_score']:.2f}x)"}]
+    if fresh and len(meta["evidence"]) > 1:
+        meta["status"] = promote(meta["status"])
     meta["updated"] = _today()
     lines = [f"- avoid `{a['knob']}` = `{a['value']}`: {a['why']} (run {a['run']}, trials {a['trials']})" for a in meta["avoid"]]
     lines += [f"- run {f['run']} trial #{f['trial']} {f['status']} ({f['kind']}): {f['reason'][:160]}" for f in meta.get("failures", [])]

@@ -98,7 +98,8 @@ class AgentProposer:
         self.tool_schemas = schemas
 
     # --- the loop --------------------------------------------------------------------------
-    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float,
+                          startup: int | None = None) -> str | None:
         """Never: the agent reads full measurements (screening is the search's)."""
         return None
 

@@ -20,10 +20,13 @@ class Proposer(Protocol):
         """`history`: the run's TrialRecords so far (finished ones carry status and score)."""
         ...
 
-    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float,
+                          startup: int | None = None) -> str | None:
         """Multi-fidelity screening (`orchestrator.fidelity`): a candidate's short bench scored `value`,
         give or take `margin` (relative: the short bench's noise); why it is not worth the full bench,
-        or None to measure it in full. Proposers that do not screen return None."""
+        or None to measure it in full. `startup`: full measurements to wait for before any is stopped
+        (None: the proposer's own; the product's screen states the noise and passes 0). Proposers that
+        do not screen return None."""
         ...
 
 

@@ -37,7 +37,8 @@ class HybridProposer:
     def bind(self, ctx: Any, kb: Any) -> None:
         self.agent.bind(ctx, kb)
 
-    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float,
+                          startup: int | None = None) -> str | None:
         """Never: the agent's structures and their tuning are measured in full."""
         return None
 

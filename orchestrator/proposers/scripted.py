@@ -24,7 +24,8 @@ class ScriptedProposer:
     def __init__(self, steps: Sequence[dict[str, Any]]) -> None:
         self.steps = list(steps)
 
-    def should_stop_early(self, history: Sequence[Any], value: float, margin: float) -> str | None:
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float,
+                          startup: int | None = None) -> str | None:
         """Never: a scripted run measures every step in full."""
         return None
 

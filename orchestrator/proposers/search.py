@@ -23,6 +23,7 @@ import optuna
 from orchestrator.candidate import Candidate, knob_key
 from orchestrator.fidelity import is_screened
 from orchestrator.proposers import multi
+from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
@@ -41,7 +42,8 @@ REGION_CONSTRAINT = "failed_region"
 
 # Multi-fidelity screening (`orchestrator.fidelity`): a candidate whose short-bench score falls
 # below the best kept score less the short bench's noise margin (SCREEN_MARGIN unless the caller
-# knows the noise) is not measured in full; only once SCREEN_STARTUP trials were measured in full.
+# knows the noise) is not measured in full; a caller that does not state the noise gets a bar only once
+# SCREEN_STARTUP trials were measured in full (`fidelity.screen_for` states it: `KNOWN_NOISE_STARTUP`, 0).
 SCREEN_MARGIN = 0.10
 SCREEN_STARTUP = 4
 
@@ -108,13 +110,17 @@ class SearchProposer:
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
 
-    def should_stop_early(self, history: Sequence[Any], value: float, margin: float = SCREEN_MARGIN) -> str | None:
+    def should_stop_early(self, history: Sequence[Any], value: float, margin: float = SCREEN_MARGIN,
+                          startup: int | None = None) -> str | None:
         """Whether a candidate whose short bench scored `value` is not worth its full bench: why, or None.
 
         Optuna's pruning API: the candidate is asked as a trial that reports `value` as its
         intermediate value at step 0, and a `ThresholdPruner` whose bar is the best kept score of
-        `history` less `margin` (the short bench's noise) decides. Nothing is pruned before
-        SCREEN_STARTUP trials were measured in full (a best from the baseline alone says little).
+        `history` less `margin` (the short bench's noise) decides. Nothing is pruned before `startup`
+        trials (the baseline counted) were measured in full: SCREEN_STARTUP when the caller does not
+        say; the product's screen, which derives `margin` from the baseline's measured (or assumed)
+        noise, passes 0: from the first search trial, a short score more than the noise below the
+        baseline's 1.0 is a candidate the keep rule would discard (`fidelity.KNOWN_NOISE_STARTUP`).
 
         Why a bar under the best, not a percentile of the run's trials (MedianPruner,
         PercentilePruner) or successive halving: the keep rule judges a candidate against the best,
@@ -126,7 +132,7 @@ class SearchProposer:
         budget allows (docs/benchmarks.md, "Multi-fidelity screening (replay)", has both replayed)."""
         full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
         best = max((float(t.score) for t in full if t.status == "kept"), default=None)
-        if len(full) < SCREEN_STARTUP or best is None:
+        if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
             return None
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         bar = best * (1 - margin)
@@ -136,7 +142,9 @@ class SearchProposer:
         trial.report(float(value), 0)
         if not trial.should_prune():
             return None
-        return f"a bar of {bar:.3f}x: the best kept {best:.3f}x less the short bench's noise margin {margin:.0%} (Optuna ThresholdPruner)"
+        only_base = all(t.number == 0 or t.proposer in BASELINES for t in full if t.status == "kept")
+        return (f"a bar of {bar:.3f}x: the best kept {best:.3f}x{' (the baseline)' if only_base else ''} less the short "
+                f"bench's noise margin {margin:.0%} (Optuna ThresholdPruner)")
 
     def _priors_hold(self, history: Sequence[Any]) -> bool:
         """Whether the priors still steer: the transferred winner did not lose here, and the run has

@@ -39,3 +39,12 @@ def test_the_replay_screens_with_the_product_decision_and_reports_best_and_bench
     # With a 3% spread the short bench of the grid's best cannot fall 10% below a worse best: never lost.
     assert s["missed_keeps"] == 0 and s["screened_best_not_lower"] == 4
     assert s["bench_saved_total"] > 0 and max(r["screened"]["screened"] for r in out["runs"]) > 0
+
+
+def test_the_replay_compares_start_ups_on_the_same_full_runs():
+    """`--startup 4,0`: one full run per seed, one screened run per start-up; with a start-up of 4 a
+    budget of 3 search trials (4 full measurements with the baseline) screens nothing, the product's (0) screens from the first trial."""
+    out = M.run("small", seeds=2, budget=3, fraction=0.25, fix=FIX, rows=_rows(), startups=(4, 0))
+    old, new = out["by_startup"][4], out["by_startup"][0]
+    assert out["startup"] == 4 and old == out["summary"] and old["screened_out_median"] == 0
+    assert new["seeds"] == 2 and new["screened_out_median"] > 0 and new["bench_saved_total"] > old["bench_saved_total"]
