@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-seconds", type=float, default=RatePolicy.min_seconds, help="--slo: shortest step (s)")
     p.add_argument("--min-requests", type=int, default=RatePolicy.min_requests, help="--slo: fewest requests per step")
     p.add_argument("--confirmations", type=int, default=RatePolicy.confirmations,
-                   help="--slo: most confirmation steps (twice as long) settling the answer; 0: none")
+                   help="--slo: most confirmation tries down (twice as long) settling the answer, a doubled stride's "
+                        "pass bisected back up (confirmations - 2 steps more at most); 0: none")
     return p
 
 

@@ -12,7 +12,10 @@ A found rate counts only once it has passed twice: near saturation one short ste
 not monotone in the rate (on real vLLM a rate failed between two that had passed once each), so
 the search re-runs the step at its best passing rate, `confirm_length` times as long, and on a
 failure steps down by `precision` (then by strides that double) and tries again, at most
-`confirmations` times. A rate none of
+`confirmations` times. When the rate that passed was reached by a doubled stride (more than
+`precision` below the lowest failed confirmation), the search bisects back up between the two with
+confirmation-length steps until they are within `precision` (at most `confirmations` - 2 more
+steps): the answer is the highest rate a confirmation-length step passed. A rate none of
 them confirmed scores 0 (`RateSearch.confirmed` False), as a broken SLO does.
 
 SGLang's tuner and GuideLLM's sweep search the rate the same way; SLO goals
@@ -63,8 +66,11 @@ class RatePolicy:
     max_steps: int = 24
     """Steps of the bracketing and bisection; the confirmation steps come on top (`confirmations`)."""
     confirmations: int = 4
-    """Most confirmation steps: the found rate, then one `precision` lower, then strides that double
-    (2, 4, ... precisions: at 5%, four steps reach 29% below the found rate). 0 trusts the
+    """Most confirmation tries downwards: the found rate, then one `precision` lower, then strides that
+    double (2, 4, ... precisions: at 5%, four steps reach 29% below the found rate). A pass reached by
+    a doubled stride is then refined by bisecting back up towards the lowest failed try, also with
+    confirmation-length steps, to within `precision`: at most `confirmations` - 2 steps more (2 at the
+    default 4), so at most 2 x `confirmations` - 2 confirmation-length steps in all. 0 trusts the
     bisection's single pass (the search before confirmation)."""
     confirm_length: float = 2.0
     """A confirmation step is this many times as long (`min_seconds`, `min_requests`) as a search step:
@@ -109,7 +115,9 @@ class RateSearch:
     confirmed: bool = False
     """`rate` passed a confirmation step (False when confirmation is off or none passed)."""
     confirmations: int = 0
-    """Confirmation steps run (the last of `steps`); at most `RatePolicy.confirmations`."""
+    """Confirmation-length steps run (the last of `steps`): the tries downwards (at most
+    `RatePolicy.confirmations`) and those bisecting back up after a doubled stride (at most
+    `RatePolicy.confirmations` - 2 more)."""
     unconfirmed_rate: float = 0.0
     """The bisection's answer before confirmation (its best single pass); equals `rate` when that passed."""
 
@@ -214,7 +222,9 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
     """The highest Poisson request rate at which `limits` hold, within `policy.precision`.
 
     Bracket, bisect, then confirm the best passing rate with a longer step (stepping down by the
-    precision after each failed confirmation, at most `policy.confirmations` times); every step,
+    precision, then by doubling strides, after each failed confirmation, at most
+    `policy.confirmations` times; a pass a doubled stride reached is refined by bisecting back up
+    towards the lowest failed confirmation with longer steps, to within the precision); every step,
     confirmation steps included (`Step.confirm`), is kept in `RateSearch.steps`."""
     steps: list[Step] = []
     lo: Step | None = None  # highest trusted passing step
@@ -262,17 +272,50 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
     # Confirm: the answer is a rate that passed twice (its search step, then a longer one). A failure
     # steps down by the precision, the search's own resolution, and confirms there instead; when that
     # fails too, the longer step sees a queue the short ones missed (a server near its limit queues
-    # slowly), so the stride doubles rather than creeping down 5% at a time.
+    # slowly), so the stride doubles rather than creeping down 5% at a time. A doubled stride can
+    # overshoot (on real vLLM it jumped from a failed 110.6 to 91.0 req/s where 102.4 held), so a pass
+    # it reached is bisected back up towards the failure with confirmation-length steps.
     unconfirmed, rate, tries, stride = lo.rate, lo.rate, 0, 1
+    failed: float | None = None  # the lowest rate a confirmation step failed at
     while tries < policy.confirmations:
         st = probe(rate, confirm=True)
         tries += 1
         if st.passed:
-            return RateSearch(rate=rate, steps=steps, best=st, client_bound=client_bound, confirmed=True,
-                              confirmations=tries, unconfirmed_rate=unconfirmed)
+            best, extra = _bisect_back(probe, st, failed, policy.precision)
+            return RateSearch(rate=best.rate, steps=steps, best=best, client_bound=client_bound, confirmed=True,
+                              confirmations=tries + extra, unconfirmed_rate=unconfirmed)
+        failed = rate
         rate /= (1 + policy.precision) ** stride
         stride *= 2
     if tries:
         return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound, confirmations=tries,
                           unconfirmed_rate=unconfirmed)
     return RateSearch(rate=lo.rate, steps=steps, best=lo, client_bound=client_bound, unconfirmed_rate=unconfirmed)
+
+
+def _refine_steps(gap: float, precision: float) -> int:
+    """Confirmation-length steps the bisection back up takes over a gap `gap` = failed / passed rate:
+    the halvings of log(gap) down to one `precision` (0 when the gap is within it)."""
+    units = math.log(gap) / math.log1p(precision) if gap > 1 else 0.0
+    return max(0, math.ceil(math.log2(units) - 1e-9)) if units > 1 + 1e-9 else 0
+
+
+def _bisect_back(probe: Callable[..., Step], passed: Step, failed: float | None,
+                 precision: float) -> tuple[Step, int]:
+    """(the highest passing confirmation-length step, steps taken) after a confirmation passed at
+    `passed.rate`: when the lowest failed confirmation `failed` lies more than `precision` above it
+    (a doubled stride jumped that far), bisect geometrically back up between the two, each try a
+    confirmation-length step, until they are within `precision`: `_refine_steps` tries at most."""
+    best, taken = passed, 0
+    if failed is None:
+        return best, taken
+    lo, hi = passed.rate, failed
+    bound = _refine_steps(hi / lo, precision)
+    while taken < bound and hi / lo - 1 > precision * (1 + 1e-9):
+        st = probe(math.sqrt(lo * hi), confirm=True)
+        taken += 1
+        if st.passed:
+            best, lo = st, st.rate
+        else:
+            hi = st.rate
+    return best, taken

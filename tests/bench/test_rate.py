@@ -183,11 +183,15 @@ def test_a_rate_that_passed_once_near_saturation_is_not_the_answer_the_confirmed
     limits = [("ttft_ms_p90", 300.0)]
     once = find_rate(lucky_once(30.0), BASE, limits, FAST)
     assert once.unconfirmed_rate > 30.0  # the bisection's best pass was the lucky one
-    assert once.confirmed and 30.0 / (1 + FAST.precision) ** 2 <= once.rate <= 30.0  # stepped down below the band
+    # Stepped down below the band (32, 30.5 failed, 27.6 passed after a doubled stride), then bisected
+    # back up to 29.0 (passed): within the precision below the limit.
+    assert once.confirmed and 30.0 / (1 + FAST.precision) <= once.rate <= 30.0
     confirms = [st for st in once.steps if st.confirm]
-    assert len(confirms) == once.confirmations <= FAST.confirmations and confirms == once.steps[-len(confirms):]
-    assert [st.passed for st in confirms] == [False] * (len(confirms) - 1) + [True]
-    assert confirms[0].rate == once.unconfirmed_rate and once.best is confirms[-1]
+    assert len(confirms) == once.confirmations <= 2 * FAST.confirmations - 2 and confirms == once.steps[-len(confirms):]
+    first = next(i for i, st in enumerate(confirms) if st.passed)  # the tries down fail until one passes
+    assert 1 <= first < FAST.confirmations and not any(st.passed for st in confirms[:first])
+    assert confirms[0].rate == once.unconfirmed_rate
+    assert once.best is max((st for st in confirms if st.passed), key=lambda st: st.rate) and once.best.rate == once.rate
     for st in confirms:  # twice as long as a search step, and recorded like one
         assert st.result.scenario.num_requests >= 2 * max(FAST.min_requests, st.rate * FAST.min_seconds) - 1
         assert st.to_dict()["confirm"] and "ttft_ms_p90" in st.to_dict()["metrics"]
@@ -219,6 +223,60 @@ def test_a_rate_no_confirmation_holds_scores_zero_and_says_why():
     assert s.unconfirmed_rate == 64.0 and "SLO met once at 64 req/s but not confirmed by 4" in s.error
     # One precision down, then strides that double: 5%, then 10%, 20% more (29% below in all).
     assert [st.rate for st in s.steps if st.confirm] == pytest.approx([64 / 1.05**k for k in (0, 1, 3, 7)])
+
+
+def long_steps_fail_above(limit_rate: float):
+    """A bench whose search-length steps pass at every rate and whose confirmation-length (2x) steps
+    pass only up to `limit_rate`: the short steps miss the queue a longer one sees."""
+    short_ok, long_ok, bad = synthetic(1e9), synthetic(1e9), synthetic(0.0)
+
+    def run(sc: Scenario) -> ScenarioResult:
+        if sc.num_requests < 2 * max(FAST.min_requests, sc.rate * FAST.min_seconds) - 1:
+            return short_ok(sc)
+        return long_ok(sc) if sc.rate <= limit_rate else bad(sc)
+
+    return run
+
+
+def test_a_pass_a_doubled_stride_reached_is_bisected_back_up_towards_the_failed_confirmation():
+    """As on real vLLM (quiet run): confirmations failed at 128, 121.9, 110.6, the doubled stride jumped
+    to 91.0, which passed, where 102.4 held. The tries down from 64 req/s are 64, 60.95, 55.29, 45.48;
+    the long steps hold up to 52, between the last two."""
+    limits, policy = [("ttft_ms_p90", 300.0)], replace(FAST, max_rate=64.0)
+    s = find_rate(long_steps_fail_above(52.0), BASE, limits, policy)
+    assert s.unconfirmed_rate == 64.0 and s.confirmed and s.error is None
+    assert 52.0 / (1 + policy.precision) <= s.rate <= 52.0  # within the precision below the limit
+    confirms = [st for st in s.steps if st.confirm]
+    assert confirms == s.steps[-len(confirms):] and len(confirms) == s.confirmations
+    # The four tries down (the last passes), then the bisection back up: 64/1.05^5 = 50.1 passes,
+    # 64/1.05^4 = 52.7 fails; 50.1 and 52.7 are within 5%: done, 2 steps (at most confirmations - 2).
+    assert [st.rate for st in confirms] == pytest.approx([64 / 1.05**k for k in (0, 1, 3, 7, 5, 4)])
+    assert [st.passed for st in confirms] == [False, False, False, True, True, False]
+    assert s.best is confirms[4] and s.rate == confirms[4].rate and s.confirmations == 6
+    for st in confirms:  # every one confirmation-length, and recorded as such
+        assert st.result.scenario.num_requests >= 2 * max(FAST.min_requests, st.rate * FAST.min_seconds) - 1
+        assert st.to_dict()["confirm"]
+    # The rule before (stop at the first pass) answered the doubled stride's rate, 45.5: 12.5% below 52.
+    assert s.rate == pytest.approx(64 / 1.05**5) and 64 / 1.05**7 < 52.0 / (1 + policy.precision)
+
+
+@pytest.mark.parametrize("limit", [46.0, 47.5, 49.0, 50.0, 51.0, 53.0, 55.0])
+def test_the_bisection_back_up_lands_within_the_precision_of_any_limit_in_the_gap(limit):
+    """Wherever the long steps' limit lies between the doubled stride's pass (45.5) and the failed try
+    above it (55.3), the answer is within the precision below it, in at most confirmations - 2 extra steps."""
+    policy = replace(FAST, max_rate=64.0)
+    s = find_rate(long_steps_fail_above(limit), BASE, [("ttft_ms_p90", 300.0)], policy)
+    assert s.confirmed and limit / (1 + policy.precision) <= s.rate <= limit
+    assert policy.confirmations < s.confirmations <= 2 * policy.confirmations - 2
+    assert all(st.passed == (st.rate <= limit) for st in s.steps if st.confirm)
+
+
+def test_a_pass_one_precision_down_is_not_bisected():
+    """The first step down is the search's own resolution: a pass there is the answer, no step more."""
+    policy = replace(FAST, max_rate=64.0)
+    s = find_rate(long_steps_fail_above(62.0), BASE, [("ttft_ms_p90", 300.0)], policy)
+    assert s.rate == pytest.approx(64 / 1.05) and s.confirmations == 2
+    assert [st.passed for st in s.steps if st.confirm] == [False, True]
 
 
 def _slo_rate_script():
