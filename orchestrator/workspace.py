@@ -63,8 +63,9 @@ class BenchConfig(BaseModel):
     is not tried: a server that meets the limits only below `slo_min_requests / slo_max_step_s` req/s
     scores 0, as one that meets them at no rate (it bounds how long a hopeless candidate's search runs)."""
     slo_confirmations: int = Field(4, ge=0, le=20)
-    """SLO goals: most confirmation steps (twice as long) that settle the search's answer; a rate counts only
-    once it has passed twice (0: trust the bisection's single pass)."""
+    """SLO goals: most confirmation tries (steps twice as long, each lower after a failure) that settle the
+    search's answer; a rate counts only once it has passed twice (0: trust the bisection's single pass). A
+    pass reached by a doubled stride is bisected back up with at most this less 2 more such steps."""
     floors: str = ""
     """The host's speed of light: a JSON as `benchmarks/gpu/sol.py --out` writes it (relative to the
     workspace), recorded on the run at its start like `infergoal floors FILE`; a trial of that model
