@@ -84,6 +84,12 @@ def slo_from_args(args: argparse.Namespace) -> int:
         raise SystemExit(str(e)) from None
     if goal.slo is None:
         raise SystemExit(f"--slo takes an SLO goal (maximize/minimize ... with limits), not {args.slo!r}")
+    for flag, value, ok, want in (("--precision", args.precision, args.precision > 0, "> 0"),
+                                  ("--min-seconds", args.min_seconds, args.min_seconds > 0, "> 0"),
+                                  ("--min-requests", args.min_requests, args.min_requests >= 1, ">= 1"),
+                                  ("--confirmations", args.confirmations, args.confirmations >= 0, ">= 0")):
+        if not ok:
+            raise SystemExit(f"{flag} must be {want}, not {value}")
     if args.scenario == "decode":  # the plain default: the SLO scenario's shape instead
         args.scenario = "slo"
     sc = scenario_from_args(args)

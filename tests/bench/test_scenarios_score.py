@@ -96,3 +96,17 @@ def test_cli_main_runs_standalone(tmp_path, capsys) -> None:
     assert metrics["completed"] == 3 and metrics["total_output_tokens"] == 12
     assert (tmp_path / "decode" / "profile_export_aiperf.json").exists()
     assert (tmp_path / "decode.requests.jsonl").read_text().count("\n") == 3
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--confirmations", "-1", "--confirmations must be >= 0, not -1"),
+    ("--precision", "0", "--precision must be > 0, not 0.0"),
+    ("--min-seconds", "-2", "--min-seconds must be > 0, not -2.0"),
+    ("--min-requests", "0", "--min-requests must be >= 1, not 0"),
+])
+def test_bad_slo_search_options_are_refused_in_one_line(flag: str, value: str, message: str) -> None:
+    # Refused before any request: the URL points nowhere.
+    with pytest.raises(SystemExit) as e:
+        main(["--url", "http://127.0.0.1:9", "--model", "m", "--slo",
+              "maximize throughput with p90 TTFT under 300 ms", flag, value])
+    assert str(e.value) == message
