@@ -49,6 +49,8 @@ from orchestrator.store import Store  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 PROBES = 0  # --probe-winner N: source runs end with up to N probes of their winner
+STARTUP = "cover"  # --startup: the replayed runs' start-up design (the random arm is uniform random throughout;
+# the source runs A and C keep TPE's random start-up: their knob sets are the measured tables' rows)
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
 HOST = {"machine": "x86_64", "cpu_count": 2, "gpus": []}  # the 2-core dev host the tables were measured on
 MODELS = {"A": "forge:tiny", "B": "forge:small", "C": "forge:mid", "D": "forge:wide"}
@@ -101,7 +103,7 @@ def load_rows(*paths: Path) -> list[dict[str, Any]]:
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
                warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
-               stop_at_goal: bool = False, known: tuple[int, float] | None = None) -> dict[str, Any]:
+               stop_at_goal: bool = False, known: tuple[int, float] | None = None, startup: str = "random") -> dict[str, Any]:
     """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed).
 
     `known` (best_within, the space's best): stop once everything `summarise` reports is known (the
@@ -111,7 +113,8 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
                            goal_json={}, goal_hash=label, target_json={}, config_json={}, host="replay", proposer="search")
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
-    proposer = SearchProposer(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4)
+    proposer = SearchProposer(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4,
+                              startup="random" if random_search else startup)
     best, scores, hit = 1.0, [], None
     for n in range(1, budget + 1):
         cand = proposer.propose(store.list_trials(run.id), target)
@@ -294,10 +297,12 @@ def main() -> None:
     ap.add_argument("--target", default="B", choices=["B", "C", "D"], help="the model replayed on: B (forge:small); "
                     "C (forge:mid), with B as the second source model instead (the -c arms use B's run); D (forge:wide, "
                     "held out: measured after the swaps were designed on A, B and C)")
+    ap.add_argument("--startup", default="cover", choices=["cover", "random"],
+                    help="the search's start-up design (SearchProposer(startup=...)); random: TPE's own, before 2026-12-02")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    global PROBES
-    PROBES = args.probe_winner
+    global PROBES, STARTUP
+    PROBES, STARTUP = args.probe_winner, args.startup
     fixed = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
@@ -352,7 +357,7 @@ def main() -> None:
         # Seeds 1000 apart: SearchProposer seeds each step with seed + len(history), so seeds 0, 1, 2
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
         out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"{tgt}-{arm}-s{s}", seed=1000 * s, budget=args.budget,
-                                       goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random",
+                                       goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random", startup=STARTUP,
                                        known=(args.best_within, best))
                             for s in range(args.seeds)]
     in_space = {behaviour_key(k, "throughput") for k in knob_grid(target)}

@@ -15,6 +15,7 @@ proposal travels to the loop in `Candidate.extra["skipped"]`, which records it a
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from orchestrator.targets.regions import FailedRegion, failed_regions, region_co
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
 
-__all__ = ["SCREEN_MARGIN", "SCREEN_STARTUP", "SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
+__all__ = ["SCREEN_MARGIN", "SCREEN_STARTUP", "STARTUP_DESIGNS", "SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
 
 # What the sampler is told for trials that produced no valid speed: worse than any real result,
 # so TPE steers away from knob sets that crash the server or break accuracy.
@@ -46,6 +47,12 @@ REGION_CONSTRAINT = "failed_region"
 # SCREEN_STARTUP trials were measured in full (`fidelity.screen_for` states it: `KNOWN_NOISE_STARTUP`, 0).
 SCREEN_MARGIN = 0.10
 SCREEN_STARTUP = 4
+
+# Start-up designs (`SearchProposer(startup=...)`), and how many random knob sets "cover" draws to
+# pick one start-up proposal from; numeric knobs count as tried per third of their (log) range.
+STARTUP_DESIGNS = ("cover", "random")
+STARTUP_POOL = 24
+LEVEL_BINS = 3
 
 
 def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -89,7 +96,12 @@ def by_entry(priors: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]
 
 
 class SearchProposer:
-    """TPE with `n_startup` random trials; prior good knob sets (the KB) are tried first.
+    """TPE after `n_startup` start-up trials; prior good knob sets (the KB) are tried first.
+
+    `startup`: how the start-up trials are drawn. "random" is TPE's own (independent uniform draws);
+    "cover" (the default) draws STARTUP_POOL random knob sets and proposes the one that tries the most
+    knob levels no trial of the run tried yet (`_coverage`), so a few start-up trials spread over every
+    knob's values instead of repeating some and missing others.
 
     `priors` ({knobs, score, weight, entry[, probe]}, from `KnowledgeBase.prior_observations`): what
     similar settings measured. The search's own observations enter the TPE model as extra finished
@@ -101,8 +113,12 @@ class SearchProposer:
     name = "search"
 
     def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
-                 priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = ()) -> None:
+                 priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
+                 startup: str = "cover") -> None:
+        if startup not in STARTUP_DESIGNS:
+            raise ValueError(f"startup must be one of {', '.join(STARTUP_DESIGNS)}, not {startup!r}")
         self.seed = seed
+        self.startup = startup
         # Two objectives (a multi-objective goal): MOTPE on their measured values (`multi`), not on the score.
         self.objectives = list(objectives) if len(objectives) > 1 else []
         self.n_startup = n_startup
@@ -246,6 +262,10 @@ class SearchProposer:
                 params=t.knobs, distributions={k: dists[k] for k in t.knobs}, **told,
                 constraints={REGION_CONSTRAINT: 1.0} if inside else None,
                 user_attrs={REGION_CONSTRAINT: inside.describe()} if inside else None))
+        if self.startup == "cover" and _complete(study) < self.n_startup:
+            cand = self._cover(history, target, dists, seen, refused, regions)
+            if cand is not None:
+                return cand
         # Skip knob sets already measured, or inside a failed region (re-asked at most 50 times in
         # all); a small space can run out, which ends the search.
         for _ in range(50):
@@ -272,6 +292,59 @@ class SearchProposer:
                 )
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         return None
+
+    def _cover(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
+               refused: set[tuple[str, str]], regions: Sequence[FailedRegion]) -> Candidate | None:
+        """A start-up proposal that covers: of STARTUP_POOL random knob sets the loop may propose, the one
+        with the most (knob, level) pairs that none of the run's trials tried (the first drawn on a tie);
+        None when no draw is admissible (TPE's own start-up then asks)."""
+        tried = {(k, _level(dists[k], v)) for t in history for k, v in t.knobs.items() if k in dists}
+        sampler = optuna.samplers.RandomSampler(seed=self.seed + len(history))
+        pool = (optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler) if self.objectives
+                else optuna.create_study(direction="maximize", sampler=sampler))
+        conditional = frozenset(k for k, spec in target.knobs.items() if spec.when)
+        best: tuple[tuple[int, int], dict[str, Any]] | None = None
+        for _ in range(STARTUP_POOL):
+            params = _suggest(pool.ask(), target, dists)
+            try:
+                target.validate_knobs(params)
+            except ConstraintViolated:
+                continue
+            if (knob_key(params) in seen or any((k, repr(v)) in refused for k, v in params.items())
+                    or region_containing(regions, params) is not None):  # a draw, not a proposal: not recorded
+                continue
+            new = _coverage(params, tried, dists, conditional)
+            if best is None or new > best[0]:
+                best = (new, params)
+        if best is None:
+            return None
+        return Candidate(knobs=best[1], proposer=self.name,
+                         rationale=f"start-up proposal {len(history)}: of {STARTUP_POOL} random knob sets, the one "
+                                   f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)")
+
+
+def _complete(study: optuna.Study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
+
+
+def _level(d: optuna.distributions.BaseDistribution, value: Any) -> Any:
+    """The level a knob value counts as for coverage: the value itself, or a numeric knob's third of its range."""
+    if isinstance(d, optuna.distributions.CategoricalDistribution):
+        return repr(value)
+    lo, hi, v = float(d.low), float(d.high), float(value)
+    if getattr(d, "log", False) and lo > 0:
+        lo, hi, v = math.log(lo), math.log(hi), math.log(max(v, lo))
+    return min(LEVEL_BINS - 1, int(LEVEL_BINS * (v - lo) / (hi - lo))) if hi > lo else 0
+
+
+def _coverage(knobs: dict[str, Any], tried: set[tuple[str, Any]], dists: dict[str, Any],
+              conditional: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """How many of `knobs`' (knob, level) pairs no trial tried yet: (among the knobs that always exist,
+    among the conditional ones). Compared in that order, so the top of the knob tree is covered first:
+    otherwise a value that switches on many conditional knobs (an engine with its own options) would
+    win every draw, and the values that switch on few would never be tried."""
+    new = [k for k, v in knobs.items() if k in dists and (k, _level(dists[k], v)) not in tried]
+    return sum(1 for k in new if k not in conditional), sum(1 for k in new if k in conditional)
 
 
 def _inside(regions: Sequence[FailedRegion], knobs: dict[str, Any], source: str, skipped: list[dict[str, Any]]) -> bool:

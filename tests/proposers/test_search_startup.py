@@ -1,0 +1,67 @@
+"""The start-up design: the first proposals spread over every knob's levels instead of repeating some."""
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.proposers.search import STARTUP_POOL, SearchProposer, _coverage, _level, distributions
+from orchestrator.store import Store
+from orchestrator.targets import load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+
+
+def _startup(store: Store, proposer: SearchProposer, n: int) -> list[dict]:
+    """n proposals after the baseline, each told a score that ranks nothing (the start-up phase)."""
+    run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
+    t0 = store.create_trial(run.id, 0, commit="", knobs=GPU.baseline_knobs(), rationale="", proposer="baseline")
+    store.finish_trial(t0.id, "kept", score=1.0)
+    out = []
+    for i in range(1, n + 1):
+        c = proposer.propose(store.list_trials(run.id), GPU)
+        t = store.create_trial(run.id, i, commit="", knobs=c.knobs, rationale=c.rationale, proposer="search")
+        store.finish_trial(t.id, "discarded", score=0.9)
+        out.append(c)
+    return out
+
+
+def test_the_covering_start_up_tries_every_engine_and_both_batching_modes_before_repeating(tmp_path):
+    # The H200 target: 4 engines (hf-generate is the baseline's), batching off/on. The random draws of
+    # seed 0 tried hf-manual twice and never fast-graphs in the four H200 runs' first three trials.
+    for seed in range(5):
+        props = _startup(Store(f"sqlite:///{tmp_path / f'c{seed}.db'}"), SearchProposer(seed=seed), 3)
+        assert {c.knobs["engine"] for c in props} == {"hf-manual", "fast-eager", "fast-graphs"}, seed
+        assert "on" in {c.knobs["batching"] for c in props}, seed
+        assert all(c.rationale.startswith("start-up proposal") for c in props)
+
+
+def test_random_start_up_is_still_there_and_repeats_levels(tmp_path):
+    # The old design, kept selectable: over five seeds its first three proposals miss some engine.
+    missed = 0
+    for seed in range(5):
+        props = _startup(Store(f"sqlite:///{tmp_path / f'r{seed}.db'}"), SearchProposer(seed=seed, startup="random"), 3)
+        missed += {c.knobs["engine"] for c in props} != {"hf-manual", "fast-eager", "fast-graphs"}
+        assert all(c.rationale.startswith("TPE proposal") for c in props)
+    assert missed >= 1
+
+
+def test_after_the_start_up_tpe_proposes(tmp_path):
+    props = _startup(Store(f"sqlite:///{tmp_path / 'a.db'}"), SearchProposer(seed=0), 5)
+    assert [c.rationale.split(":")[0].split(" after")[0] for c in props] == \
+        ["start-up proposal 1", "start-up proposal 2", "start-up proposal 3", "TPE proposal", "TPE proposal"]
+
+
+def test_levels_and_coverage():
+    d = distributions(GPU)
+    assert [_level(d["max_batch_size"], v) for v in (2, 6, 8, 24, 64)] == [0, 0, 1, 2, 2]  # log range 2..64 in thirds
+    tried = {("engine", repr("hf-generate")), ("batching", repr("off"))}
+    assert _coverage({"engine": "hf-generate", "batching": "off"}, tried, d) == (0, 0)
+    assert _coverage({"engine": "fast-graphs", "batching": "on", "max_batch_size": 40}, tried, d,
+                     frozenset({"max_batch_size"})) == (2, 1)
+    assert STARTUP_POOL > 1
+
+
+def test_a_bad_design_name_is_refused():
+    with pytest.raises(ValueError, match="startup must be one of cover, random"):
+        SearchProposer(startup="sobol")
