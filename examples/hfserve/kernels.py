@@ -58,7 +58,14 @@ reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave
 4x per layer (~64 MB written and read again per layer at 4096, ~5 GB per prefill). *Prediction*: A's
 TTFT -4 to -5 ms (104 -> ~100 ms), at the price of one more launch per layer (nothing at this size).
 
-``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
+Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*): at decode batch
+<= 16 the QKV and gate/up GEMMs become ``_norm_gemv2_kernel`` launches that also do the residual add
++ RMSNorm before them and RoPE + KV store / SwiGLU after them (``norm_qkv_rope``, ``norm_gu_silu``):
+10 launches per layer -> 6 (325 -> 197 per step, counted by benchmarks/gpu/count_launches.py). At
+~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
+whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
+
+``get_ops("torch" | "triton" | "triton-gemv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
 KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;

@@ -437,3 +437,20 @@ def test_gemv_compiles_for_the_h200() -> None:
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert f"{4 * len(K._GEMV_CONFIGS)} of {4 * len(K._GEMV_CONFIGS)} configs compile" in res.stdout
+
+
+def test_launches_per_layer() -> None:
+    """benchmarks/gpu/count_launches.py on the CPU: a decode step's kernels per layer with split-KV at 8
+    splits (the H200's plan at batch 1, bucket 1024): 10 with kernels="triton", 6 with "triton-gemv"
+    (the two fused GEMVs, attention's two launches, the O and down GEMMs); 5 per step besides."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import count_launches
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "decode_attn", K.decode_attn)  # count_launches pins the splits by rebinding these
+        mp.setattr(K, "_OPS", dict(K._OPS))
+        res = count_launches.main(["--splits", "8", "--kernels", "triton", "triton-gemv"])
+    assert (res["triton"]["per_layer"], res["triton"]["fixed"]) == (10, 5)
+    assert (res["triton-gemv"]["per_layer"], res["triton-gemv"]["fixed"]) == (6, 5)
+    assert res["triton-gemv"]["layer_ops"] == {"triton.norm_gemv2_kernel": 2, "triton.decode_attn_split_kernel": 1,
+                                               "triton.attn_reduce_kernel": 1, "aten.matmul": 2}
