@@ -26,6 +26,7 @@ import sqlite3
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ def kind(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("flash", "fmha", "attention", "softmax")):
         return "attention"
-    if any(k in n for k in ("gemm", "xmma", "cutlass", "nvjet", "matmul", "sm90")):
+    if any(k in n for k in ("gemm", "xmma", "cutlass", "nvjet", "matmul", "sm90", "gemv")):
         return "gemm"
     return "other (norms, RoPE, elementwise, copies)"
 
@@ -78,55 +79,89 @@ def kernel_times(fn) -> dict[str, float]:
 
 
 def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: int = 512, long_len: int = 4096,
-                  b_pos: int = 700, ctx: int = 1024) -> list[dict]:
+                  b_pos: int = 700, ctx: int = 1024, numbers: list[int] | None = None) -> list[dict]:
     """The four parts of every engine step (see the module docstring), each {wall_ms, kernels_ms}.
-    The sizes are A's, B's and C's; the CPU test passes small ones."""
-    out, ref = [], None
+    The sizes are A's, B's and C's; the CPU test passes small ones. ``numbers``: the steps' numbers
+    in engine_steps.json (default 1, 2, ...). A step that raises keeps the parts it measured and
+    its error (``"error"``), and the next step still runs."""
+    out, ref, ref_dec = [], None, None
     dev, vocab = fm.device, fm.embed.shape[0]
     long = torch.randint(4, vocab, (long_len,), device=dev)
     prompts = [torch.randint(4, vocab, (prompt,), device=dev) for _ in range(burst)]
-    for i, step in enumerate(steps, 1):
-        k = step["knobs"]
-        fm.set_kernels(k.get("kernels", "torch"))
-        fm.set_prefill_attn(k.get("prefill_attn", "torch"))
-        batch = min(burst, int(k.get("max_batch_size", 8)) if k.get("batching") == "on" else 1)
-        pack = int(k.get("prefill_pack", 0))
-        wave = prompts[:batch]
-
-        def burst_prefill(wave=wave, pack=pack) -> None:
-            if not pack:
-                for j, p in enumerate(wave):
-                    fm.prefill(p, j, 0)
-                return
-            group, used = [], 0
-            for j, p in enumerate(wave):
-                if group and used + len(p) > pack:
-                    fm.prefill_packed(group)
-                    group, used = [], 0
-                group.append((p, j, 0))
-                used += len(p)
-            fm.prefill_packed(group)
-
-        # Same answer as the first step: the 4096-token prompt's next-token logits (bf16 on the GPU).
-        last = fm.prefill(long, 0, 0)[-1]
-        ref = last if ref is None else ref
-        check = {"max_abs_logit_diff_vs_step1": round(float((last - ref).abs().max()), 4),
-                 "top1_same_as_step1": bool(int(last.argmax()) == int(ref.argmax()))}
-        parts: dict[str, dict] = {}
-        parts["A prefill 4096"] = {"wall_ms": cuda_time(lambda: fm.prefill(long, 0, 0), reps=5),
-                                   "kernels_ms": kernel_times(lambda: fm.prefill(long, 0, 0))}
-        parts["C prefill burst"] = {"wall_ms": cuda_time(burst_prefill, reps=3), "kernels_ms": kernel_times(burst_prefill)}
-        for name, b, pos in (("B decode b1", 1, b_pos), ("C decode", batch, prompt + 64)):
-            dec = GraphDecoder(fm, b, use_graphs=True)
-            toks, poss = [7] * b, [pos] * b
-            t = torch.tensor(toks, device=dev)
-            ps = torch.tensor(poss, device=dev)
-            parts[name] = {"wall_ms": cuda_time(lambda d=dec, a=toks, q=poss: d.step(a, q)),
-                           "kernels_ms": kernel_times(lambda t=t, ps=ps, ctx=ctx: fm.decode(t, ps, ctx))}
-        out.append({"step": i, "knobs": k, "rationale": step.get("rationale", ""), "batch": batch, "parts": parts,
-                    "prefill_check": check})
-        print(f"step {i}: " + ", ".join(f"{n} {p['wall_ms']:.2f} ms" for n, p in parts.items()), flush=True)
+    numbers = numbers or list(range(1, len(steps) + 1))
+    for i, step in zip(numbers, steps, strict=True):
+        rec = {"step": i, "knobs": step["knobs"], "rationale": step.get("rationale", ""), "parts": {}}
+        try:
+            ref, ref_dec = _profile_step(fm, rec, step, ref, ref_dec, long, prompts, burst=burst, prompt=prompt,
+                                         b_pos=b_pos, ctx=ctx)
+        except Exception as exc:  # keep what it measured and say why (e.g. a kernel that does not compile)
+            rec["error"] = repr(exc)[:800]
+            print(f"step {i}: failed: {exc!r}"[:800], flush=True)
+        out.append(rec)
     return out
+
+
+def _profile_step(fm: FastModel, rec: dict, step: dict, ref, ref_dec, long, prompts, *, burst: int, prompt: int,
+                  b_pos: int, ctx: int) -> tuple[Any, Any]:
+    i = rec["step"]
+    dev = fm.device
+    k = step["knobs"]
+    fm.set_kernels(k.get("kernels", "torch"))
+    fm.set_prefill_attn(k.get("prefill_attn", "torch"))
+    batch = min(burst, int(k.get("max_batch_size", 8)) if k.get("batching") == "on" else 1)
+    pack = int(k.get("prefill_pack", 0))
+    wave = prompts[:batch]
+
+    def burst_prefill(wave=wave, pack=pack) -> None:
+        if not pack:
+            for j, p in enumerate(wave):
+                fm.prefill(p, j, 0)
+            return
+        group, used = [], 0
+        for j, p in enumerate(wave):
+            if group and used + len(p) > pack:
+                fm.prefill_packed(group)
+                group, used = [], 0
+            group.append((p, j, 0))
+            used += len(p)
+        fm.prefill_packed(group)
+
+    # Same answer as the first step: the 4096-token prompt's next-token logits (bf16 on the GPU).
+    last = fm.prefill(long, 0, 0)[-1]
+    ref = last if ref is None else ref
+    check = {"max_abs_logit_diff_vs_step1": round(float((last - ref).abs().max()), 4),
+             "top1_same_as_step1": bool(int(last.argmax()) == int(ref.argmax()))}
+    parts: dict[str, dict] = rec["parts"]
+    rec.update(batch=batch, prefill_check=check)
+    parts["A prefill 4096"] = {"wall_ms": cuda_time(lambda: fm.prefill(long, 0, 0), reps=5),
+                               "kernels_ms": kernel_times(lambda: fm.prefill(long, 0, 0))}
+    parts["C prefill burst"] = {"wall_ms": cuda_time(burst_prefill, reps=3), "kernels_ms": kernel_times(burst_prefill)}
+    for name, b, pos in (("B decode b1", 1, b_pos), ("C decode", batch, prompt + 64)):
+        dec = GraphDecoder(fm, b, use_graphs=True)
+        toks, poss = [7] * b, [pos] * b
+        t = torch.tensor(toks, device=dev)
+        ps = torch.tensor(poss, device=dev)
+        parts[name] = {"wall_ms": cuda_time(lambda d=dec, a=toks, q=poss: d.step(a, q)),
+                       "kernels_ms": kernel_times(lambda t=t, ps=ps, ctx=ctx: fm.decode(t, ps, ctx))}
+        if name == "B decode b1":
+            # The graph step's logits, and 16 greedy graph steps from there, against the first profiled
+            # step's (same cache: every step prefills the same prompts first), so a decode path that
+            # computes wrong shows here: the first logits' largest difference, and how many of the
+            # 16 greedy tokens agree before the first that does not.
+            lg, seq, tok = None, [], toks[0]
+            for j in range(16):
+                step_lg, ids = dec.step([tok], [pos + j])
+                lg = step_lg[0].float().clone() if lg is None else lg
+                tok = ids[0]
+                seq.append(tok)
+            ref_dec = (lg, seq) if ref_dec is None else ref_dec
+            same = next((j for j, (a, b) in enumerate(zip(seq, ref_dec[1], strict=True)) if a != b), len(seq))
+            rec["decode_check"] = {"max_abs_logit_diff_vs_first": round(float((lg - ref_dec[0]).abs().max()), 4),
+                                   "top1_same_as_first": bool(int(lg.argmax()) == int(ref_dec[0].argmax())),
+                                   "greedy16_same_as_first": same}
+    print(f"step {i}: " + ", ".join(f"{n} {p['wall_ms']:.2f} ms" for n, p in parts.items())
+          + f"; prefill {check}; decode {rec.get('decode_check')}", flush=True)
+    return ref, ref_dec
 
 
 def breakdown(fn) -> dict[str, float]:
@@ -156,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", default="", help="engine_steps.json: profile every step instead of the best trial")
     ap.add_argument("--sol", default=str(Path(__file__).parent / "results" / "sol.json"))
     ap.add_argument("--scenarios", default=str(Path(__file__).parent / "scenarios_ib.toml"))
+    ap.add_argument("--only", default="", help="with --steps: comma-separated step numbers (1-based), e.g. 4,5")
     ap.add_argument("--md", default="", help="with --steps: the markdown table")
     ap.add_argument("--plot", default="", help="with --steps: the %%-of-floor plot (.svg or .png)")
     args = ap.parse_args(argv)
@@ -190,6 +226,10 @@ def main_steps(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     steps = json.loads(Path(args.steps).read_text())
+    numbers = list(range(1, len(steps) + 1))
+    if args.only:
+        numbers = [int(n) for n in args.only.split(",")]
+        steps = [steps[n - 1] for n in numbers]
     slots = max(int(s["knobs"].get("max_batch_size", 8)) for s in steps) + 2
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cuda").eval()
     fm = FastModel(hf, slots=slots, capacity=4608)
@@ -197,7 +237,7 @@ def main_steps(args: argparse.Namespace) -> None:
     floors = ib_floors(json.loads(Path(args.sol).read_text()), tomllib.loads(Path(args.scenarios).read_text()))
     doc = {"model": args.model, "gpu": torch.cuda.get_device_name(), "floors": floors,
            "c_shape": {"burst": 64, "prompt_tokens": 512, "output_tokens": 128},
-           "steps": profile_steps(fm, steps)}
+           "steps": profile_steps(fm, steps, numbers=numbers)}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     table = markdown_table(doc)

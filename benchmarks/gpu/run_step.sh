@@ -3,7 +3,7 @@
 #   benchmarks/gpu/run_step.sh LIMIT_S [check] [steps] [ib] [demo] [profile] [noloop]
 # Installs the carried wheels (.whl/), forges the 7b-peaked model (cached while the machine
 # stays warm), optionally runs the engine check / speed of light, the per-engine-step profile
-# (steps: profile_best.py --steps, table + plot), IB's baseline (ib: our server with IB_BEST_EXTRA,
+# (steps: profile_best.py --steps, table + plot; STEPS_ONLY=4,5 profiles those steps only), IB's baseline (ib: our server with IB_BEST_EXTRA,
 # the naive server in its own IB_NAIVE_BUDGET_S window), the gate demo and the best trial's profile,
 # then drives the loop (`infergoal goal $GOAL_FILE`, default goal.toml, or `resume` when the database has a
 # run; FLOORS=sol.json turns the speed-of-light check on) until LIMIT_S
@@ -38,7 +38,7 @@ for what in "$@"; do
     demo) log demo; python3 benchmarks/gpu/gate_demo.py "$MODEL" --out "$OUT/gate_demo.json" 2>>"$OUT/step.log" | tail -40 ;;
     steps) log "profile per engine step (engine_steps.json): table + %-of-floor plot"
            timeout "${STEPS_TIMEOUT_S:-150}" python3 benchmarks/gpu/profile_best.py "$MODEL" \
-             --steps benchmarks/gpu/engine_steps.json --out "$OUT/profile_steps.json" \
+             --steps benchmarks/gpu/engine_steps.json ${STEPS_ONLY:+--only "$STEPS_ONLY"} --out "$OUT/profile_steps.json" \
              --md "$OUT/profile_steps.md" --plot "$OUT/profile_steps.svg" 2>>"$OUT/step.log" | tail -30 ;;
     ib) log "ib baseline: our best setting and InferenceBench's naive server, full-size scenarios"
         python3 benchmarks/gpu/ib_baseline.py "$MODEL" --out "$OUT/ib_baseline.json" --headline "$OUT/headline.json" \

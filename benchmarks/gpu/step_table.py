@@ -28,7 +28,8 @@ __all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown
 KINDS = ("gemm", "fused", "attention", "other", "between")
 _ATTN = ("flash", "fmha", "attention", "softmax", "_decode_attn", "_attn_reduce", "attn_span")
 _FUSED = ("_rmsnorm_kernel", "_silu_mul_kernel", "_rope_store_kernel")
-_GEMM = ("gemm", "xmma", "cutlass", "nvjet", "matmul", "sm90_", "cublas")
+# _norm_gemv2_kernel (--kernels triton-gemv) is a GEMV with the norm, RoPE + store or SwiGLU fused in: GEMM.
+_GEMM = ("gemm", "xmma", "cutlass", "nvjet", "matmul", "sm90_", "cublas", "_norm_gemv2")
 PARTS = ("A prefill 4096", "B decode b1", "C prefill burst", "C decode")
 
 

@@ -22,6 +22,9 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   norms and SwiGLU likewise. ``--prefill-attn fused`` does prefill's RoPE + KV store as one Triton
   launch over all packed rows and lets SDPA read the pool's K/V in place (GQA) instead of a copy. Worth it only under CUDA graphs:
   launched eagerly, each Triton call costs more host time than it saves on the GPU.
+  ``--kernels triton-gemv`` is ``triton`` plus, at decode batch <= 16, the QKV and gate/up
+  projections as Triton GEMVs with the residual add + RMSNorm in their prologue and RoPE + KV store
+  or SwiGLU in their epilogue: 6 launches per layer instead of 10 (:meth:`FastModel._decode_gemv`).
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -129,7 +132,9 @@ class FastModel:
         self.prefill_attn = how
 
     def set_kernels(self, kernels: str) -> None:
-        """``"torch"`` (the plain code) or ``"triton"`` (kernels.py); graphs keep what they captured."""
+        """``"torch"`` (the plain code), ``"triton"`` (kernels.py) or ``"triton-gemv"`` (the same, and at
+        decode batch <= 16 the QKV and gate/up GEMVs fused with norm, RoPE + store, SwiGLU:
+        :meth:`_decode_gemv`); graphs keep what they captured."""
         self.ops = kernels_mod.get_ops(kernels)
         self.kernels = kernels
 
@@ -277,6 +282,8 @@ class FastModel:
         Static shapes only (B and ctx fixed per call site), no host syncs: safe to capture in a
         CUDA graph. Returns (float logits [B, V], greedy ids [B]).
         """
+        if self.kernels == "triton-gemv" and tokens.shape[0] <= kernels_mod.GEMV_MAX_ROWS:
+            return self._decode_gemv(tokens, pos, ctx)
         if self.kernels != "torch":
             return self._decode_fused(tokens, pos, ctx)
         B = tokens.shape[0]
@@ -319,6 +326,30 @@ class FastModel:
             x, h = ops.add_rmsnorm(x, o @ L["o"].t(), L["ln2"], self.eps)
             d = ops.silu_mul(h @ L["gu"].t(), self.inter) @ L["down"].t()
             x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm, self.eps)
+        logits = (h @ self.lm_head.t()).float()
+        return logits, torch.argmax(logits, dim=-1)
+
+    def _decode_gemv(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_decode_fused` with the QKV and gate/up GEMMs as Triton GEMVs that take their
+        neighbours in (``--kernels triton-gemv``, batch <= kernels.GEMV_MAX_ROWS): per layer
+
+        * ``norm_qkv_rope``: the residual add of the previous down projection + ln1 in the prologue,
+          RoPE + KV store in the epilogue (was add_rmsnorm, the QKV GEMM, rope_store: 3 launches);
+        * ``decode_attn`` (split-KV partials + reduction: 2) and the O projection (cuBLAS: 1);
+        * ``norm_gu_silu``: the residual add of O + ln2 in, SwiGLU out (was add_rmsnorm, GEMM, silu_mul);
+        * the down projection (cuBLAS: 1); its output is the next layer's residual delta.
+
+        6 launches per layer instead of 10. The final norm (with the last residual add) and the lm_head
+        stay as in :meth:`_decode_fused`. Same arithmetic and rounding points; graph-capturable."""
+        ops, B = self.ops, tokens.shape[0]
+        x, d = self.embed[tokens], None
+        for li, L in enumerate(self.layers):
+            q, x = kernels_mod.norm_qkv_rope(x, d, L["ln1"], self.eps, L["qkv"], self.cos, self.sin, pos,
+                                             self.K, self.V, li)
+            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale)
+            act, x = kernels_mod.norm_gu_silu(x, o @ L["o"].t(), L["ln2"], self.eps, L["gu"], self.inter)
+            d = act @ L["down"].t()
+        _, h = ops.add_rmsnorm(x, d, self.norm, self.eps)
         logits = (h @ self.lm_head.t()).float()
         return logits, torch.argmax(logits, dim=-1)
 

@@ -58,7 +58,14 @@ reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave
 4x per layer (~64 MB written and read again per layer at 4096, ~5 GB per prefill). *Prediction*: A's
 TTFT -4 to -5 ms (104 -> ~100 ms), at the price of one more launch per layer (nothing at this size).
 
-``get_ops("torch" | "triton")`` returns the same five callables either way, so FastModel can take a
+Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*): at decode batch
+<= 16 the QKV and gate/up GEMMs become ``_norm_gemv2_kernel`` launches that also do the residual add
++ RMSNorm before them and RoPE + KV store / SwiGLU after them (``norm_qkv_rope``, ``norm_gu_silu``):
+10 launches per layer -> 6 (325 -> 197 per step, counted by benchmarks/gpu/count_launches.py). At
+~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
+whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
+
+``get_ops("torch" | "triton" | "triton-gemv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
 KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
@@ -84,7 +91,8 @@ except ImportError:  # the torch ops need no triton
 
 __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "rope_store_ref", "decode_attn_ref",
            "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "decode_attn_partials",
-           "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON"]
+           "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON", "GEMV_MAX_ROWS",
+           "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref"]
 
 HAVE_TRITON = triton is not None
 
@@ -372,6 +380,128 @@ if HAVE_TRITON:
         tl.store(OUT + b * s_ob + h * HD + d, o.to(OUT.dtype.element_ty), mask=dm)
 
 
+    @triton.jit(do_not_specialize=["M"])
+    def _norm_gemv2_kernel(X, D, LNW, R, W, OUT, COS, SIN, POS, KL, VL, M, K, N2, eps,
+                           s_x, s_d, s_r, s_o, s_oh, s_cos, s_kb, s_kh, s_kp,
+                           HALF: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HAS_DELTA: tl.constexpr,
+                           EPI: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr):
+        # A decode-step GEMV (M <= BLOCK_M rows) with the norm before it and the elementwise work after
+        # it fused in, so one launch replaces three:
+        #   prologue: r = x + d (rounded; program 0 stores it), a = rmsnorm(r) * lnw (each program
+        #             gathers the row statistics itself, from the K values it streams anyway);
+        #   GEMM:     two accumulators per program, rows row_a(j) and row_b(j) of W for its BLOCK_N pairs j;
+        #   EPI 1:    SwiGLU: row_a = j (gate), row_b = N2 + j (up); OUT[m, j] = silu(gate) * up;
+        #   EPI 2:    RoPE + KV store: pair j = (head, d < HALF), row_a = head * 2 * HALF + d, row_b = row_a
+        #             + HALF (the rotate-half partners); q heads rotated into OUT [M, nh, hd], k heads rotated
+        #             and v heads copied into the pool at (slot m, POS[m]) — rope_store_ref's arithmetic.
+        # Each accumulator is rounded to the model dtype first, as torch's ``h @ W.t()`` output is.
+        pid = tl.program_id(0)
+        j = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        jm = j < N2
+        if EPI == 2:
+            head = j // HALF
+            d = j % HALF
+            row_a = head * (2 * HALF) + d
+            row_b = row_a + HALF
+        else:
+            row_a = j
+            row_b = j + N2
+        rm = tl.arange(0, BLOCK_M)
+        mm = rm < M
+        rm64 = rm.to(tl.int64)
+        kk = tl.arange(0, BLOCK_K)
+        dt = X.dtype.element_ty
+        # One pass over K. RMSNorm's scale is per row, so it commutes with the GEMM:
+        #   (r * rstd * lnw) @ W.T = rstd * ((r * lnw) @ W.T),
+        # and the sum of squares is gathered in the same loop as the GEMM; the accumulators are
+        # scaled by rstd at the end (in float32: one bf16 rounding of the GEMM input fewer than
+        # add_rmsnorm_ref's, which rounds r * rstd and then its product with lnw). The small operands
+        # of the next K tile are loaded one iteration ahead (their L2 latency hidden behind this
+        # tile); the weights are what the compiler's pipeliner (num_stages) streams.
+        wa_ptr = W + row_a.to(tl.int64)[:, None] * K
+        wb_ptr = W + row_b.to(tl.int64)[:, None] * K
+        acc_a = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        acc_b = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        ss = tl.full([BLOCK_M], 0.0, tl.float32)
+        msk = mm[:, None] & (kk < K)[None, :]
+        xn = tl.load(X + rm64[:, None] * s_x + kk[None, :], mask=msk, other=0.0).to(tl.float32)
+        if HAS_DELTA:
+            # The residual is rounded to the model dtype first, as ``x + delta`` is in torch.
+            xn = (xn + tl.load(D + rm64[:, None] * s_d + kk[None, :], mask=msk, other=0.0).to(tl.float32)).to(dt)
+        ln = tl.load(LNW + kk, mask=kk < K, other=0.0)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + kk
+            km = ks < K
+            x = xn
+            lw = ln.to(tl.float32)
+            nks = ks + BLOCK_K
+            nmsk = mm[:, None] & (nks < K)[None, :]
+            xn = tl.load(X + rm64[:, None] * s_x + nks[None, :], mask=nmsk, other=0.0).to(tl.float32)
+            if HAS_DELTA:
+                xn = (xn + tl.load(D + rm64[:, None] * s_d + nks[None, :], mask=nmsk,
+                                   other=0.0).to(tl.float32)).to(dt)
+            ln = tl.load(LNW + nks, mask=nks < K, other=0.0)
+            if HAS_DELTA:  # program 0 writes the residual stream
+                tl.store(R + rm64[:, None] * s_r + ks[None, :], x, mask=mm[:, None] & km[None, :] & (pid == 0))
+            xf = x.to(tl.float32)
+            ss += tl.reduce(xf * xf, 1, _add)
+            a = (xf * lw[None, :]).to(dt)
+            wm = jm[:, None] & km[None, :]
+            wa = tl.load(wa_ptr + ks[None, :], mask=wm, other=0.0)
+            wb = tl.load(wb_ptr + ks[None, :], mask=wm, other=0.0)
+            if F32:  # the CPU interpreter (and float32 models): exact float32 products
+                a = a.to(tl.float32)
+                acc_a += tl.dot(a, tl.trans(wa.to(tl.float32)), input_precision="ieee")
+                acc_b += tl.dot(a, tl.trans(wb.to(tl.float32)), input_precision="ieee")
+            else:  # bf16/fp16 tensor cores, float32 accumulation (products exact, as cuBLAS's)
+                acc_a += tl.dot(a, tl.trans(wa))
+                acc_b += tl.dot(a, tl.trans(wb))
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        acc_a = acc_a * rstd[:, None]
+        acc_b = acc_b * rstd[:, None]
+        ga = acc_a.to(dt).to(tl.float32)
+        gb = acc_b.to(dt).to(tl.float32)
+        om = mm[:, None] & jm[None, :]
+        if EPI == 1:
+            act = (ga / (1.0 + tl.exp(-ga))).to(dt).to(tl.float32)
+            tl.store(OUT + rm64[:, None] * s_o + j[None, :], (act * gb).to(dt), mask=om)
+        else:
+            p = tl.load(POS + rm, mask=mm, other=0).to(tl.int64)
+            crow = p[:, None] * s_cos
+            ca = tl.load(COS + crow + d[None, :], mask=om, other=0.0).to(tl.float32)
+            sa = tl.load(SIN + crow + d[None, :], mask=om, other=0.0).to(tl.float32)
+            cb = tl.load(COS + crow + (d + HALF)[None, :], mask=om, other=0.0).to(tl.float32)
+            sb = tl.load(SIN + crow + (d + HALF)[None, :], mask=om, other=0.0).to(tl.float32)
+            ya = ((ga * ca).to(dt).to(tl.float32) - (gb * sa).to(dt).to(tl.float32)).to(dt)
+            yb = ((gb * cb).to(dt).to(tl.float32) + (ga * sb).to(dt).to(tl.float32)).to(dt)
+            is_q = head < NH
+            is_k = (head >= NH) & (head < NH + NKV)
+            is_v = head >= NH + NKV
+            h64 = head.to(tl.int64)
+            qoff = rm64[:, None] * s_o + h64[None, :] * s_oh + d[None, :]
+            qm = om & is_q[None, :]
+            tl.store(OUT + qoff, ya, mask=qm)
+            tl.store(OUT + qoff + HALF, yb, mask=qm)
+            kh = tl.where(is_k, h64 - NH, h64 - NH - NKV)
+            koff = rm64[:, None] * s_kb + kh[None, :] * s_kh + p[:, None] * s_kp + d[None, :]
+            km2 = om & is_k[None, :]
+            tl.store(KL + koff, ya, mask=km2)
+            tl.store(KL + koff + HALF, yb, mask=km2)
+            vm = om & is_v[None, :]
+            tl.store(VL + koff, ga.to(dt), mask=vm)
+            tl.store(VL + koff + HALF, gb.to(dt), mask=vm)
+
+    # On the GPU the tile sizes are picked per (N2, K) by timing these at the first call (a warm-up
+    # before any graph capture: FastEngine's start-up, GraphDecoder's two eager steps); each program
+    # streams 2 x BLOCK_N rows of W. 8 configs x 2 GEMVs: ~16 compiles (< 1 s each for sm_90 on a
+    # laptop-class CPU, checked ahead of time) and ~0.2 s of timing each, once per process.
+    _GEMV_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+                     for bn, bk, w, st in ((16, 128, 4, 6), (16, 256, 4, 4), (16, 512, 4, 3), (32, 128, 4, 4),
+                                           (32, 256, 4, 3), (64, 128, 8, 3), (16, 256, 8, 4), (32, 128, 8, 5))]
+    _norm_gemv2_tuned = triton.autotune(configs=_GEMV_CONFIGS, key=["N2", "K", "EPI"])(_norm_gemv2_kernel)
+
+
 def _need_triton() -> None:
     if not HAVE_TRITON:
         raise RuntimeError("the triton kernels need the triton package (pip install triton)")
@@ -444,6 +574,90 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
                                       NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1,
                                       HAS_SLOT=slots is not None)
     return q
+
+
+GEMV_MAX_ROWS = 16  # the fused GEMVs pad the batch to one 16-row MMA tile: batch buckets up to 16
+
+
+def _autotuned(device: torch.device) -> bool:
+    """Whether the fused GEMVs pick their tiles by timing (on the GPU) or take fixed small ones (the
+    interpreter). A function, so that a CPU test can send the interpreter down the GPU's launch path."""
+    return device.type == "cuda"
+
+
+def _normed(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x, rmsnorm_ref(x, lnw, eps)) if delta is None else add_rmsnorm_ref(x, delta, lnw, eps)
+
+
+def norm_qkv_rope_ref(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, eps: float, w: torch.Tensor,
+                      cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                      layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [B, nh, hd], residual): the residual add and norm, the QKV GEMM, RoPE and the KV store,
+    as the unfused decode step does them (add_rmsnorm_ref or rmsnorm_ref, ``@``, rope_store_ref)."""
+    r, h = _normed(x, delta, lnw, eps)
+    return rope_store_ref(h @ w.t(), cos, sin, pos, K, V, layer), r
+
+
+def norm_gu_silu_ref(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, eps: float, w: torch.Tensor,
+                     inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(silu(gate) * up [B, inter], residual): add + norm, the gate/up GEMM, SwiGLU, unfused."""
+    r, h = _normed(x, delta, lnw, eps)
+    return silu_mul_ref(h @ w.t(), inter), r
+
+
+def _norm_gemv2(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, eps: float, w: torch.Tensor,
+                out: torch.Tensor, n2: int, epi: int, rope: tuple | None = None) -> torch.Tensor:
+    _need_triton()
+    M, Kd = x.shape
+    assert M <= GEMV_MAX_ROWS, f"the fused GEMV takes at most {GEMV_MAX_ROWS} rows, got {M}"
+    assert x.stride(-1) == 1 and w.is_contiguous() and w.shape[1] == Kd and lnw.is_contiguous()
+    r = x
+    if delta is not None:
+        assert delta.shape == x.shape and delta.stride(-1) == 1
+        r = torch.empty_like(x)
+    d_ = delta if delta is not None else x
+    if rope is None:
+        cos = sin = pos = KL = VL = x  # unused pointers (EPI 1)
+        s_cos = s_kb = s_kh = s_kp = s_oh = 0
+        half, nh, nkv = 1, 0, 0
+    else:
+        cos, sin, pos, KL, VL, nh, nkv, hd = rope
+        assert cos.stride(-1) == 1 and sin.stride() == cos.stride() and KL.stride() == VL.stride()
+        s_cos, s_kb, s_kh, s_kp, s_oh = cos.stride(0), KL.stride(0), KL.stride(1), KL.stride(2), out.stride(1)
+        half = hd // 2
+    args = (x, d_, lnw, r, w, out, cos, sin, pos, KL, VL, M, Kd, n2, float(eps),
+            x.stride(0), d_.stride(0), r.stride(0), out.stride(0), s_oh, s_cos, s_kb, s_kh, s_kp)
+    meta = dict(HALF=half, NH=nh, NKV=nkv, HAS_DELTA=delta is not None, EPI=epi, BLOCK_M=GEMV_MAX_ROWS)
+    if _autotuned(x.device):
+        meta["F32"] = x.dtype == torch.float32 or x.device.type != "cuda"
+        _norm_gemv2_tuned[lambda m: (triton.cdiv(n2, m["BLOCK_N"]),)](*args, **meta)
+    else:  # the interpreter: fixed small tiles (several programs, several K steps), no timing
+        _norm_gemv2_kernel[(triton.cdiv(n2, 16),)](*args, **meta, F32=True, BLOCK_N=16, BLOCK_K=32)
+    return r
+
+
+def norm_qkv_rope(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, eps: float, w: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                  layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Triton launch for :func:`norm_qkv_rope_ref`: (q [B, nh, hd], residual); row b's k and v go
+    to slot b at ``pos[b]`` of ``K[layer]``/``V[layer]``. ``delta`` None: the residual is ``x``
+    itself (the first layer, whose input is the embedding)."""
+    B, nkv, hd = x.shape[0], K.shape[2], K.shape[4]
+    nh = w.shape[0] // hd - 2 * nkv
+    q = torch.empty(B, nh, hd, dtype=x.dtype, device=x.device)
+    KL, VL = K[layer], V[layer]
+    r = _norm_gemv2(x, delta, lnw, eps, w, q, w.shape[0] // 2, 2, (cos, sin, pos, KL, VL, nh, nkv, hd))
+    return q, r
+
+
+def norm_gu_silu(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, eps: float, w: torch.Tensor,
+                 inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Triton launch for :func:`norm_gu_silu_ref`: (silu(gate) * up [B, inter], residual)."""
+    assert w.shape[0] == 2 * inter
+    act = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
+    r = _norm_gemv2(x, delta, lnw, eps, w, act, inter, 1)
+    return act, r
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -556,13 +770,18 @@ class Ops:
 _OPS = {
     "torch": Ops("torch", rmsnorm_ref, add_rmsnorm_ref, silu_mul_ref, rope_store_ref, decode_attn_ref),
     "triton": Ops("triton", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
+    # The same ops; FastModel's decode step at batch <= GEMV_MAX_ROWS additionally runs the QKV and
+    # gate/up GEMMs as norm_qkv_rope / norm_gu_silu (norm in the prologue, RoPE + KV store or SwiGLU
+    # in the epilogue): 6 launches per layer instead of 10.
+    "triton-gemv": Ops("triton-gemv", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
 }
 
 
 def get_ops(name: str) -> Ops:
-    """``"torch"`` (FastModel's current arithmetic) or ``"triton"`` (the fused kernels)."""
+    """``"torch"`` (FastModel's current arithmetic), ``"triton"`` (the fused kernels) or ``"triton-gemv"``
+    (the same, and the decode step's QKV and gate/up GEMVs fused with their neighbours)."""
     if name not in _OPS:
         raise ValueError(f"unknown kernels {name!r}; choose from {sorted(_OPS)}")
-    if name == "triton":
+    if name != "torch":
         _need_triton()
     return _OPS[name]

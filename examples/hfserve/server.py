@@ -492,9 +492,11 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine: SDPA backend for prefill")
     ap.add_argument("--max-model-len", type=int, default=4608,
                     help="fast engine: longest prompt+output; sizes the preallocated KV pool")
-    ap.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+    ap.add_argument("--kernels", choices=["torch", "triton", "triton-gemv"], default="torch",
                     help="fast engine with --cuda-graphs on: the decode step's norms, RoPE, attention and SwiGLU"
-                         " (and prefill's norms and SwiGLU) as fused Triton kernels (kernels.py)")
+                         " (and prefill's norms and SwiGLU) as fused Triton kernels (kernels.py); triton-gemv:"
+                         " also the decode step's QKV and gate/up GEMVs (batch <= 16) with the norm fused before"
+                         " and RoPE + KV store / SwiGLU after them")
 
 
 def check_fast_args(args: argparse.Namespace) -> None:
@@ -504,8 +506,8 @@ def check_fast_args(args: argparse.Namespace) -> None:
     costs ~25-60 us of host time (measured on the H200), more than the fused kernel saves, so the
     combination is refused rather than served slowly.
     """
-    if args.kernels == "triton" and (args.engine != "fast" or args.cuda_graphs != "on"):
-        raise SystemExit("hfserve: --kernels triton needs --engine fast --cuda-graphs on "
+    if args.kernels != "torch" and (args.engine != "fast" or args.cuda_graphs != "on"):
+        raise SystemExit(f"hfserve: --kernels {args.kernels} needs --engine fast --cuda-graphs on "
                          "(launched eagerly, Triton kernels cost more than they save)")
 
 

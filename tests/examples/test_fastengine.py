@@ -229,6 +229,54 @@ def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
     assert close(parts, want_all)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
+    """kernels="triton-gemv": a decode step through FastModel._decode_gemv (the QKV and gate/up GEMVs
+    with norm, RoPE + store and SwiGLU fused in) equals kernels="torch" (logits, the KV pool); the
+    same check catches a step whose fused GEMV stores K one position late; above GEMV_MAX_ROWS rows
+    the step falls back to the 10-launch path (_decode_fused)."""
+    import kernels
+
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm, prompts = _prefilled(dtype)
+    dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
+    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    want, _ = dec.step(toks, pos)
+    want, Kw, Vw = want[:3].clone(), fm.K.clone(), fm.V.clone()
+
+    def run(kern: str) -> torch.Tensor:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels(kern)
+        try:
+            return dec.step(toks, pos)[0][:3].clone()
+        finally:
+            fm.set_kernels("torch")
+
+    calls = []
+    monkeypatch.setattr(fm, "_decode_fused", lambda *a: calls.append(1) or FastModel._decode_fused(fm, *a))
+    got = run("triton-gemv")
+    assert not calls  # batch 3 <= 16: the fused GEMVs, not the 10-launch path
+    assert close(got, want), (got - want).abs().max()
+    assert close(fm.K, Kw) and close(fm.V, Vw)
+    orig = kernels.norm_qkv_rope
+
+    def late(x, d, lnw, eps, w, cos, sin, pos_, K, V, layer):
+        return orig(x, d, lnw, eps, w, cos, sin, pos_ + 1, K, V, layer)
+
+    monkeypatch.setattr(kernels, "norm_qkv_rope", late)
+    assert not close(run("triton-gemv"), want)  # both ways: the perturbed kernel is caught
+    monkeypatch.setattr(kernels, "norm_qkv_rope", orig)
+    monkeypatch.setattr(kernels, "GEMV_MAX_ROWS", 2)  # batch 3 > 2: the unfused triton step
+    assert close(run("triton-gemv"), want) and calls
+
+
 # -- packed prefill (several prompts, one forward pass) and the fused prefill RoPE + attention -----
 
 

@@ -204,6 +204,82 @@ def test_split_reduction_both_ways(dtype) -> None:
     assert not close(K.combine_splits(*last, dtype), want, dtype)
 
 
+# The fused GEMVs round where torch does (the residual, the normed input, the GEMM output, RoPE's
+# products, SwiGLU's activation), but in bf16 four roundings stack before an output: under the
+# interpreter's truncating casts each may land an ulp off, so bf16 allows two kernel tolerances.
+GEMV_TOL = {torch.float32: TOL[torch.float32], torch.bfloat16: 2 * TOL[torch.bfloat16]}
+
+
+def gclose(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    tol = GEMV_TOL[dtype]
+    return bool(torch.allclose(got.float(), want.float(), rtol=tol, atol=tol))
+
+
+def _gemv_case(dtype: torch.dtype, k: int = 80) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B rows of a residual stream, a delta, a norm weight; K = 80: two full K tiles of 32 and a ragged one."""
+    x, d = _rand(B, k, dtype=dtype, seed=21), _rand(B, k, dtype=dtype, seed=22)
+    ln = (1.0 + 0.1 * _rand(k, dtype=torch.float32, seed=23)).to(dtype)
+    return x, d, ln
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_gu_silu(dtype) -> None:
+    """The gate/up GEMV with add + RMSNorm before and SwiGLU after, against add_rmsnorm_ref, ``@`` and
+    silu_mul_ref (inter 40: two full blocks of 16 pairs and a ragged one); with and without a delta;
+    a wrong eps, a subtracted delta and gate/up swapped are caught."""
+    inter = 40
+    x, d, ln = _gemv_case(dtype)
+    w = (_rand(2 * inter, x.shape[1], dtype=torch.float32, seed=24) * x.shape[1] ** -0.5).to(dtype)
+    want, r_want = K.norm_gu_silu_ref(x, d, ln, EPS, w, inter)
+    got, r = K.norm_gu_silu(x, d, ln, EPS, w, inter)
+    assert got.shape == (B, inter) and r.shape == x.shape
+    assert gclose(got, want, dtype) and close(r, r_want, dtype)
+    assert r is not x and r.data_ptr() != d.data_ptr()  # the residual goes to a new buffer
+    want0, _ = K.norm_gu_silu_ref(x, None, ln, EPS, w, inter)
+    got0, r0 = K.norm_gu_silu(x, None, ln, EPS, w, inter)
+    assert r0 is x and gclose(got0, want0, dtype)  # no delta: the residual is x itself
+    assert not gclose(K.norm_gu_silu(x, d, ln, 0.3, w, inter)[0], want, dtype)  # eps perturbed
+    assert not gclose(K.norm_gu_silu(x, -d, ln, EPS, w, inter)[0], want, dtype)  # delta subtracted
+    swapped = torch.cat([w[inter:], w[:inter]]).contiguous()
+    assert not gclose(K.norm_gu_silu(x, d, ln, EPS, swapped, inter)[0], want, dtype)  # gate and up swapped
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norm_qkv_rope(dtype) -> None:
+    """The QKV GEMV with add + RMSNorm before and RoPE + the KV store after, against add_rmsnorm_ref,
+    ``@`` and rope_store_ref: q, the residual, and the pool (only (layer 1, slot b, pos[b]) moves);
+    RoPE the wrong way, a position off by one and the wrong layer are caught."""
+    cos, sin = _tables(dtype)
+    x, d, ln = _gemv_case(dtype, k=NH * HD + 16)
+    w = (_rand((NH + 2 * NKV) * HD, x.shape[1], dtype=torch.float32, seed=25) * x.shape[1] ** -0.5).to(dtype)
+    K0, V0 = _pool(dtype, 26)
+    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    q_want, r_want = K.norm_qkv_rope_ref(x, d, ln, EPS, w, cos, sin, POS, Kr, Vr, 1)
+    q, r = K.norm_qkv_rope(x, d, ln, EPS, w, cos, sin, POS, Kt, Vt, 1)
+    assert q.shape == (B, NH, HD)
+    assert gclose(q, q_want, dtype) and close(r, r_want, dtype)
+    assert gclose(Kt, Kr, dtype) and gclose(Vt, Vr, dtype)
+    touched = torch.zeros(LAYERS, SLOTS, NKV, CAP, dtype=torch.bool)
+    touched[1, torch.arange(B), :, POS] = True
+    for pool, pool0 in ((Kt, K0), (Vt, V0)):
+        assert torch.equal(pool[~touched], pool0[~touched]) and not torch.equal(pool[touched], pool0[touched])
+    # The first layer: no delta, the residual is x.
+    Kr0, Vr0, Kt0, Vt0 = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    q0_want, _ = K.norm_qkv_rope_ref(x, None, ln, EPS, w, cos, sin, POS, Kr0, Vr0, 0)
+    q0, r0 = K.norm_qkv_rope(x, None, ln, EPS, w, cos, sin, POS, Kt0, Vt0, 0)
+    assert r0 is x and gclose(q0, q0_want, dtype) and gclose(Kt0, Kr0, dtype) and gclose(Vt0, Vr0, dtype)
+    # Both ways.
+    Kw, Vw = K0.clone(), V0.clone()
+    q_bad, _ = K.norm_qkv_rope(x, d, ln, EPS, w, cos, -sin, POS, Kw, Vw, 1)  # rotated the wrong way
+    assert not gclose(q_bad, q_want, dtype) and not gclose(Kw, Kr, dtype)
+    Kw, Vw = K0.clone(), V0.clone()
+    K.norm_qkv_rope(x, d, ln, EPS, w, cos, sin, POS + 1, Kw, Vw, 1)  # stored one position late
+    assert not gclose(Kw, Kr, dtype) and not gclose(Vw, Vr, dtype)
+    Kw, Vw = K0.clone(), V0.clone()
+    K.norm_qkv_rope(x, d, ln, EPS, w, cos, sin, POS, Kw, Vw, 0)  # the wrong layer
+    assert not gclose(Vw, Vr, dtype)
+
+
 def test_split_count() -> None:
     # An H200 (132 SMs), 7B shape (32 kv heads): batch 1 at a 1024 bucket -> 5 splits (160 programs);
     # batch 4 -> 2; batch 16 fills the GPU alone; a short bucket caps the splits at 128 columns each.
@@ -214,6 +290,7 @@ def test_split_count() -> None:
 def test_get_ops() -> None:
     assert K.get_ops("torch").rmsnorm is K.rmsnorm_ref
     assert K.get_ops("triton").decode_attn is K.decode_attn
+    assert K.get_ops("triton-gemv").rope_store is K.rope_store and K.get_ops("triton-gemv").name == "triton-gemv"
     with pytest.raises(ValueError, match="unknown kernels"):
         K.get_ops("cuda-c")
 
@@ -279,3 +356,101 @@ def test_decode_step_triton_equals_torch(dtype) -> None:
     Kb, Vb = K0.clone(), V0.clone()
     bad, _ = decode_step(K.get_ops("triton"), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
     assert not torch.allclose(bad, want, rtol=tol, atol=tol)
+
+
+def decode_step_gemv(ops, m: dict, tokens, pos, ctx, Kp, Vp, cos, sin):
+    """FastModel._decode_gemv written out: the QKV and gate/up GEMVs take the residual add + norm
+    before them and RoPE + store / SwiGLU after them; attention, O and down as in decode_step."""
+    B_ = tokens.shape[0]
+    x, d = m["embed"][tokens], None
+    for li, L in enumerate(m["layers"]):
+        q, x = K.norm_qkv_rope(x, d, L["ln1"], EPS, L["qkv"], cos, sin, pos, Kp, Vp, li)
+        o = ops.decode_attn(q, Kp, Vp, li, B_, pos, ctx, HD ** -0.5)
+        act, x = K.norm_gu_silu(x, o @ L["o"].t(), L["ln2"], EPS, L["gu"], INTER)
+        d = act @ L["down"].t()
+    _, h = ops.add_rmsnorm(x, d, m["norm"], EPS)
+    logits = (h @ m["lm_head"].t()).float()
+    return logits, torch.argmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_step_gemv_equals_torch(dtype) -> None:
+    """The 6-launch layer (fused GEMVs) against the torch step: logits, greedy ids, the KV pool; the
+    same check catches the step with attention one position short."""
+    m = _tiny_llama(dtype)
+    cos, sin = _tables(dtype)
+    tokens = torch.tensor([3, 17, 42])
+    K0, V0 = _pool(dtype, 12)
+    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
+    want, want_ids = decode_step(K.get_ops("torch"), m, tokens, POS, CTX, Kr, Vr, cos, sin)
+    got, got_ids = decode_step_gemv(K.get_ops("triton-gemv"), m, tokens, POS, CTX, Kt, Vt, cos, sin)
+    tol = 4 * TOL[dtype]  # as test_decode_step_triton_equals_torch
+    assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
+    assert torch.equal(got_ids, want_ids)
+    assert torch.allclose(Kt.float(), Kr.float(), rtol=tol, atol=tol)
+    assert torch.allclose(Vt.float(), Vr.float(), rtol=tol, atol=tol)
+    Kb, Vb = K0.clone(), V0.clone()
+    bad, _ = decode_step_gemv(K.get_ops("triton-gemv"), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
+    assert not torch.allclose(bad, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("epi", ["gu", "qkv"])
+def test_gemv_gpu_launch_path(epi, monkeypatch) -> None:
+    """The GPU's launch path (the autotuner over every config, the grid from the chosen BLOCK_N), run by
+    the interpreter: each config is run once by the (stubbed) timing, the chosen one gives the answer.
+    The CPU tests otherwise take the fixed-tile path, so this is what checks the GPU's call site."""
+    tuned = K._norm_gemv2_tuned
+    runs = []
+
+    def bench(kernel_call, quantiles):  # stands in for do_bench: run once, rank configs in order tried
+        kernel_call()
+        runs.append(1)
+        return [float(len(runs))] * len(quantiles or [0])
+
+    monkeypatch.setattr(K, "_autotuned", lambda device: True)
+    monkeypatch.setitem(tuned.__dict__, "do_bench", bench)  # a cached_property: the instance's own value
+    monkeypatch.setattr(tuned, "cache", {})
+    dtype = torch.bfloat16
+    x, d, ln = _gemv_case(dtype, k=NH * HD + 16)
+    if epi == "gu":
+        w = (_rand(2 * 40, x.shape[1], dtype=torch.float32, seed=24) * x.shape[1] ** -0.5).to(dtype)
+        got, want = K.norm_gu_silu(x, d, ln, EPS, w, 40)[0], K.norm_gu_silu_ref(x, d, ln, EPS, w, 40)[0]
+    else:
+        cos, sin = _tables(dtype)
+        w = (_rand((NH + 2 * NKV) * HD, x.shape[1], dtype=torch.float32, seed=25) * x.shape[1] ** -0.5).to(dtype)
+        K0, V0 = _pool(dtype, 26)
+        got = K.norm_qkv_rope(x, d, ln, EPS, w, cos, sin, POS, K0.clone(), V0.clone(), 1)[0]
+        want = K.norm_qkv_rope_ref(x, d, ln, EPS, w, cos, sin, POS, K0.clone(), V0.clone(), 1)[0]
+    assert len(runs) == len(K._GEMV_CONFIGS) and len(tuned.cache) == 1
+    assert gclose(got, want, dtype)
+
+
+def test_gemv_compiles_for_the_h200() -> None:
+    """benchmarks/gpu/compile_check.py: every autotune config of the fused GEMV, both epilogues, with and
+    without the delta, compiles for sm_90 with Triton's own ptxas, without spills, within an SM's shared
+    memory, its weight loads pipelined (cp.async). Run in a subprocess: compiled, not interpreted."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
+    if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("triton without its NVIDIA backend's ptxas")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"{4 * len(K._GEMV_CONFIGS)} of {4 * len(K._GEMV_CONFIGS)} configs compile" in res.stdout
+
+
+def test_launches_per_layer() -> None:
+    """benchmarks/gpu/count_launches.py on the CPU: a decode step's kernels per layer with split-KV at 8
+    splits (the H200's plan at batch 1, bucket 1024): 10 with kernels="triton", 6 with "triton-gemv"
+    (the two fused GEMVs, attention's two launches, the O and down GEMMs); 5 per step besides."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+    import count_launches
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "decode_attn", K.decode_attn)  # count_launches pins the splits by rebinding these
+        mp.setattr(K, "_OPS", dict(K._OPS))
+        res = count_launches.main(["--splits", "8", "--kernels", "triton", "triton-gemv"])
+    assert (res["triton"]["per_layer"], res["triton"]["fixed"]) == (10, 5)
+    assert (res["triton-gemv"]["per_layer"], res["triton-gemv"]["fixed"]) == (6, 5)
+    assert res["triton-gemv"]["layer_ops"] == {"triton.norm_gemv2_kernel": 2, "triton.decode_attn_split_kernel": 1,
+                                               "triton.attn_reduce_kernel": 1, "aten.matmul": 2}

@@ -103,14 +103,20 @@ def test_profile_steps_runs_on_the_cpu() -> None:
             return real(fn) if fm.kernels == "torch" and fm.prefill_attn == "torch" else {"interpreted": 1.0}
 
         mp.setattr(profile_best, "kernel_times", times)
-        out = profile_best.profile_steps(fm, steps, burst=3, prompt=6, long_len=16, b_pos=20, ctx=256)
-    assert [s["step"] for s in out] == list(range(1, len(steps) + 1))
+        out = profile_best.profile_steps(fm, steps, burst=3, prompt=6, long_len=16, b_pos=20, ctx=256,
+                                         numbers=[1, len(every)])
+    assert [s["step"] for s in out] == [1, len(every)] and not any("error" in s for s in out)
     assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
     assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
     assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
     assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
     assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
-    assert fm.kernels == "triton" and fm.prefill_attn == "fused"  # the last step's settings
+    assert fm.kernels == "triton-gemv" and fm.prefill_attn == "fused"  # the last step's settings
+    # The graph step's logits against the first step's: the fused GEMVs (B decode at batch 1) agree.
+    assert out[0]["decode_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True,
+                                      "greedy16_same_as_first": 16}
+    dc = out[1]["decode_check"]
+    assert dc["top1_same_as_first"] and dc["max_abs_logit_diff_vs_first"] < 1e-3 and dc["greedy16_same_as_first"] == 16
     table = step_table.markdown_table({"floors": FLOORS, "steps": out})
     assert table.count("\n") == 2 + 4 * len(steps)
     # a valid markdown table: the separator row has as many cells as the header and every row
