@@ -9,7 +9,7 @@ remaining requests (the same seeded prompts and arrival schedule, no second warm
 the short pass's into the one measurement a single full bench would have given
 (`orchestrator.bench.passes`). A one-wave scenario is measured once, in the short pass. The short
 pass so never costs a promising candidate extra, except on a scenario that cannot be continued
-(the SLO rate search, `CONTINUED`): that one is re-run in full, and a screen whose re-run would be
+(the SLO rate search, `continues`): that one is re-run in full, and a screen whose re-run would be
 most of the bench's time is not run (`MAX_REPEAT_SHARE`). A screened-out candidate is not gated
 (`orchestrator.trial.run_trial`): it can never be kept.
 

@@ -46,14 +46,16 @@ def predict(db: Path, scenarios: dict[str, Any]) -> dict[str, Any]:
         t = json.loads(tj) if tj else {}
         if "trial" not in t:
             continue  # not finished (an interrupted paired round)
-        row: dict[str, Any] = {"number": number, "proposer": proposer, "status": status, "old_s": round(t["trial"], 2)}
+        row: dict[str, Any] = {"number": number, "proposer": proposer, "status": status, "old_s": round(t["trial"], 2),
+                               "old_bench_s": round(t.get("bench", 0.0), 2)}
         s = screens.get(tid)
-        new = t["trial"]
+        new, bench = t["trial"], t.get("bench", 0.0)
         if s and not s.get("skipped"):
             bar = best * (1 - s["margin"])
             row.update(short_score=round(s["score"], 3), bar=round(bar, 3))
             if s["score"] < bar:
                 new = t["trial"] - t.get("gates", 0.0) - t.get("audit", 0.0) - (t["bench"] - t["screen"])
+                bench = t["screen"]
                 row["outcome"] = "screened out: no gates, no audit, no full bench"
             else:
                 saved = {}
@@ -63,9 +65,9 @@ def predict(db: Path, scenarios: dict[str, Any]) -> dict[str, Any]:
                     short = short_scenario(scenarios[name], s["fraction"], continued=continues(name))
                     if short.part is not None:
                         saved[name] = round(d * short.measured_requests / scenarios[name].num_requests, 2)
-                new = t["trial"] - sum(saved.values())
+                new, bench = t["trial"] - sum(saved.values()), t["bench"] - sum(saved.values())
                 row.update(outcome="passed: the full bench continues the short pass", not_rerun_s=saved)
-        row["new_s"] = round(new, 2)
+        row["new_s"], row["new_bench_s"] = round(new, 2), round(bench, 2)
         rows.append(row)
         if status == "kept" and score is not None and proposer == "search" and not row.get("outcome", "").startswith("screened"):
             best = max(best, score)  # the bar follows the best kept search trial (the baseline's 1.0 first)
@@ -75,6 +77,8 @@ def predict(db: Path, scenarios: dict[str, Any]) -> dict[str, Any]:
             "median_trial_new_s": round(statistics.median(new), 2) if new else None,
             "search_median_old_s": round(statistics.median([r["old_s"] for r in rows if r["proposer"] == "search"]), 2),
             "search_median_new_s": round(statistics.median([r["new_s"] for r in rows if r["proposer"] == "search"]), 2),
+            "median_bench_old_s": round(statistics.median(r["old_bench_s"] for r in rows), 2) if rows else None,
+            "median_bench_new_s": round(statistics.median(r["new_bench_s"] for r in rows), 2) if rows else None,
             "sum_old_s": round(sum(old), 1), "sum_new_s": round(sum(new), 1)}
 
 
@@ -89,10 +93,12 @@ def main() -> None:
     for o in out:
         print(o["db"])
         for r in o["trials"]:
-            print(f"  #{r['number']} {r['proposer']:8} {r['old_s']:7.1f} -> {r['new_s']:7.1f} s  "
+            print(f"  #{r['number']} {r['proposer']:8} {r['old_s']:7.1f} -> {r['new_s']:7.1f} s (bench {r['old_bench_s']:5.1f} -> "
+                  f"{r['new_bench_s']:5.1f})  "
                   f"{r.get('short_score', ''):>6} {r.get('bar', ''):>6}  {r.get('outcome', '')} {r.get('not_rerun_s', '')}")
         print(f"  median trial {o['median_trial_old_s']} -> {o['median_trial_new_s']} s (search trials "
-              f"{o['search_median_old_s']} -> {o['search_median_new_s']} s); all trials {o['sum_old_s']} -> {o['sum_new_s']} s")
+              f"{o['search_median_old_s']} -> {o['search_median_new_s']} s); median bench {o['median_bench_old_s']} -> "
+              f"{o['median_bench_new_s']} s; all trials {o['sum_old_s']} -> {o['sum_new_s']} s")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 
