@@ -22,8 +22,12 @@ Models (stated, not measured end to end):
   `--short-bias` multiplies every short score (a short pass slower or faster than the full one);
 - bench time = requests x output tokens / the knob set's throughput (table value x the baseline's
   tok/s), for the product's throughput scenario at scale 1 (48 requests + 8 warm-up, c=8): full
-  = warm-up + N; screened out = warm-up + short; passed = warm-up + short + N (the short pass is
-  the full bench's warm-up). A knob set that failed costs no bench time in either run.
+  = warm-up + N; screened out = warm-up + short; passed = warm-up + N (the full bench continues the
+  short pass: its first requests are the short pass's). `--restart` replays the cost before that
+  (passed = warm-up + short + N: the full bench started over, the short pass its warm-up). A knob
+  set that failed costs no bench time in either run. (The short pass being the full bench's first
+  requests makes a passed candidate's full score correlated with its short score; the replay's full
+  score is the table value in both, so only the cost changes.)
 `--keep P` replays Optuna's PercentilePruner (top P% of the run's trials) instead of the bar.
 `--startup N[,M...]`: full measurements (the baseline counted) before the pruner judges; the product's
 screen states the baseline's noise and passes `fidelity.KNOWN_NOISE_STARTUP` (0, the default here), 4 was
@@ -111,7 +115,7 @@ class Bench:
         short = short_scenario(sc, fraction)
         self.table, self.spread, self.median_spread, self.bias = table, spread, median_spread, bias
         self.noise = median_spread if noise is None else noise
-        self.n, self.warm, self.n_short, self.tokens = sc.num_requests, sc.warmup_requests, short.num_requests, sc.output_tokens
+        self.n, self.warm, self.n_short, self.tokens = sc.num_requests, sc.warmup_requests, short.measured_requests, sc.output_tokens
         self.f = self.n_short / self.n  # what the short pass really runs
 
     def value(self, knobs: dict[str, Any]) -> float | None:
@@ -127,7 +131,7 @@ class Bench:
 
 
 def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, screen: bool, keep: float | None,
-           margin_: float | None = None, startup: int = KNOWN_NOISE_STARTUP) -> dict[str, Any]:
+           margin_: float | None = None, startup: int = KNOWN_NOISE_STARTUP, restart: bool = False) -> dict[str, Any]:
     """One run: TPE proposals, each measured in full or screened first; returns its best and bench time."""
     run = store.create_run(name=f"{'screen' if screen else 'full'}-s{seed}", goal_text="replay", goal_json={}, goal_hash="mf",
                            target_json={}, config_json={}, host="replay", proposer="search")
@@ -159,7 +163,7 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
                 store.finish_trial(t.id, "discarded", score=s, objective={"score": s},
                                    error=f"{SCREENED} {bench.f:.0%} fidelity: short-bench score {s:.3f}x vs {why}")
                 continue
-            bench_s += bench.seconds(cand.knobs, bench.n)
+            bench_s += bench.seconds(cand.knobs, bench.n - (0 if restart else bench.n_short))  # the rest (or all again)
         else:
             bench_s += bench.seconds(cand.knobs, bench.warm + bench.n)
         kept = r > best * (1 + MIN_GAIN)
@@ -173,7 +177,7 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
 
 def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fraction: float = 0.25, keep: float | None = None,
         bias: float = 1.0, fix: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None,
-        margin_: float | None = None, startups: tuple[int, ...] = (KNOWN_NOISE_STARTUP,)) -> dict[str, Any]:
+        margin_: float | None = None, startups: tuple[int, ...] = (KNOWN_NOISE_STARTUP,), restart: bool = False) -> dict[str, Any]:
     """The replay of one table; `summary` and `runs` for the first of `startups`, `by_startup` for each."""
     model = MODELS[TABLES[table_name]]
     rows = rows if rows is not None else load_rows(DATA / f"kb_table_{table_name}_throughput.jsonl")
@@ -188,10 +192,12 @@ def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fractio
         # Seeds 1000 apart, as in kb_replay (SearchProposer seeds each step with seed + len(history)).
         full = replay(bench, target, store, seed=1000 * s, budget=budget, screen=False, keep=keep)
         for st in startups:
-            scr = replay(bench, target, store, seed=1000 * s, budget=budget, screen=True, keep=keep, margin_=margin_, startup=st)
+            scr = replay(bench, target, store, seed=1000 * s, budget=budget, screen=True, keep=keep, margin_=margin_, startup=st,
+                         restart=restart)
             by[st].append({"seed": s, "full": full, "screened": scr})
     runs = by[startups[0]]
     return {"startup": startups[0], "by_startup": {st: summarise(rs) for st, rs in by.items()},"table": table_name, "model": model, "fraction": fraction, "short_requests": bench.n_short, "of": bench.n,
+            "full_bench": "restarted" if restart else "continued",
             "pruner": "threshold (the product)" if keep is None else f"percentile, keep top {keep:g}%",
             "baseline_noise": round(bench.noise, 4), "margin": round(margin(bench.noise, bench.f) if margin_ is None else margin_, 4), "bias": bias, "budget": budget, "median_spread": round(med, 4),
             "summary": summarise(runs), "runs": runs, "db": str(tmp / "replay.db")}
@@ -224,12 +230,14 @@ def main() -> None:
     ap.add_argument("--short-bias", type=float, default=1.0, help="every short score x this (1: unbiased)")
     ap.add_argument("--startup", default=str(KNOWN_NOISE_STARTUP), help="full measurements before the pruner judges, "
                     "comma-separated for several (4: the start-up before 2026-12-02; 0: the product's, the noise stated)")
+    ap.add_argument("--restart", action="store_true", help="a passed candidate's full bench starts over (the cost before "
+                    "the full bench continued the short pass)")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE", help="pin a knob (a smaller space)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     fix = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     out = run(args.table, seeds=args.seeds, budget=args.budget, fraction=args.fraction, keep=args.keep, bias=args.short_bias, fix=fix,
-              margin_=args.margin, startups=tuple(int(x) for x in args.startup.split(",")))
+              margin_=args.margin, startups=tuple(int(x) for x in args.startup.split(",")), restart=args.restart)
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

@@ -226,7 +226,7 @@ class Controller:
                     fraction=self.screen_fraction, trial=trial, proposer=self.proposer, history=self._history(),
                     scenarios=(ctx or self.ctx).scenarios, goal_scenarios=self.ctx.goal.scenarios,
                     score=lambda r: verdict.score(r, baseline, self.ctx.goal.objectives), noise=baseline.noise, store=self.store,
-                    run_id=self.ctx.run_id),
+                    run_id=self.ctx.run_id, durations=self._durations(baseline) if self.screen_fraction > 0 else None),
             )
         except GateTampered as e:  # the trial cannot count: say so, then stop the run
             self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")
@@ -329,6 +329,12 @@ class Controller:
         noise, basis = verdict.baseline_noise(samples, measured)  # never 0 for a baseline measured once
         return Baseline(samples=samples, values=values, noise=noise, trial=t0.number,
                         host=host_during(self.store, self.ctx.run_id, t0.id), noise_basis=basis)
+
+    def _durations(self, baseline: Baseline) -> dict[str, float]:
+        """Goal scenario -> the seconds the newest baseline measurement took (its first repeat)."""
+        t = self.store.get_trial_by_number(self.ctx.run_id, baseline.trial)
+        return {m.scenario: m.value for m in (self.store.measurements(t.id) if t else ())
+                if m.metric == "duration_s" and m.repeat == 0 and m.scenario in self.ctx.goal.scenarios}
 
     def _samples(self, trial_id: int) -> dict[str, list[float]]:
         """Objective label -> a trial's stored measurements of it, one per repeat."""

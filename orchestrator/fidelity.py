@@ -1,15 +1,22 @@
 """Multi-fidelity screening: a candidate is benched short first, and in full only when promising.
 
 With `bench.screen_fraction` f > 0, a search candidate's bench step starts with a short pass: each
-goal scenario with about f of its measured requests (`short_scenario`). Its score against the
+goal scenario's first requests, about f of its measured requests (`short_scenario`). Its score against the
 newest baseline goes to the proposer (`should_stop_early`: the search asks Optuna's pruner); a
 candidate it calls unpromising ends `discarded` with the reason and the bench time saved, and is
-never kept; the others are gated, then get the full bench, unchanged, with the short pass as its
-warm-up. A screened-out candidate is not gated (`orchestrator.trial.run_trial`): it can never be kept.
+never kept; the others are gated, then their full bench *continues* the short pass: each scenario's
+remaining requests (the same seeded prompts and arrival schedule, no second warm-up), joined with
+the short pass's into the one measurement a single full bench would have given
+(`orchestrator.bench.passes`). A one-wave scenario is measured once, in the short pass. The short
+pass so never costs a promising candidate extra, except on a scenario that cannot be continued
+(the SLO rate search, `continues`): that one is re-run in full, and a screen whose re-run would be
+most of the bench's time is not run (`MAX_REPEAT_SHARE`). A screened-out candidate is not gated
+(`orchestrator.trial.run_trial`): it can never be kept.
 
 Full fidelity always: baselines and sentinels (everything is judged against them), paired rounds
-(the claim), probes (evidence for the knowledge base) and retries (a re-judgement). The decision
-is recorded once, as a `screen` event for every trial that had a short pass, and read back from the store.
+(the claim), probes (evidence for the knowledge base) and retries (a re-judgement); a re-measure of
+a borderline result runs the whole scenario again. The decision is recorded once, as a `screen`
+event for every trial that had a short pass, and read back from the store.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.bench.passes import rest_of
+from orchestrator.goal import SLO_SCENARIO
 from orchestrator.roles import BASELINES, NOT_SEARCH, RETRY
 
-__all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_SHORT_SHARE", "MIN_MARGIN", "SCREENED", "Z", "Screen", "is_screened",
-           "margin", "screen_for", "short_scenario"]
+__all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "SCREENED", "Z", "Screen", "continues",
+           "is_screened", "margin", "screen_for", "short_scenario"]
 
 SCREENED = "screened out at"
 """How a screened trial's reason starts (`trials.error`): readers that must tell it apart ask `is_screened`."""
@@ -41,12 +50,21 @@ score (the baseline's 1.0 until a candidate beats it) less that noise margin, an
 slower than the default knobs beyond the noise: the keep rule would discard it anyway. The proposer's own
 start-up (`SCREEN_STARTUP`, 4) is for a caller that does not know the noise. On the H200 a run holds 4-5
 search trials, so a start-up of 4 screened nothing (docs/benchmarks.md, "Multi-fidelity screening (replay)")."""
-MAX_SHORT_SHARE = 0.5
-"""A short pass that would run more than this share of the full bench's measured requests is not run: a
-candidate it passes pays it on top of its full bench, one it screens out saves only the rest, so with about
-half of the candidates screened out (the replays) it pays off only below half. A scenario of one wave (the
-H200 goal's burst of 16 requests at concurrency 16) cannot be shortened at all: whole waves keep a batching
-server's batches full, and fewer requests in the wave would measure another load."""
+MAX_REPEAT_SHARE = 0.5
+"""A short pass whose requests a promising candidate would measure again (the scenarios that cannot be
+continued, `continues`) is not run when they would take more than this share of the full bench's time
+(judged from the newest baseline's measured durations; by requests where none is stored): a candidate
+the screen passes pays them on top of its full bench, one it screens out saves the rest, so with about
+half of the candidates screened out (the replays) it pays off only below half. Continued scenarios cost
+nothing extra: their short pass is the first part of the full bench. (It replaces MAX_SHORT_SHARE, a
+rule on the whole short pass's request share from before the full bench continued the short pass,
+which kept the H200 goal from being screened at all: docs/benchmarks.md, "Continued full bench".)"""
+
+
+def continues(name: str) -> bool:
+    """Whether goal scenario `name`'s full bench continues its short pass. Not the SLO scenario: its
+    measurement is a request-rate search, every step a bench of its own, which has no "rest"."""
+    return name != SLO_SCENARIO
 
 
 def margin(noise: float, fraction: float) -> float:
@@ -60,15 +78,19 @@ def is_screened(trial: Any) -> bool:
     return trial.status == "discarded" and (trial.error or "").startswith(SCREENED)
 
 
-def short_scenario(scenario: Any, fraction: float) -> Any:
-    """`scenario` with about `fraction` of its measured requests, rounded up to whole waves of its
-    concurrency (a batch-filling server is measured with full batches, as in the full bench), never
-    more than the scenario has; warm-up as in the scenario.
+def short_scenario(scenario: Any, fraction: float, *, continued: bool = True) -> Any:
+    """`scenario`'s short pass: about `fraction` of its measured requests, rounded up to whole waves
+    of its concurrency (a batch-filling server is measured with full batches, as in the full bench),
+    never more than the scenario has; warm-up as in the scenario.
 
-    The prompts come from another seed: the full bench that may follow re-sends the scenario's own
-    prompts, and a prefix cache must not get them served once already (a head start no baseline had)."""
+    Continued (the default): its first requests (`Scenario.part` (0, k): the scenario's own prompts
+    and schedule), which the full bench does not send again. Not continued: the full bench re-sends
+    the scenario's own prompts, so these come from another seed (a prefix cache must not get them
+    served once already: a head start no baseline had)."""
     wave = max(int(scenario.concurrency), 1)
     n = min(int(scenario.num_requests), max(wave, math.ceil(fraction * scenario.num_requests / wave) * wave))
+    if continued:
+        return scenario.model_copy(update={"name": f"{scenario.name}@{fraction:g}", "part": (0, n)})
     return scenario.model_copy(update={"name": f"{scenario.name}@{fraction:g}", "num_requests": n,
                                        "seed": int(scenario.seed) + 7919})
 
@@ -83,58 +105,72 @@ class Screen:
     judge: Callable[[Any, float], str | None]
     """(the short pass's TrialResult, its bench seconds) -> why the candidate ends here, or None for the full bench."""
 
-    def full(self, scenario: Any) -> Any:
-        """The full bench after a passed screen: unchanged, except that the short pass was its warm-up."""
+    def full(self, name: str, scenario: Any) -> Any:
+        """Goal scenario `name`'s full bench after a passed screen: its requests after the short pass's
+        (`Scenario.part`, no warm-up; joined with the short pass's by the bench step), or, where it
+        cannot be continued, the whole scenario again with the short pass as its warm-up."""
+        short = self.scenarios[name]
+        if short.part is not None:
+            return rest_of(scenario, short.part[1])
         return scenario.model_copy(update={"warmup_requests": 0})
 
 
 def screen_for(
     *, fraction: float, trial: Any, proposer: Any, history: Sequence[Any], scenarios: dict[str, Any],
     goal_scenarios: Sequence[str], score: Callable[[Any], float], noise: float, store: Any, run_id: int,
+    durations: dict[str, float] | None = None,
 ) -> Screen | None:
     """The screen for `trial`, or None when it is measured at full fidelity only.
 
     `history`: the run's trials; `score(result)`: the short pass's score against the newest
-    baseline (the keep rule's score, `verdict.score`); `noise`: that baseline's relative noise. The
+    baseline (the keep rule's score, `verdict.score`); `noise`: that baseline's relative noise;
+    `durations`: goal scenario -> the newest baseline's measured seconds (None: unknown). The
     proposer's `should_stop_early(history, value, margin, startup=KNOWN_NOISE_STARTUP)` decides (the
     noise is known: measured, or assumed and said); a proposer without it never stops a candidate early.
-    A short pass that cannot save (more than MAX_SHORT_SHARE of the full bench's requests) is not run:
-    a `screen` event with `skipped` says why, and the candidate is measured in full only."""
+    A short pass whose non-continued part would be more than MAX_REPEAT_SHARE of the full bench's time
+    is not run: a `screen` event with `skipped` says why, and the candidate is measured in full only."""
     if fraction <= 0 or trial.proposer in FULL_FIDELITY or trial.number == 0:
         return None
     ask = getattr(proposer, "should_stop_early", None)
     if ask is None:
         return None
-    short = {name: short_scenario(scenarios[name], fraction) for name in goal_scenarios}
+    short = {name: short_scenario(scenarios[name], fraction, continued=continues(name)) for name in goal_scenarios}
     # What the keep rule judges against: the search's trials and retries (not sentinels, paired rounds, probes).
     seen = [t for t in history if t.proposer not in NOT_SEARCH and t.id != trial.id]
     full_n = sum(scenarios[n].num_requests for n in goal_scenarios)
-    short_n = sum(short[n].num_requests for n in goal_scenarios)
+    short_n = sum(short[n].measured_requests for n in goal_scenarios)
+    repeated = [n for n in goal_scenarios if short[n].part is None]  # measured again in full if it passes
+    # The bench's requests a passed candidate still runs after the short pass.
+    rest_n = sum(scenarios[n].num_requests - (short[n].measured_requests if n not in repeated else 0) for n in goal_scenarios)
+    base = {"fraction": fraction, "short_requests": short_n, "full_requests": full_n, "rest_requests": rest_n,
+            "continued": [n for n in goal_scenarios if n not in repeated]}
+    if repeated:
+        known = durations is not None and all((durations.get(n) or 0) > 0 for n in goal_scenarios)
+        weight = {n: (durations[n] if known else scenarios[n].num_requests) for n in goal_scenarios}  # type: ignore[index]
+        share = sum(weight[n] * short[n].measured_requests / scenarios[n].num_requests for n in repeated) / sum(weight.values())
+        if share > MAX_REPEAT_SHARE:
+            why = (f"{', '.join(repeated)} cannot be continued: a promising candidate would measure its short "
+                   f"pass again, {share:.0%} of the full bench's {'time' if known else 'requests'} "
+                   f"(> {MAX_REPEAT_SHARE:.0%}): no saving worth its cost")
+            store.add_event(run_id, "screen", f"#{trial.number} not screened: {why}; measured in full",
+                            data={**base, "skipped": True, "screened_out": False, "reason": why, "repeat_share": round(share, 3),
+                                  "saved_bench_s": 0.0}, trial_id=trial.id)
+            return None
     share = short_n / full_n  # the fraction the short pass really runs (whole waves)
-    if share > MAX_SHORT_SHARE:
-        whole = [n for n in goal_scenarios if short[n].num_requests >= scenarios[n].num_requests]
-        why = (f"the short pass would run {short_n} of the full bench's {full_n} requests ({share:.0%} > "
-               f"{MAX_SHORT_SHARE:.0%})" + (f"; {', '.join(whole)} cannot be shorter than one wave of its concurrency"
-                                            if whole else "") + ": no saving worth its cost")
-        store.add_event(run_id, "screen", f"#{trial.number} not screened: {why}; measured in full",
-                        data={"fraction": fraction, "skipped": True, "screened_out": False, "reason": why,
-                              "short_requests": short_n, "full_requests": full_n, "saved_bench_s": 0.0},
-                        trial_id=trial.id)
-        return None
     m = margin(noise, share)
 
     def judge(result: Any, bench_s: float) -> str | None:
         value = score(result)
         why = ask(seen, value, m, startup=KNOWN_NOISE_STARTUP)
-        # The bench time not spent: the full bench's requests at the short pass's pace (its
-        # warm-up, paid either way, counted with the short pass).
-        saved = bench_s * full_n / (short_n + sum(short[n].warmup_requests for n in goal_scenarios)) if why else 0.0
-        data = {"fraction": fraction, "score": value, "margin": m, "screened_out": bool(why), "reason": why,
+        # The bench time not spent: the rest of the full bench at the short pass's pace (its warm-up,
+        # paid either way, counted with the short pass). Not counted: the gates, also not run.
+        saved = bench_s * rest_n / (short_n + sum(short[n].warmup_requests for n in goal_scenarios)) if why else 0.0
+        data = {**base, "score": value, "margin": m, "screened_out": bool(why), "reason": why,
                 "short_bench_s": round(bench_s, 3), "saved_bench_s": round(saved, 3)}
         if why:
             why = f"{SCREENED} {fraction:.0%} fidelity: short-bench score {value:.3f}x vs {why}; ~{saved:.1f} s of bench saved"
         store.add_event(run_id, "screen", why or f"#{trial.number} passed its {fraction:.0%} screen ({value:.3f}x): "
-                        "measured in full", data=data, trial_id=trial.id)
+                        f"measured in full ({rest_n} more requests)", data=data, trial_id=trial.id)
         return why
 
     return Screen(fraction=fraction, scenarios=short, judge=judge)

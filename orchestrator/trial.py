@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.counts import count_violation
+from orchestrator.bench.passes import join
 from orchestrator.bench.rate import RatePolicy
 from orchestrator.bench.slo import slo_measure
 from orchestrator.candidate import Candidate
@@ -182,7 +183,8 @@ def run_trial(
                 return result
             if err is None and gated_out():
                 return result
-            full = {name: screen.full(ctx.scenarios[name]) for name in ctx.goal.scenarios}
+            # The full bench continues the short pass (each scenario's remaining requests, joined with it).
+            full = {name: screen.full(name, ctx.scenarios[name]) for name in ctx.goal.scenarios}
 
         with _timed(result.timings, "bench", ctx.on_step):
             err = err or bench.run(repeats, result, scenarios=full)
@@ -354,6 +356,9 @@ class _Bench:
     caps: dict[str, Any] | None = None
     outputs: list[tuple[Any, list[Any]]] = field(default_factory=list)
     """(scenario, measured requests) of every measurement used: what the bench audit samples."""
+    firsts: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
+    """Goal scenario -> (result, host window) of its short pass's first requests (`Scenario.part`), which
+    the full bench continues (`orchestrator.bench.passes`)."""
 
     def screen(self, screen: Any, result: TrialResult) -> str | None:
         """The short pass of `screen`; an error, or None. Screened out: `result` holds the short pass."""
@@ -374,9 +379,18 @@ class _Bench:
         run's (a screen's short pass, stored as `NAME{tag}`)."""
         ctx, store = self.ctx, self.ctx.store
         for goal_name in ctx.goal.scenarios:
-            scenario, name = (scenarios or ctx.scenarios)[goal_name], goal_name + tag
+            name = goal_name + tag
             for rep in range(first_repeat, first_repeat + repeats):
+                scenario = (scenarios or ctx.scenarios)[goal_name]
+                # A continuation (the rest of a short pass) is the first repeat; any later one is whole and fresh.
+                first = self.firsts.get(goal_name) if scenario.part is not None and scenario.part[0] > 0 else None
+                if scenario.part is not None and scenario.part[0] > 0 and (first is None or rep != first_repeat):
+                    scenario, first = ctx.scenarios[goal_name], None
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
+                if first is not None:
+                    lo, hi = scenario.part
+                    label += f" (requests {lo + 1}-{hi} of {hi}, after the short pass's {lo})" if hi > lo else \
+                        f" (all {hi} requests measured in the short pass)"
                 ctx.on_step(label)
 
                 def bench_one(scenario: Any) -> Any:
@@ -396,12 +410,27 @@ class _Bench:
                     store.add_event(ctx.run_id, "measure.redo", f"{name}: redone ({'; '.join(reasons)})",
                                     data={"scenario": name, "attempt": attempt, "reasons": reasons}, trial_id=self.trial.id)
 
-                res, win, untrusted, attempts = bench_trusted(once, ctx.host, self.proc, ref=self.host_ref,
-                                                              policy=ctx.trust, on_redo=redo)
-                store.add_event(ctx.run_id, "measure.host", f"{name} #{rep}: load {win['load1']:.2f}, others' runnable "
-                                f"{win.get('foreign_load', float('nan')):.2f}/CPU, steal {win['steal']:.0%}, client {win['client_cpu']:.0%}",
-                                data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
-                                      "untrusted": untrusted}, trial_id=self.trial.id)
+                if first is not None and scenario.measured_requests == 0:
+                    # Nothing left: a one-wave scenario was measured whole by the short pass, once.
+                    res, win, untrusted, attempts = None, first[1], [], 0
+                else:
+                    res, win, untrusted, attempts = bench_trusted(once, ctx.host, self.proc, ref=self.host_ref,
+                                                                  policy=ctx.trust, on_redo=redo)
+                    store.add_event(ctx.run_id, "measure.host", f"{name} #{rep}: load {win['load1']:.2f}, others' runnable "
+                                    f"{win.get('foreign_load', float('nan')):.2f}/CPU, steal {win['steal']:.0%}, "
+                                    f"client {win['client_cpu']:.0%}",
+                                    data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
+                                          "untrusted": untrusted, **({"part": list(scenario.part)} if scenario.part else {})},
+                                    trial_id=self.trial.id)
+                if first is not None and not untrusted and (res is None or res.metrics.get("failed", 0) == 0):
+                    # One measurement of the whole scenario: the short pass's requests and these, over both
+                    # passes' records, as a single full bench computes it; meta["passes"] says which came from which.
+                    lo = scenario.part[0]
+                    res = join(ctx.scenarios[goal_name], [first[0]] + ([res] if res is not None else []),
+                               labels=(f"short pass (requests 1-{lo}, before the gates)",
+                                       f"continued (requests {lo + 1}-{scenario.part[1]}, after the gates)")[:1 if res is None else 2],
+                               capabilities=self.caps)
+                    scenario = ctx.scenarios[goal_name]
                 (self.trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
                 if res.meta.get("slo_error"):  # no rate met the SLO: nothing to score, the trial does not count
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
@@ -409,7 +438,7 @@ class _Bench:
                 if res.metrics.get("failed", 0) > 0:
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
                     reasons = ", ".join(f"{k}: {v}" for k, v in (res.failures or {}).items())
-                    return f"{int(res.metrics['failed'])} of {scenario.num_requests} requests failed in {name} ({reasons})"
+                    return f"{int(res.metrics['failed'])} of {scenario.measured_requests} requests failed in {name} ({reasons})"
                 bad_counts = count_violation(res.metrics, goal_name)
                 if bad_counts:  # outputs shorter/longer than asked, or usage that disagrees with the ids
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
@@ -417,8 +446,15 @@ class _Bench:
                     return bad_counts
                 if untrusted:  # never judged on: not stored as a measurement
                     return f"untrusted measurement in {name} after {attempts} attempts: {'; '.join(untrusted)}"
-                store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
-                self.outputs.append((scenario, res.requests))
+                metrics = dict(res.metrics)
+                if first is not None:  # which requests came from which pass, beside the numbers
+                    metrics.update(short_pass_requests=float(first[0].scenario.measured_requests),
+                                   continued_requests=float(len(res.requests) - first[0].scenario.measured_requests))
+                store.add_measurements(self.trial.id, name, metrics, repeat=rep)
+                if scenario.part is not None and scenario.part[0] == 0:
+                    self.firsts[goal_name] = (res, win)  # the full bench may continue it; audited with it then
+                else:
+                    self.outputs.append((scenario, res.requests))
                 result.host.append(win)
                 result.metrics[goal_name] = dict(res.metrics)
                 for o in ctx.goal.objectives:

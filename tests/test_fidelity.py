@@ -12,11 +12,13 @@ from types import SimpleNamespace
 import pytest
 from fake_target import write_fake_target
 
+from orchestrator.bench.metrics import compute_metrics
+from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
 from orchestrator.controller import Controller
-from orchestrator.fidelity import MAX_SHORT_SHARE, SCREENED, is_screened, margin, screen_for, short_scenario
+from orchestrator.fidelity import MAX_REPEAT_SHARE, SCREENED, is_screened, margin, screen_for, short_scenario
 from orchestrator.goal import parse_goal
 from orchestrator.hosts.base import Proc
 from orchestrator.measure import TrustPolicy
@@ -57,19 +59,23 @@ def test_a_clearly_bad_short_score_is_screened_out_and_a_good_one_goes_to_full_f
     assert ScriptedProposer([]).should_stop_early(HISTORY, 0.01, 0.10) is None
 
 
-def test_short_scenario_runs_whole_waves_on_other_prompts():
+def test_short_scenario_runs_the_first_whole_waves_of_the_full_bench():
     sc = builtin_scenarios(1.0)
     thr, dec = short_scenario(sc["throughput"], 0.25), short_scenario(sc["decode"], 0.25)
-    assert (thr.num_requests, thr.concurrency, thr.warmup_requests) == (16, 8, 8)  # 12 requests -> 2 waves of 8
-    assert dec.num_requests == 4 and dec.seed != sc["decode"].seed and dec.name == "decode@0.25"
-    assert short_scenario(sc["throughput"], 0.01).num_requests == 8  # at least one wave
+    assert (thr.measured_requests, thr.concurrency, thr.warmup_requests) == (16, 8, 8)  # 12 requests -> 2 waves of 8
+    assert thr.part == (0, 16) and thr.num_requests == 48 and thr.seed == sc["throughput"].seed  # its first 16
+    assert dec.measured_requests == 4 and dec.seed == sc["decode"].seed and dec.name == "decode@0.25"
+    assert short_scenario(sc["throughput"], 0.01).measured_requests == 8  # at least one wave
+    # Not continued (the SLO rate search): other prompts, which the full bench does not re-send.
+    slo = short_scenario(sc["slo"], 0.25, continued=False)
+    assert slo.part is None and slo.num_requests == 8 and slo.seed != sc["slo"].seed
     assert margin(0.0, 0.25) == 0.10 and margin(0.05, 0.25) == pytest.approx(0.2)
 
 
-def _screen(trial, store, run_id, fraction=0.25, history=HISTORY, scenarios=None, goal=("throughput",)):
+def _screen(trial, store, run_id, fraction=0.25, history=HISTORY, scenarios=None, goal=("throughput",), durations=None):
     return screen_for(fraction=fraction, trial=trial, proposer=SearchProposer(), history=history,
                       scenarios=scenarios or builtin_scenarios(1.0), goal_scenarios=list(goal), score=lambda r: r,
-                      noise=0.0, store=store, run_id=run_id)
+                      noise=0.0, store=store, run_id=run_id, durations=durations)
 
 
 def test_the_screen_judges_from_the_first_search_trial_when_the_noise_is_known():
@@ -85,24 +91,46 @@ def test_the_screen_judges_from_the_first_search_trial_when_the_noise_is_known()
     assert s.judge(0.95, 2.0) is None  # within the margin of the baseline: measured in full
 
 
-def test_a_short_pass_that_cannot_save_is_not_run():
-    """A scenario of one wave (the H200 goal's burst of 16 at concurrency 16) has no shorter version:
-    its "short" pass is the whole scenario, paid again by every candidate it passes. Above
-    MAX_SHORT_SHARE of the full bench's requests no screen is run, and the event says why."""
+def test_the_h200_goal_is_screened_its_one_wave_scenario_measured_once():
+    """The full bench continues the short pass, so a short pass never costs a promising candidate
+    extra: the H200 goal (decode 8 at c=1, a one-wave burst of 16 at c=16), which the old request-share
+    rule (MAX_SHORT_SHARE, 18 of 24 requests) kept from being screened at all, is screened; its burst is
+    measured once, in the short pass, and its decode continues after the short pass's first 2."""
     from orchestrator.bench.scenarios import load_scenarios_file
 
     gpu = load_scenarios_file(Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "scenarios.toml")
     store = Store("sqlite://")
     run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
     trial = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
-    for fraction in (0.25, 0.125):  # decode 2 (1) of 8 + throughput 16 of 16: 75% (71%) of the requests
-        assert _screen(trial, store, run.id, fraction=fraction, scenarios=gpu, goal=("decode", "throughput")) is None
+    s = _screen(trial, store, run.id, scenarios=gpu, goal=("decode", "throughput"))
+    assert s is not None and not store.events(run.id, kind="screen")  # nothing skipped
+    assert s.scenarios["throughput"].part == (0, 16) and s.scenarios["decode"].part == (0, 2)
+    rest = {n: s.full(n, gpu[n]) for n in ("decode", "throughput")}
+    assert rest["throughput"].measured_requests == 0  # the wave is not repeated
+    assert rest["decode"].part == (2, 8) and rest["decode"].warmup_requests == 0
+    assert s.judge(2.5, 1.0) is None
+    ev = store.events(run.id, kind="screen")[-1].data
+    assert (ev["short_requests"], ev["rest_requests"], ev["full_requests"]) == (18, 6, 24)
+    assert ev["continued"] == ["decode", "throughput"]
+
+
+def test_a_short_pass_that_a_passed_candidate_would_repeat_is_judged_by_time():
+    """The SLO rate search cannot be continued: its short pass is measured again in full. Where that
+    repeat would be over MAX_REPEAT_SHARE of the full bench's time (the baseline's measured seconds;
+    its requests where none are stored) no screen is run, and the event says why."""
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    trial = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
+    # slo at 0.75: 24 of its 32 requests again; decode (16) continues. By requests 24/48 = 50%: screened.
+    assert _screen(trial, store, run.id, fraction=0.75, goal=("decode", "slo")) is not None
+    # By time: the slo search takes 10 s of the bench's 11: 68% would be measured again. Not screened.
+    assert _screen(trial, store, run.id, fraction=0.75, goal=("decode", "slo"), durations={"decode": 1.0, "slo": 10.0}) is None
     ev = store.events(run.id, kind="screen")
-    assert [e.data["skipped"] for e in ev] == [True, True] and ev[0].data["short_requests"] == 18
-    assert "throughput cannot be shorter than one wave" in ev[0].message and "measured in full" in ev[0].message
-    assert f"> {MAX_SHORT_SHARE:.0%}" in ev[0].data["reason"]
-    # The built-in scenarios shorten (16 of 48 at 0.25): screened as before.
-    assert _screen(trial, store, run.id) is not None
+    assert [e.data["skipped"] for e in ev] == [True] and ev[0].data["repeat_share"] == pytest.approx(0.682, abs=1e-3)
+    assert "slo cannot be continued" in ev[0].message and "of the full bench's time" in ev[0].message
+    assert f"> {MAX_REPEAT_SHARE:.0%}" in ev[0].data["reason"]
+    # The slo search cheap beside the decode: screened.
+    assert _screen(trial, store, run.id, fraction=0.75, goal=("decode", "slo"), durations={"decode": 10.0, "slo": 1.0})
 
 
 def test_baselines_sentinels_paired_probes_and_retries_are_never_screened():
@@ -113,16 +141,17 @@ def test_baselines_sentinels_paired_probes_and_retries_are_never_screened():
     assert _screen(_t(0, None, "running"), store, run.id) is None  # trial #0 is the baseline
     assert _screen(_t(5, None, "running"), store, run.id, fraction=0.0) is None  # off by default
     s = _screen(store.create_trial(run.id, 5, commit="", knobs={}, rationale="", proposer="search"), store, run.id)
-    assert s is not None and s.scenarios["throughput"].num_requests == 16
-    assert s.full(builtin_scenarios(1.0)["throughput"]).warmup_requests == 0  # the short pass was its warm-up
+    assert s is not None and s.scenarios["throughput"].measured_requests == 16
+    full = s.full("throughput", builtin_scenarios(1.0)["throughput"])
+    assert full.part == (16, 48) and full.warmup_requests == 0  # the rest; the short pass had the warm-up
     why = s.judge(1.0, 2.0)  # (the fake `score` above returns the result itself)
     assert why.startswith("screened out at 25% fidelity: short-bench score 1.000x vs a bar of 1.800x")
     assert "s of bench saved" in why
     assert s.judge(2.5, 2.0) is None
     ev = [e.data for e in store.events(run.id, kind="screen")]
     assert [e["screened_out"] for e in ev] == [True, False]
-    # 48 requests not run, at the short pass's pace of 24 requests (16 + 8 warm-up) in 2 s
-    assert ev[0]["saved_bench_s"] == pytest.approx(4.0) and ev[1]["saved_bench_s"] == 0.0
+    # the 32 requests after the short pass not run, at its pace of 24 requests (16 + 8 warm-up) in 2 s
+    assert ev[0]["saved_bench_s"] == pytest.approx(32 / 24 * 2, abs=1e-3) and ev[1]["saved_bench_s"] == 0.0
 
 
 # --- the product path: Controller -> run_trial -> the bench step -> SearchProposer, on a fake bench ---
@@ -146,10 +175,22 @@ class FakeSite:
         tpot = float(self.host.argv[self.host.argv.index("--tpot-ms") + 1])
         if "@" in scenario.name:  # the short pass
             tpot = self.host.short_tpot.get(tpot, tpot)
-        self.host.benched.append((scenario.name, scenario.num_requests, scenario.warmup_requests, tpot))
-        m = {"tpot_ms_p50": tpot, "tpot_ms_mean": tpot, "tpot_ms_std": 0.0, "completed": float(scenario.num_requests),
-             "failed": 0.0, "duration_s": 1.0}
-        return ScenarioResult(scenario=scenario, metrics=m)
+        lo, hi = scenario.part or (0, scenario.num_requests)
+        self.host.benched.append((scenario.name, scenario.measured_requests, scenario.warmup_requests, tpot))
+        self.host.parts.append((self.host.trial_no, scenario.name, scenario.seed, (lo, hi)))
+        # One record per request, each of `tpot` ms a token: the metrics are computed as the bench's.
+        recs, t = [], 10**12
+        for i in range(lo, hi):
+            n = scenario.output_tokens
+            recs.append(RequestRecord(index=i, prompt_tokens=scenario.prompt_tokens, output_tokens=n, t_scheduled_ns=t,
+                                      t_sent_ns=t, t_first_chunk_ns=t + 10**6, t_first_token_ns=t + 10**6,
+                                      t_last_token_ns=t + 10**6 + int(tpot * 1e6) * (n - 1), t_done_ns=t + 2 * 10**6 + int(tpot * 1e6) * (n - 1),
+                                      usage_prompt_tokens=scenario.prompt_tokens, usage_completion_tokens=n, client_tokens=n,
+                                      success=True, done_seen=True, finish_reason="length"))
+            t = recs[-1].t_done_ns
+        m = compute_metrics(recs, bench_start_ns=10**12, bench_end_ns=t)
+        return ScenarioResult(scenario=scenario, metrics=m, requests=recs,
+                              meta={"api": "completions", **({"part": [lo, hi], "loop_lag_ms": []} if scenario.part else {})})
 
 
 class FakeHost:
@@ -159,6 +200,7 @@ class FakeHost:
 
     def __init__(self, short_tpot=None):
         self.argv, self.benched, self.short_tpot = [], [], dict(short_tpot or {})
+        self.parts, self.trial_no = [], None  # (trial, scenario, seed, requests [lo, hi)) of every bench
 
     def site(self):
         return FakeSite(self)
@@ -168,6 +210,8 @@ class FakeHost:
 
     def start(self, argv, *, env, cwd, log_path):
         self.argv = list(argv)
+        tail = Path(log_path).parent.name.split("-")[-1]  # run_dir/trial-N/server.log
+        self.trial_no = int(tail) if tail.isdigit() else None
         Path(log_path).write_text("")
         return Proc(pid=0, pgid=0, argv=tuple(argv), log_path=str(log_path))
 
@@ -217,7 +261,19 @@ def test_the_search_screens_bad_candidates_on_a_short_bench_and_measures_the_res
     assert {t.id for t in judged} <= set(screens) <= {t.id for t in search}
     full = [t for t in judged if not is_screened(t)]
     assert full and all({m.scenario for m in store.measurements(t.id)} == {"decode", "decode@0.25"} for t in full)
-    assert ("decode", 16, 0, 5.0) in host.benched or ("decode", 16, 0, 4.0) in host.benched
+    # Their full bench continued the short pass: the 12 requests after its 4, no second warm-up, the same
+    # seeded prompts; stored as one measurement of all 16, which says which requests came from which pass.
+    assert ("decode", 12, 0, 5.0) in host.benched or ("decode", 12, 0, 4.0) in host.benched
+    seed = builtin_scenarios(1.0)["decode"].seed
+    for t in full:
+        sent = sorted((lo, hi, sd) for n, name, sd, (lo, hi) in host.parts if n == t.number)
+        assert sent[:2] == [(0, 4, seed), (4, 16, seed)], sent  # then only whole re-measures, if any
+        assert all(p == (0, 16, seed) for p in sent[2:])
+        m = {x.metric: x.value for x in store.measurements(t.id) if x.scenario == "decode" and x.repeat == 0}
+        assert (m["completed"], m["short_pass_requests"], m["continued_requests"]) == (16, 4, 12)
+        assert m["tpot_ms_count"] == 16
+    base = sorted((lo, hi, sd) for n, name, sd, (lo, hi) in host.parts if n == 0)
+    assert base and all(p == (0, 16, seed) for p in base)  # what a single full bench sends: the same requests
     # Baselines, sentinels and paired rounds are measured at full fidelity only, with their warm-up.
     loop = [t for t in trials if t.proposer != "search"]
     assert loop and not any(t.id in screens for t in loop)
@@ -236,14 +292,20 @@ def test_a_short_bench_that_flatters_a_slow_candidate_costs_only_its_full_bench(
     assert slow and all(t.status == "discarded" and not is_screened(t) and t.score == pytest.approx(0.25) for t in slow)
 
 
-def test_a_one_wave_goal_scenario_is_measured_in_full_without_a_short_pass(tmp_path):
+def test_a_one_wave_goal_scenario_is_measured_once_in_the_short_pass(tmp_path):
     sc = builtin_scenarios(1.0)
     sc["decode"] = sc["decode"].model_copy(update={"num_requests": 8, "concurrency": 8})  # one wave
     store, run_id, host, _ = _run(tmp_path, 0.25, trials=5, scenarios=sc)
     search = [t for t in store.list_trials(run_id) if t.proposer == "search"]
-    skipped = [e for e in store.events(run_id, kind="screen") if e.data.get("skipped")]
-    assert search and {e.trial_id for e in skipped} == {t.id for t in search}
-    assert all("@" not in name for name, *_ in host.benched) and not any(is_screened(t) for t in search)
+    screens = {e.trial_id: e.data for e in store.events(run_id, kind="screen")}
+    assert search and not any(d.get("skipped") for d in screens.values())
+    passed = [t for t in search if t.id in screens and not is_screened(t) and t.status in ("kept", "discarded")]
+    assert passed
+    for t in passed:
+        sent = [(name, lo, hi) for n, name, _, (lo, hi) in host.parts if n == t.number]
+        assert sent[0] == ("decode@0.25", 0, 8) and ("decode", 8, 8) not in sent  # the wave measured once
+        m = {x.metric: x.value for x in store.measurements(t.id) if x.scenario == "decode" and x.repeat == 0}
+        assert (m["completed"], m["short_pass_requests"], m["continued_requests"]) == (8, 8, 0)
 
 
 def test_screening_is_off_by_default(tmp_path):
@@ -274,6 +336,10 @@ def test_the_gates_run_only_for_candidates_the_screen_passes(tmp_path, monkeypat
     assert screened and all(t.number not in gated and "gates not run" in t.error for t in screened)
     passed = [t for t in trials if t.proposer == "search" and t.id in screens and not is_screened(t)]
     assert passed and all(t.number in gated for t in passed)
+    honest = [t for t in passed if t.knobs["tpot_ms"] > 5.0 and t.status in ("kept", "discarded")]
+    for t in honest:  # gated between the short pass and its continuation: one measurement of all 16 requests
+        m = {x.metric: x.value for x in store.measurements(t.id) if x.scenario == "decode" and x.repeat == 0}
+        assert (m["completed"], m["short_pass_requests"]) == (16, 4)
     cheats = [t for t in passed if t.knobs["tpot_ms"] <= 5.0]
     assert cheats and all(t.status == "invalid" and "accuracy drift" in t.error for t in cheats)
     assert all({m.scenario for m in store.measurements(t.id)} == {"decode@0.25"} for t in cheats)  # no full bench

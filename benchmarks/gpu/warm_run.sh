@@ -24,6 +24,7 @@ LIMIT=${1:-585}; PHASE=${2:-small}
 ROOT=$PWD
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 PY=${PY:-python3}
+case $PY in */*) PY=$(realpath -s "$PY") ;; esac  # a path (PY=.venv/bin/python): absolute, the loop runs in its workspace
 SMALL_PRESET=${SMALL_PRESET:-2b-peaked}; BIG_PRESET=${BIG_PRESET:-7b-peaked}
 TARGET=${TARGET:-$ROOT/examples/targets/hfserve_gpu.toml}
 GOAL_FILE=${GOAL_FILE:-$ROOT/benchmarks/gpu/goal_4x.toml}

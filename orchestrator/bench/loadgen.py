@@ -258,17 +258,23 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
     if base_url.rstrip("/").endswith("/v1"):
         url = base_url.rstrip("/") + ("/chat/completions" if chat else "/completions")
     factory = PromptFactory(scenario, tok, text=chat or not mode.prompt_ids)
+    lo, hi = scenario.part or (0, scenario.num_requests)
     if scenario.arrival == "trace":
         prompts = [factory.from_trace(e) for e in load_trace(scenario.trace_path or "")]
-        prompts = prompts[: scenario.num_requests]
+        prompts = prompts[: scenario.num_requests][lo:hi]  # a trace's fill draws in order: all drawn, then the part
     else:
-        prompts = [factory.make(i) for i in range(scenario.num_requests)]
-    offsets = arrival_offsets(scenario, len(prompts))
+        prompts = [factory.make(i) for i in range(lo, hi)]
+    offsets = arrival_offsets(scenario)  # the whole scenario's schedule (a vLLM-scaled one depends on its length)
+    if offsets is not None and scenario.part is not None:
+        # A part goes on the whole scenario's schedule; a continuation's first request waits its own
+        # gap after the request before it (the time between the passes is no part of the schedule).
+        start = offsets[lo - 1] if 0 < lo <= len(offsets) else 0.0
+        offsets = [o - start for o in offsets[lo:hi]]
     warm = [factory.make(i, warmup=True) for i in range(scenario.warmup_requests)]
 
-    def mk(ps: list[Prompt]) -> tuple[list[bytes], list[RequestRecord]]:
+    def mk(ps: list[Prompt], first: int = 0) -> tuple[list[bytes], list[RequestRecord]]:
         return ([_dumps(build_payload(api, model, p, mode)) for p in ps],
-                [RequestRecord(index=i, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens)
+                [RequestRecord(index=first + i, prompt_tokens=p.prompt_tokens, output_tokens=p.output_tokens)
                  for i, p in enumerate(ps)])
 
     limit = max(scenario.concurrency, 1) if scenario.arrival == "closed" else scenario.concurrency
@@ -277,7 +283,7 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
         if warm:  # warmup: same shape, separate prompts, results dropped
             wb, wr = mk(warm)
             await _closed_loop(session, url, wb, wr, max(1, scenario.concurrency), chat, timeout_s)
-        bodies, recs = mk(prompts)
+        bodies, recs = mk(prompts, lo)
         lag = _LagMonitor()
         lag.start()
         t0 = _now()
@@ -299,7 +305,10 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
     return ScenarioResult(scenario=scenario, metrics=metrics, requests=recs, failures=failures(recs),
                           meta={"base_url": base_url, "model": model, "api": api, "engine_api": mode.describe(),
                                 "origin_ns": t0, "tokenizer": tok is not None,
-                                "date": time.strftime("%Y%m%d-%H%M%S")})
+                                "date": time.strftime("%Y%m%d-%H%M%S"),
+                                # a part is joined with the other passes later: the raw lags it joins with theirs
+                                **({"part": [lo, hi], "loop_lag_ms": [round(x, 3) for x in lag.lags_ms]}
+                                   if scenario.part is not None else {})})
 
 
 def run_scenario_sync(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,

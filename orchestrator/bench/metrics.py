@@ -81,6 +81,7 @@ def compute_metrics(
     intended_prompt_check: bool = False,
     mode: ApiMode = ApiMode(),
     tolerance: float | None = None,
+    passes: Sequence[tuple[int, float]] = (),
 ) -> dict[str, float]:
     """Flat metric dict for one measured (post-warmup) run.
 
@@ -91,7 +92,12 @@ def compute_metrics(
     per request, throughput over delivered tokens, as AIPerf and ``vllm bench serve`` without
     ``--ignore-eos`` do); one longer than asked, or short without saying so, is still ``osl_short``.
     Without token ids the client's count is the re-tokenized text, agreeing with usage within
-    ``tolerance`` (the gates' ``retokenize_tolerance``)."""
+    ``tolerance`` (the gates' ``retokenize_tolerance``).
+
+    ``passes``: a bench measured in several passes (``orchestrator.bench.passes``): (how many of
+    ``records``, in order, each pass measured, its measured wall time in s). Durations and rates are then
+    summed over the passes, never counting the time between them; ``bench_start_ns``/``bench_end_ns``
+    are not used."""
     ok = [r for r in records if r.success]
     m: dict[str, float] = {}
     m.update(stats("ttft_ms", [r.ttft_ns / 1e6 for r in ok if r.ttft_ns is not None]))
@@ -102,13 +108,14 @@ def compute_metrics(
     m.update(stats("queue_ms", [r.queue_ns / 1e6 for r in records]))
     m.update(stats("loop_lag_ms", list(loop_lag_ms)))
 
-    dur_vllm = max(1e-9, (bench_end_ns - bench_start_ns) / 1e9)
-    if records:
-        first_send = min(r.t_sent_ns for r in records)
-        last_done = max((r.t_done_ns or r.t_last_token_ns or r.t_sent_ns) for r in records)
-        dur_aiperf = max(1e-9, (last_done - first_send) / 1e9)
-    else:
-        dur_aiperf = dur_vllm
+    groups, i = [], 0
+    for n, _ in passes or ((len(records), 0.0),):
+        groups.append(records[i:i + n])
+        i += n
+    dur_vllm = max(1e-9, sum(d for _, d in passes) if passes else (bench_end_ns - bench_start_ns) / 1e9)
+    spans = [(max((r.t_done_ns or r.t_last_token_ns or r.t_sent_ns) for r in g) - min(r.t_sent_ns for r in g)) / 1e9
+             for g in groups if g]
+    dur_aiperf = max(1e-9, sum(spans)) if spans else dur_vllm
     out_tok = float(sum(r.osl for r in ok))
     in_tok = float(sum(r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens
                        for r in ok))
@@ -128,10 +135,13 @@ def compute_metrics(
         "goodput": n_good / dur_vllm,
         "goodput_fraction": n_good / len(records) if records else 0.0,
     })
-    # Achieved vs target arrival rate: (n−1) sends over the span between first and last send.
-    sends = sorted(r.t_sent_ns for r in records)
-    span = (sends[-1] - sends[0]) / 1e9 if len(sends) > 1 else 0.0
-    m["achieved_rate"] = (len(sends) - 1) / span if span > 0 else 0.0
+    # Achieved vs target arrival rate: (n−1) sends over the span between first and last send (per pass).
+    gaps, span = 0, 0.0
+    for g in groups:
+        sends = sorted(r.t_sent_ns for r in g)
+        if len(sends) > 1:
+            gaps, span = gaps + len(sends) - 1, span + (sends[-1] - sends[0]) / 1e9
+    m["achieved_rate"] = gaps / span if span > 0 else 0.0
     m["target_rate"] = float(target_rate) if target_rate else 0.0
     # Integrity signals: server usage vs client count; server prompt length vs intended.
     # Client counts come from token ids only (never re-tokenized text, never chunks: a chunk can

@@ -87,6 +87,13 @@ class RequestRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+    def from_dict(cls, d: dict[str, Any], *, origin_ns: int = 0) -> RequestRecord:
+        """Back from `to_dict`; `origin_ns`: the one `to_dict` subtracted, added back."""
         names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
+        rec = cls(**{k: v for k, v in d.items() if k in names})
+        if origin_ns:
+            for k in ("t_scheduled_ns", "t_sent_ns", "t_first_chunk_ns", "t_first_token_ns", "t_last_token_ns", "t_done_ns"):
+                if getattr(rec, k) is not None:
+                    setattr(rec, k, getattr(rec, k) + origin_ns)
+            rec.chunk_ns = [t + origin_ns for t in rec.chunk_ns]
+        return rec

@@ -52,9 +52,12 @@ class ScenarioResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScenarioResult:
+        """Back from `to_dict`: request times, written relative to `meta.origin_ns`, absolute again (so a
+        result read back, from a file or over SSH, exports and joins as the one measured)."""
+        origin = int(d.get("meta", {}).get("origin_ns", 0) or 0)
         return cls(scenario=Scenario(**d["scenario"]),
                    metrics={k: (float("nan") if v is None else float(v)) for k, v in d["metrics"].items()},
-                   requests=[RequestRecord.from_dict(r) for r in d.get("requests", [])],
+                   requests=[RequestRecord.from_dict(r, origin_ns=origin) for r in d.get("requests", [])],
                    failures=dict(d.get("failures", {})), meta=dict(d.get("meta", {})))
 
     @classmethod
@@ -70,7 +73,7 @@ def to_vllm_json(res: ScenarioResult) -> dict[str, Any]:
         "date": res.meta.get("date", ""),
         "backend": "openai-chat" if res.meta.get("api") == "chat" else "openai",
         "model_id": res.meta.get("model", ""),
-        "num_prompts": sc.num_requests,
+        "num_prompts": sc.measured_requests,
         "request_rate": sc.rate if sc.rate is not None else "inf",
         "burstiness": sc.burstiness,
         "max_concurrency": sc.concurrency,

@@ -53,6 +53,15 @@ class Scenario(BaseModel):
     primary_metric: str = "output_throughput"
     direction: Literal["lower", "higher"] = "higher"
     description: str = ""
+    part: tuple[int, int] | None = None
+    """Measure only requests [lo, hi) of the `num_requests` (their prompts and arrival schedule as in the
+    whole scenario): one pass of a bench measured in several, joined by `orchestrator.bench.passes`
+    (multi-fidelity screening's short pass and its continuation, `orchestrator.fidelity`). None: all."""
+
+    @property
+    def measured_requests(self) -> int:
+        """How many requests this scenario measures (its `part`'s, or all)."""
+        return self.num_requests if self.part is None else max(0, self.part[1] - self.part[0])
 
     def scaled(self, factor: float) -> Scenario:
         """Return a copy sized for faster hardware.
