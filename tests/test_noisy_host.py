@@ -152,10 +152,11 @@ class _GilHog:
             return
         self.started += 1
         self.old = sys.getswitchinterval()
-        # The hog keeps the GIL 20 ms at a time: the loop waits at least that long each time it wakes
-        # (median lag 20-60 ms, twice the saturation limit's 10 ms or more). At 50 ms the lag was 46-142
-        # ms and each hogged measurement took 2.5x as long: 95 of the test's 109 s in one run.
-        sys.setswitchinterval(0.02)
+        # The hog keeps the GIL 25 ms at a time. The client's loop then lags (median) 0.75-0.9x that when
+        # the GIL changes hands promptly and 1.7-2.8x when it does not (measured at 20, 30 and 50 ms:
+        # 14.8; 51; 46 and 92-142 ms), and each hogged measurement takes longer in proportion: at 50 ms
+        # they were 95 of the test's 109 s once. 25 ms keeps the prompt case near twice the 10 ms limit.
+        sys.setswitchinterval(0.025)
         self.stop_event.clear()
         self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
