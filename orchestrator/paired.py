@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from statistics import median
 from typing import Any
 
@@ -89,13 +89,18 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
     pair_trials: list[list[int]] = []
     rnd = redo = 0
     redone: list[float] = []  # log ratios of the rounds redone as outliers
+    # The round after a settle wait the host stayed busy through measures each half once: an attempt
+    # redone at once mostly meets the same tenant (`TrustPolicy.settle_s`), and an untrusted half
+    # brings the round back to wait for the host again before the next try.
+    next_ctx = ctx
     while True:
+        half_ctx, next_ctx = next_ctx, ctx
         ctx.on_step(f"paired round {rnd + 1}")
         halves = []
         for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
             c = Candidate(dict(knobs), commit=commit, rationale=f"paired A/B of #{n}, round {rnd + 1}: {role}", proposer=PAIRED)
             row = create(c)
-            res = run_trial(ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref)
+            res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref)
             halves.append((row, res))
             if res.error:
                 break
@@ -110,7 +115,8 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
             untrusted = (res.error or "").startswith("untrusted")
             if untrusted and redo < ctx.trust.max_redo * first:
                 redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
-                waited = _settle(ctx, host_ref)
+                waited, calm = _settle(ctx, host_ref)
+                next_ctx = ctx if calm else replace(ctx, trust=replace(ctx.trust, max_redo=0))
                 store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=candidate_trial.id)
                 continue
             busy = "the host is too busy to measure: " if untrusted else ""
@@ -226,23 +232,24 @@ def _outlier(logs: list[float]) -> int | None:
     return worst
 
 
-def _settle(ctx: TrialContext, ref: dict[str, Any] | None) -> str:
+def _settle(ctx: TrialContext, ref: dict[str, Any] | None) -> tuple[str, bool]:
     """Wait (at most `trust.settle_s`) until an idle probe says the host is no busier than at `ref`.
 
-    Returns a note for the redo event: how long it waited, and whether the host calmed down."""
+    Returns a note for the redo event (how long it waited, and whether the host calmed down), and
+    False when the host stayed busier for the whole wait (True when it calmed or could not be probed)."""
     if not ref or "foreign_load" not in ref or ctx.trust.settle_s <= 0:
-        return ""
+        return "", True
     t0 = time.monotonic()
     while True:
         now = idle_state(ctx.host, ctx.trust.probe_s)
         if "foreign_load" not in now:
-            return ""
+            return "", True
         x = slowdown(now, ref, own_load=ref.get("own_load", 0.0))
         if x <= 1 + ctx.trust.max_slowdown:
-            return f" after {time.monotonic() - t0:.0f} s for the host to calm down"
+            return f" after {time.monotonic() - t0:.0f} s for the host to calm down", True
         if time.monotonic() - t0 >= ctx.trust.settle_s:
             return (f" though the host stayed busy for {ctx.trust.settle_s:g} s (others' runnable tasks "
-                    f"{now['foreign_load']:.2f}/CPU vs {ref['foreign_load']:.2f}/CPU at the baseline)")
+                    f"{now['foreign_load']:.2f}/CPU vs {ref['foreign_load']:.2f}/CPU at the baseline)"), False
 
 
 def _failed(n: int, rnd: int, why: str, pair_trials: list[list[int]]) -> PairedOutcome:

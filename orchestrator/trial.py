@@ -31,7 +31,7 @@ from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
 
-__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "run_trial"]
+__all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "reached_rate", "run_trial"]
 
 
 def objective_label(scenario: str, key: str) -> str:
@@ -285,6 +285,24 @@ def accuracy_reference(store: Any, run_id: int, trial: Any) -> dict[str, Any]:
     return {"baseline": [m for m in runs if m]}
 
 
+def reached_rate(store: Any, run_id: int, trial: Any, scenario: str) -> float | None:
+    """The SLO rate (`slo_rate` of `scenario`) that `trial`'s knob set and commit reached in this run's
+    newest finished trial of them (kept or discarded: a measurement the run used), or None.
+
+    A paired round's half, a sentinel (the baseline's knobs), a retry or a re-run after a resume
+    measures a server the run already searched: its rate search brackets around that rate instead
+    of climbing from the scenario's start rate (`orchestrator.bench.rate.find_rate`'s `near`). Only
+    where the steps go changes; each is measured and judged as before, so a server that moved is
+    followed there."""
+    for t in reversed(store.list_trials(run_id)):
+        if t.id == trial.id or t.status not in ("kept", "discarded") or t.commit != trial.commit or t.knobs != trial.knobs:
+            continue
+        rates = [m.value for m in store.measurements(t.id) if m.scenario == scenario and m.metric == "slo_rate"]
+        if rates and rates[-1] > 0:
+            return rates[-1]
+    return None
+
+
 def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, min_tokens: int) -> list[dict[str, Any]]:
     """Up to `n` measured requests to audit, drawn at random, concurrent scenarios first.
 
@@ -398,9 +416,12 @@ class _Bench:
                                            tokenizer_dir=str(ctx.model_dir), api=ctx.target.api,
                                            timeout_s=ctx.request_timeout_s, capabilities=self.caps)
 
-                def once(scenario: Any = scenario, goal_name: str = goal_name, label: str = label) -> Any:
-                    if goal_name == SLO_SCENARIO and ctx.goal.slo is not None:  # the rate search, every step a bench
-                        return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate,
+                slo = goal_name == SLO_SCENARIO and ctx.goal.slo is not None
+                near = reached_rate(store, ctx.run_id, self.trial, name) if slo else None
+
+                def once(scenario: Any = scenario, label: str = label, slo: bool = slo, near: float | None = near) -> Any:
+                    if slo:  # the rate search, every step a bench; near the rate this knob set already reached
+                        return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate, near=near,
                                            on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
                                                                           f"{'ok' if st.passed else 'broke'}"))
                     return bench_one(scenario)

@@ -118,6 +118,11 @@ def test_a_host_that_stays_busy_through_the_confirmation_claims_nothing(fake_ws)
     assert "too busy to measure" in paired[-1]["why"] and "busier than at the baseline" in paired[-1]["why"]
     redo = [e.message for e in store.events(out.run_id, kind="measure.redo") if e.message.startswith("round")]
     assert redo and "stayed busy" in redo[0], redo
+    # The round after a settle wait the host stayed busy through measures its half once (no redo at
+    # once beside the same tenant): the first round's half made up to 3 attempts, every later one 1.
+    halves = {t.id for t in store.list_trials(out.run_id) if t.proposer == "paired"}
+    attempts = [e.data["attempts"] for e in store.events(out.run_id, kind="measure.host") if e.trial_id in halves]
+    assert len(attempts) > len(redo) and set(attempts[1:]) == {1}, (attempts, redo)
 
 
 def test_a_winner_whose_screen_stalled_is_confirmed_at_the_stop(tmp_path, tiny_model):

@@ -73,3 +73,10 @@ def test_an_slo_goal_keeps_the_server_with_the_higher_rate_and_drops_the_one_tha
     m = {x.metric: x.value for x in store.measurements(more.id) if x.scenario == "slo"}
     assert m["slo_rate"] == rate[1] and m["ttft_ms_p90"] <= 150 and m["slo_goodput"] > 0
     assert not out.stop_reason.startswith("GoalMet")  # maximize: scored, never "met"
+    # Each paired half searched near the rate its knob set reached before (the baseline's, the
+    # candidate's, then the previous round's), not from the scenario's 4 req/s.
+    halves = [t for t in store.list_trials(out.run_id) if t.proposer == "paired" and t.status == "kept"]
+    assert halves, [(t.number, t.proposer, t.status) for t in store.list_trials(out.run_id)]
+    for t in halves:
+        meta = json.loads((ws.run_dir(out.run_id) / f"trial-{t.number}" / "bench-slo-0.json").read_text())["meta"]
+        assert meta["rate_near"] > 0 and meta["rate_search"][0]["rate"] == meta["rate_near"], (t.number, meta["rate_search"])

@@ -5,7 +5,11 @@ Poisson arrivals at a set rate, each step long enough to be trusted (`RatePolicy
 goal names, the queue did not grow over the step, and the client was not the bottleneck
 (`bench.saturation`). The search brackets the rate (doubling from `start_rate` until a step fails,
 halving when the first one already fails) and then bisects the bracket, geometrically, until it is
-narrower than `precision`. The answer is the highest passing rate — a lower bound on the true
+narrower than `precision`. A search given a rate the same server already reached (`near`: a paired
+round's half, a sentinel, a retry of a knob set measured earlier in the run) brackets around it
+instead: `near`, then strides of `precision` that double, up while steps pass or down while they
+fail, so a few short steps near the answer replace the climb from `start_rate` (at 1 req/s and 30
+requests a step, the lowest steps are the longest). The answer is the highest passing rate — a lower bound on the true
 limit within `precision` — or 0 when no rate down to `min_rate` met the limits.
 
 A found rate counts only once it has passed twice: near saturation one short step's pass/fail is
@@ -120,6 +124,9 @@ class RateSearch:
     `RatePolicy.confirmations` - 2 more)."""
     unconfirmed_rate: float = 0.0
     """The bisection's answer before confirmation (its best single pass); equals `rate` when that passed."""
+    near: float | None = None
+    """The rate the search bracketed around (an earlier answer for the same server), None when it climbed
+    from `RatePolicy.start_rate`."""
 
     @property
     def goodput(self) -> float:
@@ -152,7 +159,11 @@ class RateSearch:
             return None
         res = self.best.result
         return ScenarioResult(scenario=res.scenario, metrics=self.metrics(), requests=res.requests,
-                              failures=res.failures, meta=res.meta | {"rate_search": [s.to_dict() for s in self.steps]})
+                              failures=res.failures, meta=res.meta | self.meta())
+
+    def meta(self) -> dict[str, Any]:
+        """The steps (and the rate bracketed around, if any) for a result's `meta`."""
+        return {"rate_search": [s.to_dict() for s in self.steps]} | ({"rate_near": self.near} if self.near else {})
 
 
 def step_scenario(base: Scenario, rate: float, policy: RatePolicy = RatePolicy()) -> Scenario:
@@ -218,10 +229,12 @@ def at_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, rate: flo
 
 
 def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits: Limits,
-              policy: RatePolicy = RatePolicy(), on_step: Callable[[Step], None] = lambda s: None) -> RateSearch:
+              policy: RatePolicy = RatePolicy(), on_step: Callable[[Step], None] = lambda s: None,
+              near: float | None = None) -> RateSearch:
     """The highest Poisson request rate at which `limits` hold, within `policy.precision`.
 
-    Bracket, bisect, then confirm the best passing rate with a longer step (stepping down by the
+    Bracket (from `policy.start_rate` by doubling, or around `near`, a rate this server already
+    reached, by strides of the precision that double), bisect, then confirm the best passing rate with a longer step (stepping down by the
     precision, then by doubling strides, after each failed confirmation, at most
     `policy.confirmations` times; a pass a doubled stride reached is refined by bisecting back up
     towards the lowest failed confirmation with longer steps, to within the precision); every step,
@@ -243,32 +256,39 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
     def budget() -> bool:
         return len(steps) < policy.max_steps
 
-    rate = policy.start_rate
-    while budget():  # bracket upwards: double until a step fails
-        st = probe(rate)
-        if not st.passed:
-            hi = rate
-            break
-        lo = st
-        if rate * 2 > policy.max_rate:
-            break
-        rate *= 2
-    if lo is None and hi is not None:  # the first rate already failed: halve until one passes
-        rate, floor = hi / 2, max(policy.min_rate, policy.min_requests / policy.max_step_seconds)
-        while rate >= floor and budget():
+    floor = max(policy.min_rate, policy.min_requests / policy.max_step_seconds)
+    if near is not None and near > 0:
+        near = min(max(near, floor), policy.max_rate)
+        lo, hi = _bracket_near(probe, budget, near, floor, policy)
+    else:
+        rate = policy.start_rate
+        while budget():  # bracket upwards: double until a step fails
             st = probe(rate)
-            if st.passed:
-                lo = st
+            if not st.passed:
+                hi = rate
                 break
-            hi, rate = rate, rate / 2
-    while lo is not None and hi is not None and (hi - lo.rate) / lo.rate > policy.precision and budget():
+            lo = st
+            if rate * 2 > policy.max_rate:
+                break
+            rate *= 2
+        if lo is None and hi is not None:  # the first rate already failed: halve until one passes
+            rate = hi / 2
+            while rate >= floor and budget():
+                st = probe(rate)
+                if st.passed:
+                    lo = st
+                    break
+                hi, rate = rate, rate / 2
+    # (1e-9: a bracket of exactly one precision, as `_bracket_near` makes, needs no step in between)
+    while lo is not None and hi is not None and (hi - lo.rate) / lo.rate > policy.precision * (1 + 1e-9) and budget():
         st = probe(math.sqrt(lo.rate * hi))  # rates span orders of magnitude: bisect the ratio
         if st.passed:
             lo = st
         else:
             hi = st.rate
+    near = near if near is not None and near > 0 else None
     if lo is None:
-        return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound)
+        return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound, near=near)
     # Confirm: the answer is a rate that passed twice (its search step, then a longer one). A failure
     # steps down by the precision, the search's own resolution, and confirms there instead; when that
     # fails too, the longer step sees a queue the short ones missed (a server near its limit queues
@@ -283,14 +303,43 @@ def find_rate(run: Callable[[Scenario], ScenarioResult], base: Scenario, limits:
         if st.passed:
             best, extra = _bisect_back(probe, st, failed, policy.precision)
             return RateSearch(rate=best.rate, steps=steps, best=best, client_bound=client_bound, confirmed=True,
-                              confirmations=tries + extra, unconfirmed_rate=unconfirmed)
+                              confirmations=tries + extra, unconfirmed_rate=unconfirmed, near=near)
         failed = rate
         rate /= (1 + policy.precision) ** stride
         stride *= 2
     if tries:
         return RateSearch(rate=0.0, steps=steps, best=None, client_bound=client_bound, confirmations=tries,
-                          unconfirmed_rate=unconfirmed)
-    return RateSearch(rate=lo.rate, steps=steps, best=lo, client_bound=client_bound, unconfirmed_rate=unconfirmed)
+                          unconfirmed_rate=unconfirmed, near=near)
+    return RateSearch(rate=lo.rate, steps=steps, best=lo, client_bound=client_bound, unconfirmed_rate=unconfirmed,
+                      near=near)
+
+
+def _bracket_near(probe: Callable[..., Step], budget: Callable[[], bool], near: float, floor: float,
+                  policy: RatePolicy) -> tuple[Step | None, float | None]:
+    """(highest passing step, lowest failing rate) around `near`: a step at `near`, then up while steps
+    pass (or down while they fail) by strides of `policy.precision` that double (each step (1+p),
+    (1+p)^2, (1+p)^4, ... from the last), so a server still where it was costs two steps, and one that
+    moved far is found in a few more. Stops at `policy.max_rate` going up and at `floor` going down,
+    as the climb from `start_rate` does."""
+    grow = 1 + policy.precision
+    st = probe(near)
+    lo, hi = (st, None) if st.passed else (None, near)
+    rate, stride = near, 1
+    while budget():
+        nxt = rate * grow ** stride if lo is not None else rate / grow ** stride
+        if nxt > policy.max_rate or nxt < floor:
+            break
+        st = probe(nxt)
+        if lo is not None and st.passed:
+            lo = st
+        elif lo is not None:  # going up: the first failure closes the bracket
+            return lo, nxt
+        elif st.passed:  # going down: the first pass closes it
+            return st, hi
+        else:
+            hi = nxt
+        rate, stride = nxt, stride * 2
+    return lo, hi
 
 
 def _refine_steps(gap: float, precision: float) -> int:

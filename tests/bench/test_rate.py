@@ -131,10 +131,14 @@ def test_real_search_finds_the_load_servers_capacity_within_10_percent():
 @pytest.mark.slow
 def test_real_a_server_meeting_the_slo_only_at_low_rate_scores_low_and_one_always_over_not_at_all():
     cap = loadserver.capacity(2, 40, 100, BASE.output_tokens)  # 5.9 req/s; two slots queue well before it
-    low = _search(2, 40, 100, RatePolicy(start_rate=2.0, precision=0.05, min_requests=20, min_seconds=3.0))
+    # From 4 req/s, which it holds in short steps (from 2, the first step was 10 s of 20 requests and
+    # the search went on from 4 all the same): 4, 8, then the bisection and the confirmations.
+    low = _search(2, 40, 100, RatePolicy(start_rate=4.0, precision=0.05, min_requests=20, min_seconds=3.0))
     good = loadserver.capacity(16, 40, 100, BASE.output_tokens)
     assert 0 < low.rate <= cap * 1.1 and low.rate / good < 0.15  # the paired ratio of rates says: far worse
-    slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=1.0, min_requests=10, min_seconds=2.0))
+    # 500 ms TTFT from the first request: over the 400 ms limit at any rate. Tried at 4 and 2 req/s
+    # (the floor): 1 req/s more was 10 s of steps saying the same.
+    slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=2.0, min_requests=10, min_seconds=2.0))
     assert slow.rate == 0.0 and "ttft_ms_p90" in slow.error and math.isfinite(slow.steps[-1].metrics["ttft_ms_p90"])
 
 
@@ -277,6 +281,53 @@ def test_a_pass_one_precision_down_is_not_bisected():
     s = find_rate(long_steps_fail_above(62.0), BASE, [("ttft_ms_p90", 300.0)], policy)
     assert s.rate == pytest.approx(64 / 1.05) and s.confirmations == 2
     assert [st.passed for st in s.steps if st.confirm] == [False, True]
+
+
+# --- near a rate the same server already reached (a paired half, a sentinel, a retry) ---------------
+
+
+@pytest.mark.parametrize("limit", [0.9, 7.0, 37.3, 500.0])
+@pytest.mark.parametrize("moved", [1.0, 1.02, 0.97, 1.3, 0.6, 4.0, 0.1])
+def test_a_search_near_an_earlier_answer_lands_where_one_from_the_start_does(limit, moved):
+    """Searched near the rate found before (`near`), whether the server is still there or moved (up to
+    10x either way), the answer is within the same precision below the limit; while it moved by 30%
+    or less, its steps take less time than the climb from the start rate (here 1 req/s)."""
+    limits = [("ttft_ms_p90", 300.0)]
+    before = find_rate(synthetic(limit * moved), BASE, limits, FAST)
+    near = find_rate(synthetic(limit), BASE, limits, FAST, near=before.rate)
+    fresh = find_rate(synthetic(limit), BASE, limits, FAST)
+    assert near.confirmed and limit / (1 + FAST.precision) <= near.rate <= limit, [st.to_dict() for st in near.steps]
+    assert near.near == before.rate and near.steps[0].rate == before.rate and fresh.near is None
+    assert near.result().meta["rate_near"] == before.rate and "rate_near" not in fresh.result().meta
+    seconds = lambda search: sum(st.metrics["duration_s"] for st in search.steps)  # noqa: E731
+    assert seconds(near) < seconds(fresh) or not 1 / 1.3 <= moved <= 1.3
+    assert all(st.passed == (st.rate <= limit) for st in near.steps)
+
+
+def test_a_server_still_where_it_was_costs_two_steps_and_its_confirmation():
+    """The earlier answer passes, one precision above fails: the bracket is closed, no bisection."""
+    limits = [("ttft_ms_p90", 300.0)]
+    first = find_rate(synthetic(37.3), BASE, limits, FAST)
+    again = find_rate(synthetic(37.3), BASE, limits, FAST, near=first.rate)
+    assert again.rate == first.rate
+    assert [(st.rate, st.passed, st.confirm) for st in again.steps] == [
+        (first.rate, True, False), (pytest.approx(first.rate * 1.05), False, False), (first.rate, True, True)]
+    assert len(first.steps) > 2 * len(again.steps)  # from 1 req/s: 1, 2, ... 64, then the bisection
+
+
+def test_a_search_near_a_rate_that_no_longer_meets_the_slo_scores_zero_at_the_floor():
+    policy = RatePolicy(start_rate=4.0, min_rate=0.5, min_requests=20, min_seconds=2.0)
+    s = find_rate(synthetic(0.0), BASE, [("ttft_ms_p90", 300.0)], policy, near=8.0)
+    assert s.rate == 0.0 and s.best is None and "SLO not met at any rate down to" in s.error
+    assert min(st.rate for st in s.steps) >= policy.min_rate and s.steps[0].rate == 8.0
+    # Down by strides that double: 8, 8/1.05, 8/1.05^3, 8/1.05^7, ... until the floor.
+    assert [st.rate for st in s.steps[:4]] == pytest.approx([8.0 / 1.05**k for k in (0, 1, 3, 7)])
+
+
+def test_a_search_near_the_top_stops_at_the_max_rate():
+    policy = replace(FAST, max_rate=64.0)
+    s = find_rate(synthetic(1e9), BASE, [("ttft_ms_p90", 300.0)], policy, near=60.0)
+    assert s.rate == 60.0 * 1.05 and all(st.rate <= 64.0 for st in s.steps)
 
 
 def _slo_rate_script():

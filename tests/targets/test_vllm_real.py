@@ -3,8 +3,9 @@ one module-scoped server for the real `openai` client and the flags' check again
 
 Slow, and skipped with the reason when the venv is absent (`.ci/install_vllm.sh` makes it).
 vLLM takes ~55 s to start on this 2-core machine, so the module starts it as few times as it can:
-the goal run launches it twice (baseline and one candidate, discarded: no paired A/B at the stop), the
-fixture once.
+the goal run launches it twice (baseline and one candidate, discarded: no paired A/B at the stop), and
+the real `openai` client talks to the goal run's baseline server, once it is healthy and before its
+gates run (a server of its own was a third launch, ~40 s).
 """
 
 import json
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.goal import parse_goal
-from orchestrator.hosts import LocalHost
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.targets import load_target
@@ -33,7 +33,25 @@ pytestmark = [
 ]
 
 
-def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
+def _openai_client_checks(base: str, served: str) -> dict:
+    """What the real `openai` client gets from a vLLM server: its models, a completion with logprobs,
+    a streamed chat's usage (asserted in `test_openai_client_against_vllm`)."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    models = [m.id for m in client.models.list().data]
+    r = client.completions.create(model=served, prompt="The module", max_tokens=8, temperature=0,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(model=served, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=6, stream=True, stream_options={"include_usage": True})
+    return {"models": models, "completion": r, "usage": [c.usage for c in stream if c.usage]}
+
+
+@pytest.fixture(scope="module")
+def goal_run(tmp_path_factory, tiny_model):
+    """The short goal run (below), and what the `openai` client got from its baseline's server: the
+    client runs when the baseline's gates start (the server is healthy), so no third vLLM launch."""
+    tmp_path = tmp_path_factory.mktemp("vllm-goal")
     steps = [
         # Refused before launch: vLLM itself would exit with "max_num_batched_tokens (512) is smaller than max_model_len (1024)".
         {"knobs": {"max_num_batched_tokens": 512, "enable_chunked_prefill": False}, "rationale": "impossible"},
@@ -56,7 +74,25 @@ def test_short_goal_run_over_vllm_knobs(tmp_path, tiny_model):
                       .replace('python = "', f'source = "{EX}"\nprefix = "taskset -c 0"\npython = "', 1))
     ws = Workspace(tmp_path, ["bench.scale=1.0", "bench.baseline_repeats=1", f'target="{target}"',
                               f'proposer="scripted:{f}"'])
-    outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 3 trials"))
+    client: dict = {}
+
+    def on_step(step: str) -> None:
+        if step != "gates" or client:
+            return
+        trials = Store(ws.db_url).list_trials(Store(ws.db_url).latest_run().id)
+        if len(trials) != 1 or trials[0].status != "running":
+            return
+        port = re.search(r"--port (\d+)", trials[0].launch_cmd).group(1)
+        try:
+            client.update(_openai_client_checks(f"http://127.0.0.1:{port}", load_target(target).served_model_name))
+        except Exception as e:  # noqa: BLE001 - told to the client's test, not raised into the run
+            client["error"] = e
+    outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 3 trials"), on_step=on_step)
+    return ws, outcome, client
+
+
+def test_short_goal_run_over_vllm_knobs(goal_run):
+    ws, outcome, _ = goal_run
     store = Store(ws.db_url)
     # The search's own trials: baseline sentinels and paired rounds are the loop's (orchestrator/controller.py).
     trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
@@ -88,31 +124,13 @@ def test_every_flag_in_the_vllm_targets_exists_in_this_vllm():
         assert used <= known, (name, sorted(used - known))
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory, tiny_model):
-    t = load_target(EX / "vllm.toml")
-    host = LocalHost(tmp_path_factory.mktemp("vllm-state"))
-    port = host.free_port()
-    knobs = t.validate_knobs({"max_num_seqs": 4})
-    argv = t.render(knobs, port=port, model=str(tiny_model), source=t.source)
-    proc = host.start(argv, env=t.launch_env(knobs), cwd=None, log_path=tmp_path_factory.mktemp("vllm") / "server.log")
-    try:
-        host.wait_healthy(f"http://127.0.0.1:{port}/health", t.ready_timeout_s, proc)
-        yield f"http://127.0.0.1:{port}", t
-    finally:
-        host.stop(proc)
-
-
-def test_openai_client_against_vllm(vllm_server):
-    import openai
-
-    base, t = vllm_server
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
-    assert [m.id for m in client.models.list().data] == [t.served_model_name]
-    r = client.completions.create(model=t.served_model_name, prompt="The module", max_tokens=8, temperature=0,
-                                  logprobs=2, extra_body={"ignore_eos": True})
+def test_openai_client_against_vllm(goal_run):
+    ws, _, client = goal_run
+    assert client, "the goal run's baseline never reached its gates"
+    if "error" in client:
+        raise client["error"]
+    assert client["models"] == [load_target(ws.root / "vllm.toml").served_model_name]
+    r = client["completion"]
     assert r.usage.completion_tokens == 8 and len(r.choices[0].logprobs.token_logprobs) == 8
-    stream = client.chat.completions.create(model=t.served_model_name, messages=[{"role": "user", "content": "Hi"}],
-                                            max_tokens=6, stream=True, stream_options={"include_usage": True})
-    usage = [c.usage for c in stream if c.usage]
+    usage = client["usage"]
     assert usage and usage[-1].completion_tokens <= 6
