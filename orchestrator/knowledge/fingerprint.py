@@ -88,7 +88,9 @@ def describe_model(model: str, model_dir: Path | None = None) -> dict[str, Any]:
             return _from_config(model, {
                 "model_type": "llama", "hidden_size": p.hidden_size, "num_hidden_layers": p.num_hidden_layers,
                 "num_attention_heads": p.num_attention_heads, "num_key_value_heads": p.num_key_value_heads,
-                "intermediate_size": p.intermediate_size, "vocab_size": p.vocab_size, "dtype": "float32",
+                "intermediate_size": p.intermediate_size, "vocab_size": p.vocab_size,
+                # the dtype its weights are saved in: a GPU preset is built and trained in its gpu_dtype
+                "dtype": p.gpu_dtype or "float32",
             })
     for d in (model_dir, Path(model)):
         if d is not None and (Path(d) / "config.json").is_file():

@@ -26,6 +26,10 @@ def test_model_description_from_config_json(tmp_path):
     assert d["dtype"] == "bfloat16" and 7000 < d["params_m"] < 7500  # Mistral-7B shape: ~7.2B parameters
     tiny = describe_model("forge:tiny")
     assert tiny["family"] == "llama" and tiny["vocab"] == 2048 and tiny["kv_heads"] == 2 and tiny["params_m"] < 2
+    # A forge preset is described in the dtype its weights are saved in: CPU presets float32, the GPU
+    # presets their gpu_dtype (the H200 2B run's finding said float32 for a bf16-built model).
+    assert tiny["dtype"] == "float32" and describe_model("forge:7b-shape")["dtype"] == "float32"
+    assert describe_model("forge:7b-peaked")["dtype"] == describe_model("forge:2b-peaked")["dtype"] == "bfloat16"
 
 
 def test_model_similarity_orders_by_size_and_shape():
