@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.roles import PROBE, RETIRED
+from orchestrator.roles import MEASUREMENTS, PROBE, RETIRED
 
 __all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
 
@@ -179,11 +179,18 @@ def distill(store: Any, run_id: int) -> Distilled:
                 (k, v), = changed.items()
                 d.probes.append({"trial": t.number, "knob": k, "value": v, "knobs": dict(t.knobs),
                                  "score": 0.0 if t.status in _FAILED or t.score is None else round(t.score, 4)})
-        if t.status in _FAILED:
+        # Paired halves and sentinels re-measure knob sets the search already measured: one made
+        # `invalid` by a measurement decision (a round redone or abandoned, an untrusted measurement)
+        # says nothing about its knobs, and is neither a failure nor an observation of them (the H200
+        # 2B run's constraint listed its redone paired rounds as gate failures of the defaults, and its
+        # observations scored the defaults 0.0). A measurement that *failed* (the server broke on a
+        # relaunch) still counts as a failure.
+        measurement = t.proposer in MEASUREMENTS
+        if t.status in _FAILED and not (measurement and t.status != "failed"):
             kind, reason = classify_failure(t.status, t.error, store.gate_results(t.id), _log_tail(t.log_path), bool(t.launch_cmd))
             changed = {k: v for k, v in t.knobs.items() if base.knobs.get(k) != v}
             d.failures.append({"trial": t.number, "status": t.status, "kind": kind, "reason": reason, "changed": changed})
-        if t.proposer == PROBE:
+        if t.proposer == PROBE or measurement:
             continue
         if t.number and set(t.knobs) == set(base.knobs) and (t.status in _FAILED or (t.status in _SCORED and t.score is not None)):
             d.observations.append({"knobs": dict(t.knobs), "score": 0.0 if t.status in _FAILED else round(t.score, 4)})

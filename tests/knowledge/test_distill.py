@@ -122,3 +122,26 @@ def test_probes_are_distilled_apart_and_reach_the_next_model_only_marked_as_prob
     e = parse_entry(path)
     assert len(e.meta["probes"]) == 4 and e.body.count("One knob at a time") == 1
     assert "`max_batch_size` = `8`" in e.body
+
+
+def test_paired_and_sentinel_measurements_are_not_failures_or_observations_of_their_knobs():
+    # The H200 2B run: its paired rounds were redone (`invalid`, "round redone: its ratio 11.42x is far
+    # from ..."); its constraint listed them as gate failures of the defaults, and its observations
+    # scored the defaults 0.0. A paired half whose server broke on the relaunch is still a failure.
+    from kbfixtures import BASE
+
+    store, rid = _store_with_run()
+    win = {**BASE, "batching": "on", "max_batch_size": 16}
+    for n, (knobs, role, status, error) in enumerate([
+        (BASE, "paired", "invalid", "round redone: its ratio 11.42x is far from the other rounds' median 20.73x"),
+        (win, "paired", "invalid", "round redone: its ratio 11.42x is far from the other rounds' median 20.73x"),
+        (BASE, "sentinel", "invalid", "untrusted measurement in throughput after 3 attempts: host busier"),
+        (win, "paired", "failed", "HostError: the server exited before it became healthy"),
+        (BASE, "paired", "kept", None),
+    ], start=9):
+        t = store.create_trial(rid, n, commit="", knobs=knobs, rationale=f"paired A/B of #3: {role}", proposer=role)
+        store.finish_trial(t.id, status, error=error, objective={"throughput:output_tps": 200.0} if status == "kept" else None)
+    d = distill(store, rid)
+    assert {f["trial"]: f["kind"] for f in d.failures} == {5: "oom", 6: "startup", 7: "gate", 12: "startup"}
+    assert sorted(o["score"] for o in d.observations) == sorted([2.0, 0.8, 3.5, 0.7, 0.0, 0.0, 0.0, 2.6])
+    assert all(o["knobs"] != BASE for o in d.observations)
