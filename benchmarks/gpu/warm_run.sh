@@ -130,7 +130,7 @@ esac
 cp "$DB" "$OUT/${PHASE}_run.db" 2>/dev/null
 # Where each deploy's seconds went (hfserve prints `hfserve: startup imports … engine … listen … total`).
 WS=$SMALL_WS; [ "$PHASE" = big ] && WS=$BIG_WS
-grep -H "hfserve: startup\|hfserve: captured" "$WS"/.infergoal/runs/*/trial-*/server.log > "$OUT/startup_${PHASE}.txt" 2>/dev/null
+grep -H "hfserve: startup\|hfserve: captured\|hfserve: loaded" "$WS"/.infergoal/runs/*/trial-*/server.log > "$OUT/startup_${PHASE}.txt" 2>/dev/null
 [ -d "$SMALL_WS/kb" ] && rm -rf "$OUT/kb_small" && cp -r "$SMALL_WS/kb" "$OUT/kb_small"
 if [ -f "$DB" ]; then
   $PY benchmarks/gpu/time_to_best.py "$OUT/${PHASE}_run.db" --out "$OUT/headline_${PHASE}.json" 2>&1 | head -8
