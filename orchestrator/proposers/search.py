@@ -319,7 +319,8 @@ class SearchProposer:
         if best is None:
             return None
         return Candidate(knobs=best[1], proposer=self.name,
-                         rationale=f"start-up proposal {len(history)}: of {STARTUP_POOL} random knob sets, the one "
+                         rationale=f"start-up proposal {len(history)}{' (multi-objective search)' if self.objectives else ''}: "
+                                   f"of {STARTUP_POOL} random knob sets, the one "
                                    f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)")
 
 

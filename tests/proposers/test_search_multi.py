@@ -55,7 +55,7 @@ def test_the_study_has_one_direction_per_objective_and_is_told_the_measured_valu
     assert made and all(kw.get("directions") == ["maximize", "minimize"] for kw in made)
     trials = store.list_trials(rid)
     # The start-up trials (4, the baseline counted) are the covering design's; then MOTPE proposes.
-    assert all(t.rationale.startswith("start-up proposal") for t in trials[1:4])
+    assert all(t.rationale.startswith("start-up proposal") and "(multi-objective search)" in t.rationale for t in trials[1:4])
     assert all(t.rationale.startswith("multi-objective TPE") for t in trials[4:])
     assert multi.values_of(trials[3], GOAL.objectives, [0.0, 1.0]) == [trials[3].objective[TPUT], trials[3].objective[TPOT]]
 
