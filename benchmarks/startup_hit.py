@@ -37,7 +37,9 @@ REGIONS = {
 }
 
 
-def first_proposals(store: Store, proposer: SearchProposer, n: int) -> list[dict]:
+def first_proposals(store: Store, proposer: SearchProposer, n: int, *, candidates: bool = False) -> list:
+    """The first n proposals after a baseline on the H200 target, each told a score that ranks nothing:
+    their knob sets (or the `Candidate`s, with `candidates`)."""
     run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
     t0 = store.create_trial(run.id, 0, commit="", knobs=GPU.baseline_knobs(), rationale="", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0)
@@ -46,7 +48,7 @@ def first_proposals(store: Store, proposer: SearchProposer, n: int) -> list[dict
         c = proposer.propose(store.list_trials(run.id), GPU)
         t = store.create_trial(run.id, i, commit="", knobs=c.knobs, rationale=c.rationale, proposer="search")
         store.finish_trial(t.id, "discarded", score=0.9)
-        out.append(c.knobs)
+        out.append(c if candidates else c.knobs)
     return out
 
 

@@ -1,29 +1,23 @@
 """The start-up design: the first proposals spread over every knob's levels instead of repeating some."""
 
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import startup_hit  # noqa: E402
+
 from orchestrator.proposers.search import STARTUP_POOL, SearchProposer, _coverage, _level, distributions
 from orchestrator.store import Store
-from orchestrator.targets import load_target
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+GPU = startup_hit.GPU
 
 
-def _startup(store: Store, proposer: SearchProposer, n: int) -> list[dict]:
+def _startup(store: Store, proposer: SearchProposer, n: int) -> list:
     """n proposals after the baseline, each told a score that ranks nothing (the start-up phase)."""
-    run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
-    t0 = store.create_trial(run.id, 0, commit="", knobs=GPU.baseline_knobs(), rationale="", proposer="baseline")
-    store.finish_trial(t0.id, "kept", score=1.0)
-    out = []
-    for i in range(1, n + 1):
-        c = proposer.propose(store.list_trials(run.id), GPU)
-        t = store.create_trial(run.id, i, commit="", knobs=c.knobs, rationale=c.rationale, proposer="search")
-        store.finish_trial(t.id, "discarded", score=0.9)
-        out.append(c)
-    return out
+    return startup_hit.first_proposals(store, proposer, n, candidates=True)
 
 
 def test_the_covering_start_up_tries_every_engine_and_both_batching_modes_before_repeating(tmp_path):
