@@ -11,7 +11,6 @@ import startup_hit  # noqa: E402
 from orchestrator.proposers.search import STARTUP_POOL, SearchProposer, _coverage, _level, distributions
 from orchestrator.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
 GPU = startup_hit.GPU
 
 
