@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -40,7 +41,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kb_table import PRIMARY, TARGET, Measurer, behaviour_key, grid_target, knob_grid, quiet_blocks, trusted  # noqa: E402
+from kb_table import (  # noqa: E402
+    BATCH_GRID,
+    PRIMARY,
+    TARGET,
+    Measurer,
+    behaviour_key,
+    grid_target,
+    knob_grid,
+    quiet_blocks,
+    trusted,
+)
 
 from orchestrator.knowledge.fingerprint import workload_key  # noqa: E402
 from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
@@ -49,6 +60,7 @@ from orchestrator.store import Store  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 PROBES = 0  # --probe-winner N: source runs end with up to N probes of their winner
+WALK = True  # --walk: the search's walk from the best trial (off: TPE only after the start-up)
 STARTUP = "cover"  # --startup: the replayed runs' start-up design (the random arm is uniform random throughout;
 # the source runs A and C keep TPE's random start-up: their knob sets are the measured tables' rows)
 MIN_GAIN = 0.03  # the controller's default: a candidate is kept when it beats the best by 3%
@@ -97,13 +109,33 @@ class Table:
         return [self.ratio(k) for k in knob_grid(target)]
 
 
+def numeric_batch(target: Any, ratio: Any) -> tuple[Any, Any]:
+    """(`target` with max_batch_size an int knob on a log scale over the grid's range, as the shipped
+    target declares it; a scorer that reads a batch off the grid at the nearest grid value, log scale)."""
+    from orchestrator.targets import load_target
+
+    shipped = load_target(TARGET).knobs["max_batch_size"]
+    knobs = dict(target.knobs)
+    knobs["max_batch_size"] = shipped.model_copy(update={"when": target.knobs["max_batch_size"].when,
+                                                         "low": min(BATCH_GRID), "high": max(BATCH_GRID)})
+
+    def snapped(k: dict[str, Any]) -> float | None:
+        if "max_batch_size" in k:
+            b = int(k["max_batch_size"])
+            k = dict(k) | {"max_batch_size": min(BATCH_GRID, key=lambda g: abs(math.log(g) - math.log(b)))}
+        return ratio(k)
+
+    return target.model_copy(update={"knobs": knobs}), snapped
+
+
 def load_rows(*paths: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for p in paths if p.is_file() for line in p.read_text().splitlines() if line.strip()]
 
 
 def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, budget: int, goal_x: float,
                warm: list[dict[str, Any]] = (), priors: list[dict[str, Any]] = (), random_search: bool = False,
-               stop_at_goal: bool = False, known: tuple[int, float] | None = None, startup: str = "random") -> dict[str, Any]:
+               stop_at_goal: bool = False, known: tuple[int, float] | None = None, startup: str = "random",
+               walk: bool | None = None) -> dict[str, Any]:
     """One run of the loop's decisions against `score(knobs) -> ratio | None` (None: failed).
 
     `known` (best_within, the space's best): stop once everything `summarise` reports is known (the
@@ -114,7 +146,8 @@ def replay_run(score: Any, target: Any, store: Store, *, label: str, seed: int, 
     t0 = store.create_trial(run.id, 0, commit="base", knobs=target.baseline_knobs(), rationale="baseline", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"score": 1.0})
     proposer = SearchProposer(seed=seed, warm_start=warm, priors=priors, n_startup=budget + 1 if random_search else 4,
-                              startup="random" if random_search else startup)
+                              startup="random" if random_search else startup,
+                              walk=(WALK if walk is None else walk) and not random_search)
     best, scores, hit = 1.0, [], None
     for n in range(1, budget + 1):
         cand = proposer.propose(store.list_trials(run.id), target)
@@ -297,12 +330,18 @@ def main() -> None:
     ap.add_argument("--target", default="B", choices=["B", "C", "D"], help="the model replayed on: B (forge:small); "
                     "C (forge:mid), with B as the second source model instead (the -c arms use B's run); D (forge:wide, "
                     "held out: measured after the swaps were designed on A, B and C)")
+    ap.add_argument("--numeric-batch", action="store_true",
+                    help="the search sees max_batch_size as the shipped target declares it (int, log scale, 1..32) "
+                         "instead of the table's categorical grid; a batch off the grid is scored at the nearest grid "
+                         "value on the log scale (the table measured only the grid). Cold arm only: exercises the walk")
+    ap.add_argument("--walk", default="on", choices=["on", "off"],
+                    help="the search's walk from the best trial (SearchProposer(walk=...)); off: before 2026-12-02 evening")
     ap.add_argument("--startup", default="cover", choices=["cover", "random"],
                     help="the search's start-up design (SearchProposer(startup=...)); random: TPE's own, before 2026-12-02")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    global PROBES, STARTUP
-    PROBES, STARTUP = args.probe_winner, args.startup
+    global PROBES, STARTUP, WALK
+    PROBES, STARTUP, WALK = args.probe_winner, args.startup, args.walk == "on"
     fixed = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     target = grid_target(fixed=fixed, conditional=args.conditional)
     tmp = Path(tempfile.mkdtemp(prefix="kb_replay_"))
@@ -352,11 +391,16 @@ def main() -> None:
                            "priors": plans, "fixed": fixed,
                            "untrusted": table_b.untrusted, "goal": args.goal, "runs": {},
                            "db": str(tmp / "replay.db")}  # every replayed run, trial by trial
+    score, search_target = table_b.ratio, target
+    if args.numeric_batch:
+        if set(args.arms) != {"cold"}:
+            raise SystemExit("--numeric-batch replays the cold arm only (--arms cold)")
+        search_target, score = numeric_batch(target, table_b.ratio)
     for arm in args.arms:
         warm = [p["knobs"] for p in plans[arm]]
         # Seeds 1000 apart: SearchProposer seeds each step with seed + len(history), so seeds 0, 1, 2
         # would replay one random stream shifted by a step (runs s and s+1 share most proposals).
-        out["runs"][arm] = [replay_run(table_b.ratio, target, store, label=f"{tgt}-{arm}-s{s}", seed=1000 * s, budget=args.budget,
+        out["runs"][arm] = [replay_run(score, search_target, store, label=f"{tgt}-{arm}-s{s}", seed=1000 * s, budget=args.budget,
                                        goal_x=args.goal, warm=warm, priors=priors[arm], random_search=arm == "random", startup=STARTUP,
                                        known=(args.best_within, best))
                             for s in range(args.seeds)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +54,12 @@ SCREEN_STARTUP = 4
 STARTUP_DESIGNS = ("cover", "random")
 STARTUP_POOL = 24
 LEVEL_BINS = 3
+
+# The walk (`SearchProposer(walk=True)`): after the start-up, every other proposal steps the best trial
+# along one numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and
+# keeps stepping the same way while each step becomes the new best. Its rationale starts WALK_PREFIX.
+WALK_PREFIX = "walk:"
+_WALK_RE = re.compile(r"^walk: (\S+) (up|down) from #(\d+)")
 
 
 def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -114,11 +121,12 @@ class SearchProposer:
 
     def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
                  priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
-                 startup: str = "cover") -> None:
+                 startup: str = "cover", walk: bool = True) -> None:
         if startup not in STARTUP_DESIGNS:
             raise ValueError(f"startup must be one of {', '.join(STARTUP_DESIGNS)}, not {startup!r}")
         self.seed = seed
         self.startup = startup
+        self.walk = walk and len(objectives) < 2  # a Pareto search has no single best to walk from
         # Two objectives (a multi-objective goal): MOTPE on their measured values (`multi`), not on the score.
         self.objectives = list(objectives) if len(objectives) > 1 else []
         self.n_startup = n_startup
@@ -214,6 +222,10 @@ class SearchProposer:
                 if (knob_key(knobs) not in seen and not any((k, repr(v)) in refused for k, v in knobs.items())
                         and not _inside(regions, knobs, "swap", skipped)):
                     return _with_skips(Candidate(knobs=knobs, rationale=why, proposer=self.name), skipped)
+        if self.walk:
+            step = self._walk(history, target, seen, refused, regions, skipped)
+            if step is not None:
+                return _with_skips(step, skipped)
         # While the priors hold, search first inside the region they support (`prior_region`);
         # once it is used up, or the priors stop holding, the whole space.
         region = prior_region(self.priors, target) if self._priors_hold(history) else {}
@@ -225,6 +237,50 @@ class SearchProposer:
                                                        "similar setting's run found its best (knowledge base)"), skipped)
         return _with_skips(self._ask(history, target, dists, seen, refused, priors=True, regions=regions,
                                      skipped=skipped), skipped)
+
+    def _walk(self, history: Sequence[Any], target: TargetSpec, seen: set[str], refused: set[tuple[str, str]],
+              regions: Sequence[FailedRegion], skipped: list[dict[str, Any]]) -> Candidate | None:
+        """A line search from the best trial along one numeric knob, or None (TPE proposes).
+
+        TPE with a handful of trials samples near the best value it has seen: on the H200 a run whose
+        start-up found the CUDA-graph engine at batch 3 proposed batches 2, 2, 7, 6, 10, 8 next
+        (benchmarks/gpu/ttb_replay.py). A throughput knob's best is often at an edge of what was tried,
+        and doubling reaches it in a few steps. So after the start-up, when the search's last proposal
+        was not a walk step, the best scored trial is stepped along its first numeric knob, up first,
+        that no trial tried yet (`neighbours`: x2 or /2 on a log scale); while a step becomes the new
+        best, the next proposal steps the same knob the same way again. A step that did not improve
+        hands the next proposal back to TPE, so walks and TPE alternate. Never inside a failed region,
+        never a refused value, never a knob set already measured."""
+        finished = [t for t in history if t.status in _FINISHED]
+        if len(finished) < self.n_startup:
+            return None
+        scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
+        if not scored:
+            return None
+        best = max(scored, key=lambda t: (float(t.score), -t.number))
+        own = [t for t in history if t.proposer == self.name]
+        last = own[-1] if own else None
+        steps: list[tuple[str, str, Any]] = []  # (knob, direction, source trial) in the order to try
+        m = _WALK_RE.match((last.rationale or "") if last is not None else "")
+        if m is not None:
+            if last.number != best.number:
+                return None  # the walk's last step did not improve: TPE's turn
+            steps.append((m.group(1), m.group(2), last))
+        for name, knob in target.knobs.items():
+            if knob.type in ("int", "float") and name in best.knobs and is_active(knob, best.knobs):
+                steps += [(name, "up", best), (name, "down", best)]
+        for name, direction, src in steps:
+            v = src.knobs.get(name)
+            for knob_name, value, knobs in neighbours(target, src.knobs):
+                if knob_name != name or (value > v) != (direction == "up"):
+                    continue
+                if (knob_key(knobs) in seen or any((k, repr(x)) in refused for k, x in knobs.items())
+                        or _inside(regions, knobs, "walk", skipped)):
+                    continue
+                return Candidate(knobs=knobs, proposer=self.name,
+                                 rationale=f"{WALK_PREFIX} {name} {direction} from #{src.number} "
+                                           f"({float(src.score):.3f}x, the best so far): {v} -> {value}")
+        return None
 
     def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
              refused: set[tuple[str, str]], *, priors: bool, regions: Sequence[FailedRegion] = (),
