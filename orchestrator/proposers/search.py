@@ -55,9 +55,9 @@ STARTUP_DESIGNS = ("cover", "random")
 STARTUP_POOL = 24
 LEVEL_BINS = 3
 
-# The walk (`SearchProposer(walk=True)`): after the start-up, every other proposal steps the best trial
-# along one numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and
-# keeps stepping the same way while each step becomes the new best. Its rationale starts WALK_PREFIX.
+# The walk (`SearchProposer(walk=True)`): after the start-up, each new best trial is stepped once along a
+# numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and the steps go
+# on the same way while each becomes the new best. Its rationale starts WALK_PREFIX.
 WALK_PREFIX = "walk:"
 _WALK_RE = re.compile(r"^walk: (\S+) (up|down) from #(\d+)")
 
@@ -245,12 +245,14 @@ class SearchProposer:
         TPE with a handful of trials samples near the best value it has seen: on the H200 a run whose
         start-up found the CUDA-graph engine at batch 3 proposed batches 2, 2, 7, 6, 10, 8 next
         (benchmarks/gpu/ttb_replay.py). A throughput knob's best is often at an edge of what was tried,
-        and doubling reaches it in a few steps. So after the start-up, when the search's last proposal
-        was not a walk step, the best scored trial is stepped along its first numeric knob, up first,
-        that no trial tried yet (`neighbours`: x2 or /2 on a log scale); while a step becomes the new
-        best, the next proposal steps the same knob the same way again. A step that did not improve
-        hands the next proposal back to TPE, so walks and TPE alternate. Never inside a failed region,
-        never a refused value, never a knob set already measured."""
+        and doubling reaches it in a few steps. So after the start-up, each new best trial gets one walk
+        step along a numeric knob (`neighbours`: x2 or /2 on a log scale, a tenth of the range otherwise):
+        the way the best moved from the previous best first (a knob whose value differs between them),
+        else the first numeric knob, up first; the first such step no trial measured. While a step
+        becomes the new best, the next proposal steps the same knob the same way again. A step that did
+        not improve ends the walk: TPE proposes until another trial becomes the best, so a best that is
+        not at an edge costs one trial, not every other one. Never inside a failed region, never a
+        refused value, never a knob set already measured."""
         finished = [t for t in history if t.status in _FINISHED]
         if len(finished) < self.n_startup:
             return None
@@ -260,15 +262,22 @@ class SearchProposer:
         best = max(scored, key=lambda t: (float(t.score), -t.number))
         own = [t for t in history if t.proposer == self.name]
         last = own[-1] if own else None
+        walked = [m for t in own if (m := _WALK_RE.match(t.rationale or ""))]
         steps: list[tuple[str, str, Any]] = []  # (knob, direction, source trial) in the order to try
         m = _WALK_RE.match((last.rationale or "") if last is not None else "")
-        if m is not None:
-            if last.number != best.number:
-                return None  # the walk's last step did not improve: TPE's turn
+        if m is not None and last.number == best.number:  # the last step became the best: onwards
             steps.append((m.group(1), m.group(2), last))
-        for name, knob in target.knobs.items():
-            if knob.type in ("int", "float") and name in best.knobs and is_active(knob, best.knobs):
-                steps += [(name, "up", best), (name, "down", best)]
+        elif any(int(w.group(3)) == best.number for w in walked):
+            return None  # this best was walked from already (its step did not improve): TPE's turn
+        else:
+            before = [t for t in scored if t.number < best.number]
+            prev = max(before, key=lambda t: (float(t.score), -t.number)) if before else None
+            numeric = [n for n, k in target.knobs.items()
+                       if k.type in ("int", "float") and n in best.knobs and is_active(k, best.knobs)]
+            for name in numeric:  # momentum: the way the best moved from the previous best
+                if prev is not None and name in prev.knobs and prev.knobs[name] != best.knobs[name]:
+                    steps.append((name, "up" if best.knobs[name] > prev.knobs[name] else "down", best))
+            steps += [(n, d, best) for n in numeric for d in ("up", "down")]
         for name, direction, src in steps:
             v = src.knobs.get(name)
             for knob_name, value, knobs in neighbours(target, src.knobs):
