@@ -195,3 +195,27 @@ def test_fast_engine_matches_baseline(baseline: str, fast: str, model_dir: Path)
     a = _client(fast).completions.create(model=model_dir.name, **body).choices[0].logprobs.token_logprobs
     b = _client(baseline).completions.create(model=model_dir.name, **body).choices[0].logprobs.token_logprobs
     assert a[0] is None and a[1:] == pytest.approx(b[1:], abs=1e-3)
+
+
+def _startup_parts(line: str, prefix: str) -> dict[str, float]:
+    words = line.split(prefix, 1)[1].split()
+    return {k: float(v.rstrip("s")) for k, v in zip(words[::2], words[1::2], strict=True)}
+
+
+@pytest.mark.parametrize("server", ["baseline", "fast"])
+def test_engine_startup_breakdown(server: str, request: pytest.FixtureRequest) -> None:
+    """The start-up log breaks the engine part down (issue 23): one `hfserve: engine` line whose spans
+    (tokenizer, CUDA, weights, and for the fast engine its build and graph capture) add up to the engine
+    part of the `hfserve: startup` line."""
+    url = request.getfixturevalue(server)
+    log = (_STATE / f"server-{url.rsplit(':', 1)[1]}.log").read_text().splitlines()
+    [engine] = [ln for ln in log if ln.startswith("hfserve: engine ")]
+    [startup] = [ln for ln in log if ln.startswith("hfserve: startup ")]
+    parts, whole = _startup_parts(engine, "hfserve: engine "), _startup_parts(startup, "hfserve: startup ")
+    total = parts.pop("total")
+    want = {"args", "tokenizer", "cuda", "load", "other"} | ({"import", "build", "kernels", "capture"} if server == "fast" else set())
+    assert set(parts) == want and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(total, abs=0.01 * len(parts))
+    assert total == pytest.approx(whole["engine"], abs=0.011)
+    [loaded] = [ln for ln in log if ln.startswith("hfserve: loaded ")]
+    assert parts["load"] >= float(loaded.split(" in ")[1].split("s")[0]) - 0.011
