@@ -139,8 +139,12 @@ def run_trial(
             result.launch_cmd = shlex.join(argv)
             log_path = trial_dir / "server.log"
             env = ctx.target.launch_env(candidate.knobs)
-            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path)
+            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path, preload=engine.preload)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
+            if proc.standby:  # the record says this deploy skipped the imports (issue 23)
+                ctx.store.add_event(ctx.run_id, "trial.standby",
+                                    f"#{trial.number} launched in a standby interpreter (preloaded {' '.join(engine.preload)})",
+                                    trial_id=trial.id, data={"pid": proc.pid, "preload": list(engine.preload)})
             record_engine(ctx.store, ctx.run_id, trial.id, engine, argv, env, trial_dir)
             base_url = f"http://127.0.0.1:{port}"
             ctx.host.wait_healthy(base_url + engine.health_path, engine.ready_timeout_s, proc)

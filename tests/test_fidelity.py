@@ -208,7 +208,7 @@ class FakeHost:
     def free_port(self):
         return 1
 
-    def start(self, argv, *, env, cwd, log_path):
+    def start(self, argv, *, env, cwd, log_path, preload=()):
         self.argv = list(argv)
         tail = Path(log_path).parent.name.split("-")[-1]  # run_dir/trial-N/server.log
         self.trial_no = int(tail) if tail.isdigit() else None

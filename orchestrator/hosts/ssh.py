@@ -15,6 +15,7 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ class SSHHost:
         return json.loads(lines[-1])
 
     # --- the Host protocol -------------------------------------------------------------------
-    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
+              preload: Sequence[str] = ()) -> Proc:
+        # `preload` is not used here yet: a standby (orchestrator.remote.standby) is LocalHost's only.
         local_log = Path(log_path)
         remote_log = f"{self.workdir}/logs/{self.owner}/{'-'.join(local_log.parts[-3:])}"
         full_env = dict(env or {})
