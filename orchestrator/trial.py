@@ -180,7 +180,7 @@ def run_trial(
             # screened-out candidate is never kept nor claimed, so gating it bought nothing (on the H200,
             # 13-28 s of a 57-116 s trial); the gate files are still verified before its number is stored.
             site.verify_gates()
-            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step):
+            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step), ctx.host.quiet():
                 err = bench.screen(screen, result)
             if err is None and result.screened:
                 result.error = f"{result.error} (gates not run: a screened-out candidate is never kept)"
@@ -190,7 +190,8 @@ def run_trial(
             # The full bench continues the short pass (each scenario's remaining requests, joined with it).
             full = {name: screen.full(name, ctx.scenarios[name]) for name in ctx.goal.scenarios}
 
-        with _timed(result.timings, "bench", ctx.on_step):
+        # quiet: nothing of the host's own (a standby importing) runs beside the server while it is measured.
+        with _timed(result.timings, "bench", ctx.on_step), ctx.host.quiet():
             err = err or bench.run(repeats, result, scenarios=full)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.

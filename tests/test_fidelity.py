@@ -6,6 +6,7 @@ the candidate's `tpot_ms` knob (a short pass reads `short_tpot`, so a test can m
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -214,6 +215,9 @@ class FakeHost:
         self.trial_no = int(tail) if tail.isdigit() else None
         Path(log_path).write_text("")
         return Proc(pid=0, pgid=0, argv=tuple(argv), log_path=str(log_path))
+
+    def quiet(self):
+        return contextlib.nullcontext()
 
     def wait_healthy(self, url, timeout, proc):
         pass

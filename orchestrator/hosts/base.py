@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,6 +53,11 @@ class Host(Protocol):
         ...
 
     def alive(self, proc: Proc) -> bool: ...
+
+    def quiet(self) -> AbstractContextManager[None]:
+        """Around a measurement: pause what the host itself runs beside the server (LocalHost's
+        standby interpreter); a no-op where there is nothing."""
+        ...
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         """Poll `url` until HTTP 200; return seconds waited. Raise ServerCrashed / ServerTimeout."""

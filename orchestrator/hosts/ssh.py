@@ -16,6 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,10 @@ class SSHHost:
 
     def alive(self, proc: Proc) -> bool:
         return bool(self.hostd("alive", str(proc.pid))["alive"])
+
+    def quiet(self) -> AbstractContextManager[None]:
+        """Nothing of the host's own runs beside the server here (no standby on SSH hosts yet)."""
+        return nullcontext()
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         # The probe runs on the host: the server listens on the host's loopback.

@@ -151,13 +151,21 @@ def test_the_orphan_sweep_ends_a_standby_whose_orchestrator_died(tmp_path, scrip
     assert _gone(pid) and not pidfile.exists()
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_close_ends_the_standby_and_a_launch_without_preload_never_makes_one(tmp_path, script):
     host = LocalHost(tmp_path)
     proc, url = _launch(host, script, tmp_path / "s.log")
     host.wait_healthy(url, 20, proc)
     host.stop(proc, grace_s=2)
     pid = _standby_ready(host)
-    host.close()
+    with host.quiet():  # a measurement: the standby is paused, then goes on
+        assert _state(pid) == "T"
+    assert _state(pid) != "T"
+    with host.quiet():
+        host.close()  # ends a paused standby too
     assert _gone(pid) and not (tmp_path / "servers" / f"{pid}.json").exists()
     for preload, argv0 in (((), None), (PRELOAD, "-u")):  # no modules named; an interpreter flag
         port = host.free_port()
