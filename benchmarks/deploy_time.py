@@ -5,6 +5,14 @@
     python benchmarks/deploy_time.py --model DIR ...       # an existing model folder (the 7B on the GPU)
     python benchmarks/deploy_time.py --7b-layers 2 --knobs "--dtype bfloat16"   # 7B-shaped layers, ~0.9 GB
 
+With ``--standby`` it compares instead a cold start against a launch run by LocalHost's standby
+interpreter (orchestrator.hosts.standby; the target's ``preload`` list of examples/targets/hfserve.toml),
+both ``--load fast``: each launch's server stays up ``--settle`` seconds (a trial's gates and bench,
+while the standby imports), the arms alternate, and the standby arm's first launch (cold: no standby
+yet) is not counted.
+
+    python benchmarks/deploy_time.py --standby --preset tiny --rounds 5
+
 Without ``--model`` it forges the preset's shape with random weights (``train_steps=0``: the
 loading path does not care what the weights are) into ~/.cache/infergoal/bench/. Each round starts
 examples/hfserve/server.py with ``--load hf`` then ``--load fast`` (the order swaps every round),
@@ -67,20 +75,49 @@ def seven_b_layers(n: int) -> Path:
     return out
 
 
-def launch(host: LocalHost, model: Path, how: str, knobs: list[str], log_dir: Path) -> dict:
+def launch(host: LocalHost, model: Path, how: str, knobs: list[str], log_dir: Path,
+           preload: list[str] | None = None, settle_s: float = 0.0) -> dict:
     port = host.free_port()
     log = log_dir / f"server-{how}-{port}.log"
     t0 = time.perf_counter()
     proc = host.start([sys.executable, str(SERVER), "--model", str(model), "--port", str(port), "--load", how, *knobs],
-                      env=None, cwd=None, log_path=log)
+                      env=None, cwd=None, log_path=log, preload=preload or ())
     try:
         host.wait_healthy(f"http://127.0.0.1:{port}/health", 900, proc)
         deploy = time.perf_counter() - t0
+        time.sleep(settle_s)
     finally:
         host.stop(proc)
-    m = re.search(r"loaded \S+ in ([\d.]+)s via (.+)", log.read_text())
-    return {"load": how, "deploy_s": round(deploy, 3), "load_s": float(m.group(1)) if m else None,
-            "path": m.group(2).strip() if m else None}
+    text = log.read_text()
+    m = re.search(r"loaded \S+ in ([\d.]+)s via (.+)", text)
+    row = {"load": how, "deploy_s": round(deploy, 3), "load_s": float(m.group(1)) if m else None,
+           "path": m.group(2).strip() if m else None, "standby": proc.standby}
+    if st := re.search(r"hfserve: startup imports ([\d.]+)s engine ([\d.]+)s", text):
+        row |= {"imports_s": float(st.group(1)), "engine_s": float(st.group(2))}
+    return row
+
+
+def standby_rounds(model: Path, rounds: int, knobs: list[str], settle_s: float, tmp: Path) -> None:
+    """Cold against standby launches, alternated (see the module's doc)."""
+    from orchestrator.targets import load_target
+
+    preload = load_target(ROOT / "examples" / "targets" / "hfserve.toml").preload
+    cold, warm = LocalHost(tmp / "cold", standby=False), LocalHost(tmp / "warm")
+    launch(warm, model, "fast", knobs, tmp, preload, settle_s)  # makes the first standby; not counted
+    rows = []
+    try:
+        for r in range(rounds):
+            for arm in (("cold", "standby") if r % 2 == 0 else ("standby", "cold")):
+                host = warm if arm == "standby" else cold
+                row = {"round": r, "arm": arm, **launch(host, model, "fast", knobs, tmp, preload, settle_s)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    finally:
+        warm.close()
+    med = {arm: {k: statistics.median(x[k] for x in rows if x["arm"] == arm) for k in ("deploy_s", "imports_s", "engine_s")}
+           for arm in ("cold", "standby")}
+    print(json.dumps({"model": str(model), "median": med, "standby_used": sum(x["standby"] for x in rows if x["arm"] == "standby"),
+                      "deploy_saved_s": round(med["cold"]["deploy_s"] - med["standby"]["deploy_s"], 3)}))
 
 
 def main() -> None:
@@ -91,8 +128,14 @@ def main() -> None:
                     help="instead: the 7B's layer shape with this many layers (bf16, ~0.44 GB a layer)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--knobs", default="", help="extra server arguments, e.g. '--device cuda --dtype bfloat16'")
+    ap.add_argument("--standby", action="store_true", help="cold start against the standby interpreter instead")
+    ap.add_argument("--settle", type=float, default=12.0, help="--standby: seconds each server stays up")
     args = ap.parse_args()
     model = Path(args.model) if args.model else seven_b_layers(args.layers) if args.layers else forged(args.preset)
+    if args.standby:
+        with tempfile.TemporaryDirectory() as tmp:
+            standby_rounds(model, args.rounds, args.knobs.split(), args.settle, Path(tmp))
+        return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         host = LocalHost(Path(tmp) / "state")

@@ -139,8 +139,12 @@ def run_trial(
             result.launch_cmd = shlex.join(argv)
             log_path = trial_dir / "server.log"
             env = ctx.target.launch_env(candidate.knobs)
-            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path)
+            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path, preload=engine.preload)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
+            if proc.standby:  # the record says this deploy skipped the imports (issue 23)
+                ctx.store.add_event(ctx.run_id, "trial.standby",
+                                    f"#{trial.number} launched in a standby interpreter (preloaded {' '.join(engine.preload)})",
+                                    trial_id=trial.id, data={"pid": proc.pid, "preload": list(engine.preload)})
             record_engine(ctx.store, ctx.run_id, trial.id, engine, argv, env, trial_dir)
             base_url = f"http://127.0.0.1:{port}"
             ctx.host.wait_healthy(base_url + engine.health_path, engine.ready_timeout_s, proc)
@@ -176,7 +180,7 @@ def run_trial(
             # screened-out candidate is never kept nor claimed, so gating it bought nothing (on the H200,
             # 13-28 s of a 57-116 s trial); the gate files are still verified before its number is stored.
             site.verify_gates()
-            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step):
+            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step), ctx.host.quiet():
                 err = bench.screen(screen, result)
             if err is None and result.screened:
                 result.error = f"{result.error} (gates not run: a screened-out candidate is never kept)"
@@ -186,7 +190,8 @@ def run_trial(
             # The full bench continues the short pass (each scenario's remaining requests, joined with it).
             full = {name: screen.full(name, ctx.scenarios[name]) for name in ctx.goal.scenarios}
 
-        with _timed(result.timings, "bench", ctx.on_step):
+        # quiet: nothing of the host's own (a standby importing) runs beside the server while it is measured.
+        with _timed(result.timings, "bench", ctx.on_step), ctx.host.quiet():
             err = err or bench.run(repeats, result, scenarios=full)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.

@@ -6,6 +6,7 @@ the candidate's `tpot_ms` knob (a short pass reads `short_tpot`, so a test can m
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -208,12 +209,15 @@ class FakeHost:
     def free_port(self):
         return 1
 
-    def start(self, argv, *, env, cwd, log_path):
+    def start(self, argv, *, env, cwd, log_path, preload=()):
         self.argv = list(argv)
         tail = Path(log_path).parent.name.split("-")[-1]  # run_dir/trial-N/server.log
         self.trial_no = int(tail) if tail.isdigit() else None
         Path(log_path).write_text("")
         return Proc(pid=0, pgid=0, argv=tuple(argv), log_path=str(log_path))
+
+    def quiet(self):
+        return contextlib.nullcontext()
 
     def wait_healthy(self, url, timeout, proc):
         pass

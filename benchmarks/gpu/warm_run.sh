@@ -128,9 +128,11 @@ case $PHASE in
   *) echo "phase must be small or big" >&2; exit 2 ;;
 esac
 cp "$DB" "$OUT/${PHASE}_run.db" 2>/dev/null
-# Where each deploy's seconds went (hfserve prints `hfserve: startup imports … engine … listen … total`).
+# Where each deploy's seconds went (hfserve prints `hfserve: startup imports … engine … listen … total`, the
+# engine part broken down as `hfserve: engine tokenizer … cuda … load … build … capture … total`, and
+# `infergoal: standby` where the deploy ran in a pre-imported interpreter).
 WS=$SMALL_WS; [ "$PHASE" = big ] && WS=$BIG_WS
-grep -H "hfserve: startup\|hfserve: captured\|hfserve: loaded" "$WS"/.infergoal/runs/*/trial-*/server.log > "$OUT/startup_${PHASE}.txt" 2>/dev/null
+grep -H "hfserve: startup\|hfserve: engine\|hfserve: captured\|hfserve: loaded\|infergoal: standby" "$WS"/.infergoal/runs/*/trial-*/server.log > "$OUT/startup_${PHASE}.txt" 2>/dev/null
 [ -d "$SMALL_WS/kb" ] && rm -rf "$OUT/kb_small" && cp -r "$SMALL_WS/kb" "$OUT/kb_small"
 if [ -f "$DB" ]; then
   $PY benchmarks/gpu/time_to_best.py "$OUT/${PHASE}_run.db" --out "$OUT/headline_${PHASE}.json" 2>&1 | head -8

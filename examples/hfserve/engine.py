@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from loading import load_model  # beside this file (server.py and the tests put it on the path)
+from loading import (  # beside this file (server.py and the tests put it on the path)
+    Phases,
+    init_device,
+    load_model,
+)
 
 __all__ = [
     "Engine",
@@ -278,16 +282,22 @@ class Engine:
     def __init__(self, model_dir: str, *, dtype: str = "float32", decode_loop: str = "generate",
                  batching: str = "off", max_batch_size: int = 8, kv_cache: str = "dynamic",
                  attn: str | None = None, threads: int | None = None, device: str = "cpu",
-                 load: str = "fast") -> None:
+                 load: str = "fast", phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
+        # `phases`: where the start-up's seconds go (server.py prints them as one line).
+        phases = phases or Phases()
         self.threads = threads
         if threads:
             torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        phases.mark("tokenizer")
         self.device = torch.device(device)
+        init_device(device)
+        phases.mark("cuda")
         self.model, self.load_path = load_model(model_dir, dtype=getattr(torch, dtype), device=device, attn=attn,
                                                 how=load)
+        phases.mark("load")
         cfg = self.model.config
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048))
         self.eos_ids = set(as_list(self.model.generation_config.eos_token_id or cfg.eos_token_id))
@@ -302,6 +312,7 @@ class Engine:
         self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="hfserve-worker", daemon=True)
         self.thread.start()
+        phases.mark("other")
 
     def submit(self, job: GenRequest | ScoreRequest) -> None:
         """Queue a job for the worker thread."""

@@ -58,7 +58,7 @@ from engine import (
     token_event,
     wake,
 )
-from loading import load_model
+from loading import Phases, init_device, load_model
 
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
@@ -444,19 +444,30 @@ class FastEngine:
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
-                 prefill_attn: str = "torch") -> None:
+                 prefill_attn: str = "torch", phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
+        # `phases`: where the start-up's seconds go (server.py prints them as one line).
+        phases = phases or Phases()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        phases.mark("tokenizer")
+        init_device(device)
+        phases.mark("cuda")
         hf, self.load_path = load_model(model_dir, dtype=getattr(torch, dtype), device=device, how=load)
+        phases.mark("load")
         cfg = hf.config
         self.max_len = min(int(max_model_len), int(getattr(cfg, "max_position_embeddings", max_model_len)))
         self.max_batch = max(1, int(max_batch_size))
         # Slots: the decode batch, one staging slot for chunked prefill, one for scoring.
         self.stage_slot, self.score_slot = self.max_batch, self.max_batch + 1
         with torch.inference_mode():
-            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels=kernels,
-                                prefill_attn=prefill_attn)
+            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels="torch")
+        if self.fm.device.type == "cuda":
+            torch.cuda.synchronize()
+        phases.mark("build")  # fused weights (concatenated QKV, gate/up), the KV pool, RoPE tables
+        self.fm.set_kernels(kernels)
+        self.fm.set_prefill_attn(prefill_attn)
+        phases.mark("kernels")  # Triton's import and checks, where asked for
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf
         self.eos_ids = set(as_list(getattr(cfg, "eos_token_id", None)))
@@ -470,9 +481,11 @@ class FastEngine:
                   file=sys.stderr, flush=True)
         if self.fm.device.type == "cuda":
             torch.cuda.synchronize()
+        phases.mark("capture")  # the decode graphs (and their warm-up runs), or the decoder's buffers without
         self.jobs: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="hfserve-fast", daemon=True)
         self.thread.start()
+        phases.mark("other")
 
     def submit(self, job: Any) -> None:
         """Queue a job for the worker thread."""

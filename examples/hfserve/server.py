@@ -39,6 +39,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path[:1] != [_HERE]:
     sys.path.insert(0, _HERE)
 from engine import Engine, GenRequest, ScoreRequest, TokenEvent  # noqa: E402
+from loading import Phases  # noqa: E402
 
 _T_IMPORTED = time.perf_counter()
 
@@ -511,26 +512,36 @@ def check_fast_args(args: argparse.Namespace) -> None:
                          "(launched eagerly, Triton kernels cost more than they save)")
 
 
-def make_engine(args: argparse.Namespace) -> Any:
-    """The engine ``args`` ask for: the transformers-loop :class:`Engine` or the fast engine."""
+def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
+    """The engine ``args`` ask for: the transformers-loop :class:`Engine` or the fast engine; ``phases``
+    records where its start-up goes."""
+    phases = phases or Phases()
     if args.engine == "fast":
         from fastengine import FastEngine  # beside this file (see the import of engine above)
 
+        phases.mark("import")
         return FastEngine(args.model, dtype=args.dtype, device=args.device,
                           max_batch_size=args.max_batch_size if args.batching == "on" else 1,
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
-                          load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn)
+                          load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
+                          phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
-                  threads=args.threads, device=args.device, load=args.load)
+                  threads=args.threads, device=args.device, load=args.load, phases=phases)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Load the model, start the HTTP server, print the readiness line."""
+    # The engine part of the start-up line, broken down (tokenizer, CUDA, weights, build, graphs...):
+    # its spans add up to that part, argument parsing in "args", whatever the engine does not mark in "other".
+    phases = Phases(start=_T_IMPORTED)
     args = parse_args(argv)
-    engine = make_engine(args)
-    t_engine = time.perf_counter()
+    phases.mark("args")
+    engine = make_engine(args, phases)
+    phases.mark("other")
+    t_engine = phases.end  # the last mark: the engine part ends here, as the start-up line counts it
+    print(phases.line(), file=sys.stderr, flush=True)
     if args.batching == "on" and args.decode_loop == "generate":
         print("hfserve: --batching on uses the manual decode loop", file=sys.stderr, flush=True)
     if args.kv_cache == "static" and (args.decode_loop == "manual" or args.batching == "on"):

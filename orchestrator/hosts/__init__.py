@@ -11,13 +11,14 @@ from orchestrator.hosts.local import LocalHost
 __all__ = ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
 
 
-def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off") -> Host:
+def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True) -> Host:
     """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`.
 
     `model_cache`: the workspace's setting for a RAM-backed model copy on a local host
-    (orchestrator.hosts.modelcache); SSH hosts keep their synced copy in their work dir."""
+    (orchestrator.hosts.modelcache); SSH hosts keep their synced copy in their work dir. `standby`: the
+    workspace's switch for a local host's standby interpreter (orchestrator.hosts.standby)."""
     if spec in ("", "local", "localhost"):
-        return LocalHost(state_dir=state_dir, model_cache=model_cache)
+        return LocalHost(state_dir=state_dir, model_cache=model_cache, standby=standby)
     # Imported on use: the SSH side brings paramiko, and a local run need not pay for it.
     from orchestrator.hosts.registry import HostRegistry
     from orchestrator.hosts.ssh import SSHHost
@@ -31,9 +32,9 @@ def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off") -> H
     raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
 
 
-def get_hosts(spec: str, *, state_dir: str | Path, model_cache: str = "off") -> list[Host]:
+def get_hosts(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True) -> list[Host]:
     """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
     parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
     if len(set(parts)) != len(parts):
         raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
-    return [get_host(p, state_dir=state_dir, model_cache=model_cache) for p in parts]
+    return [get_host(p, state_dir=state_dir, model_cache=model_cache, standby=standby) for p in parts]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +31,9 @@ class Proc:
     pgid: int
     argv: tuple[str, ...]
     log_path: str
+    standby: bool = False
+    """Run by a standby interpreter that had imported the target's `preload` modules beforehand
+    (`orchestrator.hosts.standby`); `pid`/`pgid` are that process's."""
 
 
 class Host(Protocol):
@@ -36,8 +41,11 @@ class Host(Protocol):
 
     name: str
 
-    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
-        """Launch `argv` as its own process group, stdout+stderr to `log_path`."""
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
+              preload: Sequence[str] = ()) -> Proc:
+        """Launch `argv` as its own process group, stdout+stderr to `log_path`. `preload`: modules a
+        Python server imports first; a host may run the launch in an interpreter that imported them
+        beforehand where that is equivalent to a cold start (LocalHost's standby), or ignore it."""
         ...
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
@@ -45,6 +53,11 @@ class Host(Protocol):
         ...
 
     def alive(self, proc: Proc) -> bool: ...
+
+    def quiet(self) -> AbstractContextManager[None]:
+        """Around a measurement: pause what the host itself runs beside the server (LocalHost's
+        standby interpreter); a no-op where there is nothing."""
+        ...
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         """Poll `url` until HTTP 200; return seconds waited. Raise ServerCrashed / ServerTimeout."""

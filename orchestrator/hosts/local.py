@@ -12,7 +12,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.modelcache import resolve
 from orchestrator.hosts.site import LocalSite
+from orchestrator.hosts.standby import Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
@@ -50,22 +52,119 @@ class LocalHost:
     run_id: int | None = None
     """The run whose servers this host starts; recorded in each pidfile for the orphan sweep."""
 
-    def __init__(self, state_dir: str | Path, *, model_cache: str = "off") -> None:
+    def __init__(self, state_dir: str | Path, *, model_cache: str = "off", standby: bool = True) -> None:
         self.state_dir = Path(state_dir)
         self.model_cache = resolve(model_cache)
         """Where trials' models are copied to load from RAM (orchestrator.hosts.modelcache); None: not copied."""
         self.pid_dir = self.state_dir / "servers"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
+        self.use_standby = standby
+        """Keep a standby interpreter for launches that name modules to preload (orchestrator.hosts.standby)."""
+        self._standby: Standby | None = None
+        self._respawn: dict[int, tuple[str, tuple[str, ...], dict[str, str], str]] = {}
+        """Per launched pid: what its next standby is started with once it is healthy."""
 
     def take_lease(self, identity: dict[str, Any]) -> hostlock.HostLock:
         """This machine's host lease for the GPUs this process sees (`CUDA_VISIBLE_DEVICES`, else all);
         raises `hostlock.Busy` naming the holders. Held by this process: its exit frees it."""
         return hostlock.acquire(identity, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 
-    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
+              preload: Sequence[str] = ()) -> Proc:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = os.environ | (env or {})
+        if self.use_standby and eligible(argv, preload):
+            key = (argv[0], tuple(preload), full_env, cwd or os.getcwd())
+            proc = self._start_on_standby(argv, full_env, key[3], log_path, preload)
+            self._respawn[proc.pid] = key
+            return proc
+        self.close()  # a standby kept for another kind of launch is of no use now
+        return self._popen_start(argv, full_env, cwd, log_path)
+
+    def _start_on_standby(self, argv: list[str], full_env: dict[str, str], cwd: str, log_path: Path,
+                          preload: Sequence[str]) -> Proc:
+        """The launch run by the waiting standby where it fits (same interpreter, environment and
+        module list); otherwise the standby is ended and the launch starts cold."""
+        sb, self._standby = self._standby, None
+        if sb is not None and sb.fits(argv[0], preload, full_env) and sb.popen.poll() is None:
+            waited = time.time() - sb.started
+            with open(log_path, "ab") as log:  # first in the log, so even a standby dying at once leaves a trace
+                log.write(f"infergoal: standby pid={sb.pid} runs this launch (preloaded {' '.join(sb.preload)}, "
+                          f"started {waited:.1f}s before)\n".encode())
+            try:
+                sb.hand_over(argv[1:], full_env, cwd, log_path)
+            except OSError:  # it died between the check and the job: the launch starts cold below
+                self._end(sb)
+            else:
+                self._popen = getattr(self, "_popen", {})
+                self._popen[sb.pid] = sb.popen
+                self._write_pidfile(sb.pid, sb.argv, serves=argv)
+                return Proc(pid=sb.pid, pgid=sb.pid, argv=tuple(argv), log_path=str(log_path), standby=True)
+        elif sb is not None:
+            self._end(sb)
+        return self._popen_start(argv, full_env, cwd, log_path)
+
+    def _spawn_standby(self, python: str, preload: tuple[str, ...], full_env: dict[str, str], cwd: str) -> None:
+        """Start the interpreter the next launch of this kind will run in (see `_start_on_standby`)."""
+        if self._standby is not None and self._standby.popen.poll() is None:
+            return
+        try:
+            self._standby = spawn(python, preload, full_env, cwd, self.pid_dir / "standby.log", _die_with_parent)
+        except OSError:
+            return  # the next launch starts cold, as it would without a standby
+        self._write_pidfile(self._standby.pid, self._standby.argv)
+
+    def _end(self, sb: Standby) -> None:
+        sb.close_pipe()
+        try:
+            os.kill(sb.pid, signal.SIGCONT)  # a paused one (`quiet`) would not act on the TERM
+        except ProcessLookupError:
+            pass
+        kill_group(sb.pid, 2.0, reap=sb.popen.poll)
+        try:
+            sb.popen.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+        (self.pid_dir / f"{sb.pid}.json").unlink(missing_ok=True)
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """While a trial measures, the standby is paused (SIGSTOP): its imports would take CPU from the
+        server and the bench (on a 2-core host they did: a bench of 1.2-1.7 s took 7-10 s). It
+        goes on importing after the measurement; a launch that comes before it is done waits for the rest."""
+        sb = self._standby
+        paused = False
+        if sb is not None and sb.popen.poll() is None:
+            try:
+                os.kill(sb.pid, signal.SIGSTOP)
+                paused = True
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 1.0  # the stop lands when it is next scheduled: wait for it
+            while paused and _proc_state(sb.pid) not in ("T", "t", "Z", "") and time.monotonic() < deadline:
+                time.sleep(0.005)
+        try:
+            yield
+        finally:
+            if paused:
+                try:
+                    os.kill(sb.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        """End the standby interpreter, if one waits (at a run's end; `start` makes a new one when needed)."""
+        sb, self._standby = self._standby, None
+        if sb is not None:
+            self._end(sb)
+
+    def _write_pidfile(self, pid: int, argv: list[str], **extra: Any) -> None:
+        (self.pid_dir / f"{pid}.json").write_text(json.dumps({
+            "pgid": pid, "argv": argv, "started": time.time(), "run_id": self.run_id, "owner_pid": os.getpid(),
+        } | extra))
+
+    def _popen_start(self, argv: list[str], full_env: dict[str, str], cwd: str | None, log_path: Path) -> Proc:
         with open(log_path, "ab") as log:
             try:
                 p = subprocess.Popen(
@@ -77,9 +176,7 @@ class LocalHost:
         proc = Proc(pid=p.pid, pgid=p.pid, argv=tuple(argv), log_path=str(log_path))
         self._popen = getattr(self, "_popen", {})
         self._popen[p.pid] = p
-        (self.pid_dir / f"{p.pid}.json").write_text(json.dumps({
-            "pgid": p.pid, "argv": argv, "started": time.time(), "run_id": self.run_id, "owner_pid": os.getpid(),
-        }))
+        self._write_pidfile(p.pid, argv)
         return proc
 
     def alive(self, proc: Proc) -> bool:
@@ -93,6 +190,7 @@ class LocalHost:
             return False
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
+        self._respawn.pop(proc.pid, None)
         p = getattr(self, "_popen", {}).pop(proc.pid, None)
         # Reap our child while waiting: a zombie leader still "exists" to killpg(pgid, 0).
         kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
@@ -139,7 +237,11 @@ class LocalHost:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
-                        return time.monotonic() - t0
+                        waited = time.monotonic() - t0
+                        if (key := self._respawn.pop(proc.pid, None)) is not None:
+                            # The server is up: the next launch's interpreter imports now, not during it.
+                            self._spawn_standby(key[0], key[1], key[2], key[3])
+                        return waited
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() - t0 > timeout_s:
@@ -207,6 +309,14 @@ class LocalHost:
     def site(self) -> Any:
         """Measurement in this process (see orchestrator.hosts.site)."""
         return LocalSite(self.model_cache)
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter (`T` stopped, `Z` zombie...), "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _is_our_server(pgid: int, argv: list[str] | None) -> bool:

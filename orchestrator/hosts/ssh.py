@@ -15,6 +15,8 @@ import json
 import socket
 import time
 import uuid
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +101,9 @@ class SSHHost:
         return json.loads(lines[-1])
 
     # --- the Host protocol -------------------------------------------------------------------
-    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path) -> Proc:
+    def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
+              preload: Sequence[str] = ()) -> Proc:
+        # `preload` is not used here yet: a standby (orchestrator.remote.standby) is LocalHost's only.
         local_log = Path(log_path)
         remote_log = f"{self.workdir}/logs/{self.owner}/{'-'.join(local_log.parts[-3:])}"
         full_env = dict(env or {})
@@ -142,6 +146,10 @@ class SSHHost:
 
     def alive(self, proc: Proc) -> bool:
         return bool(self.hostd("alive", str(proc.pid))["alive"])
+
+    def quiet(self) -> AbstractContextManager[None]:
+        """Nothing of the host's own runs beside the server here (no standby on SSH hosts yet)."""
+        return nullcontext()
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         # The probe runs on the host: the server listens on the host's loopback.

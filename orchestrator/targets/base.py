@@ -7,7 +7,7 @@ so they import this module and never spec.py (no import circle, no function-loca
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -116,6 +116,8 @@ class Target(Protocol):
     def python(self) -> str | None: ...
     @property
     def prefix(self) -> str: ...
+    @property
+    def preload(self) -> Sequence[str]: ...
     @property
     def constraints(self) -> list[KnobRule]: ...
     @property

@@ -6,6 +6,7 @@ import concurrent.futures
 import os
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -195,3 +196,66 @@ def test_fast_engine_matches_baseline(baseline: str, fast: str, model_dir: Path)
     a = _client(fast).completions.create(model=model_dir.name, **body).choices[0].logprobs.token_logprobs
     b = _client(baseline).completions.create(model=model_dir.name, **body).choices[0].logprobs.token_logprobs
     assert a[0] is None and a[1:] == pytest.approx(b[1:], abs=1e-3)
+
+
+def _startup_parts(line: str, prefix: str) -> dict[str, float]:
+    words = line.split(prefix, 1)[1].split()
+    return {k: float(v.rstrip("s")) for k, v in zip(words[::2], words[1::2], strict=True)}
+
+
+@pytest.mark.parametrize("server", ["baseline", "fast"])
+def test_engine_startup_breakdown(server: str, request: pytest.FixtureRequest) -> None:
+    """The start-up log breaks the engine part down (issue 23): one `hfserve: engine` line whose spans
+    (tokenizer, CUDA, weights, and for the fast engine its build and graph capture) add up to the engine
+    part of the `hfserve: startup` line."""
+    url = request.getfixturevalue(server)
+    log = (_STATE / f"server-{url.rsplit(':', 1)[1]}.log").read_text().splitlines()
+    [engine] = [ln for ln in log if ln.startswith("hfserve: engine ")]
+    [startup] = [ln for ln in log if ln.startswith("hfserve: startup ")]
+    parts, whole = _startup_parts(engine, "hfserve: engine "), _startup_parts(startup, "hfserve: startup ")
+    total = parts.pop("total")
+    want = {"args", "tokenizer", "cuda", "load", "other"} | ({"import", "build", "kernels", "capture"} if server == "fast" else set())
+    assert set(parts) == want and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) == pytest.approx(total, abs=0.01 * len(parts))
+    assert total == pytest.approx(whole["engine"], abs=0.011)
+    [loaded] = [ln for ln in log if ln.startswith("hfserve: loaded ")]
+    assert parts["load"] >= float(loaded.split(" in ")[1].split("s")[0]) - 0.011
+
+
+def test_a_deploy_through_the_standby_serves_as_a_cold_one(baseline: str, model_dir: Path, tmp_path: Path) -> None:
+    """hfserve launched by LocalHost's standby interpreter (the shipped target's `preload` imported
+    beforehand) answers as the cold baseline does, and its log is a cold start's, the standby's line
+    first and the imports near zero."""
+    from orchestrator.targets import load_target
+
+    preload = load_target(SERVER.parents[1] / "targets" / "hfserve.toml").preload
+    host = LocalHost(tmp_path)
+    try:
+        logs = []
+        for i in range(2):
+            port = host.free_port()
+            proc = host.start([sys.executable, str(SERVER), "--model", str(model_dir), "--port", str(port)],
+                              env=None, cwd=None, log_path=tmp_path / f"s{i}.log", preload=preload)
+            host.wait_healthy(f"http://127.0.0.1:{port}/health", 120, proc)
+            assert proc.standby == (i == 1)
+            url = f"http://127.0.0.1:{port}"
+            got = _client(url).completions.create(model=model_dir.name, prompt=PROMPTS[0], max_tokens=8,
+                                                  temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+            want = _client(baseline).completions.create(model=model_dir.name, prompt=PROMPTS[0], max_tokens=8,
+                                                        temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+            assert got == want
+            if i == 0:  # the standby imports while this server runs (a trial's gates and bench)
+                deadline = time.monotonic() + 60
+                while "imported" not in ((tmp_path / "servers" / "standby.log").read_text()
+                                         if (tmp_path / "servers" / "standby.log").exists() else ""):
+                    assert time.monotonic() < deadline, "no standby came up"
+                    time.sleep(0.1)
+            host.stop(proc)
+            logs.append((tmp_path / f"s{i}.log").read_text().splitlines())
+    finally:
+        host.close()
+    cold, warm = ([ln.split(" ")[:2] for ln in log if ln.startswith("hfserve:")] for log in logs)
+    assert warm == cold and logs[1][0].startswith("infergoal: standby pid=")
+    imports = [_startup_parts(next(ln for ln in log if ln.startswith("hfserve: startup ")), "hfserve: startup ")["imports"]
+               for log in logs]
+    assert imports[1] < 0.5 < imports[0], imports

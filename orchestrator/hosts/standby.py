@@ -1,0 +1,91 @@
+"""The host side of a standby interpreter (`orchestrator.remote.standby`): when one may serve a launch,
+starting one, and handing it the launch.
+
+A standby serves a launch only where that is a cold start done early: the launch is
+`<python> <script.py> args...` with the standby's own interpreter and no interpreter flags, its
+environment equals the standby's exactly (variables read at import time, such as `OMP_NUM_THREADS`,
+were read with those values), the target names the same modules to preload, and none of them would
+resolve to a file beside the script (a cold start puts the script's folder first on the import path).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.remote import standby as _program
+
+__all__ = ["PROGRAM", "Standby", "eligible", "spawn"]
+
+PROGRAM = Path(_program.__file__).resolve()
+"""The standby program, run as a script by the engine's interpreter."""
+
+
+def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
+    """Whether `argv` is `python script.py ...` that a standby preloading `preload` can run as a cold start would."""
+    if not preload or len(argv) < 2 or argv[1].startswith("-") or not argv[1].endswith(".py"):
+        return False
+    if "python" not in Path(argv[0]).name:
+        return False
+    here = Path(argv[1]).resolve().parent
+    # A module of that name beside the script would win over site-packages in a cold start.
+    return not any((here / f"{m.split('.')[0]}.py").exists() or (here / m.split(".")[0]).is_dir() for m in preload)
+
+
+@dataclass
+class Standby:
+    """A started standby: its process, the pipe its job goes down, and what it was started for."""
+
+    popen: subprocess.Popen
+    argv: list[str]
+    """Its own command line (what /proc shows for it, before and after it becomes a server)."""
+    python: str
+    preload: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)
+    job_fd: int = -1
+    started: float = field(default_factory=time.time)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def fits(self, python: str, preload: Sequence[str], env: dict[str, str]) -> bool:
+        """Whether a launch with this interpreter, module list and (full) environment may run here."""
+        return python == self.python and tuple(preload) == self.preload and env == self.env
+
+    def hand_over(self, argv: Sequence[str], env: dict[str, str], cwd: str, log_path: Path) -> None:
+        """Send the launch (`argv` without the interpreter); raises OSError if the standby is gone."""
+        job = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "log": str(log_path)}) + "\n"
+        try:
+            os.write(self.job_fd, job.encode())  # one line, well under the pipe's buffer: not split
+        finally:
+            self.close_pipe()
+
+    def close_pipe(self) -> None:
+        """Close the job pipe (a standby waiting on it then exits without a job)."""
+        if self.job_fd >= 0:
+            os.close(self.job_fd)
+            self.job_fd = -1
+
+
+def spawn(python: str, preload: Sequence[str], env: dict[str, str], cwd: str, log_path: Path,
+          preexec_fn: Callable[[], None]) -> Standby:
+    """Start a standby importing `preload` under `python` with exactly `env`; its own output (the
+    imports' time, an import error) goes to `log_path` until it takes a job. Raises OSError."""
+    r, w = os.pipe()
+    argv = [python, str(PROGRAM), "--fd", str(r), "--", *preload]
+    try:
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, preexec_fn=preexec_fn, pass_fds=(r,))
+    except OSError:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return Standby(popen=p, argv=argv, python=python, preload=tuple(preload), env=dict(env), job_fd=w)

@@ -1,0 +1,206 @@
+"""LocalHost's standby interpreter (orchestrator.hosts.standby) against real processes: a launch it runs
+behaves and logs as a cold one, a different environment starts cold, the orphan sweep and `close` end
+it, a launch without preload modules never makes one, and a server it runs that crashes reads as a crash."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hosts import LocalHost, ServerCrashed
+
+# A stdlib server that logs what a cold start would decide by (argv, import path, cwd, environment,
+# __name__/__file__), then answers /health. `decimal` stands in for torch: the module to preload.
+SERVER = '''
+import hashlib, http.server, json, os, sys
+print("argv", sys.argv[0], sys.argv[2:], "path0", sys.path[0], "cwd", os.getcwd(), "name", __name__, "file", __file__)
+print("env", hashlib.sha256(json.dumps(sorted(os.environ.items())).encode()).hexdigest())
+print("stdout buffered", not sys.stdout.line_buffering, file=sys.stderr)
+import decimal
+if sys.argv[2] == "crash":
+    sys.exit("engine failed: boom")
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(str(decimal.Decimal(1) / 8).encode())
+    def log_message(self, *a):
+        pass
+print("ready", flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+PRELOAD = ["decimal", "http.server"]
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    (tmp_path / "srv").mkdir()
+    path = tmp_path / "srv" / "server.py"
+    path.write_text(SERVER)
+    return str(path)
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _launch(host: LocalHost, script: str, log: Path, *, env=None, preload=PRELOAD, mode="serve", cwd=None):
+    port = host.free_port()
+    proc = host.start([sys.executable, script, str(port), mode], env=env, cwd=cwd, log_path=log, preload=preload)
+    return proc, f"http://127.0.0.1:{port}/health"
+
+
+def _standby_ready(host: LocalHost, timeout: float = 20.0) -> int:
+    """The waiting standby's pid once it has done its imports (its line in standby.log)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sb = host._standby
+        log = host.pid_dir / "standby.log"
+        if sb is not None and log.exists() and f"standby pid={sb.pid}:" in log.read_text():
+            return sb.pid
+        time.sleep(0.05)
+    pytest.fail("no standby came up")
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            os.waitpid(pid, os.WNOHANG)  # ours: reap it
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, script):
+    host = LocalHost(tmp_path / "state")
+    cold, url = _launch(host, script, tmp_path / "cold.log", env={"X_MODE": "a"}, cwd=str(tmp_path))
+    host.wait_healthy(url, 20, cold)
+    assert not cold.standby
+    pid = _standby_ready(host)
+    assert (host.pid_dir / f"{pid}.json").exists(), "a pidfile for the sweep, like a server's"
+    with open(f"/proc/{pid}/maps") as f:  # it holds no CUDA context (nor anything of the server's)
+        assert "libcuda" not in f.read()
+    warm, url2 = _launch(host, script, tmp_path / "warm.log", env={"X_MODE": "a"}, cwd=str(tmp_path))
+    host.wait_healthy(url2, 20, warm)
+    try:
+        assert warm.standby and warm.pid == warm.pgid == pid and os.getpgid(pid) == pid
+        import urllib.request
+
+        assert urllib.request.urlopen(url2).read() == urllib.request.urlopen(url).read() == b"0.125"
+        c, w = ((tmp_path / n).read_text().splitlines() for n in ("cold.log", "warm.log"))
+        assert w[0].startswith(f"infergoal: standby pid={pid} runs this launch (preloaded decimal http.server")
+        assert w[1:] == c and len(c) == 4  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
+        host.stop(warm, grace_s=2)
+        assert not host.alive(warm) and _gone(pid)
+        assert not (host.pid_dir / f"{pid}.json").exists()
+    finally:
+        host.stop(cold, grace_s=2)
+        host.close()
+
+
+def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script):
+    host = LocalHost(tmp_path / "state")
+    first, url = _launch(host, script, tmp_path / "a.log", env={"X_MODE": "a"})
+    host.wait_healthy(url, 20, first)
+    host.stop(first, grace_s=2)
+    pid = _standby_ready(host)
+    second, url = _launch(host, script, tmp_path / "b.log", env={"X_MODE": "b"})
+    try:
+        assert not second.standby and second.pid != pid
+        assert _gone(pid) and not (host.pid_dir / f"{pid}.json").exists()
+        host.wait_healthy(url, 20, second)
+    finally:
+        host.stop(second, grace_s=2)
+    # A launch of that environment next gets the standby made for it.
+    _standby_ready(host)
+    third, url = _launch(host, script, tmp_path / "c.log", env={"X_MODE": "b"})
+    try:
+        assert third.standby
+        host.wait_healthy(url, 20, third)
+    finally:
+        host.stop(third, grace_s=2)
+        host.close()
+
+
+def test_the_orphan_sweep_ends_a_standby_whose_orchestrator_died(tmp_path, script):
+    host = LocalHost(tmp_path)
+    proc, url = _launch(host, script, tmp_path / "s.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    fresh = LocalHost(tmp_path)
+    assert fresh.sweep_orphans() == []  # its orchestrator lives: not an orphan
+    pidfile = tmp_path / "servers" / f"{pid}.json"
+    pidfile.write_text(json.dumps(json.loads(pidfile.read_text()) | {"owner_pid": _dead_pid()}))
+    # A real orphan is reaped by init; this one is our child, so reap it while the sweep waits on it.
+    sb = host._standby
+    threading.Thread(target=lambda: sb.popen.wait(), daemon=True).start()
+    assert fresh.sweep_orphans() == [pid]
+    assert _gone(pid) and not pidfile.exists()
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_close_ends_the_standby_and_a_launch_without_preload_never_makes_one(tmp_path, script):
+    host = LocalHost(tmp_path)
+    proc, url = _launch(host, script, tmp_path / "s.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    with host.quiet():  # a measurement: the standby is paused, then goes on
+        assert _state(pid) == "T"
+    assert _state(pid) != "T"
+    with host.quiet():
+        host.close()  # ends a paused standby too
+    assert _gone(pid) and not (tmp_path / "servers" / f"{pid}.json").exists()
+    for preload, argv0 in (((), None), (PRELOAD, "-u")):  # no modules named; an interpreter flag
+        port = host.free_port()
+        argv = [sys.executable, *([argv0] if argv0 else []), script, str(port), "serve"]
+        p = host.start(argv, env=None, cwd=None, log_path=tmp_path / "n.log", preload=preload)
+        host.wait_healthy(f"http://127.0.0.1:{port}/health", 20, p)
+        host.stop(p, grace_s=2)
+        assert not p.standby and host._standby is None
+        assert [f.name for f in (tmp_path / "servers").glob("*.json")] == []
+    off = LocalHost(tmp_path, standby=False)  # the workspace's switch
+    p, url = _launch(off, script, tmp_path / "off.log")
+    off.wait_healthy(url, 20, p)
+    off.stop(p, grace_s=2)
+    assert off._standby is None
+
+
+def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script):
+    host = LocalHost(tmp_path)
+    proc, url = _launch(host, script, tmp_path / "s.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    crash, url = _launch(host, script, tmp_path / "crash.log", mode="crash")
+    assert crash.standby and crash.pid == pid
+    with pytest.raises(ServerCrashed, match="(?s)infergoal: standby.*engine failed: boom"):
+        host.wait_healthy(url, 20, crash)
+    # Killed after the hand-over but before its server listens: a crash too, with the log's tail.
+    proc, url = _launch(host, script, tmp_path / "s2.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    os.kill(pid, signal.SIGSTOP)  # hold it before it reads the job, then kill it
+    dead, url = _launch(host, script, tmp_path / "dead.log")
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(ServerCrashed, match="infergoal: standby"):
+        host.wait_healthy(url, 20, dead)
+    host.stop(dead, grace_s=1)
+    host.close()
