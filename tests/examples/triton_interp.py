@@ -22,6 +22,7 @@ def import_interpreted():
     if str(HFSERVE) not in sys.path:
         sys.path.insert(0, str(HFSERVE))
     _vectorise_generic_reduce()
+    _cache_np_dtypes()
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -81,3 +82,29 @@ def _vectorise_generic_reduce() -> None:
 
     ReduceOps._slow_generic_reduce = ReduceOps.generic_reduce
     ReduceOps.generic_reduce = generic_reduce
+
+
+def _cache_np_dtypes() -> None:
+    """The interpreter's ``_get_np_dtype`` (called for every value it makes) builds its 17-entry
+    table of Triton to numpy dtypes on every call. Look the same table up instead, filled from the
+    function itself on first use of each dtype: the same answer for every dtype."""
+    from triton import language as tl
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_slow_get_np_dtype", None) is not None:
+        return
+    slow = interpreter._get_np_dtype
+    table: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty  # the function's own block case: its element type's entry
+        if isinstance(tt_dtype, tl.pointer_type):
+            return slow(tt_dtype)
+        np_dtype = table.get(tt_dtype)
+        if np_dtype is None:
+            np_dtype = table[tt_dtype] = slow(tt_dtype)
+        return np_dtype
+
+    interpreter._slow_get_np_dtype = slow
+    interpreter._get_np_dtype = get_np_dtype
