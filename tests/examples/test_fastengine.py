@@ -310,9 +310,11 @@ def test_packed_prefill_equals_one_at_a_time() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
-def test_fused_prefill_attention_equals_torch(dtype, interpreted) -> None:
+def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -> None:
     """prefill_attn="fused" (Triton RoPE + store over every packed row, SDPA with GQA on the pool) equals
-    "torch" for a whole prompt, a chunk and a packed set; a perturbed kernel (positions off by one) fails."""
+    "torch" for a whole prompt, a chunk and a packed set, with rope_store's one-(row, head) programs and
+    with its prefill programs of several rows (what a prefill of >= ROPE_ROWS_MIN rows runs); a perturbed
+    kernel (positions off by one) fails."""
     import kernels
 
     tol = STEP_TOL[dtype]
@@ -326,13 +328,18 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted) -> None:
     Kw = fm.K.clone()
     fm.set_prefill_attn("fused")
     assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
+    if dtype == torch.float32:  # the prefill's rows kernel, here on a few rows (bit-equal: one dtype is enough)
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "ROPE_ROWS_MIN", 1)
+            m.setattr(kernels, "ROPE_ROWS", 4)
+            assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
     fm.set_kernels("triton")  # with the fused norms and SwiGLU as well
     assert close(fm.prefill_packed(parts, all_logits=True), want)
     fm.set_kernels("torch")
     orig = kernels.rope_store
 
-    def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None):
-        return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots)
+    def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None, rows=None):
+        return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots, rows)
 
     kernels.rope_store = shifted
     try:
