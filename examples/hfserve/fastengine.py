@@ -496,7 +496,9 @@ class FastEngine:
         filling: _FSeq | None = None  # a chunked prefill in progress (staging slot)
         late: list = []  # requests with events of the last decode step not yet woken (see _decode)
         while True:
-            if late and not active:  # no next step to launch first: stream them now
+            # The last step's events wait for the next launch, unless none comes next (nothing active,
+            # or a job first: a scoring pass, a prompt to prefill): then they are streamed now.
+            if late and (not active or not self.jobs.empty()):
                 wake(late)
                 late = []
             drain_jobs(self.jobs, pending, self._safe_score, block=not active and not pending and filling is None)

@@ -65,6 +65,13 @@ Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*
 ~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
 whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
 
+Prefill ``rope_store`` rows (written before measuring; *prediction*): the sixth session's profile of A's
+4096-token prefill put ``_rope_store_kernel`` at 3.21 ms (100 us per layer for ~100 MB: qkv read, q and
+the K/V rows written; ~1 TB/s) against ~1 ms at the 3-3.5 TB/s the norms and SwiGLU reach: 164k one-warp
+programs of 256 bytes each. ``_rope_store_rows_kernel`` does the same arithmetic over 16 rows of a head
+per program (4 warps, 128-bit loads, 48 registers for sm_90): *prediction* 3.21 -> ~1.0 ms per A prefill
+(-2.2 ms of TTFT), 26.1 -> ~7.6 ms in C's packed burst; decode (< ROPE_ROWS_MIN rows) is unchanged.
+
 ``get_ops("torch" | "triton" | "triton-gemv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
