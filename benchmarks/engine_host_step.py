@@ -16,7 +16,14 @@ Per (variant, batch, gpu_ms), over the steps where the whole burst decodes toget
   is ``gpu_ms``, the rest is host time and GIL waits);
 * ``host_ms``: ``step_ms - gpu_ms``;
 * ``cpu_ms``: the process's CPU time per step (engine thread + event loop: all of the host work);
-* ``engine_cpu_ms``: the engine thread's own CPU time per step.
+* ``engine_cpu_ms``: the engine thread's own CPU time per step;
+* ``ids_late_ms``: the median delay from a step's end to its ids back in the engine thread (the sleep's
+  overshoot and the wait for the GIL);
+* ``to_launch_ms``: the median time from the engine's decode call to the step's launch (where the engine
+  thread waits for the GIL if the event loop took it in between);
+* ``idle_ms``: the device's idle time per step, from one step's end to the next step's launch (the stub
+  is asynchronous as a graph replay is: queued at once, its ids ready ``gpu_ms`` after the device is
+  free, ``ids.tolist()`` waiting for them with the GIL released).
 
 ``before`` is the hfserve folder at a git commit (``--before``, default the commit this change
 started from), ``after`` the working tree's; each runs in its own process, the client in a third.
@@ -76,7 +83,8 @@ async def _client(port: int, n: int, prompt: list[int], max_tokens: int) -> None
 # --------------------------------------------------------------------------- server + measurement
 
 
-def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[float], steps: int) -> list[dict]:
+def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[float], steps: int,
+                       launch_us: float = 0.0) -> list[dict]:
     sys.path.insert(0, hfdir)
     import server as srv  # noqa: PLC0415  (the variant's own copy)
     import torch
@@ -91,21 +99,44 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
     table = torch.tensor(words + words[:batch], dtype=torch.long)
     vocab = eng.model.config.vocab_size
     logits = {b: torch.zeros(b, vocab) for b in eng.decoder.batch_buckets}
-    state = {"k": 0, "gpu_s": 0.0}
+    state = {"k": 0, "gpu_s": 0.0, "free_at": 0.0, "launch_s": launch_us / 1e6}
+    device: list[tuple[int, float, float]] = []  # (batch, launch, end) of each stub step, as a GPU would see it
+    late: list[float] = []  # per step: how long after the step's end the engine thread had its ids back
 
-    def stub_decode(tokens, pos, c):  # the GPU step: sleep with the GIL released, fixed ids
-        time.sleep(state["gpu_s"])
+    class DeviceIds:
+        """The step's ids on the "device": ``tolist()`` waits (GIL released) until the step is done."""
+
+        def __init__(self, t: torch.Tensor, done_at: float) -> None:
+            self.t, self.done_at = t, done_at
+
+        def __getitem__(self, sl):
+            return DeviceIds(self.t[sl], self.done_at)
+
+        def tolist(self) -> list[int]:
+            time.sleep(max(0.0, self.done_at - time.perf_counter()))
+            late.append(time.perf_counter() - self.done_at)  # the sleep's overshoot + the wait for the GIL
+            return self.t.tolist()
+
+    def stub_decode(tokens, pos, c):
+        """The GPU step, asynchronous as a graph replay is: queued at once, done ``gpu_s`` after the
+        device is free; the host waits only when it reads the ids."""
+        if state["launch_s"]:
+            time.sleep(state["launch_s"])  # the input copy + cudaGraphLaunch's host time, GIL released
+        now = time.perf_counter()
+        done_at = max(now, state["free_at"]) + state["gpu_s"]
+        state["free_at"] = done_at
         b, k = tokens.shape[0], state["k"] % len(words)
         state["k"] += 1
-        return logits[b], table[k:k + b]
+        device.append((b, now, done_at))
+        return logits[b], DeviceIds(table[k:k + b], done_at)
 
     eng.fm.decode = stub_decode
     marks: list[tuple[int, float, float]] = []  # (batch, wall, engine thread cpu) at each decode start
     real_decode = eng._decode
 
-    def timed_decode(active):
+    def timed_decode(active, *rest):
         marks.append((len(active), time.perf_counter(), time.thread_time()))
-        return real_decode(active)
+        return real_decode(active, *rest)
 
     eng._decode = timed_decode
     port = _free_port()
@@ -118,6 +149,8 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
         for gpu_ms in gpu_ms_list:
             state["gpu_s"] = gpu_ms / 1000
             marks.clear()
+            device.clear()
+            late.clear()
             cpu0 = time.process_time()
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--client", str(port), str(batch), str(steps + 20),
@@ -130,8 +163,15 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
             # The process's CPU over the run also counts prefill and the ramp: scale to the full steps' share.
             total_wall = marks[-1][1] - marks[0][1]
             step_ms = wall / n * 1000
+            # The device's idle time between steps (from one step's end to the next one's launch).
+            dev = [d for d in device if d[0] == batch][5:]
+            idle = [max(0.0, b[1] - a[2]) for a, b in zip(dev, dev[1:], strict=False)]
             out.append({"batch": batch, "gpu_ms": gpu_ms, "steps": n, "step_ms": round(step_ms, 3),
                         "host_ms": round(step_ms - gpu_ms, 3),
+                        "idle_ms": round(sum(idle) / max(len(idle), 1) * 1000, 3),
+                        "to_launch_ms": _median_ms([d[1] - m[1] for m, d in zip(marks, device, strict=False)
+                                                    if m[0] == batch]),
+                        "ids_late_ms": _median_ms(late),
                         "cpu_ms": round(cpu / max(len(marks), 1) * 1000, 3),
                         "engine_cpu_ms": round((full[-1][2] - full[0][2]) / n * 1000, 3),
                         "total_wall_s": round(total_wall, 2),
@@ -140,6 +180,10 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
 
     asyncio.run(run())
     return out
+
+
+def _median_ms(xs: list[float]) -> float | None:
+    return round(sorted(xs)[len(xs) // 2] * 1000, 3) if xs else None
 
 
 def _variant_dir(ref: str | None, tmp: str) -> str:
@@ -159,6 +203,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--gpu-ms", type=float, nargs="+", default=[0.0, 5.5])
     ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--launch-us", type=float, default=0.0,
+                    help="the stub step's launch holds the GIL released this long first (on a GPU: the input"
+                         " copy and cudaGraphLaunch, both of which release it)")
     ap.add_argument("--before", default=BEFORE, help="git ref of the 'before' hfserve folder")
     ap.add_argument("--model", default=None, help="default: the forged tiny model")
     ap.add_argument("--json", default=None)
@@ -171,7 +218,7 @@ def main() -> None:
         return
     if a.measure:
         hfdir, batch = a.measure
-        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps)
+        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps, a.launch_us)
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.model is None:
@@ -187,7 +234,7 @@ def main() -> None:
         for batch in a.batch:
             for name, d in dirs.items():  # before and after back to back, per batch size
                 cmd = [sys.executable, __file__, "--measure", d, str(batch), "--model", a.model, "--steps",
-                       str(a.steps), "--gpu-ms", *map(str, a.gpu_ms)]
+                       str(a.steps), "--launch-us", str(a.launch_us), "--gpu-ms", *map(str, a.gpu_ms)]
                 p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if not line:
@@ -196,7 +243,7 @@ def main() -> None:
                     rows.append({"variant": name, **r})
     print(f"before = {a.before} ({before_sha}), after = the working tree; load avg {os.getloadavg()[0]:.2f}")
     print(f"{'batch':>5} {'gpu_ms':>6} | {'step_ms b/a':>15} {'host_ms b/a':>15} {'cpu_ms b/a':>15} "
-          f"{'engine_cpu b/a':>15} | host ratio  all events")
+          f"{'engine_cpu b/a':>15} {'idle_ms b/a':>15} {'ids_late b/a':>15} | host ratio  all events")
     for batch in a.batch:
         for g in a.gpu_ms:
             b, f = (next(r for r in rows if r["variant"] == v and r["batch"] == batch and r["gpu_ms"] == g)
@@ -207,7 +254,7 @@ def main() -> None:
 
             ratio = b["host_ms"] / f["host_ms"] if f["host_ms"] > 0 else float("inf")
             print(f"{batch:>5} {g:>6} | {pair('step_ms'):>15} {pair('host_ms'):>15} {pair('cpu_ms'):>15} "
-                  f"{pair('engine_cpu_ms'):>15} | {ratio:9.2f}x  {b['events_ok'] and f['events_ok']}")
+                  f"{pair('engine_cpu_ms'):>15} {pair('idle_ms'):>15} {pair('ids_late_ms'):>15} | {ratio:9.2f}x  {b['events_ok'] and f['events_ok']}")
     if a.json:
         Path(a.json).write_text(json.dumps({"before": a.before, "before_sha": before_sha, "rows": rows}, indent=1))
 

@@ -414,6 +414,12 @@ class GraphDecoder:
 
     def step(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Decode one token for slots ``0..n-1``; returns (float logits [>=n, V], greedy ids [n])."""
+        logits, ids = self.launch(tokens, positions)
+        return logits, ids.tolist()  # the step's one device->host copy, the whole batch at once
+
+    def launch(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` without waiting for it: the step is queued on the device and this returns at
+        once with (float logits [>=n, V], greedy ids [n] on the device); ``ids.tolist()`` waits."""
         n = len(tokens)
         b = self._bucket(self.batch_buckets, n)
         c = self._bucket(self.ctx_buckets, max(positions) + 1)
@@ -428,7 +434,7 @@ class GraphDecoder:
             graph.replay()
         else:
             logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
-        return logits, ids[:n].tolist()  # the step's one device->host copy, the whole batch at once
+        return logits, ids[:n]
 
 
 class _FSeq:
@@ -501,8 +507,17 @@ class FastEngine:
         active: list[_FSeq] = []  # decoding, in slots 0..len-1
         pending: deque = deque()
         filling: _FSeq | None = None  # a chunked prefill in progress (staging slot)
+        late: list = []  # requests with events of the last decode step not yet woken (see _decode)
         while True:
+            # The last step's events wait for the next launch, unless none comes next (nothing active,
+            # or a job first: a scoring pass, a prompt to prefill): then they are streamed now.
+            if late and (not active or not self.jobs.empty()):
+                wake(late)
+                late = []
             drain_jobs(self.jobs, pending, self._safe_score, block=not active and not pending and filling is None)
+            if late and (pending or filling is not None) and len(active) < self.max_batch:  # a prefill comes first
+                wake(late)
+                late = []
             # Prefill: whole prompts first (chunk 0), or one chunk per step between decode steps.
             budget = self.chunk if self.chunk else None
             while (filling is not None or pending) and len(active) < self.max_batch:
@@ -539,9 +554,12 @@ class FastEngine:
                         break
             if active:
                 try:
-                    active = self._decode(active)
+                    active, late = self._decode(active, late)
                 except Exception as exc:
                     print(f"hfserve: decode failed: {exc!r}", file=sys.stderr, flush=True)
+                    if late:
+                        wake(late)
+                        late = []
                     for s in active:
                         s.req.emit("error", str(exc))
                     active = []
@@ -622,12 +640,23 @@ class FastEngine:
             wake([req])
         return done
 
-    def _decode(self, active: list[_FSeq]) -> list[_FSeq]:
-        """One decode step over ``active``. Host work per request is a few attribute updates and a
-        deque append: the sampled ids come back in one copy for the whole batch, a greedy request
-        without logprobs gets its bare id (the HTTP side builds the event and detokenizes), and the
-        handlers are woken by one event-loop call for the step, not one per token per request."""
-        logits, greedy = self.decoder.step([s.last for s in active], [s.pos for s in active])
+    def _decode(self, active: list[_FSeq], late: list) -> tuple[list[_FSeq], list]:
+        """One decode step over ``active``; returns the sequences still decoding and the requests whose
+        events this step queued, to be woken after the next step's launch (``late`` are the previous
+        step's: they are woken here, once this step is queued on the device).
+
+        Host work per request is a few attribute updates and a deque append: the sampled ids come
+        back in one copy for the whole batch, a greedy request without logprobs gets its bare id (the
+        HTTP side builds the event and detokenizes), and the handlers are woken by one event-loop
+        call for the step, not one per token per request. That call comes *after* the next step is
+        launched: the event loop's streaming of a step's tokens (detokenize, SSE, one socket write
+        per stream: ~2 ms at batch 64) then runs while the device computes the next step and the
+        engine thread waits on its ids with the GIL released, instead of between the sync and the
+        next launch, where it held the GIL the launch needed (the device idle meanwhile)."""
+        logits, ids = self.decoder.launch([s.last for s in active], [s.pos for s in active])
+        if late:
+            wake(late)
+        greedy = ids.tolist()  # waits for the step: the step's one device->host copy
         finished: list[int] = []
         eos = self.eos_ids
         for i, s in enumerate(active):
@@ -646,7 +675,7 @@ class FastEngine:
             s.last = tok
             if finish_check(req, tok, eos, notify=False):
                 finished.append(i)
-        wake([s.req for s in active])
+        step_reqs = [s.req for s in active]
         # Refill holes from the end, so decoding slots stay 0..n-1 (KV moves, not gathers).
         for i in reversed(finished):
             last = len(active) - 1
@@ -654,7 +683,7 @@ class FastEngine:
                 self.fm.move_slot(last, i, active[last].pos)
                 active[i] = active[last]
             active.pop()
-        return active
+        return active, step_reqs
 
     def _safe_score(self, job: Any) -> None:
         try:

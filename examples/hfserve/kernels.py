@@ -65,6 +65,13 @@ Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*
 ~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
 whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
 
+Prefill ``rope_store`` rows (written before measuring; *prediction*): the sixth session's profile of A's
+4096-token prefill put ``_rope_store_kernel`` at 3.21 ms (100 us per layer for ~100 MB: qkv read, q and
+the K/V rows written; ~1 TB/s) against ~1 ms at the 3-3.5 TB/s the norms and SwiGLU reach: 164k one-warp
+programs of 256 bytes each. ``_rope_store_rows_kernel`` does the same arithmetic over 16 rows of a head
+per program (4 warps, 128-bit loads, 48 registers for sm_90): *prediction* 3.21 -> ~1.0 ms per A prefill
+(-2.2 ms of TTFT), 26.1 -> ~7.6 ms in C's packed burst; decode (< ROPE_ROWS_MIN rows) is unchanged.
+
 ``get_ops("torch" | "triton" | "triton-gemv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
@@ -274,6 +281,40 @@ if HAVE_TRITON:
             tl.store(KL + off, y, mask=dm)
             v = tl.load(QKV + b * s_qkv + (NH + NKV + kh) * HD + d, mask=dm, other=0.0)
             tl.store(VL + off, v, mask=dm)
+
+    @triton.jit
+    def _rope_store_rows_kernel(QKV, COS, SIN, POS, SLOT, QO, KL, VL, B, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
+                                NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
+                                ROWS: tl.constexpr):
+        # _rope_store_kernel's arithmetic, element for element, over ROWS rows of one head per program
+        # (prefill: thousands of rows, each stored at its own (slot, pos)). One (row, head) per program
+        # is 256 bytes of q in a one-warp program: 164k of them at 4096 rows, ~1 TB/s on the H200.
+        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        h = tl.program_id(1)
+        rm = r < B
+        p = tl.load(POS + r, mask=rm, other=0).to(tl.int64)
+        d = tl.arange(0, BLOCK_D)
+        dm = d < HD
+        m2 = rm[:, None] & dm[None, :]
+        half: tl.constexpr = HD // 2
+        partner = tl.where(d < half, d + half, d - half)
+        sign = tl.where(d < half, -1.0, 1.0)
+        dt = QO.dtype.element_ty
+        c = tl.load(COS + p[:, None] * s_cos + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        s = tl.load(SIN + p[:, None] * s_cos + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        base = QKV + r[:, None] * s_qkv + h * HD
+        x = tl.load(base + d[None, :], mask=m2, other=0.0).to(tl.float32)
+        xr = tl.load(base + partner[None, :], mask=m2, other=0.0).to(tl.float32) * sign[None, :]
+        y = ((x * c).to(dt).to(tl.float32) + (xr * s).to(dt).to(tl.float32)).to(dt)
+        if h < NH:
+            tl.store(QO + r[:, None] * s_qb + h * s_qh + d[None, :], y, mask=m2)
+        else:
+            kh = h - NH
+            sl = tl.load(SLOT + r, mask=rm, other=0).to(tl.int64)
+            off = sl[:, None] * s_kb + kh * s_kh + p[:, None] * s_kp + d[None, :]
+            tl.store(KL + off, y, mask=m2)
+            v = tl.load(QKV + r[:, None] * s_qkv + (NH + NKV + kh) * HD + d[None, :], mask=m2, other=0.0)
+            tl.store(VL + off, v, mask=m2)
 
     @triton.jit
     def _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -556,11 +597,20 @@ def silu_mul(gu: torch.Tensor, inter: int, out: torch.Tensor | None = None) -> t
     return o
 
 
+ROPE_ROWS = 16  # prefill rows per rope_store program (one head): 2048 elements over 4 warps
+ROPE_ROWS_MIN = 256  # from this many rows (a prefill's) rope_store runs ROPE_ROWS rows per program
+
+
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
                K: torch.Tensor, V: torch.Tensor, layer: int, q_out: torch.Tensor | None = None,
-               slots: torch.Tensor | None = None) -> torch.Tensor:
+               slots: torch.Tensor | None = None, rows: int | None = None) -> torch.Tensor:
     """Triton RoPE of B rows' q and k plus the KV-pool store at (``slots[b]``, ``pos[b]``), in one
-    launch; returns q [B, nh, hd]. ``slots`` None: row b is slot b (a decode step)."""
+    launch; returns q [B, nh, hd]. ``slots`` None: row b is slot b (a decode step).
+
+    ``rows`` per program (one head each): 1 is one program per (row, head), the decode step's; a
+    prefill's rows (``slots`` given, at least ``ROPE_ROWS_MIN`` of them) default to ``ROPE_ROWS``,
+    the same arithmetic in programs big enough to stream at bandwidth (H200, 4096 rows: the
+    one-warp programs moved ~100 MB per layer in ~100 us, ~1 TB/s)."""
     _need_triton()
     B, nkv, hd = qkv.shape[0], K.shape[2], K.shape[4]
     nh = qkv.shape[-1] // hd - 2 * nkv
@@ -568,6 +618,15 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
     assert K.stride() == V.stride() and K.stride(-1) == 1
     q = q_out if q_out is not None else torch.empty(B, nh, hd, dtype=qkv.dtype, device=qkv.device)
     KL, VL = K[layer], V[layer]  # views: the layer offset is folded into the pointer on the host
+    if rows is None:
+        rows = ROPE_ROWS if slots is not None and B >= ROPE_ROWS_MIN else 1
+    if rows > 1:
+        assert slots is not None, "the rows kernel is prefill's: it takes each row's slot"
+        _rope_store_rows_kernel[(triton.cdiv(B, rows), nh + nkv)](
+            qkv, cos, sin, pos, slots, q, KL, VL, B, qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1),
+            KL.stride(0), KL.stride(1), KL.stride(2), NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd),
+            ROWS=rows, num_warps=4)
+        return q
     _rope_store_kernel[(B, nh + nkv)](qkv, cos, sin, pos, pos if slots is None else slots, q, KL, VL,
                                       qkv.stride(0), cos.stride(0),
                                       q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),

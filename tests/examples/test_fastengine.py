@@ -310,9 +310,11 @@ def test_packed_prefill_equals_one_at_a_time() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
-def test_fused_prefill_attention_equals_torch(dtype, interpreted) -> None:
+def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -> None:
     """prefill_attn="fused" (Triton RoPE + store over every packed row, SDPA with GQA on the pool) equals
-    "torch" for a whole prompt, a chunk and a packed set; a perturbed kernel (positions off by one) fails."""
+    "torch" for a whole prompt, a chunk and a packed set, with rope_store's one-(row, head) programs and
+    with its prefill programs of several rows (what a prefill of >= ROPE_ROWS_MIN rows runs); a perturbed
+    kernel (positions off by one) fails."""
     import kernels
 
     tol = STEP_TOL[dtype]
@@ -326,13 +328,18 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted) -> None:
     Kw = fm.K.clone()
     fm.set_prefill_attn("fused")
     assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
+    if dtype == torch.float32:  # the prefill's rows kernel, here on a few rows (bit-equal: one dtype is enough)
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "ROPE_ROWS_MIN", 1)
+            m.setattr(kernels, "ROPE_ROWS", 4)
+            assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
     fm.set_kernels("triton")  # with the fused norms and SwiGLU as well
     assert close(fm.prefill_packed(parts, all_logits=True), want)
     fm.set_kernels("torch")
     orig = kernels.rope_store
 
-    def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None):
-        return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots)
+    def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None, rows=None):
+        return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots, rows)
 
     kernels.rope_store = shifted
     try:
@@ -400,3 +407,89 @@ def test_packed_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
     # next 2 (the 30-token one finished at its first token, freeing a slot); under the 40-token chunk
     # budget some passes still pack while the 30-token prompt goes the chunked one-prompt way.
     assert max(sizes["one"]) == 1 and sizes["packed"][0] == 3 and max(sizes["chunked"]) >= 2, sizes
+
+
+def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
+    """A decode step's events are woken once the *next* step is queued on the device (issue 24, C's
+    served overhead): the event loop's streaming of step k then overlaps step k+1 instead of taking
+    the GIL between step k's sync and step k+1's launch. Without a next step they are woken at once,
+    and every event still arrives, in order (no model: a fake decoder records the order of things)."""
+    import asyncio
+    import queue
+    import threading
+    import time
+
+    import engine as engine_mod
+    import fastengine
+
+    log: list = []
+
+    class Decoder:
+        k = 0
+
+        def launch(self, tokens, positions):
+            Decoder.k += 1
+            log.append(("launch", Decoder.k, len(tokens)))
+            return None, torch.tensor([100 + Decoder.k] * len(tokens))
+
+    real_wake = fastengine.wake
+    monkeypatch.setattr(fastengine, "wake", lambda reqs: (log.append(("wake", Decoder.k)), real_wake(reqs)))
+    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
+    eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = Decoder(), {2}, 4, 0, 0
+    eng.fm = type("FM", (), {"move_slot": lambda *a: None})()
+    loop = asyncio.new_event_loop()
+    reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=n, temperature=0.0, top_p=1.0, seed=None,
+                                  ignore_eos=True, logprobs=None, loop=loop) for n in (3, 5)]
+    active = []
+    for r in reqs:
+        s = fastengine._FSeq(r, None)
+        s.last, s.pos, r.n_generated = 7, 1, 1
+        active.append(s)
+    late: list = []
+    while active:
+        active, late = eng._decode(active, late)
+    # The wake of step k's events comes after step k+1's launch, never before it.
+    assert log[:4] == [("launch", 1, 2), ("launch", 2, 2), ("wake", 2), ("launch", 3, 1)]
+    assert [e for e in log if e[0] == "launch"][-1] == ("launch", 4, 1) and log[-1] == ("wake", 4)
+    assert late == [reqs[1]]  # the last step's events: the worker loop wakes these at once (no next step)
+
+    # The worker loop end to end: all events reach the handlers, the last step's too.
+    eng.jobs = queue.Queue()
+    eng.fm = type("FM", (), {"move_slot": lambda *a: None, "device": torch.device("cpu")})()
+
+    def first_token(s, row, notify=True):  # the prompt's token: id 101, never the last
+        s.req.push("token", 101)
+        s.last, s.req.n_generated = 101, 1
+        if notify:
+            real_wake([s.req])
+        return False
+
+    def prefill_some(s, row, budget):
+        s.pos, eng._pending_logits = 1, None
+        return True, 1
+
+    eng._first_token, eng._prefill_some = first_token, prefill_some
+    got: dict[int, list] = {}
+
+    async def handler(i: int, r) -> None:
+        got[i] = []
+        while True:
+            for kind, payload in await r.events.get_batch():
+                got[i].append(payload)
+                if kind == "done":
+                    return
+
+    reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=n, temperature=0.0, top_p=1.0, seed=None,
+                                  ignore_eos=True, logprobs=None, loop=loop) for n in (2, 4)]
+    threading.Thread(target=eng._loop, daemon=True).start()
+    for r in reqs:
+        eng.submit(r)
+    t0 = time.perf_counter()
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(handler(i, r) for i, r in enumerate(reqs))), 10)
+
+    loop.run_until_complete(main())
+    loop.close()
+    assert time.perf_counter() - t0 < 10
+    assert [len(got[0]), len(got[1])] == [3, 5] and got[0][-1] == got[1][-1] == "length"

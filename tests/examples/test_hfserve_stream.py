@@ -137,3 +137,26 @@ def test_event_stream_batches_and_wakes_once() -> None:
         assert await asyncio.wait_for(req.events.get(), 5) == ("error", "boom")
 
     asyncio.run(go())
+
+
+def test_prompt_ids_checked_as_before() -> None:
+    """The token-id prompt check (C-level passes since issue 24's A work) accepts and refuses exactly
+    what the per-element loop did: JSON integers only (no bools, floats, strings), each in [0, vocab)."""
+    import types
+
+    eng = types.SimpleNamespace(tokenizer=None, model=types.SimpleNamespace(config=types.SimpleNamespace(vocab_size=10)))
+    s = srv.Server(eng, "m")
+
+    def before(p):  # the check as it was
+        if not (isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)):
+            return "type"
+        return "range" if any(t < 0 or t >= 10 for t in p) else list(p)
+
+    for p in ([1, 2, 9], [0], [[3, 4]], [1, True], [True], [1, 2.0], [1, "2"], [1, None], [], [-1, 2], [1, 10],
+              [9, 0, 5, 5]):
+        try:
+            got = s._encode_prompt(p)
+        except srv.BadRequest as exc:
+            got = "range" if "out of range" in str(exc) else "type"
+        want = before(p[0] if len(p) == 1 and isinstance(p[0], list) else p)
+        assert got == want, p

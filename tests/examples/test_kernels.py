@@ -130,10 +130,13 @@ def test_rope_store(dtype) -> None:
     assert not close(q_bad, q_want, dtype) and not close(Kw, Kr, dtype)
 
 
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_store_prefill_rows(dtype) -> None:
+def test_rope_store_prefill_rows(dtype, rows) -> None:
     """rope_store over packed prefill rows: two sequences' tokens (slot 2 at positions 4-7, slot 0 at
-    0-2) each stored at (slots[b], pos[b]); a row sent to the wrong slot is caught."""
+    0-2) each stored at (slots[b], pos[b]); a row sent to the wrong slot is caught. ``rows`` 4: the
+    prefill kernel, 4 rows of a head per program (7 rows: a ragged last block), equal bit for bit to
+    the one-(row, head)-per-program kernel; with the sign of sin flipped it is caught too."""
     cos, sin = _tables(dtype)
     pos = torch.tensor([4, 5, 6, 7, 0, 1, 2])
     slots = torch.tensor([2, 2, 2, 2, 0, 0, 0])
@@ -141,14 +144,21 @@ def test_rope_store_prefill_rows(dtype) -> None:
     K0, V0 = _pool(dtype, 18)
     Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
     q_want = K.rope_store_ref(qkv, cos, sin, pos, Kr, Vr, 0, slots=slots)
-    q = K.rope_store(qkv, cos, sin, pos, Kt, Vt, 0, slots=slots)
+    q = K.rope_store(qkv, cos, sin, pos, Kt, Vt, 0, slots=slots, rows=rows)
     assert close(q, q_want, dtype) and close(Kt, Kr, dtype) and torch.equal(Vt, Vr)
     touched = torch.zeros(LAYERS, SLOTS, NKV, CAP, dtype=torch.bool)
     touched[0, slots, :, pos] = True
     assert torch.equal(Kt[~touched], K0[~touched]) and not torch.equal(Kt[touched], K0[touched])
     Kw, Vw = K0.clone(), V0.clone()
-    K.rope_store(qkv, cos, sin, pos, Kw, Vw, 0, slots=torch.tensor([2, 2, 2, 2, 1, 0, 0]))  # one row astray
+    K.rope_store(qkv, cos, sin, pos, Kw, Vw, 0, slots=torch.tensor([2, 2, 2, 2, 1, 0, 0]), rows=rows)  # one row astray
     assert not close(Kw, Kr, dtype) and not torch.equal(Vw, Vr)
+    if rows > 1:
+        K1, V1 = K0.clone(), V0.clone()
+        assert torch.equal(q, K.rope_store(qkv, cos, sin, pos, K1, V1, 0, slots=slots, rows=1))
+        assert torch.equal(Kt, K1) and torch.equal(Vt, V1)
+        Kb, Vb = K0.clone(), V0.clone()
+        q_bad = K.rope_store(qkv, cos, -sin, pos, Kb, Vb, 0, slots=slots, rows=rows)
+        assert not close(q_bad, q_want, dtype) and not close(Kb, Kr, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
