@@ -14,7 +14,6 @@ import argparse
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,25 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
 import kernels  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_engine import cuda_time as cuda_ms  # noqa: E402  (3 warm-ups, median of 20 CUDA-event times)
+
 NH, NKV, HD, CAP = 32, 8, 128, 4864
-
-
-def cuda_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    if not torch.cuda.is_available():  # a CPU smoke run (TRITON_INTERPRET=1): wall time, not a speed
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1000
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[len(ts) // 2]
 
 
 def main() -> None:
