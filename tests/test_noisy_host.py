@@ -96,15 +96,23 @@ def test_load_during_the_baseline_only_gives_no_false_goal_met(tmp_path, quiet):
     assert burn.started == 1
     assert not out.stop_reason.startswith("GoalMet"), out.stop_reason
     _measurable(out)
-    reported = _paired(store, out.run_id)[-1]
+    trials = store.list_trials(out.run_id)
+    used = [e.data for e in store.events(out.run_id, kind="measure.host") if e.trial_id == trials[0].id]
+    paired = _paired(store, out.run_id)
+    # The load was seen: the baseline's measurement was refused and redone after it lifted (client
+    # saturated), or used with the foreign load recorded for the sentinel / paired rounds to correct.
+    assert used[0]["attempts"] > 1 or used[0]["window"]["foreign_load"] > 1.0, used
+    if not paired:
+        # No claim was started: the candidate did not screen as meeting a goal 1.3x past its true
+        # ratio (the loaded baseline redone quietly, or slowed less than that; a fresh-clone CI run
+        # took this path), so there is no paired verdict to check.
+        cand = next(t for t in trials if t.proposer == "scripted")
+        assert cand.score is not None and cand.score < quiet["score"] * 1.3, (cand.score, quiet, out.stop_reason)
+        return
+    reported = paired[-1]
     assert not reported["met"]
     assert _agrees(reported, quiet), (reported, quiet)
     assert "paired speedup" in out.stop_reason
-    t0 = store.list_trials(out.run_id)[0]
-    used = [e.data for e in store.events(out.run_id, kind="measure.host") if e.trial_id == t0.id]
-    # Either the loaded baseline was refused (client saturated: redone after the load lifted), or it
-    # was used and the sentinel / the paired rounds corrected for it.
-    assert used[0]["attempts"] > 1 or used[0]["window"]["foreign_load"] > 1.0, used
 
 
 def test_load_during_a_candidate_only_is_remeasured_not_discarded(tmp_path, quiet):
