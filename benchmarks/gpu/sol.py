@@ -26,30 +26,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # One owner of the formulas: the speed-of-light check (gates/plausible.py) recomputes these floors per trial.
 from gates.plausible import floors, model_numbers  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_engine import cuda_time  # noqa: E402  (3 warm-ups, median of the CUDA-event times, ms)
+
 
 def measure(gib: float = 4.0, n: int = 8192, reps: int = 20) -> dict[str, float]:
     """Device-to-device copy bandwidth (bytes read + written) and bf16 GEMM rate, medians."""
-    def timed(fn, reps: int) -> float:
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1000)
-        return sorted(times)[len(times) // 2]
-
     src = torch.randn(int(gib * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    t = timed(lambda: dst.copy_(src), reps)
+    t = cuda_time(lambda: dst.copy_(src), reps) / 1000
     bw = 2 * src.numel() * 2 / t
     src = dst = None  # free before the GEMM buffers
     x = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")  # random, not zeros (zeros run faster)
     y = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
-    t = timed(lambda: x @ y, reps)
+    t = cuda_time(lambda: x @ y, reps) / 1000
     return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * n**3 / t, "gpu": torch.cuda.get_device_name()}
 
 
