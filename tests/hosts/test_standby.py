@@ -68,6 +68,15 @@ def _standby_ready(host: LocalHost, timeout: float = 20.0) -> int:
     pytest.fail("no standby came up")
 
 
+def _served_once(tmp_path: Path, script: str) -> tuple[LocalHost, int]:
+    """A local host that served (and stopped) one launch; the pid of the standby made meanwhile."""
+    host = LocalHost(tmp_path)
+    proc, url = _launch(host, script, tmp_path / "s.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    return host, _standby_ready(host)
+
+
 def _gone(pid: int, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -135,11 +144,7 @@ def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script):
 
 
 def test_the_orphan_sweep_ends_a_standby_whose_orchestrator_died(tmp_path, script):
-    host = LocalHost(tmp_path)
-    proc, url = _launch(host, script, tmp_path / "s.log")
-    host.wait_healthy(url, 20, proc)
-    host.stop(proc, grace_s=2)
-    pid = _standby_ready(host)
+    host, pid = _served_once(tmp_path, script)
     fresh = LocalHost(tmp_path)
     assert fresh.sweep_orphans() == []  # its orchestrator lives: not an orphan
     pidfile = tmp_path / "servers" / f"{pid}.json"
@@ -156,11 +161,7 @@ def _state(pid: int) -> str:
 
 
 def test_close_ends_the_standby_and_a_launch_without_preload_never_makes_one(tmp_path, script):
-    host = LocalHost(tmp_path)
-    proc, url = _launch(host, script, tmp_path / "s.log")
-    host.wait_healthy(url, 20, proc)
-    host.stop(proc, grace_s=2)
-    pid = _standby_ready(host)
+    host, pid = _served_once(tmp_path, script)
     with host.quiet():  # a measurement: the standby is paused, then goes on
         assert _state(pid) == "T"
     assert _state(pid) != "T"
@@ -183,11 +184,7 @@ def test_close_ends_the_standby_and_a_launch_without_preload_never_makes_one(tmp
 
 
 def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script):
-    host = LocalHost(tmp_path)
-    proc, url = _launch(host, script, tmp_path / "s.log")
-    host.wait_healthy(url, 20, proc)
-    host.stop(proc, grace_s=2)
-    pid = _standby_ready(host)
+    host, pid = _served_once(tmp_path, script)
     crash, url = _launch(host, script, tmp_path / "crash.log", mode="crash")
     assert crash.standby and crash.pid == pid
     with pytest.raises(ServerCrashed, match="(?s)infergoal: standby.*engine failed: boom"):
