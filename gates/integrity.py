@@ -119,10 +119,9 @@ def _probe_lengths(base_url: str, model: str, prompt: Any, n: int, timeout: floa
     usages = [e["usage"] for e in events if e.get("usage")]
     finishes = [c["finish_reason"] for c in choices if c.get("finish_reason")]
     choice = reply["choices"][0]
-    tokens = ((choice.get("logprobs") or {}).get("tokens")) or []
     return {"stream_chunks": counted, "stream_usage": usages[-1] if usages else None,
             "stream_finish": finishes[-1] if finishes else None,
-            "nonstream_tokens": mode.count(tok, tokens, choice.get("text") or ""),
+            "nonstream_tokens": _nonstream_count(choice, choices, counted, mode, tok),
             "nonstream_usage": reply.get("usage"), "nonstream_finish": choice.get("finish_reason")}
 
 
@@ -139,6 +138,24 @@ def _stream_count(choices: list[Mapping[str, Any]], mode: ApiMode, tok: Any) -> 
     if any(id_lists):
         return sum(len(ids or []) for ids in id_lists)
     return sum(1 for c in choices if c.get("text") or c.get("finish_reason") is None)
+
+
+def _nonstream_count(choice: Mapping[str, Any], stream_choices: list[Mapping[str, Any]], stream_counted: int,
+                     mode: ApiMode, tok: Any) -> int:
+    """Generated tokens in the non-streamed reply, as the client counts them.
+
+    With ids, the ids it carries. Without (a text-only engine), its text re-tokenized, which merges
+    neighbouring tokens (a reply of 9 tokens read back as 7 on transformers serve, failing a
+    `max_tokens=9` check in a test run), unless the text is exactly the streamed reply's joined
+    text: the same greedy reply, whose chunks mark where its tokens end, so it holds the tokens the
+    stream was counted to hold. A reply that differs from the stream (cut short, padded, another
+    decode) is counted from its own text as before."""
+    text = choice.get("text") or ""
+    if mode.token_ids:
+        return mode.count(tok, ((choice.get("logprobs") or {}).get("tokens")) or [], text)
+    if text and text == "".join(c.get("text") or "" for c in stream_choices):
+        return stream_counted
+    return mode.count(tok, None, text)
 
 
 def _check_max_tokens(probe: Mapping[str, Any], n: int, mode: ApiMode = ApiMode(), tolerance: float = 0.0) -> str:
