@@ -28,9 +28,9 @@ choices = [4, 16, 1]
 default = 4
 '''
 # Steps of the search start at 8 req/s; 4-token outputs: service 190 ms, capacity 5.3 req/s per slot.
-# The baseline has 4 slots (p90 TTFT <= 150 ms up to ~8 req/s), the better candidate 16: with 2 and 8
+# The baseline has 4 slots (p90 TTFT <= 150 ms up to ~11 req/s), the better candidate 16 (~76): with 2 and 8
 # the baseline's steps sat near 3.4 req/s, where the 16 requests of a step took 5 s and a
-# confirmation step 10 s, in its own trial and in every paired round (160 s for the test, 80 s now).
+# confirmation step 10 s, in its own trial and in every paired round (160 s for the test, 92 s now).
 SCENARIOS = """
 [slo]
 prompt_tokens = 16
