@@ -133,12 +133,18 @@ def test_real_a_server_meeting_the_slo_only_at_low_rate_scores_low_and_one_alway
     cap = loadserver.capacity(2, 40, 100, BASE.output_tokens)  # 5.9 req/s; two slots queue well before it
     # From 4 req/s, which it holds in short steps (from 2, the first step was 10 s of 20 requests and
     # the search went on from 4 all the same): 4, 8, then the bisection and the confirmations.
-    low = _search(2, 40, 100, RatePolicy(start_rate=4.0, precision=0.05, min_requests=20, min_seconds=3.0))
+    # Precision 25%, not 5%: what is asserted (a rate > 0, at most 1.1x the capacity, < 0.15x the
+    # 16-slot server's) does not need the finer answer, and near this server's limit (~3.9 req/s for
+    # longer steps) 5% cost 6 bisection steps and 6 confirmation steps of 10-13 s each that failed
+    # their way down 5% at a time and bisected back up (98 s); at 25% it is 4 steps and 1-2
+    # confirmations (~40 s). The 5% search against a real server is the capacity test's (above).
+    low = _search(2, 40, 100, RatePolicy(start_rate=4.0, precision=0.25, min_requests=20, min_seconds=3.0))
     good = loadserver.capacity(16, 40, 100, BASE.output_tokens)
     assert 0 < low.rate <= cap * 1.1 and low.rate / good < 0.15  # the paired ratio of rates says: far worse
-    # 500 ms TTFT from the first request: over the 400 ms limit at any rate. Tried at 4 and 2 req/s
-    # (the floor): 1 req/s more was 10 s of steps saying the same.
-    slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=2.0, min_requests=10, min_seconds=2.0))
+    assert low.confirmed, [st.to_dict() for st in low.steps]
+    # 500 ms TTFT from the first request: over the 400 ms limit at any rate. Tried at 4 req/s, the
+    # floor: 2 and 1 req/s more were 6 and 10 s of steps saying the same.
+    slow = _search(16, 500, 100, RatePolicy(start_rate=4.0, min_rate=4.0, min_requests=10, min_seconds=2.0))
     assert slow.rate == 0.0 and "ttft_ms_p90" in slow.error and math.isfinite(slow.steps[-1].metrics["ttft_ms_p90"])
 
 

@@ -2,7 +2,10 @@
 one module-scoped server for the real `openai` client and the flags' check against `--help=all`.
 
 Slow, and skipped with the reason when the venv is absent (`.ci/install_vllm.sh` makes it).
-vLLM takes ~55 s to start on this 2-core machine, so the module starts it as few times as it can:
+vLLM takes ~55 s to start on this 2-core machine, ~30 s of it with `--enforce-eager` (the test's
+servers run eager: torch.compile's warm-up, inductor compiling C++ kernels for the CPU, was the other
+~25 s of every launch, and nothing here judges compiled against eager execution), and the module
+starts it as few times as it can:
 the goal run launches it twice (baseline and one candidate, discarded: no paired A/B at the stop), and
 the real `openai` client talks to the goal run's baseline server, once it is healthy and before its
 gates run (a server of its own was a third launch, ~40 s).
@@ -68,10 +71,21 @@ def goal_run(tmp_path_factory, tiny_model):
     # Pinning the OpenMP threads is not enough: vLLM's API server and engine-core loop ran on the other
     # core beside the client (event-loop lag 32 ms median: refused). The whole server goes to core 0
     # (the target's command `prefix`), so the client keeps core 1.
+    # Both servers run eager (`enforce_eager`, a knob of the target; default off, vLLM's own default):
+    # the compile warm-up it skips was ~25 s of each ~55 s launch here (more in CI), and nothing in
+    # this module compares compiled with eager execution. The KV cache gets 1 GiB
+    # (`cpu_kvcache_space_gib`) instead of the ~3 GiB that --gpu-memory-utilization 0.2 gives it
+    # (allocating it was ~6 s of a launch); 1 GiB holds ~500k tokens of the tiny model, twice what
+    # 256 sequences of 1024 tokens can use.
     target = tmp_path / "vllm.toml"
-    target.write_text((EX / "vllm.toml").read_text().replace('choices = ["auto", "nobind", "0"]\ndefault = "auto"',
-                                                            'choices = ["auto", "nobind", "0"]\ndefault = "0"')
-                      .replace('python = "', f'source = "{EX}"\nprefix = "taskset -c 0"\npython = "', 1))
+    text = (EX / "vllm.toml").read_text()
+    edited = (text.replace('choices = ["auto", "nobind", "0"]\ndefault = "auto"', 'choices = ["auto", "nobind", "0"]\ndefault = "0"')
+              .replace('[knobs.enforce_eager]\ntype = "bool"\ndefault = false', '[knobs.enforce_eager]\ntype = "bool"\ndefault = true')
+              .replace('choices = [0, 1, 2]\ndefault = 0', 'choices = [0, 1, 2]\ndefault = 1')
+              .replace('python = "', f'source = "{EX}"\nprefix = "taskset -c 0"\npython = "', 1))
+    assert edited.count('default = "0"') == 1 and edited.count("default = true") == text.count("default = true") + 1
+    assert "choices = [0, 1, 2]\ndefault = 1" in edited
+    target.write_text(edited)
     ws = Workspace(tmp_path, ["bench.scale=1.0", "bench.baseline_repeats=1", f'target="{target}"',
                               f'proposer="scripted:{f}"'])
     client: dict = {}
@@ -105,6 +119,7 @@ def test_short_goal_run_over_vllm_knobs(goal_run):
         assert gates["audit"] == "pass", (summary, gates)  # vLLM's measured outputs, scored by the reference
         assert {m.scenario for m in store.measurements(t.id)} >= {"throughput"}
         assert "vllm.entrypoints.openai.api_server" in t.launch_cmd and t.launch_cmd.startswith("taskset -c 0 ")
+        assert "--enforce-eager" in t.launch_cmd.split()
     assert trials[2].status in ("kept", "discarded", "needs_approval") and trials[2].score > 0, summary
     assert "--max-num-seqs 1 " in trials[2].launch_cmd + " " and "--no-enable-prefix-caching" in trials[2].launch_cmd
     fp = json.loads((ws.run_dir(outcome.run_id) / f"trial-{trials[2].number}" / "engine.json").read_text())
