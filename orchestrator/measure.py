@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,11 +113,15 @@ def host_state(host: Any, proc: Any = None, *, gpus: bool = True) -> dict[str, A
 
 
 def idle_state(host: Any, seconds: float) -> dict[str, Any]:
-    """Host state over `seconds` with no server of ours running: everything busy is someone else's."""
-    before = host_state(host)
-    with RunQueueSampler(lambda: host_state(host, gpus=False), period_s=0.1) as rq:
-        time.sleep(seconds)
-    return window(before, host_state(host)) | rq.loads(int(before.get("cpu_count") or 1))
+    """Host state over `seconds` with no server of ours running: everything busy is someone else's.
+    The host's own work (a standby importing) is paused meanwhile (`host.quiet()`): it is not another
+    tenant, and it never runs beside a measurement."""
+    quiet = host.quiet() if hasattr(host, "quiet") else nullcontext()
+    with quiet:
+        before = host_state(host)
+        with RunQueueSampler(lambda: host_state(host, gpus=False), period_s=0.1) as rq:
+            time.sleep(seconds)
+        return window(before, host_state(host)) | rq.loads(int(before.get("cpu_count") or 1))
 
 
 def min_requests_for(cv_request: float, margin: float, z: float = 2.0) -> int:

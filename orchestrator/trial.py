@@ -157,7 +157,9 @@ def run_trial(
         def gated_out() -> bool:
             """Run the gates; True when they end the trial (`result` then says why)."""
             nonlocal margin
-            with _timed(result.timings, "gates", ctx.on_step):
+            # quiet: a standby importing beside the gates took a core from the server's OpenMP threads
+            # (2-core CPU: the e2e run's gates 1.1-2.7 s a trial without it, 6.1-8.8 s with it).
+            with _timed(result.timings, "gates", ctx.on_step), ctx.host.quiet():
                 # The gate files are re-hashed before every trial: a proposer that edited them
                 # (or anything else that did) stops the run here, before its numbers can count.
                 site.verify_gates()

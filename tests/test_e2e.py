@@ -23,8 +23,11 @@ pytestmark = pytest.mark.slow
 
 # Scale 0.5 keeps concurrency 4 in the throughput scenario: enough for batching to show.
 FAST = ["bench.scale=0.5", "bench.baseline_repeats=1"]
+# The first candidate is slower than the baseline (bfloat16 on this CPU, as SLOWER below): discarded on
+# its measurement. The manual loop alone (~1.1-1.2x) screened at >= 1.2x in some runs (1.24x, 1.40x)
+# and then got a paired A/B of its own (6-10 more launches, 1.09x and 1.40x: not met) before batching's.
 STEPS = [
-    {"knobs": {"decode_loop": "manual"}, "rationale": "own decode loop"},
+    {"knobs": {"decode_loop": "manual", "dtype": "bfloat16"}, "rationale": "own decode loop"},
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"},
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 16, "threads": 1}, "rationale": "one thread"},
 ]

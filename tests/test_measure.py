@@ -4,6 +4,7 @@ Fast: no servers. The end-to-end versions (a real target under real load) are in
 tests/test_noisy_host.py.
 """
 
+import contextlib
 import time
 
 import pytest
@@ -78,6 +79,27 @@ def test_burners_show_up_as_other_tenants_and_a_busier_host(tmp_path):
     # A baseline measured under the burners no longer describes the host once they stop: re-measure.
     assert state_change(quiet, busy | {"own_load": 0.5}, POLICY)
     assert state_change(busy, quiet | {"own_load": 0.5}, POLICY)
+
+
+def test_an_idle_probe_pauses_the_hosts_own_work(tmp_path):
+    """A standby importing is the host's own work, not another tenant: the probe runs inside
+    `host.quiet()` (which pauses it), so its imports never read as a busier host."""
+    seen = []
+
+    class Host(LocalHost):
+        @contextlib.contextmanager
+        def quiet(self):
+            seen.append("paused")
+            yield
+            seen.append("resumed")
+
+        def host_state(self, proc=None, *, gpus=True):
+            seen.append("sample")
+            return super().host_state(proc, gpus=gpus)
+
+    idle_state(Host(tmp_path), 0.3)
+    assert seen[0] == "paused" and seen[-1] == "resumed" and "sample" in seen[1:-1], seen
+    assert seen.count("paused") == 1 and "sample" not in (seen[0], seen[-1])
 
 
 def test_host_state_records_load_steal_and_the_client_cpu(tmp_path):

@@ -19,6 +19,7 @@ from orchestrator.goal import parse_goal
 from orchestrator.report import write_report
 from orchestrator.runs import start_run
 from orchestrator.store import Store
+from orchestrator.targets import load_target
 from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow
@@ -29,6 +30,10 @@ sys.path.insert(0, str(ROOT / "tests" / "gates"))
 def _target(tmp_path: Path, half: Path) -> Path:
     server = ROOT / "examples" / "hfserve" / "server.py"
     cheats = ROOT / "tests" / "gates" / "cheats.py"
+    # The shipped target's preload: the plain `python server.py` launches (the baseline, `half`, the
+    # honest candidate and the paired rounds) run in a local standby as the shipped target's do;
+    # the proxies' `bash -c` launches start cold (orchestrator.hosts.standby.eligible).
+    preload = json.dumps(list(load_target(ROOT / "examples" / "targets" / "hfserve.toml").preload))
     t = tmp_path / "hacks.toml"
     t.write_text(f'''
 name = "hfserve-hacks"
@@ -37,6 +42,7 @@ model = "forge:tiny"
 served_model_name = "tiny"
 source = "{server.parent}"
 ready_timeout_s = 120
+preload = {preload}
 launch = """
 {{% if variant in ("constant", "cache") %}}
 bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &

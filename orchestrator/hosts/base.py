@@ -55,8 +55,8 @@ class Host(Protocol):
     def alive(self, proc: Proc) -> bool: ...
 
     def quiet(self) -> AbstractContextManager[None]:
-        """Around a measurement: pause what the host itself runs beside the server (LocalHost's
-        standby interpreter); a no-op where there is nothing."""
+        """Around a measurement, the gates and an idle probe of the host: pause what the host itself runs
+        beside the server (LocalHost's standby interpreter); a no-op where there is nothing."""
         ...
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:

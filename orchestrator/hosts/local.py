@@ -61,8 +61,6 @@ class LocalHost:
         self.use_standby = standby
         """Keep a standby interpreter for launches that name modules to preload (orchestrator.hosts.standby)."""
         self._standby: Standby | None = None
-        self._respawn: dict[int, tuple[str, tuple[str, ...], dict[str, str], str]] = {}
-        """Per launched pid: what its next standby is started with once it is healthy."""
 
     def take_lease(self, identity: dict[str, Any]) -> hostlock.HostLock:
         """This machine's host lease for the GPUs this process sees (`CUDA_VISIBLE_DEVICES`, else all);
@@ -75,9 +73,13 @@ class LocalHost:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = os.environ | (env or {})
         if self.use_standby and eligible(argv, preload):
-            key = (argv[0], tuple(preload), full_env, cwd or os.getcwd())
-            proc = self._start_on_standby(argv, full_env, key[3], log_path, preload)
-            self._respawn[proc.pid] = key
+            cwd = cwd or os.getcwd()
+            proc = self._start_on_standby(argv, full_env, cwd, log_path, preload)
+            # The next launch's interpreter imports now, beside this server's start-up: a cold start
+            # imports on one core, so on a 2-core host the other one was idle while it did; once the
+            # server is up, gates follow it (or, in back-to-back paired rounds, a bench that pauses
+            # the standby at once: started only then, it had imported nothing by the next launch).
+            self._spawn_standby(argv[0], tuple(preload), full_env, cwd)
             return proc
         self.close()  # a standby kept for another kind of launch is of no use now
         return self._popen_start(argv, full_env, cwd, log_path)
@@ -130,9 +132,11 @@ class LocalHost:
 
     @contextmanager
     def quiet(self) -> Iterator[None]:
-        """While a trial measures, the standby is paused (SIGSTOP): its imports would take CPU from the
-        server and the bench (on a 2-core host they did: a bench of 1.2-1.7 s took 7-10 s). It
-        goes on importing after the measurement; a launch that comes before it is done waits for the rest."""
+        """While a trial is gated or measured, and while the host is probed for other tenants, the standby
+        is paused (SIGSTOP): its imports would take CPU from the server and the bench (on a 2-core host
+        they did: a bench of 1.2-1.7 s took 7-10 s, the e2e run's gates 6.1-8.8 s instead of 1.1-2.7 s),
+        and a probe would count them as another tenant's load. It goes on importing afterwards; a launch
+        that comes before it is done waits for the rest."""
         sb = self._standby
         paused = False
         if sb is not None and sb.popen.poll() is None:
@@ -190,7 +194,6 @@ class LocalHost:
             return False
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
-        self._respawn.pop(proc.pid, None)
         p = getattr(self, "_popen", {}).pop(proc.pid, None)
         # Reap our child while waiting: a zombie leader still "exists" to killpg(pgid, 0).
         kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
@@ -237,11 +240,7 @@ class LocalHost:
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
-                        waited = time.monotonic() - t0
-                        if (key := self._respawn.pop(proc.pid, None)) is not None:
-                            # The server is up: the next launch's interpreter imports now, not during it.
-                            self._spawn_standby(key[0], key[1], key[2], key[3])
-                        return waited
+                        return time.monotonic() - t0
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() - t0 > timeout_s:

@@ -95,6 +95,8 @@ def _gone(pid: int, timeout: float = 5.0) -> bool:
 def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, script):
     host = LocalHost(tmp_path / "state")
     cold, url = _launch(host, script, tmp_path / "cold.log", env={"X_MODE": "a"}, cwd=str(tmp_path))
+    # The next launch's standby starts with this launch, importing beside its start-up.
+    assert host._standby is not None and host._standby.pid != cold.pid
     host.wait_healthy(url, 20, cold)
     assert not cold.standby
     pid = _standby_ready(host)
