@@ -38,12 +38,13 @@ def _floors(path, model_dir):
 
 
 def _run(tmp_path, floors, steps):
-    target = write_fake_target(tmp_path / "fake.toml", choices=(8.0, 0.0, 7.9))
+    target = write_fake_target(tmp_path / "fake.toml", choices=(4.0, 0.0, 4.1))
     (tmp_path / "steps.json").write_text(json.dumps(steps))
     ws = Workspace(tmp_path, [f'target="{target}"', f'proposer="scripted:{tmp_path / "steps.json"}"', "gates.accuracy=false",
                               "gates.integrity=false", "bench.scale=0.5", "bench.timeout_s=3",
                               *([f'bench.floors="{floors}"'] if floors else [])])
-    # 8 -> 7.9 ms is inside the keep line: nothing is kept, so no paired confirmation (seconds, not a minute).
+    # 4 -> 4.1 ms is slower: nothing is kept, so no paired confirmation (seconds, not a minute). A 4 ms
+    # baseline (was 8 ms, and the candidate 7.9) halves the decode scenario's bench time in every trial.
     out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 3 trials"))
     store = Store(ws.db_url)
     # The baseline and the script's candidates in order (the loop's own sentinels left out: their number depends on the host).
@@ -56,7 +57,7 @@ def _sol(store, trial):
 
 
 def test_a_server_that_fakes_its_timing_is_invalid_and_an_honest_one_passes(tmp_path, tiny_model):
-    ws, store, out, t = _run(tmp_path, _floors(tmp_path / "sol.json", tiny_model), [{"tpot_ms": 0.0}, {"tpot_ms": 7.9}])
+    ws, store, out, t = _run(tmp_path, _floors(tmp_path / "sol.json", tiny_model), [{"tpot_ms": 0.0}, {"tpot_ms": 4.1}])
     assert store.events(out.run_id, kind="speed_of_light")[0].data["model"]["weight_bytes"] > 0
     assert len(t) == 3, (out.stop_reason, [(x.number, x.status, x.error) for x in t.values()])
     base, cheat, honest = t[0], t[1], t[2]
@@ -65,7 +66,7 @@ def test_a_server_that_fakes_its_timing_is_invalid_and_an_honest_one_passes(tmp_
     assert "floor 1.0" in cheat.error and "x the speed of light; margin " in cheat.error
     sol = [g for g in store.gate_results(cheat.id) if g.gate == "speed_of_light"]
     assert sol[0].status == "fail" and sol[0].details["slack"] == 0.15
-    # Honest timings (8 and 7.9 ms per token) are slower than the ~1 ms floor: checked, passed, judged as ever.
+    # Honest timings (4 and 4.1 ms per token) are slower than the ~1 ms floor: checked, passed, judged as ever.
     assert _sol(store, base) == ["pass"] and base.status == "kept"
     if "busier" not in (honest.error or "") and "untrusted" not in (honest.error or ""):  # this host may be loaded
         assert _sol(store, honest) == ["pass"] and honest.status in ("kept", "discarded") and honest.score
