@@ -253,30 +253,25 @@ class SearchProposer:
         not improve ends the walk: TPE proposes until another trial becomes the best, so a best that is
         not at an edge costs one trial, not every other one. Never inside a failed region, never a
         refused value, never a knob set already measured."""
-        pos = {id(t): getattr(t, "number", i) for i, t in enumerate(history)}  # a history may lack numbers
-
-        def num(t: Any) -> int:
-            return pos[id(t)]
-
         finished = [t for t in history if t.status in _FINISHED]
         if len(finished) < self.n_startup:
             return None
         scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
         if not scored:
             return None
-        best = max(scored, key=lambda t: (float(t.score), -num(t)))
-        own = [t for t in history if getattr(t, "proposer", None) == self.name]
+        best = max(scored, key=lambda t: (float(t.score), -t.number))
+        own = [t for t in history if t.proposer == self.name]
         last = own[-1] if own else None
-        walked = [m for t in own if (m := _WALK_RE.match(getattr(t, "rationale", None) or ""))]
+        walked = [m for t in own if (m := _WALK_RE.match(t.rationale or ""))]
         steps: list[tuple[str, str, Any]] = []  # (knob, direction, source trial) in the order to try
-        m = _WALK_RE.match((getattr(last, "rationale", None) or "") if last is not None else "")
-        if m is not None and num(last) == num(best):  # the last step became the best: onwards
+        m = _WALK_RE.match((last.rationale or "") if last is not None else "")
+        if m is not None and last.number == best.number:  # the last step became the best: onwards
             steps.append((m.group(1), m.group(2), last))
-        elif any(int(w.group(3)) == num(best) for w in walked):
+        elif any(int(w.group(3)) == best.number for w in walked):
             return None  # this best was walked from already (its step did not improve): TPE's turn
         else:
-            before = [t for t in scored if num(t) < num(best)]
-            prev = max(before, key=lambda t: (float(t.score), -num(t))) if before else None
+            before = [t for t in scored if t.number < best.number]
+            prev = max(before, key=lambda t: (float(t.score), -t.number)) if before else None
             numeric = [n for n, k in target.knobs.items()
                        if k.type in ("int", "float") and n in best.knobs and is_active(k, best.knobs)]
             for name in numeric:  # momentum: the way the best moved from the previous best
@@ -292,7 +287,7 @@ class SearchProposer:
                         or _inside(regions, knobs, "walk", skipped)):
                     continue
                 return Candidate(knobs=knobs, proposer=self.name,
-                                 rationale=f"{WALK_PREFIX} {name} {direction} from #{num(src)} "
+                                 rationale=f"{WALK_PREFIX} {name} {direction} from #{src.number} "
                                            f"({float(src.score):.3f}x, the best so far): {v} -> {value}")
         return None
 

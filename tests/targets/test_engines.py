@@ -166,8 +166,9 @@ def test_engine_as_a_knob_launches_from_the_placed_source_not_the_engines_own(tm
 class _T:
     """A finished trial as the proposer sees it."""
 
-    def __init__(self, knobs, score, status="kept"):
+    def __init__(self, knobs, score, number, rationale="", status="kept"):
         self.knobs, self.score, self.status, self.proposer = knobs, score, status, "search"
+        self.number, self.rationale = number, rationale
 
 
 def test_search_proposes_only_launchable_knob_sets_across_engines():
@@ -177,7 +178,7 @@ def test_search_proposes_only_launchable_knob_sets_across_engines():
         c = p.propose(history, t)
         assert t.validate_knobs(c.knobs) == c.knobs  # complete, active-only, within every constraint
         engines.add(c.knobs["engine"])
-        history.append(_T(c.knobs, 1.0 + (c.knobs["engine"] == "vllm") + 0.01 * i))
+        history.append(_T(c.knobs, 1.0 + (c.knobs["engine"] == "vllm") + 0.01 * i, len(history), c.rationale))
     assert engines == {"hfserve", "vllm"}
 
 

@@ -48,18 +48,19 @@ def test_search_stops_proposing_what_the_engine_refused(tmp_path):
     t = load_target(f)
 
     class Trial:
-        def __init__(self, knobs, error):
+        def __init__(self, knobs, error, number, rationale=""):
             self.knobs, self.error, self.status, self.score, self.proposer = knobs, error, "failed", None, "search"
+            self.number, self.rationale = number, rationale
 
     history = [
-        Trial({"turbo": True, "dtype": "float32", "n": 3}, "start-up failure (bad_flag): server.py: error: unrecognized arguments: --turbo [ServerCrashed: ...]"),
-        Trial({"turbo": False, "dtype": "int1", "n": 5}, "start-up failure (bad_flag): error: argument --dtype: invalid choice: 'int1' [...]"),
-        Trial({"turbo": False, "dtype": "float32", "n": 7}, "start-up failure (crash): Segmentation fault [...]"),
+        Trial({"turbo": True, "dtype": "float32", "n": 3}, "start-up failure (bad_flag): server.py: error: unrecognized arguments: --turbo [ServerCrashed: ...]", 0),
+        Trial({"turbo": False, "dtype": "int1", "n": 5}, "start-up failure (bad_flag): error: argument --dtype: invalid choice: 'int1' [...]", 1),
+        Trial({"turbo": False, "dtype": "float32", "n": 7}, "start-up failure (crash): Segmentation fault [...]", 2),
     ]
     assert refused_values(t, history) == {("turbo", "True"), ("dtype", "'int1'")}
     p = SearchProposer(seed=0, n_startup=2)
     for _ in range(8):
         c = p.propose(history, t)
         assert c.knobs["turbo"] is False and c.knobs["dtype"] == "float32"
-        history.append(Trial(c.knobs, None))
+        history.append(Trial(c.knobs, None, len(history), c.rationale))
         history[-1].status, history[-1].score = "kept", 1.0
