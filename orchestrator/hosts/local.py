@@ -61,6 +61,11 @@ class LocalHost:
         self.use_standby = standby
         """Keep a standby interpreter for launches that name modules to preload (orchestrator.hosts.standby)."""
         self._standby: Standby | None = None
+        self.base_env = dict(os.environ)
+        """What servers launched here inherit: the environment this host was made with. Libraries the
+        orchestrator imports later may write to `os.environ` (torch's inductor sets `TORCHINDUCTOR_CACHE_DIR`
+        when the accuracy gate runs the reference in-process); a server must not inherit that, and the
+        standby made for the first launch would no longer fit the next one's environment (a cold start)."""
 
     def take_lease(self, identity: dict[str, Any]) -> hostlock.HostLock:
         """This machine's host lease for the GPUs this process sees (`CUDA_VISIBLE_DEVICES`, else all);
@@ -71,7 +76,7 @@ class LocalHost:
               preload: Sequence[str] = ()) -> Proc:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        full_env = os.environ | (env or {})
+        full_env = self.base_env | (env or {})
         if self.use_standby and eligible(argv, preload):
             cwd = cwd or os.getcwd()
             proc = self._start_on_standby(argv, full_env, cwd, log_path, preload)

@@ -127,6 +127,19 @@ def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script):
     host.wait_healthy(url, 20, first)
     host.stop(first, grace_s=2)
     pid = _standby_ready(host)
+    # What the orchestrator's own libraries write to its environment later (torch's inductor sets
+    # TORCHINDUCTOR_CACHE_DIR when the accuracy gate runs in-process) is not another environment.
+    os.environ["INFERGOAL_TEST_SET_LATER"] = "1"
+    try:
+        same, url = _launch(host, script, tmp_path / "a2.log", env={"X_MODE": "a"})
+        assert same.standby and same.pid == pid
+        host.wait_healthy(url, 20, same)
+        host.stop(same, grace_s=2)
+    finally:
+        del os.environ["INFERGOAL_TEST_SET_LATER"]
+    envs = [[ln for ln in (tmp_path / n).read_text().splitlines() if ln.startswith("env ")] for n in ("a.log", "a2.log")]
+    assert envs[0] == envs[1] and len(envs[0]) == 1, "the server saw the environment the host was made with"
+    pid = _standby_ready(host)
     second, url = _launch(host, script, tmp_path / "b.log", env={"X_MODE": "b"})
     try:
         assert not second.standby and second.pid != pid
