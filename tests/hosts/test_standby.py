@@ -121,7 +121,7 @@ def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, sc
         host.close()
 
 
-def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script):
+def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script, monkeypatch):
     host = LocalHost(tmp_path / "state")
     first, url = _launch(host, script, tmp_path / "a.log", env={"X_MODE": "a"})
     host.wait_healthy(url, 20, first)
@@ -129,14 +129,11 @@ def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script):
     pid = _standby_ready(host)
     # What the orchestrator's own libraries write to its environment later (torch's inductor sets
     # TORCHINDUCTOR_CACHE_DIR when the accuracy gate runs in-process) is not another environment.
-    os.environ["INFERGOAL_TEST_SET_LATER"] = "1"
-    try:
-        same, url = _launch(host, script, tmp_path / "a2.log", env={"X_MODE": "a"})
-        assert same.standby and same.pid == pid
-        host.wait_healthy(url, 20, same)
-        host.stop(same, grace_s=2)
-    finally:
-        del os.environ["INFERGOAL_TEST_SET_LATER"]
+    monkeypatch.setenv("INFERGOAL_TEST_SET_LATER", "1")
+    same, url = _launch(host, script, tmp_path / "a2.log", env={"X_MODE": "a"})
+    assert same.standby and same.pid == pid
+    host.wait_healthy(url, 20, same)
+    host.stop(same, grace_s=2)
     envs = [[ln for ln in (tmp_path / n).read_text().splitlines() if ln.startswith("env ")] for n in ("a.log", "a2.log")]
     assert envs[0] == envs[1] and len(envs[0]) == 1, "the server saw the environment the host was made with"
     pid = _standby_ready(host)
