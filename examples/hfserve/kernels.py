@@ -342,7 +342,7 @@ if HAVE_TRITON:
             m_i = m_new
         return m_i, l_i, acc
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["CTX"])
     def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
                             G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                             BLOCK_N: tl.constexpr, PREC: tl.constexpr):
@@ -368,15 +368,18 @@ if HAVE_TRITON:
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
-    @triton.jit
-    def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
-                                  NH: tl.constexpr, S: tl.constexpr, CHUNK: tl.constexpr,
-                                  G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                                  BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+    @triton.jit(do_not_specialize=["CTX", "S", "CHUNK"])
+    def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, S, CHUNK, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
+                                  NH: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr,
+                                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         # One program per (row, kv head, split): the same online softmax as _decode_attn_kernel over
         # cache columns [split * CHUNK, min((split + 1) * CHUNK, n)), leaving its unnormalised partial
         # (running max m in log2 units, sum l, accumulator acc) in float32 for _attn_reduce_kernel.
         # A split wholly past n writes m = -inf, l = 0, acc = 0, which the reduction weighs as nothing.
+        # The context bucket, the split count and the chunk are runtime arguments, not specialised: every
+        # (batch, context) graph of a max batch size runs one compiled kernel, so a server that captures
+        # new batch sizes compiles nothing new (they were constexprs: one compile per bucket pair, 13 s
+        # of the H200's first capture at a new max batch).
         b = tl.program_id(0).to(tl.int64)
         kh = tl.program_id(1)
         sp = tl.program_id(2)
@@ -400,10 +403,11 @@ if HAVE_TRITON:
         tl.store(L + row, l_i, mask=gm)
         tl.store(ACC + row[:, None] * HD + d[None, :], acc, mask=gm[:, None] & dm[None, :])
 
-    @triton.jit
-    def _attn_reduce_kernel(M, L, ACC, OUT, s_ob, NH: tl.constexpr, S: tl.constexpr, HD: tl.constexpr,
+    @triton.jit(do_not_specialize=["S"])
+    def _attn_reduce_kernel(M, L, ACC, OUT, s_ob, S, NH: tl.constexpr, HD: tl.constexpr,
                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
         # One program per (row, q head): rescale each split's partial to the common max and add up.
+        # S is a runtime argument (one compile per power-of-two BLOCK_S, not per split count).
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         sp = tl.arange(0, BLOCK_S)
@@ -757,9 +761,9 @@ def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, laye
     acc = torch.empty(B, nh, splits, hd, dtype=torch.float32, device=q.device)
     KL, VL = K[layer], V[layer]
     _decode_attn_split_kernel[(B, nkv, splits)](
-        q, KL, VL, pos, m, lsum, acc, ctx, float(scale) * 1.4426950408889634,
+        q, KL, VL, pos, m, lsum, acc, ctx, splits, chunk, float(scale) * 1.4426950408889634,
         q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
-        NH=nh, S=splits, CHUNK=chunk, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
+        NH=nh, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
     return m, lsum, acc
@@ -777,8 +781,8 @@ def combine_splits(m: torch.Tensor, lsum: torch.Tensor, acc: torch.Tensor, dtype
     """Split-KV pass two (Triton): the partials reduced across splits into [B, nh*hd]."""
     B, nh, S, hd = acc.shape
     o = out if out is not None else torch.empty(B, nh * hd, dtype=dtype, device=acc.device)
-    _attn_reduce_kernel[(B, nh)](m, lsum, acc, o, o.stride(0), NH=nh, S=S, HD=hd,
-                                 BLOCK_S=max(2, triton.next_power_of_2(S)),
+    _attn_reduce_kernel[(B, nh)](m, lsum, acc, o, o.stride(0), S, NH=nh, HD=hd,
+                                 BLOCK_S=max(8, triton.next_power_of_2(S)),  # 8, 16, 32...: few compiles
                                  BLOCK_D=max(16, triton.next_power_of_2(hd)), num_warps=1)
     return o
 

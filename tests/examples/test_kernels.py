@@ -297,6 +297,46 @@ def test_split_count() -> None:
     assert K.split_count(16, 32, 4096) == 1 and K.split_count(1, 32, 256) == 2 and K.split_count(1, 8, 64) == 1
 
 
+def test_decode_attention_compiles_once_for_every_bucket(monkeypatch) -> None:
+    """A server captures one decode graph per (batch, context) bucket. Triton compiles a kernel once per
+    distinct set of constexprs and specialised ints, so decode attention's split count, chunk and context
+    travel as runtime arguments it does not specialise on: every bucket of the 7B shape at batch 1-64
+    launches the split kernel with one set of constexprs, and the reduction with at most three (before:
+    one compile per bucket pair, 13 s of an H200 capture at each new max batch). Launches are recorded,
+    not run; an int argument whose value moves between buckets must be one the kernel does not specialise."""
+    consts: dict[str, set] = {}
+    ints: dict[str, dict[str, set]] = {}
+
+    class Rec:
+        def __init__(self, fn) -> None:
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                name = self.fn.fn.__name__
+                consts.setdefault(name, set()).add(tuple(sorted((k, str(v)) for k, v in kw.items())))
+                for arg, v in zip(self.fn.arg_names, args):
+                    if isinstance(v, int):
+                        ints.setdefault(name, {}).setdefault(arg, set()).add(v)
+            return launch
+
+    kernels = {n: getattr(K, n) for n in ("_decode_attn_split_kernel", "_attn_reduce_kernel", "_decode_attn_kernel")}
+    for name, fn in kernels.items():
+        monkeypatch.setattr(K, name, Rec(fn))
+    nh, nkv, hd, cap = 32, 8, 128, 4608  # 7b-peaked
+    q = torch.empty(64, nh, hd)
+    pool = torch.empty(1, 64, nkv, cap, hd)
+    for b in range(1, 65):
+        for ctx in (256, 512, 1024, 2048, 4096, cap):
+            K.decode_attn(q[:b], pool, pool, 0, b, torch.zeros(b, dtype=torch.long), ctx, 1.0)
+    assert len(consts["_decode_attn_split_kernel"]) == 1  # 1-16 rows split the context: one compile
+    assert len(consts["_attn_reduce_kernel"]) <= 3
+    assert len(consts["_decode_attn_kernel"]) == 1  # 17+ rows fill the GPU unsplit
+    for name, fn in kernels.items():
+        moving = {arg for arg, vs in ints[name].items() if len(vs) > 1}
+        assert moving and moving <= set(fn.kwargs["do_not_specialize"]), (name, moving)
+
+
 def test_get_ops() -> None:
     assert K.get_ops("torch").rmsnorm is K.rmsnorm_ref
     assert K.get_ops("triton").decode_attn is K.decode_attn
