@@ -69,6 +69,10 @@ def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
     best = load_goal(GPU / "goal_best.toml")
     assert best.accuracy_mode == "gated" and set(best.scenarios) == {"decode", "throughput"}
     assert sorted(o.speedup(o.target_for(1.0), 1.0) for o in best.objectives) == [4.0, 19.0]
+    # The small model's exploring goal (warm run): a throughput no setting reaches, so it searches its budget.
+    explore = load_goal(GPU / "goal_explore.toml")
+    assert set(explore.scenarios) == set(best.scenarios) and explore.accuracy_mode == "gated"
+    assert sorted(o.speedup(o.target_for(1.0), 1.0) for o in explore.objectives) == [4.0, 60.0]
     table = load_scenarios_file(GPU / "scenarios.toml")
     assert table["prefill"].prompt_tokens == 4096 and table["throughput"].concurrency == 16
     (tmp_path / "infergoal.toml").write_text(f'[bench]\nscenarios = "{GPU / "scenarios.toml"}"\n')
