@@ -25,7 +25,7 @@ from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
 from orchestrator.remote.modelcache import resolve
-from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
+from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
 
 __all__ = ["LocalHost"]
 
@@ -258,15 +258,7 @@ class LocalHost:
         return listening_pids(port)
 
     def group_pids(self, proc: Proc) -> set[int]:
-        out = set()
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    if os.getpgid(int(d.name)) == proc.pgid:
-                        out.add(int(d.name))
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return out
+        return group_pids(proc.pgid)
 
     def fingerprint(self) -> dict:
         fp = {

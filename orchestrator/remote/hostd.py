@@ -27,7 +27,7 @@ from pathlib import Path
 from orchestrator.remote import hostlock
 from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.modelcache import cached_copy, manifest_key, resolve
-from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
+from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
 
 SYNC_META = ".infergoal-sync.json"
 LEASE_CHECK_S = 2.0
@@ -167,15 +167,7 @@ def op_health(a: argparse.Namespace) -> dict:
 
 
 def op_group_pids(a: argparse.Namespace) -> dict:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if os.getpgid(int(d.name)) == a.pgid:
-                    pids.append(int(d.name))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return {"pids": pids}
+    return {"pids": sorted(group_pids(a.pgid))}
 
 
 def op_listening_pids(a: argparse.Namespace) -> dict:
