@@ -70,7 +70,8 @@ ssh_host_up() {  # ssh_host_up WS: start the bundled sshd, register it in WS as 
   fi
   port=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   sshd_config "$run" "$port" > "$run/sshd_config"
-  env -i "$ld" --library-path "$b/lib" "$b/sshd" -D -e -r -f "$run/sshd_config" </dev/null >>"$run/sshd.log" 2>&1 &
+  # No environment (nothing of this machine's), and no OpenSSL config file (the device's may be another version's).
+  env -i OPENSSL_CONF=/dev/null "$ld" --library-path "$b/lib" "$b/sshd" -D -e -r -f "$run/sshd_config" </dev/null >>"$run/sshd.log" 2>&1 &
   SSHD_PID=$!
   for _ in $(seq 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
@@ -86,8 +87,12 @@ ssh_host_up() {  # ssh_host_up WS: start the bundled sshd, register it in WS as 
   mkdir -p "$ws/.infergoal"
   read -r kind blob _ < "$b/keys/host_ed25519.pub"
   echo "[127.0.0.1]:$port $kind $blob" >> "$ws/.infergoal/known_hosts"  # the carried key, pinned (no trust on first use)
-  (cd "$ws" && $PY -m orchestrator.cli hosts add "$SSH_HOST_NAME" "ssh://$user@127.0.0.1:$port" --key "$run/user_ed25519" \
-     --python "$run/python" --workdir "$WS_ROOT/ssh-host-work" && $PY -m orchestrator.cli hosts check "$SSH_HOST_NAME") 2>&1 | tail -12
+  if ! (cd "$ws" && $PY -m orchestrator.cli hosts add "$SSH_HOST_NAME" "ssh://$user@127.0.0.1:$port" --key "$run/user_ed25519" \
+        --python "$run/python" --workdir "$WS_ROOT/ssh-host-work" && $PY -m orchestrator.cli hosts check "$SSH_HOST_NAME") \
+        > "$run/register.log" 2>&1; then
+    tail -12 "$run/register.log"; log "the SSH host does not answer; sshd's log:"; tail -20 "$run/sshd.log"; return 1
+  fi
+  tail -12 "$run/register.log"
   log "sshd $SSHD_PID on 127.0.0.1:$port ($(head -1 "$b/VERSION" 2>/dev/null)), host $SSH_HOST_NAME registered in $ws ($((SECONDS - t0))s)"
 }
 

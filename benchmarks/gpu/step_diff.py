@@ -4,7 +4,7 @@
 
 Made for issue #23 item 6 (the H200 loop through an SSH host on the GPU machine's loopback, B,
 against the same goal run on the local host, A): each trial's `timings_json` steps (sync, deploy,
-gates, bench, teardown, trial; a step a trial did not take counts 0), matched by trial number (the
+gates, bench, teardown, trial; `deploy` includes `sync`; a step a trial did not take counts 0), matched by trial number (the
 same goal, seed and proposer give the same sequence until the runs' measurements differ; the
 knobs column shows where they part), then the median of each step over the trials both runs have
 after the baseline, and B minus A. The first trial of B (`trial.host` event) also says where the
