@@ -88,7 +88,7 @@ class Config(BaseModel):
     host: str = "local"
     """`local`, `ssh://user@host:port`, a name from `infergoal hosts add`, or several, comma-separated (a pool)."""
     model_cache: str = "auto"
-    """A RAM-backed copy of the model that trials launch from (orchestrator.hosts.modelcache), on a
+    """A RAM-backed copy of the model that trials launch from (orchestrator.remote.modelcache), on a
     local host: `auto` = in /dev/shm where a CUDA GPU is visible, none on CPU-only hosts; `off`; or a
     folder to keep the copies in (used on any host)."""
     standby: bool = True

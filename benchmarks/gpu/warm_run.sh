@@ -18,6 +18,10 @@
 #   BENCH_SCALE= FLOORS= (a sol.json: the speed-of-light check)  WS_ROOT=/root  PY=python3  REPEATS=1
 #   SCREEN_FRACTION=0.25 (bench.screen_fraction: multi-fidelity; 0 = off, as on 2026-12-02)
 #   EXTRA_TOML= (lines appended to each infergoal.toml; the CPU dry run's fake target turns the gates off there)
+#   HOST=local; HOST=ssh: the trials go through an SSH host on this machine's loopback (issue #23 item 6): the
+#     carried OpenSSH server in .sshd/ (benchmarks/gpu/sshd_bundle.sh) is started for the command, registered
+#     in the workspace and named by its infergoal.toml's `host`; stopped at the end, its log to $OUT/sshd.log
+#     (benchmarks/gpu/ssh_host.sh: SSH_HOST_NAME, SSH_RUN, SSHD_BUNDLE, SSHD_LOGLEVEL)
 set -u
 START=$SECONDS
 LIMIT=${1:-585}; PHASE=${2:-small}
@@ -35,11 +39,15 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false GIT_PYTH
 if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >/dev/null 2>&1 || echo "wheel install failed"
-  export PYTHONPATH=/tmp/site:$ROOT
+  export PYTHONPATH=/tmp/site:$ROOT; WHEELS_SITE=/tmp/site
 else
   export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 fi
 log() { echo "[$((SECONDS-START))s] $*"; }
+HOST=${HOST:-local}; HOST_LINE=
+if [ "$HOST" = ssh ]; then
+  . "$ROOT/benchmarks/gpu/ssh_host.sh"; trap ssh_host_down EXIT; HOST_LINE="host = \"$SSH_HOST_NAME\""
+elif [ "$HOST" != local ]; then echo "HOST must be local or ssh" >&2; exit 2; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 forge() {  # forge (or reuse) a preset; a cached build with other training steps is dropped first
@@ -64,6 +72,7 @@ workspace() {  # workspace() DIR PRESET TRIALS WALL: target, goal and infergoal.
   sed -e "${trials:+s/^trials = .*/trials = $trials/}" -e "${wall:+s/^wall = .*/wall = \"${wall}s\"/}" \
       "$GOAL_FILE" > "$ws/goal.toml"
   cat > "$ws/infergoal.toml" <<TOML
+${HOST_LINE}
 target = "$ws/target.toml"
 proposer = "search"
 seed = 0
@@ -106,6 +115,7 @@ case $PHASE in
     # the paired confirmation of its winner at the stop (3 rounds of two fresh servers).
     WALL=${SMALL_WALL:-$((LIMIT - (SECONDS - START) - 45 - ${PAIRED_RESERVE_S:-200}))}
     workspace "$SMALL_WS" "$SMALL_PRESET" "${SMALL_TRIALS:-6}" "$WALL"
+    if [ "$HOST" = ssh ]; then ssh_host_up "$SMALL_WS" || exit 1; fi
     log "small run: $SMALL_PRESET, trials ${SMALL_TRIALS:-6}, wall ${WALL}s"; grep -E "^(trials|wall)" "$SMALL_WS/goal.toml"
     loop "$SMALL_WS" "small-cold-$SMALL_PRESET"
     ls -la "$SMALL_WS/kb" "$SMALL_WS"/kb/* 2>/dev/null | tail -12
@@ -122,6 +132,7 @@ case $PHASE in
       else log "NO KB to copy (neither $SMALL_WS/kb nor $KB_FROM): the big run starts cold"; fi
       find "$BIG_WS/kb" -name '*.md' 2>/dev/null | head
     fi
+    if [ "$HOST" = ssh ]; then ssh_host_up "$BIG_WS" || exit 1; fi
     loop "$BIG_WS" "big-warm-$BIG_PRESET"
     DB=$BIG_WS/.infergoal/infergoal.db
     ;;

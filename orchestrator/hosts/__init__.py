@@ -14,8 +14,8 @@ __all__ = ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTim
 def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True) -> Host:
     """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`.
 
-    `model_cache`: the workspace's setting for a RAM-backed model copy on a local host
-    (orchestrator.hosts.modelcache); SSH hosts keep their synced copy in their work dir. `standby`: the
+    `model_cache`: the workspace's setting for a RAM-backed model copy (orchestrator.remote.modelcache),
+    on this machine or, for an SSH host, applied there (`hostd model`). `standby`: the
     workspace's switch for a local host's standby interpreter (orchestrator.hosts.standby)."""
     if spec in ("", "local", "localhost"):
         return LocalHost(state_dir=state_dir, model_cache=model_cache, standby=standby)
@@ -25,10 +25,10 @@ def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", stan
     from orchestrator.hosts.sshconn import parse_ssh_url
 
     if spec.startswith("ssh://"):
-        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir)  # named by its URL in messages
+        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir, model_cache=model_cache)  # named by its URL in messages
     known = HostRegistry(state_dir)
     if spec in known.names():
-        return SSHHost(known.get(spec), state_dir=state_dir)
+        return SSHHost(known.get(spec), state_dir=state_dir, model_cache=model_cache)
     raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
 
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
-from orchestrator.hosts.modelcache import resolve
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.standby import Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
-from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
+from orchestrator.remote.modelcache import resolve
+from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
 
 __all__ = ["LocalHost"]
 
@@ -55,7 +55,7 @@ class LocalHost:
     def __init__(self, state_dir: str | Path, *, model_cache: str = "off", standby: bool = True) -> None:
         self.state_dir = Path(state_dir)
         self.model_cache = resolve(model_cache)
-        """Where trials' models are copied to load from RAM (orchestrator.hosts.modelcache); None: not copied."""
+        """Where trials' models are copied to load from RAM (orchestrator.remote.modelcache); None: not copied."""
         self.pid_dir = self.state_dir / "servers"
         self.pid_dir.mkdir(parents=True, exist_ok=True)
         self.use_standby = standby
@@ -258,15 +258,7 @@ class LocalHost:
         return listening_pids(port)
 
     def group_pids(self, proc: Proc) -> set[int]:
-        out = set()
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    if os.getpgid(int(d.name)) == proc.pgid:
-                        out.add(int(d.name))
-                except (ProcessLookupError, PermissionError):
-                    pass
-        return out
+        return group_pids(proc.pgid)
 
     def fingerprint(self) -> dict:
         fp = {

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from gates import GateResult, accuracy, audit, integrity
 from gates.lock import verify
 from orchestrator.bench import Scenario, ScenarioResult, run_scenario_sync
-from orchestrator.hosts.modelcache import cached_copy
+from orchestrator.remote.modelcache import cached_copy
 
 __all__ = ["LocalSite", "Site"]
 
@@ -55,7 +55,7 @@ class Site(Protocol):
 
 class LocalSite:
     """Everything in this process: paths are used as they are, except the model where the host keeps
-    a RAM-backed copy of it (`model_cache`: orchestrator.hosts.modelcache)."""
+    a RAM-backed copy of it (`model_cache`: orchestrator.remote.modelcache)."""
 
     python = None
 

@@ -41,8 +41,11 @@ def owner_id(state_dir: str | Path) -> str:
 class SSHHost:
     """A GPU box over SSH. `state_dir` is the workspace's `.infergoal/` (known_hosts lives there)."""
 
-    def __init__(self, spec: HostSpec, *, state_dir: str | Path, known_hosts: str | Path | None = None) -> None:
+    def __init__(self, spec: HostSpec, *, state_dir: str | Path, known_hosts: str | Path | None = None,
+                 model_cache: str = "off") -> None:
         self.spec, self.name = spec, spec.name
+        self.model_cache = model_cache
+        """The workspace's `model_cache`, applied on the host (orchestrator.remote.modelcache: "auto" = where it has a GPU)."""
         self.state_dir = Path(state_dir)
         self.known_hosts = Path(known_hosts) if known_hosts else self.state_dir / "known_hosts"
         self.conn = SSHConnection(spec, self.known_hosts)

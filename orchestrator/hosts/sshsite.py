@@ -18,6 +18,7 @@ from orchestrator.hosts.base import HostError
 from orchestrator.hosts.sshconn import ConnectionLost, HostSpec, SSHConnection
 from orchestrator.remote.hostd import SYNC_META
 from orchestrator.remote.manifest import diff, manifest, tar_files, tree_digest
+from orchestrator.remote.modelcache import manifest_key
 
 __all__ = ["RemoteSite", "ShippedHost", "SyncStats"]
 
@@ -36,6 +37,8 @@ class ShippedHost(Protocol):
     """Whose worker log and servers these are (`orchestrator.hosts.ssh.owner_id`)."""
     spec: HostSpec
     conn: SSHConnection
+    model_cache: str
+    """The workspace's `model_cache` setting, applied on the host (orchestrator.remote.modelcache)."""
 
     @property
     def workdir(self) -> str:
@@ -155,7 +158,11 @@ class RemoteSite:
         """Sync a local folder to the host by manifest (only changed files travel); return the host path.
 
         Models (kind "model", "reference", "tokenizer") are synced once per session: they do not
-        change under a run. Trees are synced every time,
+        change under a run. Where the host already has the same folder at the same path (same
+        names, sizes and mtimes: the same machine, or a shared file system), it is used there and
+        nothing travels or is hashed. A model (not a reference) is then read from the host's
+        RAM-backed copy where the workspace's `model_cache` says so, as on a local host.
+        Trees are synced every time,
         and a new tree starts on the host as a copy of the last one, so a commit sends its diff.
         """
         local = Path(path).resolve()
@@ -163,6 +170,15 @@ class RemoteSite:
         if kind != "tree" and key in self._placed:
             return self._placed[key]
         t0 = time.perf_counter()
+        cache = self.host.model_cache if kind == "model" else "off"
+        if kind != "tree":
+            stat_key = manifest_key(local)
+            there = self.host.hostd("model", key, "--key", stat_key, "--cache", cache)["path"]
+            if there:
+                self.last_sync = SyncStats(seconds=time.perf_counter() - t0)
+                self._digests[kind] = f"stat:{stat_key}"  # names, sizes and mtimes: the content was not hashed
+                self._placed[key] = there
+                return there
         folder = "trees" if kind == "tree" else "models"
         remote = f"{self.host.workdir}/{folder}/{local.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
         mine = manifest(local)
@@ -179,6 +195,8 @@ class RemoteSite:
         self._digests[kind] = tree_digest(mine)
         if kind == "tree":
             self._last_tree = remote
+        elif cache != "off":
+            remote = self.host.hostd("model", remote, "--cache", cache)["path"] or remote
         self._placed[key] = remote
         return remote
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from orchestrator.remote import hostlock
 from orchestrator.remote.manifest import manifest, tree_digest
-from orchestrator.remote.procs import group_exists, kill_group, listening_pids, log_tail
+from orchestrator.remote.modelcache import cached_copy, manifest_key, resolve
+from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
 
 SYNC_META = ".infergoal-sync.json"
 LEASE_CHECK_S = 2.0
@@ -166,15 +167,7 @@ def op_health(a: argparse.Namespace) -> dict:
 
 
 def op_group_pids(a: argparse.Namespace) -> dict:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if os.getpgid(int(d.name)) == a.pgid:
-                    pids.append(int(d.name))
-            except (ProcessLookupError, PermissionError):
-                pass
-    return {"pids": pids}
+    return {"pids": sorted(group_pids(a.pgid))}
 
 
 def op_listening_pids(a: argparse.Namespace) -> dict:
@@ -240,6 +233,19 @@ def op_receive(a: argparse.Namespace) -> dict:
     return {"received": len(data), "deleted": len(deleted), "digest": tree_digest(files)}
 
 
+def op_model(a: argparse.Namespace) -> dict:
+    """The folder a trial reads its model from here: `dir` itself, or its RAM-backed copy where
+    `--cache` (the workspace's `model_cache`) says so. With `--key`, `dir` counts only if its files'
+    names, sizes and mtimes give that key (orchestrator.remote.modelcache.manifest_key): then the
+    orchestrator's own folder is here as it is there (the same machine, or a shared file system)
+    and nothing needs to travel. {"path": null} where it is not."""
+    src = Path(a.dir)
+    if not src.is_dir() or (a.key and manifest_key(src) != a.key):
+        return {"path": None}
+    cache = resolve(a.cache)
+    return {"path": str(cached_copy(src, cache) if cache is not None else src)}
+
+
 def op_fingerprint(a: argparse.Namespace) -> dict:
     fp: dict = {"hostname": socket.gethostname(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
                 "python": platform.python_version(), "python_path": sys.executable}
@@ -296,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("dir")
     s.add_argument("--seed", default="")
     sub.add_parser("receive").add_argument("dir")
+    s = sub.add_parser("model")
+    s.add_argument("dir")
+    s.add_argument("--key", default="")
+    s.add_argument("--cache", default="off")
     sub.add_parser("fingerprint")
     sub.add_parser("lease").add_argument("--dir", default="", help="lease folder (default: $INFERGOAL_LEASE_DIR or /tmp/infergoal-leases)")
     a = p.parse_args(argv)

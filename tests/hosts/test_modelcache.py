@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from orchestrator.hosts import LocalHost
-from orchestrator.hosts.modelcache import DEFAULT_ROOT, cached_copy, cuda_host, resolve
+from orchestrator.remote.modelcache import DEFAULT_ROOT, cached_copy, cuda_host, resolve
 
 
 def _model(root: Path) -> Path:

@@ -132,6 +132,25 @@ def test_sync_sends_only_what_changed(tmp_path, box):
     assert Path(remote2, "new.txt").read_text() == "changed in the next commit"
 
 
+def test_a_model_the_host_has_at_the_same_path_is_used_there_else_synced_once(tmp_path, box, monkeypatch):
+    # The same machine (this sshd) sees the orchestrator's model folder as it is: nothing travels
+    # (a 7B is 14.5 GB). A host whose folder differs (names, sizes, mtimes) gets the synced copy.
+    model = tmp_path / "models" / "tiny-seed0-v1"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * 4096)
+    site = box.site()
+    assert site.place(model, kind="model") == str(model) and site.last_sync.bytes_sent == 0
+    assert site.facts()["model_hash"].startswith("stat:")
+    assert not (tmp_path / "remote" / "models").exists()
+    site2 = get_host("box", state_dir=tmp_path / ".infergoal").site()
+    monkeypatch.setattr("orchestrator.hosts.sshsite.manifest_key", lambda _: "another-machine")
+    there = site2.place(model, kind="model")
+    assert Path(there).parent == tmp_path / "remote" / "models" and site2.last_sync.bytes_sent > 4096
+    assert Path(there, "model.safetensors").read_bytes() == b"w" * 4096
+    site2.host.close()
+
+
 @pytest.mark.slow  # launches servers on the host
 def test_launch_health_gates_bench_logs_and_fingerprint_on_the_host(tmp_path, box):
     site = box.site()
