@@ -134,6 +134,17 @@ class SearchProposer:
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
 
+    def stop_bar(self, history: Sequence[Any], margin: float = SCREEN_MARGIN, startup: int | None = None) -> float | None:
+        """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
+        it stops nothing. Every short score under it is stopped (Optuna's ThresholdPruner prunes a value
+        below its `lower`), which is what lets a screen stop a short pass as soon as its score provably
+        ends under it (`orchestrator.fidelity`, `Screen.stop_below`)."""
+        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
+        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
+        if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
+            return None
+        return best * (1 - margin)
+
     def should_stop_early(self, history: Sequence[Any], value: float, margin: float = SCREEN_MARGIN,
                           startup: int | None = None) -> str | None:
         """Whether a candidate whose short bench scored `value` is not worth its full bench: why, or None.
@@ -154,12 +165,12 @@ class SearchProposer:
         than `margin` below its true score. Percentile bars follow the run's early, mostly poor
         trials and prune less; halving needs several rungs, and one short pass is all a trial's
         budget allows (docs/benchmarks.md, "Multi-fidelity screening (replay)", has both replayed)."""
-        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
-        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
-        if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
+        bar = self.stop_bar(history, margin, startup)
+        if bar is None:
             return None
+        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
+        best = max(float(t.score) for t in full if t.status == "kept")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        bar = best * (1 - margin)
         study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=bar),
                                     sampler=optuna.samplers.RandomSampler(seed=self.seed))
         trial = study.ask()
