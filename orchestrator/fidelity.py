@@ -41,7 +41,7 @@ from orchestrator.roles import BASELINES, NOT_SEARCH, RETRY
 from orchestrator.trial import objective_label
 
 __all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "SCREENED", "STOP_SLACK", "Z", "Screen",
-           "continues", "is_screened", "margin", "out_of_reach", "screen_for", "short_scenario"]
+           "STOPPED_EARLY", "continues", "is_screened", "is_stopped", "margin", "out_of_reach", "screen_for", "short_scenario"]
 
 SCREENED = "screened out at"
 """How a screened trial's reason starts (`trials.error`): readers that must tell it apart ask `is_screened`."""
@@ -120,6 +120,17 @@ def margin(noise: float, fraction: float) -> float:
     """The short bench's noise margin: Z x the baseline's relative noise scaled to the short bench's
     requests (noise of a mean ~ 1/sqrt(requests)), at least MIN_MARGIN."""
     return max(MIN_MARGIN, Z * noise / math.sqrt(fraction))
+
+
+STOPPED_EARLY = "stopped early after"
+"""How a screened trial's reason says its short pass was stopped early (`is_stopped`)."""
+
+
+def is_stopped(trial: Any) -> bool:
+    """Whether `trial` was screened out on a short pass stopped early: its score is then a bound (the
+    short score was at most that), not a measurement, and readers that learn from scores (the
+    knowledge base's observations and effects) leave it out."""
+    return is_screened(trial) and STOPPED_EARLY in (trial.error or "")
 
 
 def is_screened(trial: Any) -> bool:
@@ -247,7 +258,7 @@ def screen_for(
                                           "bound_tok_s": x[THROUGHPUT], "saved_s": round(cut[n], 3)}
                                       for n, x in stopped.items()}} if stopped else {})}
         if why:
-            said = "".join(f"; {n} stopped early after {x['duration_s']:.3g} s: its output throughput could no longer "
+            said = "".join(f"; {n} {STOPPED_EARLY} {x['duration_s']:.3g} s: its output throughput could no longer "
                            f"reach the {x['stop_below']:.1f} tok/s the bar needs (at most {x[THROUGHPUT]:.1f})"
                            for n, x in stopped.items())
             why = (f"{SCREENED} {fraction:.0%} fidelity: short-bench score {'at most ' if stopped else ''}{value:.3f}x "

@@ -15,10 +15,11 @@ from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import Scenario
 from orchestrator.candidate import Candidate
 from orchestrator.controller import Controller
-from orchestrator.fidelity import is_screened, out_of_reach
+from orchestrator.fidelity import is_screened, is_stopped, out_of_reach
 from orchestrator.goal import parse_goal
 from orchestrator.hosts.local import LocalHost
 from orchestrator.hosts.site import LocalSite
+from orchestrator.knowledge.distill import distill
 from orchestrator.measure import TrustPolicy
 from orchestrator.proposers import SearchProposer
 from orchestrator.roles import PROBE
@@ -128,6 +129,10 @@ def test_a_slow_candidates_screen_is_stopped_early_and_ends_as_it_would_have(tmp
     assert len(burst) == len(uburst) == 1 and burst[0][4] and not uburst[0][4] and uburst[0][2] is None
     assert burst[0][3] < uburst[0][3] / 5, (burst, uburst)
     assert cut.timings["screen"] < uncut.timings["screen"] - 0.8, (cut.timings, uncut.timings)
+    # The knowledge base learns from measured scores: the uncut short score is one, the stopped one's bound is not.
+    assert is_stopped(cut) and not is_stopped(uncut)
+    assert {SLOW} == {o["knobs"]["tpot_ms"] for o in distill(ustore, urun_id).observations}
+    assert not distill(store, run_id).observations
 
 
 def test_a_candidate_fast_enough_for_the_bar_is_never_stopped(tmp_path, monkeypatch):
