@@ -31,8 +31,9 @@ Models (stated, not measured end to end):
 `--cut` replays the screen's early stop (`fidelity.Screen.stop_below`): a screened-out candidate's short
 pass ends once all its tokens over the time elapsed fall under the bar's throughput (bar x the baseline's
 tok/s: the table's single throughput objective), at `short requests x tokens / (bar x baseline tok/s)`
-seconds, and its stored score (what TPE is told) is that bound, ~the bar, not its short score; the
-decision is the same (the short score is under the bar either way), later proposals may differ.
+seconds, and its stored score is that bound, ~the bar, not its short score (TPE is told it as pruned:
+`search._told`); the decision is the same (the short score is under the bar either way), later
+proposals may differ.
 `--keep P` replays Optuna's PercentilePruner (top P% of the run's trials) instead of the bar.
 `--startup N[,M...]`: full measurements (the baseline counted) before the pruner judges; the product's
 screen states the baseline's noise and passes `fidelity.KNOWN_NOISE_STARTUP` (0, the default here), 4 was
@@ -59,7 +60,14 @@ from kb_replay import DATA, MIN_GAIN, MODELS, Table, load_rows  # noqa: E402
 from kb_table import behaviour_key, grid_target, quiet_blocks  # noqa: E402
 
 from orchestrator.bench.scenarios import builtin_scenarios  # noqa: E402
-from orchestrator.fidelity import KNOWN_NOISE_STARTUP, SCREENED, STOP_SLACK, margin, short_scenario  # noqa: E402
+from orchestrator.fidelity import (  # noqa: E402
+    KNOWN_NOISE_STARTUP,
+    SCREENED,
+    STOP_SLACK,
+    STOPPED_EARLY,
+    margin,
+    short_scenario,
+)
 from orchestrator.proposers.search import SCREEN_STARTUP, SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
@@ -174,7 +182,8 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
                     stop_s = bench.n_short * bench.tokens / (bar * bench.table.base_ref)
                     bench_s -= bench.seconds(cand.knobs, bench.n_short) - min(bench.seconds(cand.knobs, bench.n_short), stop_s)
                 store.finish_trial(t.id, "discarded", score=s, objective={"score": s},
-                                   error=f"{SCREENED} {bench.f:.0%} fidelity: short-bench score {s:.3f}x vs {why}")
+                                   error=f"{SCREENED} {bench.f:.0%} fidelity: short-bench score {s:.3f}x vs {why}"
+                                   + (f"; throughput {STOPPED_EARLY} {stop_s:.3g} s" if bar is not None else ""))
                 continue
             bench_s += bench.seconds(cand.knobs, bench.n - (0 if restart else bench.n_short))  # the rest (or all again)
         else:

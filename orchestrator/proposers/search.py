@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 
 from orchestrator.candidate import Candidate, knob_key
-from orchestrator.fidelity import is_screened
+from orchestrator.fidelity import is_screened, is_stopped
 from orchestrator.proposers import multi
 from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
@@ -331,8 +331,7 @@ class SearchProposer:
                 study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs},
                                                           state=optuna.trial.TrialState.RUNNING))
                 continue
-            value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
-            told = ({"values": multi.values_of(t, self.objectives, failed)} if self.objectives else {"value": value})
+            told = _told(t, self.objectives, failed)
             inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
             study.add_trial(optuna.trial.create_trial(
                 params=t.knobs, distributions={k: dists[k] for k in t.knobs}, **told,
@@ -400,8 +399,22 @@ class SearchProposer:
                                    f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)")
 
 
+def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
+    """What TPE is told of finished trial `t`: its score (MOTPE: its objective values; a failure: `failed`).
+    A screened trial whose short pass was stopped early (`fidelity.is_stopped`) scored only "at most" its
+    stored bound (~the bar), not a measurement: told as pruned at it, which Optuna's TPE ranks under every
+    complete trial (its short score was under the bar; told as the bound it would rank beside the best)."""
+    if objectives:
+        return {"values": multi.values_of(t, objectives, failed)}
+    if is_stopped(t) and t.score:
+        return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
+    return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}
+
+
 def _complete(study: optuna.Study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
+    """Trials TPE counts for its start-up (complete and pruned, as `TPESampler` counts them)."""
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state in done)
 
 
 def _level(d: optuna.distributions.BaseDistribution, value: Any) -> Any:
