@@ -28,6 +28,12 @@ Models (stated, not measured end to end):
   set that failed costs no bench time in either run. (The short pass being the full bench's first
   requests makes a passed candidate's full score correlated with its short score; the replay's full
   score is the table value in both, so only the cost changes.)
+`--cut` replays the screen's early stop (`fidelity.Screen.stop_below`): a screened-out candidate's short
+pass ends once all its tokens over the time elapsed fall under the bar's throughput (bar x the baseline's
+tok/s: the table's single throughput objective), at `short requests x tokens / (bar x baseline tok/s)`
+seconds, and its stored score is that bound, ~the bar, not its short score (TPE is told it as pruned:
+`search._told`); the decision is the same (the short score is under the bar either way), later
+proposals may differ.
 `--keep P` replays Optuna's PercentilePruner (top P% of the run's trials) instead of the bar.
 `--startup N[,M...]`: full measurements (the baseline counted) before the pruner judges; the product's
 screen states the baseline's noise and passes `fidelity.KNOWN_NOISE_STARTUP` (0, the default here), 4 was
@@ -54,7 +60,14 @@ from kb_replay import DATA, MIN_GAIN, MODELS, Table, load_rows  # noqa: E402
 from kb_table import behaviour_key, grid_target, quiet_blocks  # noqa: E402
 
 from orchestrator.bench.scenarios import builtin_scenarios  # noqa: E402
-from orchestrator.fidelity import KNOWN_NOISE_STARTUP, SCREENED, margin, short_scenario  # noqa: E402
+from orchestrator.fidelity import (  # noqa: E402
+    KNOWN_NOISE_STARTUP,
+    SCREENED,
+    STOP_SLACK,
+    STOPPED_EARLY,
+    margin,
+    short_scenario,
+)
 from orchestrator.proposers.search import SCREEN_STARTUP, SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
@@ -65,6 +78,8 @@ class PercentileScreen(SearchProposer):
     """The alternative replayed beside the product's bar (`--pruner percentile`): Optuna's
     PercentilePruner over the run's stored trials (fully measured: COMPLETE with their score at step
     0; screened out: PRUNED), keeping the top `keep` percent (50: the MedianPruner)."""
+
+    stop_bar = None  # its bar is not a fixed score: no short pass of it is stopped early (`--cut` needs the product's)
 
     def __init__(self, *a: Any, keep: float = 50.0, **kw: Any) -> None:
         super().__init__(*a, **kw)
@@ -131,7 +146,8 @@ class Bench:
 
 
 def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, screen: bool, keep: float | None,
-           margin_: float | None = None, startup: int = KNOWN_NOISE_STARTUP, restart: bool = False) -> dict[str, Any]:
+           margin_: float | None = None, startup: int = KNOWN_NOISE_STARTUP, restart: bool = False,
+           cut: bool = False) -> dict[str, Any]:
     """One run: TPE proposals, each measured in full or screened first; returns its best and bench time."""
     run = store.create_run(name=f"{'screen' if screen else 'full'}-s{seed}", goal_text="replay", goal_json={}, goal_hash="mf",
                            target_json={}, config_json={}, host="replay", proposer="search")
@@ -160,8 +176,14 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
                 screened += 1
                 if r > best * (1 + MIN_GAIN):
                     missed.append(round(r, 4))  # full fidelity would have kept it here
+                bar = proposer.stop_bar(history, m, startup=startup) if cut else None
+                if bar is not None:  # stopped once out of reach: the bound is stored, the pass ends at the floor's time
+                    s = bar * (1 - STOP_SLACK)
+                    stop_s = bench.n_short * bench.tokens / (bar * bench.table.base_ref)
+                    bench_s -= bench.seconds(cand.knobs, bench.n_short) - min(bench.seconds(cand.knobs, bench.n_short), stop_s)
                 store.finish_trial(t.id, "discarded", score=s, objective={"score": s},
-                                   error=f"{SCREENED} {bench.f:.0%} fidelity: short-bench score {s:.3f}x vs {why}")
+                                   error=f"{SCREENED} {bench.f:.0%} fidelity: short-bench score {s:.3f}x vs {why}"
+                                   + (f"; throughput {STOPPED_EARLY} {stop_s:.3g} s" if bar is not None else ""))
                 continue
             bench_s += bench.seconds(cand.knobs, bench.n - (0 if restart else bench.n_short))  # the rest (or all again)
         else:
@@ -177,7 +199,8 @@ def replay(bench: Bench, target: Any, store: Store, *, seed: int, budget: int, s
 
 def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fraction: float = 0.25, keep: float | None = None,
         bias: float = 1.0, fix: dict[str, Any] | None = None, rows: list[dict[str, Any]] | None = None,
-        margin_: float | None = None, startups: tuple[int, ...] = (KNOWN_NOISE_STARTUP,), restart: bool = False) -> dict[str, Any]:
+        margin_: float | None = None, startups: tuple[int, ...] = (KNOWN_NOISE_STARTUP,), restart: bool = False,
+        cut: bool = False) -> dict[str, Any]:
     """The replay of one table; `summary` and `runs` for the first of `startups`, `by_startup` for each."""
     model = MODELS[TABLES[table_name]]
     rows = rows if rows is not None else load_rows(DATA / f"kb_table_{table_name}_throughput.jsonl")
@@ -193,11 +216,11 @@ def run(table_name: str = "small", *, seeds: int = 20, budget: int = 20, fractio
         full = replay(bench, target, store, seed=1000 * s, budget=budget, screen=False, keep=keep)
         for st in startups:
             scr = replay(bench, target, store, seed=1000 * s, budget=budget, screen=True, keep=keep, margin_=margin_, startup=st,
-                         restart=restart)
+                         restart=restart, cut=cut)
             by[st].append({"seed": s, "full": full, "screened": scr})
     runs = by[startups[0]]
     return {"startup": startups[0], "by_startup": {st: summarise(rs) for st, rs in by.items()},"table": table_name, "model": model, "fraction": fraction, "short_requests": bench.n_short, "of": bench.n,
-            "full_bench": "restarted" if restart else "continued",
+            "full_bench": "restarted" if restart else "continued", "cut": cut,
             "pruner": "threshold (the product)" if keep is None else f"percentile, keep top {keep:g}%",
             "baseline_noise": round(bench.noise, 4), "margin": round(margin(bench.noise, bench.f) if margin_ is None else margin_, 4), "bias": bias, "budget": budget, "median_spread": round(med, 4),
             "summary": summarise(runs), "runs": runs, "db": str(tmp / "replay.db")}
@@ -232,12 +255,14 @@ def main() -> None:
                     "comma-separated for several (4: the start-up before 2026-12-02; 0: the product's, the noise stated)")
     ap.add_argument("--restart", action="store_true", help="a passed candidate's full bench starts over (the cost before "
                     "the full bench continued the short pass)")
+    ap.add_argument("--cut", action="store_true", help="a screened-out short pass stops once out of reach (the product's "
+                    "early stop): the bound is stored, the pass ends early")
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE", help="pin a knob (a smaller space)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     fix = {k: (int(v) if v.isdigit() else v) for k, v in (f.split("=", 1) for f in args.fix)}
     out = run(args.table, seeds=args.seeds, budget=args.budget, fraction=args.fraction, keep=args.keep, bias=args.short_bias, fix=fix,
-              margin_=args.margin, startups=tuple(int(x) for x in args.startup.split(",")), restart=args.restart)
+              margin_=args.margin, startups=tuple(int(x) for x in args.startup.split(",")), restart=args.restart, cut=args.cut)
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

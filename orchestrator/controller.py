@@ -226,7 +226,8 @@ class Controller:
                     fraction=self.screen_fraction, trial=trial, proposer=self.proposer, history=self._history(),
                     scenarios=(ctx or self.ctx).scenarios, goal_scenarios=self.ctx.goal.scenarios,
                     score=lambda r: verdict.score(r, baseline, self.ctx.goal.objectives), noise=baseline.noise, store=self.store,
-                    run_id=self.ctx.run_id, durations=self._durations(baseline) if self.screen_fraction > 0 else None),
+                    run_id=self.ctx.run_id, durations=self._durations(baseline) if self.screen_fraction > 0 else None,
+                    objectives=self.ctx.goal.objectives, baseline=baseline.values),
             )
         except GateTampered as e:  # the trial cannot count: say so, then stop the run
             self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")

@@ -13,6 +13,15 @@ pass so never costs a promising candidate extra, except on a scenario that canno
 most of the bench's time is not run (`MAX_REPEAT_SHARE`). A screened-out candidate is not gated
 (`orchestrator.trial.run_trial`): it can never be kept.
 
+A short pass also stops early where its outcome is already certain (`Screen.stop_below`): a
+scenario's output throughput at its end is at most every request's max_tokens over the time elapsed,
+so once the candidate's short score could not reach the bar even at that bound (the goal's other
+objectives measured already, `out_of_reach`), its requests are cancelled on the host
+(`Scenario.stop_below`, `orchestrator.bench.loadgen`) and the candidate is screened out as it would
+have been at the end, its reason saying so. Only a proposer that names its bar (`stop_bar`, the
+search's) gets it, only for a goal scenario whose objectives are all output throughput and the last
+of its screen to be measured: a latency objective's speedup has no upper bound while unmeasured.
+
 Full fidelity always: baselines and sentinels (everything is judged against them), paired rounds
 (the claim), probes (evidence for the knowledge base) and retries (a re-judgement); a re-measure of
 a borderline result runs the whole scenario again. The decision is recorded once, as a `screen`
@@ -29,9 +38,10 @@ from typing import Any
 from orchestrator.bench.passes import rest_of
 from orchestrator.goal import SLO_SCENARIO
 from orchestrator.roles import BASELINES, NOT_SEARCH, RETRY
+from orchestrator.trial import objective_label
 
-__all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "SCREENED", "Z", "Screen", "continues",
-           "is_screened", "margin", "screen_for", "short_scenario"]
+__all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "SCREENED", "STOP_SLACK", "Z", "Screen",
+           "STOPPED_EARLY", "continues", "is_screened", "is_stopped", "margin", "out_of_reach", "screen_for", "short_scenario"]
 
 SCREENED = "screened out at"
 """How a screened trial's reason starts (`trials.error`): readers that must tell it apart ask `is_screened`."""
@@ -61,6 +71,45 @@ rule on the whole short pass's request share from before the full bench continue
 which kept the H200 goal from being screened at all: docs/benchmarks.md, "Continued full bench".)"""
 
 
+STOP_SLACK = 1e-9
+"""A short pass is stopped only under its floor less this share: the score recomputed from the bound
+(`verdict.score`'s logs and exp) must land under the bar, never on it by a rounding."""
+THROUGHPUT = "output_throughput"
+
+
+def out_of_reach(bar: float, name: str, objectives: Sequence[Any], baseline: dict[str, float],
+                 measured: dict[str, list[float]]) -> float | None:
+    """The output tok/s under which goal scenario `name`'s short pass scores under `bar` whatever else
+    happens, or None where that cannot be proven.
+
+    The score is the geometric mean of the objectives' speedups over `baseline` (`verdict.score`): with
+    every objective outside `name` already `measured` (objective label -> values) and every objective on
+    `name` its output throughput (speedup = throughput / the baseline's), the score is under `bar` exactly
+    when throughput < exp((N log bar - sum of the measured log speedups + sum of the log baseline
+    throughputs) / k), k of the N objectives on `name`. An objective not yet measured (a latency's
+    speedup is unbounded), another metric on `name`, or the SLO rate search: None."""
+    mine = [o for o in objectives if o.scenario == name]
+    if not mine or name == SLO_SCENARIO or bar <= 0:
+        return None
+    if any(o.key != THROUGHPUT or o.info.direction != "maximize" for o in mine):
+        return None
+    logs = 0.0
+    for o in objectives:
+        label = objective_label(o.scenario, o.key)
+        base = baseline.get(label, 0.0)
+        if not base or base <= 0 or not math.isfinite(base):
+            return None  # `speedup` is then 1.0 whatever the value: no bound from the throughput
+        if o.scenario == name:
+            logs -= math.log(base)
+            continue
+        values = measured.get(label)
+        if not values:
+            return None
+        value = sum(values) / len(values)
+        logs += math.log(o.speedup(value, base))
+    return math.exp((len(objectives) * math.log(bar) - logs) / len(mine))
+
+
 def continues(name: str) -> bool:
     """Whether goal scenario `name`'s full bench continues its short pass. Not the SLO scenario: its
     measurement is a request-rate search, every step a bench of its own, which has no "rest"."""
@@ -71,6 +120,17 @@ def margin(noise: float, fraction: float) -> float:
     """The short bench's noise margin: Z x the baseline's relative noise scaled to the short bench's
     requests (noise of a mean ~ 1/sqrt(requests)), at least MIN_MARGIN."""
     return max(MIN_MARGIN, Z * noise / math.sqrt(fraction))
+
+
+STOPPED_EARLY = "stopped early after"
+"""How a screened trial's reason says its short pass was stopped early (`is_stopped`)."""
+
+
+def is_stopped(trial: Any) -> bool:
+    """Whether `trial` was screened out on a short pass stopped early: its score is then a bound (the
+    short score was at most that), not a measurement, and readers that learn from scores (the
+    knowledge base's observations and effects) leave it out."""
+    return is_screened(trial) and STOPPED_EARLY in (trial.error or "")
 
 
 def is_screened(trial: Any) -> bool:
@@ -104,6 +164,19 @@ class Screen:
     """Goal scenario name -> its short version."""
     judge: Callable[[Any, float], str | None]
     """(the short pass's TrialResult, its bench seconds) -> why the candidate ends here, or None for the full bench."""
+    bar: float | None = None
+    """The score under which the proposer screens a candidate out (its `stop_bar`), None if it names none."""
+    objectives: tuple[Any, ...] = ()
+    baseline: dict[str, float] | None = None
+    """Objective label -> the newest baseline's value: what the short score is against."""
+
+    def stop_below(self, name: str, measured: dict[str, list[float]]) -> float | None:
+        """The output tok/s under which goal scenario `name`'s short pass is stopped early (`Scenario.stop_below`):
+        the floor `out_of_reach` proves, less STOP_SLACK, given the objectives `measured` so far; None: run to the end."""
+        if self.bar is None or self.baseline is None:
+            return None
+        floor = out_of_reach(self.bar, name, self.objectives, self.baseline, measured)
+        return None if floor is None else floor * (1 - STOP_SLACK)
 
     def full(self, name: str, scenario: Any) -> Any:
         """Goal scenario `name`'s full bench after a passed screen: its requests after the short pass's
@@ -118,7 +191,7 @@ class Screen:
 def screen_for(
     *, fraction: float, trial: Any, proposer: Any, history: Sequence[Any], scenarios: dict[str, Any],
     goal_scenarios: Sequence[str], score: Callable[[Any], float], noise: float, store: Any, run_id: int,
-    durations: dict[str, float] | None = None,
+    durations: dict[str, float] | None = None, objectives: Sequence[Any] = (), baseline: dict[str, float] | None = None,
 ) -> Screen | None:
     """The screen for `trial`, or None when it is measured at full fidelity only.
 
@@ -128,7 +201,10 @@ def screen_for(
     proposer's `should_stop_early(history, value, margin, startup=KNOWN_NOISE_STARTUP)` decides (the
     noise is known: measured, or assumed and said); a proposer without it never stops a candidate early.
     A short pass whose non-continued part would be more than MAX_REPEAT_SHARE of the full bench's time
-    is not run: a `screen` event with `skipped` says why, and the candidate is measured in full only."""
+    is not run: a `screen` event with `skipped` says why, and the candidate is measured in full only.
+    `objectives` and `baseline` (objective label -> the newest baseline's value), with a proposer that
+    names its bar (`stop_bar`), let a short pass stop as soon as it is certain to be screened out
+    (`Screen.stop_below`); without them it always runs to its end."""
     if fraction <= 0 or trial.proposer in FULL_FIDELITY or trial.number == 0:
         return None
     ask = getattr(proposer, "should_stop_early", None)
@@ -159,18 +235,36 @@ def screen_for(
     share = short_n / full_n  # the fraction the short pass really runs (whole waves)
     m = margin(noise, share)
 
+    stop_bar = getattr(proposer, "stop_bar", None)
+    bar = stop_bar(seen, m, startup=KNOWN_NOISE_STARTUP) if stop_bar is not None and baseline is not None else None
+
     def judge(result: Any, bench_s: float) -> str | None:
         value = score(result)
         why = ask(seen, value, m, startup=KNOWN_NOISE_STARTUP)
+        stopped = {n: x for n, x in (getattr(result, "metrics", None) or {}).items() if x.get("stopped_early")}
+        if stopped and not why:  # out_of_reach proved the score under the bar: the proposer disagrees
+            raise RuntimeError(f"the short pass of {', '.join(stopped)} was stopped early as out of reach of the bar "
+                               f"{bar}, yet its bound {value:.6f}x passed the screen: not judged")
         # The bench time not spent: the rest of the full bench at the short pass's pace (its warm-up,
         # paid either way, counted with the short pass). Not counted: the gates, also not run.
         saved = bench_s * rest_n / (short_n + sum(short[n].warmup_requests for n in goal_scenarios)) if why else 0.0
+        # A stopped scenario's own rest: the tokens still to come at the pace they came (an estimate).
+        cut = {n: x["duration_s"] * (x["output_tokens_possible"] / x["output_tokens_seen"] - 1)
+               if x.get("output_tokens_seen", 0) > 0 else 0.0 for n, x in stopped.items()}
+        saved += sum(cut.values())
         data = {**base, "score": value, "margin": m, "screened_out": bool(why), "reason": why,
-                "short_bench_s": round(bench_s, 3), "saved_bench_s": round(saved, 3)}
+                "short_bench_s": round(bench_s, 3), "saved_bench_s": round(saved, 3), "bar": bar,
+                **({"stopped_early": {n: {"after_s": round(x["duration_s"], 3), "floor_tok_s": x["stop_below"],
+                                          "bound_tok_s": x[THROUGHPUT], "saved_s": round(cut[n], 3)}
+                                      for n, x in stopped.items()}} if stopped else {})}
         if why:
-            why = f"{SCREENED} {fraction:.0%} fidelity: short-bench score {value:.3f}x vs {why}; ~{saved:.1f} s of bench saved"
+            said = "".join(f"; {n} {STOPPED_EARLY} {x['duration_s']:.3g} s: its output throughput could no longer "
+                           f"reach the {x['stop_below']:.1f} tok/s the bar needs (at most {x[THROUGHPUT]:.1f})"
+                           for n, x in stopped.items())
+            why = (f"{SCREENED} {fraction:.0%} fidelity: short-bench score {'at most ' if stopped else ''}{value:.3f}x "
+                   f"vs {why}{said}; ~{saved:.1f} s of bench saved")
         store.add_event(run_id, "screen", why or f"#{trial.number} passed its {fraction:.0%} screen ({value:.3f}x): "
                         f"measured in full ({rest_n} more requests)", data=data, trial_id=trial.id)
         return why
 
-    return Screen(fraction=fraction, scenarios=short, judge=judge)
+    return Screen(fraction=fraction, scenarios=short, judge=judge, bar=bar, objectives=tuple(objectives), baseline=baseline)

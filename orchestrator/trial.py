@@ -388,7 +388,7 @@ class _Bench:
     def screen(self, screen: Any, result: TrialResult) -> str | None:
         """The short pass of `screen`; an error, or None. Screened out: `result` holds the short pass."""
         short, t0 = TrialResult(), time.perf_counter()
-        err = self.run(1, short, scenarios=screen.scenarios, tag=f"@{screen.fraction:g}")
+        err = self.run(1, short, scenarios=screen.scenarios, tag=f"@{screen.fraction:g}", stop=screen.stop_below)
         if err:
             result.status_hint = short.status_hint
             return err
@@ -399,9 +399,11 @@ class _Bench:
         return None
 
     def run(self, repeats: int, result: TrialResult, first_repeat: int = 0, scenarios: dict[str, Any] | None = None,
-            tag: str = "") -> str | None:
+            tag: str = "", stop: Callable[[str, dict[str, list[float]]], float | None] | None = None) -> str | None:
         """Measure each goal scenario `repeats` times; return an error, or None. `scenarios` replaces the
-        run's (a screen's short pass, stored as `NAME{tag}`)."""
+        run's (a screen's short pass, stored as `NAME{tag}`); `stop(goal scenario, the objectives measured
+        so far)`: the output tok/s under which that scenario is stopped early (`Scenario.stop_below`, a
+        screen's: `orchestrator.fidelity`), or None."""
         ctx, store = self.ctx, self.ctx.store
         for goal_name in ctx.goal.scenarios:
             name = goal_name + tag
@@ -411,7 +413,12 @@ class _Bench:
                 first = self.firsts.get(goal_name) if scenario.part is not None and scenario.part[0] > 0 else None
                 if scenario.part is not None and scenario.part[0] > 0 and (first is None or rep != first_repeat):
                     scenario, first = ctx.scenarios[goal_name], None
+                below = stop(goal_name, result.samples) if stop is not None and first is None else None
+                if below is not None:  # travels with the scenario to the host's bench, which stops it there
+                    scenario = scenario.model_copy(update={"stop_below": below})
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
+                if below is not None:
+                    label += f" (stopped once out of reach of {below:.1f} tok/s)"
                 if first is not None:
                     lo, hi = scenario.part
                     label += f" (requests {lo + 1}-{hi} of {hi}, after the short pass's {lo})" if hi > lo else \

@@ -36,6 +36,9 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj).encode()
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+STOPPED = "stopped_early"
+"""The error of a measured request the bench cancelled because its scenario was stopped early
+(`Scenario.stop_below`): not a failure of the server's; such a scenario's metrics leave it out."""
 
 _now = time.perf_counter_ns
 
@@ -233,13 +236,64 @@ async def _open_loop(session, url, bodies, recs, offsets, cap, chat, timeout_s) 
             await send_request(session, url, bodies[i], recs[i], chat=chat, timeout_s=timeout_s)
 
     tasks = []
-    for i, off in enumerate(offsets):
-        recs[i].t_scheduled_ns = start + int(off * 1e9)
-        delay = (recs[i].t_scheduled_ns - _now()) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i)))
-    await asyncio.gather(*tasks)
+    try:
+        for i, off in enumerate(offsets):
+            recs[i].t_scheduled_ns = start + int(off * 1e9)
+            delay = (recs[i].t_scheduled_ns - _now()) / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+    finally:  # stopped early (cancelled) while sending: the requests already sent are cancelled and awaited, none left behind
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+async def _stop_when_out_of_reach(measured: Any, t0: int, possible: int, floor: float) -> float | None:
+    """Await `measured` (the scenario's measured requests), cancelling them as soon as the scenario's
+    output throughput can no longer reach `floor` tok/s: it ends at most at `possible` tokens (every
+    request's max_tokens; a valid output is never longer) over the time elapsed since `t0`, so once
+    `possible / elapsed < floor` the requests still to come cannot lift it to `floor`. Returns the
+    seconds elapsed when it stopped them (their throughput's bound is `possible` over it), or None
+    when they all finished first."""
+    task = asyncio.ensure_future(measured)
+    try:
+        while not task.done():
+            elapsed = (_now() - t0) / 1e9
+            if elapsed > 0 and possible / elapsed < floor:
+                task.cancel()
+                await asyncio.wait({task})  # every request cancelled, its connection closed
+                return elapsed
+            await asyncio.wait({task}, timeout=max(possible / floor - elapsed, 0.0) + 1e-3)
+    finally:
+        if not task.done():  # we were cancelled ourselves: take the requests with us
+            task.cancel()
+            await asyncio.wait({task})
+    task.result()  # its own exception, if any
+    return None
+
+
+def _stopped(scenario: Scenario, recs: list[RequestRecord], prompts: list[Prompt], t0: int, elapsed: float,
+             mode: ApiMode, lags: list[float], tok: Any, chat: bool) -> dict[str, float]:
+    """The metrics of a scenario stopped early (`Scenario.stop_below`): the requests that finished before
+    the stop (their failures and counts judged as ever; the unfinished ones marked `STOPPED`, not failed),
+    and `output_throughput` the *bound* the stop was proven with: every request's max_tokens over the
+    seconds elapsed (`stopped_early` = 1 says so)."""
+    for r in recs:
+        if not r.success and r.error is None:
+            r.error, r.error_detail = STOPPED, f"stopped {elapsed:.3f} s into the scenario: its throughput was out of reach"
+            r.t_done_ns = r.t_done_ns or t0 + int(elapsed * 1e9)
+    done = [r for r in recs if r.error != STOPPED]
+    possible = sum(p.output_tokens for p in prompts)
+    m = compute_metrics(done, bench_start_ns=t0, bench_end_ns=t0 + int(elapsed * 1e9), target_rate=scenario.rate,
+                        slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms, slo_e2e_ms=scenario.slo_e2e_ms,
+                        loop_lag_ms=lags, intended_prompt_check=tok is not None and not chat and mode.prompt_ids, mode=mode)
+    m.update(stopped_early=1.0, stopped_requests=float(len(recs) - len(done)), stop_below=float(scenario.stop_below or 0.0),
+             output_tokens_possible=float(possible), output_tokens_seen=float(sum(r.osl for r in recs if r.success or r.error == STOPPED)),
+             duration_s=elapsed, output_throughput=possible / elapsed)  # the very seconds the stop was proven at
+    return m
 
 
 async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokenizer: Any = None,
@@ -288,21 +342,30 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
         lag.start()
         t0 = _now()
         if offsets is None:
-            await _closed_loop(session, url, bodies, recs, scenario.concurrency, chat, timeout_s)
+            measured = _closed_loop(session, url, bodies, recs, scenario.concurrency, chat, timeout_s)
         else:
-            await _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
+            measured = _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
+        stopped = None
+        if scenario.stop_below and scenario.stop_below > 0 and prompts:
+            stopped = await _stop_when_out_of_reach(measured, t0, sum(p.output_tokens for p in prompts), scenario.stop_below)
+        else:
+            await measured
         t1 = _now()
         await lag.stop()
     if not mode.token_ids and tok is not None:  # counted after the clock stopped: no client CPU in the numbers
         for r in recs:
             r.client_tokens = len(tok(r.text, add_special_tokens=False)["input_ids"]) if r.success else None
             r.client_tokens_from_text = True
-    metrics = compute_metrics(
-        recs, bench_start_ns=t0, bench_end_ns=t1, target_rate=scenario.rate,
-        slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms,
-        slo_e2e_ms=scenario.slo_e2e_ms, loop_lag_ms=lag.lags_ms,
-        intended_prompt_check=tok is not None and not chat and mode.prompt_ids, mode=mode)
-    return ScenarioResult(scenario=scenario, metrics=metrics, requests=recs, failures=failures(recs),
+    if stopped is not None:
+        metrics = _stopped(scenario, recs, prompts, t0, stopped, mode, lag.lags_ms, tok, chat)
+    else:
+        metrics = compute_metrics(
+            recs, bench_start_ns=t0, bench_end_ns=t1, target_rate=scenario.rate,
+            slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms,
+            slo_e2e_ms=scenario.slo_e2e_ms, loop_lag_ms=lag.lags_ms,
+            intended_prompt_check=tok is not None and not chat and mode.prompt_ids, mode=mode)
+    return ScenarioResult(scenario=scenario, metrics=metrics, requests=recs,
+                          failures=failures([r for r in recs if r.error != STOPPED]),
                           meta={"base_url": base_url, "model": model, "api": api, "engine_api": mode.describe(),
                                 "origin_ns": t0, "tokenizer": tok is not None,
                                 "date": time.strftime("%Y%m%d-%H%M%S"),

@@ -57,6 +57,12 @@ class Scenario(BaseModel):
     """Measure only requests [lo, hi) of the `num_requests` (their prompts and arrival schedule as in the
     whole scenario): one pass of a bench measured in several, joined by `orchestrator.bench.passes`
     (multi-fidelity screening's short pass and its continuation, `orchestrator.fidelity`). None: all."""
+    stop_below: float | None = None
+    """Output tok/s: stop the measured requests as soon as this scenario's output throughput can no longer
+    reach it (a screen's early stop, `orchestrator.fidelity`: the candidate is screened out whatever the
+    rest would measure). Throughput at the end is at most every request's `max_tokens` over the time
+    elapsed, so once `elapsed > total max_tokens / stop_below` the rest cannot change the outcome
+    (`loadgen.run_scenario`). None: run to the end."""
 
     @property
     def measured_requests(self) -> int:

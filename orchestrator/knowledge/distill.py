@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.fidelity import is_stopped
 from orchestrator.roles import MEASUREMENTS, PROBE, RETIRED
 
 __all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
@@ -160,7 +161,9 @@ def distill(store: Any, run_id: int) -> Distilled:
             d.winner = {"trial": best.number, "trial_id": best.id, "knobs": dict(best.knobs), "score": round(best.score, 4),
                         "objective": {k: round(v, 4) for k, v in (best.objective or {}).items()},
                         "confirmed_by_relaunch": "GoalMet" in (run.stop_reason or "")}
-    scored = [t for t in trials if t.status in _SCORED and t.score is not None and set(t.knobs) == set(base.knobs)]
+    # A short pass stopped early scored "at most" its bound: not a measurement to learn effects from.
+    scored = [t for t in trials if t.status in _SCORED and t.score is not None and set(t.knobs) == set(base.knobs)
+              and not is_stopped(t)]
     metrics = sorted({m for t in scored for m in (t.objective or {})})
     base_obj = dict(base.objective or {})
     importance = {m: _importance(scored, m) for m in [None, *metrics]}
@@ -190,7 +193,7 @@ def distill(store: Any, run_id: int) -> Distilled:
             kind, reason = classify_failure(t.status, t.error, store.gate_results(t.id), _log_tail(t.log_path), bool(t.launch_cmd))
             changed = {k: v for k, v in t.knobs.items() if base.knobs.get(k) != v}
             d.failures.append({"trial": t.number, "status": t.status, "kind": kind, "reason": reason, "changed": changed})
-        if t.proposer == PROBE or measurement:
+        if t.proposer == PROBE or measurement or is_stopped(t):  # a stopped short pass's score is a bound only
             continue
         if t.number and set(t.knobs) == set(base.knobs) and (t.status in _FAILED or (t.status in _SCORED and t.score is not None)):
             d.observations.append({"knobs": dict(t.knobs), "score": 0.0 if t.status in _FAILED else round(t.score, 4)})

@@ -26,7 +26,9 @@ class Proposer(Protocol):
         give or take `margin` (relative: the short bench's noise); why it is not worth the full bench,
         or None to measure it in full. `startup`: full measurements to wait for before any is stopped
         (None: the proposer's own; the product's screen states the noise and passes 0). Proposers that
-        do not screen return None."""
+        do not screen return None. A proposer may also name its bar, `stop_bar(history, margin, startup)
+        -> float | None` (every value under it stopped, as the search's ThresholdPruner does); only then
+        may a screen stop a short pass early, once its score is certain to end under it."""
         ...
 
 

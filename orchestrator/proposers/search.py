@@ -23,7 +23,7 @@ from typing import Any
 import optuna
 
 from orchestrator.candidate import Candidate, knob_key
-from orchestrator.fidelity import is_screened
+from orchestrator.fidelity import is_screened, is_stopped
 from orchestrator.proposers import multi
 from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
@@ -134,6 +134,17 @@ class SearchProposer:
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
 
+    def stop_bar(self, history: Sequence[Any], margin: float = SCREEN_MARGIN, startup: int | None = None) -> float | None:
+        """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
+        it stops nothing. Every short score under it is stopped (Optuna's ThresholdPruner prunes a value
+        below its `lower`), which is what lets a screen stop a short pass as soon as its score provably
+        ends under it (`orchestrator.fidelity`, `Screen.stop_below`)."""
+        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
+        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
+        if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
+            return None
+        return best * (1 - margin)
+
     def should_stop_early(self, history: Sequence[Any], value: float, margin: float = SCREEN_MARGIN,
                           startup: int | None = None) -> str | None:
         """Whether a candidate whose short bench scored `value` is not worth its full bench: why, or None.
@@ -154,12 +165,12 @@ class SearchProposer:
         than `margin` below its true score. Percentile bars follow the run's early, mostly poor
         trials and prune less; halving needs several rungs, and one short pass is all a trial's
         budget allows (docs/benchmarks.md, "Multi-fidelity screening (replay)", has both replayed)."""
-        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
-        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
-        if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
+        bar = self.stop_bar(history, margin, startup)
+        if bar is None:
             return None
+        full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
+        best = max(float(t.score) for t in full if t.status == "kept")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        bar = best * (1 - margin)
         study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=bar),
                                     sampler=optuna.samplers.RandomSampler(seed=self.seed))
         trial = study.ask()
@@ -320,8 +331,7 @@ class SearchProposer:
                 study.add_trial(optuna.trial.create_trial(params=t.knobs, distributions={k: dists[k] for k in t.knobs},
                                                           state=optuna.trial.TrialState.RUNNING))
                 continue
-            value = t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE
-            told = ({"values": multi.values_of(t, self.objectives, failed)} if self.objectives else {"value": value})
+            told = _told(t, self.objectives, failed)
             inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
             study.add_trial(optuna.trial.create_trial(
                 params=t.knobs, distributions={k: dists[k] for k in t.knobs}, **told,
@@ -389,8 +399,22 @@ class SearchProposer:
                                    f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)")
 
 
+def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
+    """What TPE is told of finished trial `t`: its score (MOTPE: its objective values; a failure: `failed`).
+    A screened trial whose short pass was stopped early (`fidelity.is_stopped`) scored only "at most" its
+    stored bound (~the bar), not a measurement: told as pruned at it, which Optuna's TPE ranks under every
+    complete trial (its short score was under the bar; told as the bound it would rank beside the best)."""
+    if objectives:
+        return {"values": multi.values_of(t, objectives, failed)}
+    if is_stopped(t) and t.score:
+        return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
+    return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}
+
+
 def _complete(study: optuna.Study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
+    """Trials TPE counts for its start-up (complete and pruned, as `TPESampler` counts them)."""
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state in done)
 
 
 def _level(d: optuna.distributions.BaseDistribution, value: Any) -> Any:

@@ -1,0 +1,180 @@
+"""A screen's short pass stops as soon as the candidate is certain to be screened out (issue #23 [gpu-time]).
+
+The H200 goal's shape, small: TPOT p50 on a decode scenario, then output throughput on a one-wave burst
+of 16 requests (a slow candidate's burst took most of its 21-23 s screen there). The real path: the fake
+target's server in its own process (LocalHost), the real load generator, Controller -> run_trial's short
+pass -> `fidelity.Screen.stop_below` -> the bench stopping the burst on the host -> the search's pruner.
+"""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from fake_target import FAKE_SERVER_DIR, write_fake_target
+
+from orchestrator.bench.saturation import SaturationPolicy
+from orchestrator.bench.scenarios import Scenario
+from orchestrator.candidate import Candidate
+from orchestrator.controller import Controller
+from orchestrator.fidelity import is_screened, is_stopped, out_of_reach
+from orchestrator.goal import parse_goal
+from orchestrator.hosts.local import LocalHost
+from orchestrator.hosts.site import LocalSite
+from orchestrator.knowledge.distill import distill
+from orchestrator.measure import TrustPolicy
+from orchestrator.proposers import SearchProposer
+from orchestrator.roles import PROBE
+from orchestrator.store import Store
+from orchestrator.targets import load_target
+from orchestrator.trial import TrialContext
+
+BASE, SLOW, FAST = 4.0, 40.0, 3.8  # ms a token: the baseline's, a candidate 10x slower, one a little faster
+SCENARIOS = {
+    "decode": Scenario(name="decode", prompt_tokens=16, output_tokens=4, num_requests=8, concurrency=1, warmup_requests=1,
+                       seed=2, primary_metric="tpot_ms_mean", direction="lower"),
+    "throughput": Scenario(name="throughput", prompt_tokens=16, output_tokens=32, num_requests=16, concurrency=16,
+                           warmup_requests=0, seed=3),
+}
+
+
+class Steps:
+    """Proposes `steps` ((knobs, role) in order), then nothing; screens with the search's own rule.
+    `bar=False`: a proposer that does not name its bar, so no short pass is stopped early (the uncut run)."""
+
+    name = "steps"
+
+    def __init__(self, steps, bar=True):
+        self.steps, self.search = list(steps), SearchProposer(seed=0)
+        if bar:
+            self.stop_bar = self.search.stop_bar
+
+    def should_stop_early(self, *a, **kw):
+        return self.search.should_stop_early(*a, **kw)
+
+    def propose(self, history, target):
+        done = sum(1 for t in history if t.number > 0) + self._probes
+        if done >= len(self.steps):
+            return None
+        knobs, role = self.steps[done]
+        self._probes += role == PROBE  # a probe is outside the history the proposer sees
+        return Candidate(knobs=knobs, rationale=f"step {done + 1}", proposer=role or self.name)
+
+    _probes = 0
+
+
+class Spy(LocalHost):
+    """The real local host; its site remembers every scenario it benched (with its `stop_below`) and how long."""
+
+    benched: list
+
+    def site(self):
+        host = self
+
+        class Site(LocalSite):
+            def bench(self, base_url, model, scenario, **kw):
+                res = super().bench(base_url, model, scenario, **kw)
+                host.benched.append((host.trial, scenario.name, scenario.stop_below, res.metrics["duration_s"],
+                                     bool(res.metrics.get("stopped_early"))))
+                return res
+
+        return Site()
+
+    def start(self, argv, **kw):
+        self.trial = int(str(kw["log_path"]).split("trial-")[1].split("/")[0])
+        return super().start(argv, **kw)
+
+
+def _run(tmp_path, steps, *, bar=True, monkeypatch):
+    monkeypatch.setattr(Controller, "_confirm_best", lambda self, reason: reason)  # no paired rounds at the stop
+    target = load_target(write_fake_target(tmp_path / "fake.toml", choices=(BASE, SLOW, FAST)))
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    goal = parse_goal("beat the baseline by 75% on TPOT and improve throughput by 3x within 9 trials")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "steps")
+    host = Spy(tmp_path / "state", standby=False)
+    host.benched = []
+    ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
+                       reference_dir=tmp_path, scenarios=dict(SCENARIOS), run_dir=tmp_path / "run", source_dir=FAKE_SERVER_DIR,
+                       accuracy_gate=False, integrity_gate=False,
+                       trust=TrustPolicy(probe_s=0.0, settle_s=0.0, min_seconds=0.0,
+                                         saturation=SaturationPolicy(max_client_cpu=float("inf"))))
+    Controller(ctx, Steps([({"tpot_ms": k}, role) for k, role in steps], bar=bar), screen_fraction=0.25).run()
+    return store, run.id, host
+
+
+def _slow(store, run_id):
+    return next(t for t in store.list_trials(run_id) if t.knobs.get("tpot_ms") == SLOW and t.proposer == "steps")
+
+
+def test_a_slow_candidates_screen_is_stopped_early_and_ends_as_it_would_have(tmp_path, monkeypatch):
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "full").mkdir()
+    store, run_id, host = _run(tmp_path / "cut", [(SLOW, None)], monkeypatch=monkeypatch)
+    ustore, urun_id, uhost = _run(tmp_path / "full", [(SLOW, None)], bar=False, monkeypatch=monkeypatch)
+    cut, uncut = _slow(store, run_id), _slow(ustore, urun_id)
+    # The same outcome: discarded, screened out by the same pruner, never gated, never kept.
+    for t in (cut, uncut):
+        assert t.status == "discarded" and is_screened(t) and "gates not run" in t.error, t.error
+        assert "vs a bar of" in t.error and "Optuna ThresholdPruner" in t.error
+        assert {m.scenario for m in (store if t is cut else ustore).measurements(t.id)} == {"decode@0.25", "throughput@0.25"}
+    assert store.get_run(run_id).best_trial_id == ustore.get_run(urun_id).best_trial_id  # the baseline, both
+    # Only the cut one was stopped, and it says so: when, the floor the bar needed, the bound it was under.
+    assert "throughput stopped early after" in cut.error and "could no longer reach the" in cut.error
+    assert "short-bench score at most" in cut.error and "stopped early" not in uncut.error
+    ev = store.events(run_id, kind="screen")[-1].data
+    assert ev["stopped_early"]["throughput"]["bound_tok_s"] < ev["stopped_early"]["throughput"]["floor_tok_s"]
+    # Its stored score is that bound's: at least what the whole burst scored uncut, still under the bar.
+    assert uncut.score <= cut.score < ev["bar"]
+    # The burst: stopped at a fraction of what it took in full (~1.25 s at 40 ms a token).
+    burst = [b for b in host.benched if b[1] == "throughput@0.25"]
+    uburst = [b for b in uhost.benched if b[1] == "throughput@0.25"]
+    # (more than one each only where a busy host made the measurement redo: the same rule, cut or not)
+    assert burst and uburst and all(b[4] for b in burst) and not any(b[4] or b[2] is not None for b in uburst)
+    assert max(b[3] for b in burst) < min(b[3] for b in uburst) / 5, (burst, uburst)
+    assert cut.timings["screen"] < uncut.timings["screen"] - 0.8, (cut.timings, uncut.timings)
+    # The knowledge base learns from measured scores: the uncut short score is one, the stopped one's bound is not.
+    assert is_stopped(cut) and not is_stopped(uncut)
+    assert {SLOW} == {o["knobs"]["tpot_ms"] for o in distill(ustore, urun_id).observations}
+    assert not distill(store, run_id).observations
+    # TPE is told it as pruned at its bound (under every measured trial), and proposes on from such a history.
+    from orchestrator.proposers.search import _told
+
+    assert _told(cut, (), 0.0) == {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: cut.score}}
+    assert _told(uncut, (), 0.0) == {"value": uncut.score}
+    target = load_target(tmp_path / "cut" / "fake.toml")
+    assert SearchProposer(seed=0, n_startup=1).propose(store.list_trials(run_id), target).knobs == {"tpot_ms": FAST}
+
+
+def test_a_candidate_fast_enough_for_the_bar_is_never_stopped(tmp_path, monkeypatch):
+    store, run_id, host = _run(tmp_path, [(SLOW, None), (FAST, None)], monkeypatch=monkeypatch)
+    fast = next(t for t in store.list_trials(run_id) if t.knobs.get("tpot_ms") == FAST)
+    sent = {(b[0], b[1]): b for b in host.benched}
+    # Its burst carried a floor (the rule was armed) and ran to its end: passed, measured in full, judged.
+    assert sent[(fast.number, "throughput@0.25")][2] is not None and not sent[(fast.number, "throughput@0.25")][4]
+    assert not is_screened(fast) and fast.status in ("kept", "discarded") and fast.score > 0.9
+    assert {m.scenario for m in store.measurements(fast.id)} >= {"decode", "throughput"}  # the full bench, joined
+    assert "stopped" not in (fast.error or "")
+    assert sent[(_slow(store, run_id).number, "throughput@0.25")][4]  # the slow one in the same run was stopped
+
+
+def test_full_fidelity_roles_are_never_stopped(tmp_path, monkeypatch):
+    # The same slow knob set as a search candidate (stopped) and as a probe (full fidelity: measured whole).
+    store, run_id, host = _run(tmp_path, [(SLOW, None), (SLOW, PROBE)], monkeypatch=monkeypatch)
+    trials = store.list_trials(run_id)
+    probe = next(t for t in trials if t.proposer == PROBE)
+    assert probe.status == "discarded" and not is_screened(probe)  # a probe is never kept, judged in full
+    full = {t.number for t in trials if t.proposer != "steps"}  # the baseline's repeats, the probe, any sentinel
+    assert {0, probe.number} <= full
+    assert all(b[2] is None and not b[4] and "@" not in b[1] for b in host.benched if b[0] in full), host.benched
+    assert any(b[4] for b in host.benched if b[0] == _slow(store, run_id).number)  # the search's one was stopped
+
+
+def test_the_floor_is_exact_and_only_where_the_other_objectives_are_measured():
+    goal = parse_goal("beat the baseline by 75% on TPOT and improve throughput by 3x")
+    base = {"decode:tpot_ms_p50": 10.0, "throughput:output_throughput": 100.0}
+    # TPOT 20 ms: speedup 0.5; the score sqrt(0.5 x thr / 100) is under 0.9 exactly below thr = 162.
+    floor = out_of_reach(0.9, "throughput", goal.objectives, base, {"decode:tpot_ms_p50": [20.0]})
+    assert floor == pytest.approx(0.9 ** 2 * 100 / 0.5)
+    assert out_of_reach(0.9, "throughput", goal.objectives, base, {}) is None  # TPOT unmeasured: unbounded
+    assert out_of_reach(0.9, "decode", goal.objectives, base, {"throughput:output_throughput": [50.0]}) is None  # a latency
+    only = parse_goal("improve throughput by 3x")
+    assert out_of_reach(0.9, "throughput", only.objectives, {"throughput:output_throughput": 100.0}, {}) == pytest.approx(90.0)
