@@ -159,7 +159,7 @@ def run_trial(
             nonlocal margin
             # quiet: a standby importing beside the gates took a core from the server's OpenMP threads
             # (2-core CPU: the e2e run's gates 1.1-2.7 s a trial without it, 6.1-8.8 s with it).
-            with _timed(result.timings, "gates", ctx.on_step), ctx.host.quiet():
+            with _timed(result.timings, "gates", ctx.on_step), ctx.host.quiet(server=True):
                 # The gate files are re-hashed before every trial: a proposer that edited them
                 # (or anything else that did) stops the run here, before its numbers can count.
                 site.verify_gates()
@@ -182,7 +182,7 @@ def run_trial(
             # screened-out candidate is never kept nor claimed, so gating it bought nothing (on the H200,
             # 13-28 s of a 57-116 s trial); the gate files are still verified before its number is stored.
             site.verify_gates()
-            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step), ctx.host.quiet():
+            with _timed(result.timings, "bench", ctx.on_step), _timed(result.timings, "screen", ctx.on_step), ctx.host.quiet(server=True):
                 err = bench.screen(screen, result)
             if err is None and result.screened:
                 result.error = f"{result.error} (gates not run: a screened-out candidate is never kept)"
@@ -193,7 +193,7 @@ def run_trial(
             full = {name: screen.full(name, ctx.scenarios[name]) for name in ctx.goal.scenarios}
 
         # quiet: nothing of the host's own (a standby importing) runs beside the server while it is measured.
-        with _timed(result.timings, "bench", ctx.on_step), ctx.host.quiet():
+        with _timed(result.timings, "bench", ctx.on_step), ctx.host.quiet(server=True):
             err = err or bench.run(repeats, result, scenarios=full)
             n = repeats
             # Borderline results are measured again (noise-aware judging), a bounded number of times.

@@ -216,7 +216,7 @@ class FakeHost:
         Path(log_path).write_text("")
         return Proc(pid=0, pgid=0, argv=tuple(argv), log_path=str(log_path))
 
-    def quiet(self):
+    def quiet(self, *, server=False):
         return contextlib.nullcontext()
 
     def wait_healthy(self, url, timeout, proc):

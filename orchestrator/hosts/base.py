@@ -54,9 +54,10 @@ class Host(Protocol):
 
     def alive(self, proc: Proc) -> bool: ...
 
-    def quiet(self) -> AbstractContextManager[None]:
-        """Around a measurement, the gates and an idle probe of the host: pause what the host itself runs
-        beside the server (LocalHost's standby interpreter); a no-op where there is nothing."""
+    def quiet(self, *, server: bool = False) -> AbstractContextManager[None]:
+        """Around an idle probe of the host, and (`server`) the gates and a measurement of a server of
+        ours: pause what the host itself runs beside (LocalHost's standby interpreter; beside a server
+        only where the host has no core to spare); a no-op where there is nothing."""
         ...
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:

@@ -150,7 +150,7 @@ class SSHHost:
     def alive(self, proc: Proc) -> bool:
         return bool(self.hostd("alive", str(proc.pid))["alive"])
 
-    def quiet(self) -> AbstractContextManager[None]:
+    def quiet(self, *, server: bool = False) -> AbstractContextManager[None]:
         """Nothing of the host's own runs beside the server here (no standby on SSH hosts yet)."""
         return nullcontext()
 

@@ -195,6 +195,25 @@ def test_close_ends_the_standby_and_a_launch_without_preload_never_makes_one(tmp
     assert off._standby is None
 
 
+def test_beside_a_server_the_standby_is_paused_only_where_no_core_is_spare(tmp_path, script, monkeypatch):
+    """An idle probe always pauses the standby (its imports are not another tenant); around gates and a
+    bench (`server=True`) it is paused on a host with fewer than QUIET_CORES cores, and left importing on
+    a larger one, so the next launch does not wait for imports it could have done meanwhile."""
+    from orchestrator.hosts import local
+
+    host, pid = _served_once(tmp_path, script)
+    monkeypatch.setattr(local, "_usable_cores", lambda: local.QUIET_CORES)
+    with host.quiet(server=True):
+        assert _state(pid) != "T"
+    with host.quiet():  # a probe
+        assert _state(pid) == "T"
+    monkeypatch.setattr(local, "_usable_cores", lambda: 2)
+    with host.quiet(server=True):
+        assert _state(pid) == "T"
+    assert _state(pid) != "T"
+    host.close()
+
+
 def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script):
     host, pid = _served_once(tmp_path, script)
     crash, url = _launch(host, script, tmp_path / "crash.log", mode="crash")
