@@ -60,7 +60,7 @@ class Standby:
 
     def hand_over(self, argv: Sequence[str], env: dict[str, str], cwd: str, log_path: Path) -> None:
         """Send the launch (`argv` without the interpreter); raises OSError if the standby is gone."""
-        job = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "log": str(log_path)}) + "\n"
+        job = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "log": str(log_path), "sent": time.time()}) + "\n"
         try:
             os.write(self.job_fd, job.encode())  # one line, well under the pipe's buffer: not split
         finally:

@@ -5,7 +5,7 @@
 A deploy of a Python server (`python server.py ARGS`) spends seconds importing torch and transformers
 before it does any work of its own (2.6-4.2 s of a 7B deploy on the H200, issue 23). The host starts
 this program after a server comes up, so the next deploy finds those imports done: the host writes one
-job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "..."}`, on the pipe
+job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "...", "sent": epoch s}`, on the pipe
 `--fd`, and this process becomes that server as `python script args...` would have started it: cwd,
 environment (exactly the job's), stdout and stderr appended to the log, `sys.argv`, `sys.path[0]` the
 script's folder, the script run as `__main__`. It holds no CUDA context before the job (importing
@@ -73,13 +73,19 @@ def main(argv: list[str] | None = None) -> None:
             if e.name is None or not name.startswith(e.name):
                 raise
             missing.append(name)
-    print(f"infergoal standby pid={os.getpid()}: imported {' '.join(modules)} in {time.perf_counter() - t0:.2f}s"
+    imported = time.perf_counter() - t0
+    print(f"infergoal standby pid={os.getpid()}: imported {' '.join(modules)} in {imported:.2f}s"
           + (f" (not found: {' '.join(missing)})" if missing else ""), file=sys.stderr, flush=True)
     job = _read_job(fd)
     if job is None:
         return
+    # How long the launch waited for this standby's imports: the job is read as soon as they are done,
+    # so a job sent before then waited the rest of them (~0 s when the standby was ready first).
+    waited = max(time.time() - float(job.get("sent", time.time())), 0.0)
     sys.path.insert(0, "")  # the slot `become` fills with the script's folder
     become(job)
+    print(f"infergoal: standby pid={os.getpid()} took the launch {waited:.2f}s after it was sent "
+          f"(its imports took {imported:.2f}s)", file=sys.stderr, flush=True)
     runpy.run_path(job["argv"][0], run_name="__main__")
 
 

@@ -4,6 +4,7 @@ it, a launch without preload modules never makes one, and a server it runs that 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,7 +113,11 @@ def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, sc
         assert urllib.request.urlopen(url2).read() == urllib.request.urlopen(url).read() == b"0.125"
         c, w = ((tmp_path / n).read_text().splitlines() for n in ("cold.log", "warm.log"))
         assert w[0].startswith(f"infergoal: standby pid={pid} runs this launch (preloaded decimal http.server")
-        assert w[1:] == c and len(c) == 4  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
+        # Then the standby's own line: how long the launch waited for its imports (done long before here).
+        took = re.fullmatch(rf"infergoal: standby pid={pid} took the launch (\d+\.\d\d)s after it was sent "
+                            r"\(its imports took (\d+\.\d\d)s\)", w[1])
+        assert took and float(took[1]) < 5.0, w[1]
+        assert w[2:] == c and len(c) == 4  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
         host.stop(warm, grace_s=2)
         assert not host.alive(warm) and _gone(pid)
         assert not (host.pid_dir / f"{pid}.json").exists()
