@@ -22,6 +22,16 @@ from orchestrator.hosts.sshconn import HostSpec
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
 
+TEMPLATE = Path(__file__).with_name("sshd_config.template")
+"""The servers' config, shared with benchmarks/gpu/ssh_host.sh (the H200's loopback sshd)."""
+
+
+def config(d: Path, port: int, log_level: str = "ERROR") -> str:
+    """The sshd_config of a server whose keys, authorized_keys, pid file and lease dir are in `d`."""
+    return (TEMPLATE.read_text().replace("@RUN@", str(d)).replace("@PORT@", str(port))
+            .replace("@LOGLEVEL@", log_level))
+
+
 def keygen(path: Path) -> Path:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
     return path
@@ -48,23 +58,7 @@ class Sshd:
         host_key, user_key = keygen(d / "host_ed25519"), keygen(d / "user_ed25519")
         (d / "authorized_keys").write_text((d / "user_ed25519.pub").read_text())
         port = _free_port()
-        (d / "sshd_config").write_text(f"""
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {host_key}
-AuthorizedKeysFile {d}/authorized_keys
-PidFile {d}/sshd.pid
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PubkeyAuthentication yes
-PermitRootLogin prohibit-password
-MaxStartups 100
-MaxSessions 100
-LogLevel ERROR
-SetEnv INFERGOAL_LEASE_DIR={d}/leases
-""")
+        (d / "sshd_config").write_text(config(d, port))
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # privilege separation dir
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,

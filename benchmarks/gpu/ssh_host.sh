@@ -17,24 +17,8 @@ SSH_RUN=${SSH_RUN:-$WS_ROOT/sshd-run}
 SSH_HOST_NAME=${SSH_HOST_NAME:-gpu-ssh}
 SSHD_PID=
 
-sshd_config() {  # sshd_config RUN PORT: the server's config (the test suite's, tests/sshd_server.py)
-  cat <<EOF
-Port $2
-ListenAddress 127.0.0.1
-HostKey $1/host_ed25519
-AuthorizedKeysFile $1/authorized_keys
-PidFile $1/sshd.pid
-StrictModes no
-UsePAM no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PubkeyAuthentication yes
-PermitRootLogin prohibit-password
-MaxStartups 100
-MaxSessions 100
-LogLevel ${SSHD_LOGLEVEL:-INFO}
-SetEnv INFERGOAL_LEASE_DIR=$1/leases
-EOF
+sshd_config() {  # sshd_config RUN PORT: the server's config, the test suite's (tests/sshd_config.template)
+  sed -e "s|@RUN@|$1|g" -e "s|@PORT@|$2|g" -e "s|@LOGLEVEL@|${SSHD_LOGLEVEL:-INFO}|g" "$ROOT/tests/sshd_config.template"
 }
 
 python_wrapper() {  # python_wrapper PY SITE: a Python for SSH sessions, with this shell's environment (not the lease
