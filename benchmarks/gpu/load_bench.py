@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", default="1,2,4,8")
     ap.add_argument("--chunk-mib", default="64,256")
     ap.add_argument("--layout", default="tensor,file")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--unpinned", action="store_true", help="also pread with pageable staging buffers")
     ap.add_argument("--out", help="write the rows here as JSON")
     args = ap.parse_args(argv)
