@@ -45,8 +45,8 @@ def _sync(device: torch.device) -> None:
 
 
 def _free(device: torch.device) -> None:
-    gc.collect()
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         _empty_host_cache()
