@@ -466,9 +466,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                     help="attn_implementation passed to from_pretrained (default: transformers' choice)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--load", choices=["fast", "hf"], default="fast",
-                    help="fast: safetensors straight onto the device (loading.py), from_pretrained where that"
-                         " does not apply; hf: transformers' from_pretrained always. Same weights either way.")
+    ap.add_argument("--load", choices=["fast", "safetensors", "hf"], default="fast",
+                    help="fast: safetensors straight onto the device by loading.py's threaded pread reader"
+                         " (HFSERVE_LOAD_THREADS, HFSERVE_LOAD_CHUNK_MIB), safetensors' load_file where that"
+                         " does not apply, from_pretrained where neither does; safetensors: the same with"
+                         " load_file always; hf: transformers' from_pretrained always. Same weights every way.")
     add_fast_args(ap)
     args = ap.parse_args(argv)
     check_fast_args(args)
