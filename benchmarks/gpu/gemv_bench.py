@@ -1,6 +1,6 @@
 """Does any GEMV formulation beat cuBLAS at the 7B's decode shapes? cuBLAS vs a plain, widely tuned Triton GEMV.
 
-    python benchmarks/gpu/gemv_bench.py [--out gemv.json] [--budget-s 100]     # on the H200 (one command)
+    python benchmarks/gpu/gemv_bench.py [--out gemv.json] [--budget-s 90]     # on the H200 (one command)
     python benchmarks/gpu/gemv_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
     python benchmarks/gpu/gemv_bench.py --compile-only [--arch 90] [--jobs N]  # ahead of time, any machine
 
@@ -24,11 +24,13 @@ Mistral-7B decode shapes (``SHAPES``: fused QKV, O, fused gate_up, down, lm_head
 
 The tuning space (``space()``): BLOCK_N 8..128, BLOCK_K 64..1024, num_warps 2/4/8 with 8..64 W elements
 per thread per tile, STAGES 1/2/3/4/6 (shared memory <= SMEM_BUDGET), REDUCE_EACH, EVICT, SPLIT_K 1/2/4/8
-(K a multiple of SPLIT_K * BLOCK_K). Stage 1 times every (BLOCK_N, BLOCK_K, warps, SPLIT_K) at STAGES
-1 and 3; stage 2 the full STAGES x REDUCE_EACH x EVICT product around each case's 3 best; the best
-3 are timed again at full length, the fastest wins. Kernels are compiled ahead of the timing in
-``--jobs`` processes through the JIT's own warm-up path with the H200's target (``_AOTDriver``), into
-Triton's on-disk cache, so the timing process finds them compiled (``pool`` in the JSON: the seconds).
+(K a multiple of SPLIT_K * BLOCK_K): ~300 configs per (shape, M) in stage 1, every (BLOCK_N, BLOCK_K,
+warps, SPLIT_K) at STAGES 1 and 3; stage 2 the full STAGES x REDUCE_EACH x EVICT product around each
+case's 2 best; the best 3 are timed again at full length, the fastest wins. ``--budget-s`` (90) bounds
+the tuning: stage 1 ends at 55% of it, stage 2 at 85% (the configs timed per case are in the table).
+Kernels are compiled ahead of the timing in ``--jobs`` processes through the JIT's own warm-up path
+with the H200's target (``_AOTDriver``), into Triton's on-disk cache, so the timing process finds them
+compiled (``pool`` in the JSON: compile seconds, and ``first_call_s``: ~ms per config on a cache hit).
 
 Timing (H200): (a) ``graph``: CUDA graphs of 20 back-to-back calls replayed (no launch overhead, as
 the engine's decode graph), median of ``--reps`` (25) replays, in tuning median of 3; (b) ``eager``:
@@ -36,7 +38,13 @@ each call alone (synchronised first), CUDA events around it: includes the launch
 never holds the weights: the 20 calls of a graph read 20 different copies (the 32 layers' weights of
 the layer sequence below; lm_head has 2 copies of 262 MB). GB/s = N*K*2 bytes / time. Every timed
 Triton config's output is checked against a float64 reference (max |y - ref| of the bf16 output,
-tolerance max(2 x cuBLAS's own error, 2**-6 x max |ref|)); failing configs are dropped and counted.
+tolerance max(2 x cuBLAS's own error, 2**-7 x max |ref|): ``check()``); failing configs are dropped
+and counted.
+
+GPU command (one ``nvidia-h200`` call, from the repository root; no model, no wheels: torch and triton
+of the image; ~100 s: ~15 s of parallel compiles, ~75 s of tuning, ~10 s of finals)::
+
+    PYTHONPATH=/tmp/site:$PWD timeout 170 python3 benchmarks/gpu/gemv_bench.py --out $OUT/gemv.json 2>&1 | tee $OUT/gemv.log
 
 Layer sequence: QKV, O, gate_up, down at M=1 for all 32 layers (14 GB of weights) in one graph, as
 the engine's decode step runs them: cuBLAS, the best Triton config per shape, and per shape whichever
@@ -96,6 +104,7 @@ RED_BLOCK = 1024  # split-K reduction: outputs per program
 SMEM_BUDGET = 200 * 1024  # of the H200 SM's 227 KB, for the (STAGES - 1) buffered W tiles
 SMEM_MAX = 227 * 1024
 BUGS = ("", "skip_k_tile", "skip_n_block", "skip_split")
+FIRST_CALL_S: list[float] = []  # per config, the first launch's seconds (~ms when the AOT cache hit)
 INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
@@ -247,11 +256,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: Cfg, bug: str = "") -> torch.Ten
 
 
 def check(y: torch.Tensor, ref: torch.Tensor, err_cublas: float) -> dict:
-    """max |y - ref| (y the bf16 output, ref float64) against max(2 x cuBLAS's own error, 2**-6 x max |ref|):
-    cuBLAS rounds once to bf16 (half an ulp, 2**-9 relative) over an fp32 sum; two ulps at the largest
-    output leave room for another summation order and the interpreter's round-toward-zero on the CPU."""
+    """max |y - ref| (y the bf16 output, ref float64) against max(2 x cuBLAS's own error, REL x max |ref|):
+    cuBLAS rounds once to bf16 (half an ulp: <= 2**-8 relative) over an fp32 sum. REL 2**-7 (two such at
+    the largest outputs) on the GPU; 2**-6 under the interpreter, which rounds to bf16 toward zero (a
+    whole ulp off) while torch's CPU x @ W.T, the stand-in for cuBLAS there, rounds to nearest."""
     err = (y.double() - ref).abs().max().item()
-    tol = max(2.0 * err_cublas, 2.0 ** -6 * ref.abs().max().item())
+    tol = max(2.0 * err_cublas, (2.0 ** -6 if INTERPRET else 2.0 ** -7) * ref.abs().max().item())
     return {"err": err, "tol": tol, "ok": bool(err <= tol)}
 
 
@@ -522,7 +532,10 @@ class Case:
         """Graph time of ``c`` (us per call), after its output passed ``check``; inf if it failed or broke."""
         try:
             if c not in self.timed:
-                res = check(gemv(self.x, self.ws[0], c), self.ref, self.err_cublas)
+                t = time.perf_counter()
+                y = gemv(self.x, self.ws[0], c)  # the first launch: a compile, or a load from the AOT cache
+                FIRST_CALL_S.append(time.perf_counter() - t)
+                res = check(y, self.ref, self.err_cublas)
                 if not res["ok"]:
                     self.failed.append(f"{c.label()}: err {res['err']:.3g} > tol {res['tol']:.3g}")
                     self.timed[c] = math.inf
@@ -628,6 +641,9 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
         log(f"{cs.name} M={cs.m}: cuBLAS {row['linear_graph_us']:.1f} us, triton "
             f"{row.get('triton_graph_us', math.inf):.1f} us ({row['best_label']})")
     res["layer"] = layer_sequence(cases, res["cases"], weights, args.reps, layers)
+    fc = sorted(FIRST_CALL_S)
+    res["pool"]["first_call_s"] = {"n": len(fc), "median": fc[len(fc) // 2] if fc else None,
+                                   "p90": fc[int(0.9 * len(fc))] if fc else None, "sum": sum(fc)}
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     return res
 
@@ -700,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", default="")
     ap.add_argument("--reps", type=int, default=25, help="graph replays per final timing (median)")
-    ap.add_argument("--budget-s", type=float, default=100.0, help="rough wall budget of the tuning (GPU)")
+    ap.add_argument("--budget-s", type=float, default=90.0, help="rough wall budget of the tuning (GPU)")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
     ap.add_argument("--compile-only", action="store_true", help="compile the space for --arch, no GPU")
