@@ -417,8 +417,10 @@ def compile_only(args) -> int:
         rest = sorted(set(jobs) - set(heavy))
         jobs = heavy + random.Random(0).sample(rest, min(args.sample, len(rest)))
     t = time.perf_counter()
-    pool, futs = precompile(jobs, 4096, 4096, args.arch, args.jobs, inspect=True)
-    recs = wait_compiled(pool, futs)
+    if args.jobs == 1:  # in this process (no worker to start)
+        recs = [_compile_job(j, 4096, 4096, args.arch, True) for j in jobs]
+    else:
+        recs = wait_compiled(*precompile(jobs, 4096, 4096, args.arch, args.jobs, inspect=True))
     bad = aot_problems(recs)
     for b in bad:
         print("PROBLEM", b)
