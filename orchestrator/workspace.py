@@ -108,7 +108,10 @@ class Config(BaseModel):
     hardware). Off: a second run on a host is refused while the first is live, since two runs on
     one machine skew each other's numbers."""
     kb: str = ""
-    """Knowledge base dir findings are written to; empty = `.infergoal/knowledge_base`. The shipped seed is always read."""
+    """Knowledge base dir findings are written to; empty = `.infergoal/knowledge_base`."""
+    kb_seed: bool = True
+    """Read the shipped seed knowledge base (`knowledge_base/`) before the workspace's own. Off: the run
+    knows only what its own `kb` holds (a cold run: the time-to-best benchmark's "empty knowledge base")."""
     probe_winner: int = Field(0, ge=0, le=100)
     """After the run stops, measure up to this many one-knob neighbours of its winner (never kept;
     not counted in the trial budget). The knowledge base then records which knob moved the winner
@@ -205,8 +208,8 @@ class Workspace:
 
     @property
     def kb_read_dirs(self) -> list[Path]:
-        """The shipped seed KB, then the workspace's own (later entries win on equal ids)."""
-        dirs = [PACKAGE_ROOT / "knowledge_base", self.kb_write_dir]
+        """The shipped seed KB (unless `kb_seed = false`), then the workspace's own (later entries win on equal ids)."""
+        dirs = [*([PACKAGE_ROOT / "knowledge_base"] if self.config.kb_seed else []), self.kb_write_dir]
         return list(dict.fromkeys(d.resolve() for d in dirs))
 
     def run_dir(self, run_id: int) -> Path:

@@ -16,6 +16,8 @@
 #   SMALL_TRIALS=6 SMALL_WALL=(what the command's limit leaves, minus the paired confirmation at the stop)
 #   BIG_TRIALS= (empty: the goal's own)  SCENARIOS=benchmarks/gpu/scenarios.toml (empty: the built-in ones)
 #   BENCH_SCALE= FLOORS= (a sol.json: the speed-of-light check)  WS_ROOT=/root  PY=python3  REPEATS=1
+#   The small run is cold (`kb_seed = false`: not even the shipped seed's H200 finding); the big run reads the seed
+#   (knowledge_base/findings/h200-hfserve-2b-batched-graphs.md, the 2B's finding committed with its evidence) and the copied kb.
 #   SCREEN_FRACTION=0.25 (bench.screen_fraction: multi-fidelity; 0 = off, as on 2026-12-02)
 #   EXTRA_TOML= (lines appended to each infergoal.toml; the CPU dry run's fake target turns the gates off there)
 #   HOST=local; HOST=ssh: the trials go through an SSH host on this machine's loopback (issue #23 item 6): the
@@ -77,6 +79,7 @@ target = "$ws/target.toml"
 proposer = "search"
 seed = 0
 kb = "kb"
+kb_seed = ${KB_SEED:-true}
 [bench]
 repeats = ${REPEATS:-1}
 baseline_repeats = ${REPEATS:-1}
@@ -114,7 +117,8 @@ case $PHASE in
     # trial as an unconfirmed finding (orchestrator/runs.py; SIGKILL, 25 s later, writes nothing): its wall budget leaves room for
     # the paired confirmation of its winner at the stop (3 rounds of two fresh servers).
     WALL=${SMALL_WALL:-$((LIMIT - (SECONDS - START) - 45 - ${PAIRED_RESERVE_S:-200}))}
-    workspace "$SMALL_WS" "$SMALL_PRESET" "${SMALL_TRIALS:-6}" "$WALL"
+    # cold: its own (empty) kb only, not the shipped seed, which holds a GPU run's finding (knowledge_base/findings/h200-*)
+    KB_SEED=false workspace "$SMALL_WS" "$SMALL_PRESET" "${SMALL_TRIALS:-6}" "$WALL"
     if [ "$HOST" = ssh ]; then ssh_host_up "$SMALL_WS" || exit 1; fi
     log "small run: $SMALL_PRESET, trials ${SMALL_TRIALS:-6}, wall ${WALL}s"; grep -E "^(trials|wall)" "$SMALL_WS/goal.toml"
     loop "$SMALL_WS" "small-cold-$SMALL_PRESET"

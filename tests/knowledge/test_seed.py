@@ -20,8 +20,12 @@ def test_seed_lints_clean_and_covers_the_topics():
                  "playbook-vllm-knobs", "playbook-sglang-knobs", "playbook-tgi-knobs",
                  "playbook-transformers-serve-knobs", "playbook-hfserve-knobs"):
         assert want in ids
-    # Seed findings carry no `knobs`: they inform, they never warm-start a run by themselves.
-    assert not [e.id for e in kb.entries.values() if e.meta.get("knobs")]
+    # A seed finding with `knobs` warm-starts runs: only GPU findings of one engine carry them (written by a
+    # GPU run and committed with its evidence); a CPU run never reaches them (test below).
+    with_knobs = [e for e in kb.entries.values() if e.meta.get("knobs")]
+    assert [e.id for e in with_knobs] == ["finding-hfserve-f8a2c356c5"]
+    for e in with_knobs:
+        assert e.applies_to["engine"] and e.applies_to["hardware_desc"]["class"] == "gpu" and e.meta["evidence"]
 
 
 def test_gpu_entries_reach_gpu_runs_not_cpu_runs():
@@ -31,6 +35,22 @@ def test_gpu_entries_reach_gpu_runs_not_cpu_runs():
     assert "constraint-speed-of-light" in gpu and "constraint-speed-of-light" not in cpu
     assert "constraint-measure-in-pairs" in cpu and "playbook-hfserve-knobs" in cpu and "playbook-vllm-knobs" not in cpu
     assert "finding-hfserve-cpu-knobs" in cpu  # tiny's finding reaches small as a prior
+
+
+def test_the_h200_finding_warm_starts_a_7b_on_an_h200_and_no_cpu_run(tmp_path):
+    from orchestrator.knowledge import reuse
+    from orchestrator.workspace import Workspace
+
+    kb = KnowledgeBase([ROOT / "knowledge_base"], write_dir=ROOT / "knowledge_base")
+    gpu = kb.setting(engine="hfserve", model="forge:7b-peaked", hardware=H200)
+    cpu = kb.setting(engine="hfserve", model="forge:tiny", hardware=CPU2)
+    warm = [e.id for _, e, _ in reuse.warm_knobs(kb.similar(gpu), gpu, {})]
+    assert warm == ["finding-hfserve-f8a2c356c5"]
+    assert not reuse.warm_knobs(kb.similar(cpu), cpu, {}) and not reuse.prior_observations(kb.similar(cpu), cpu)
+    # A cold run (the time-to-best benchmark's empty knowledge base) reads its own kb only.
+    (tmp_path / "infergoal.toml").write_text("kb_seed = false\n")
+    assert (ROOT / "knowledge_base").resolve() not in Workspace(tmp_path).kb_read_dirs
+    assert (ROOT / "knowledge_base").resolve() in Workspace(tmp_path / "other").kb_read_dirs
 
 
 def test_skills_load_with_names_and_descriptions():
