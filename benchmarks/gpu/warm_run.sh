@@ -133,7 +133,7 @@ case $PHASE in
       rm -rf "$BIG_WS/kb"
       if [ -d "$SMALL_WS/kb" ]; then cp -r "$SMALL_WS/kb" "$BIG_WS/kb"; log "kb copied from $SMALL_WS/kb"
       elif [ -d "$KB_FROM" ]; then cp -r "$KB_FROM" "$BIG_WS/kb"; log "kb copied from $KB_FROM (carried)"
-      else log "NO KB to copy (neither $SMALL_WS/kb nor $KB_FROM): the big run starts cold"; fi
+      else log "no kb to copy (neither $SMALL_WS/kb nor $KB_FROM): the big run starts from the shipped seed's findings only"; fi
       find "$BIG_WS/kb" -name '*.md' 2>/dev/null | head
     fi
     if [ "$HOST" = ssh ]; then ssh_host_up "$BIG_WS" || exit 1; fi
