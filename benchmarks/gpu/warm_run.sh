@@ -148,6 +148,9 @@ cp "$DB" "$OUT/${PHASE}_run.db" 2>/dev/null
 # `infergoal: standby` where the deploy ran in a pre-imported interpreter).
 WS=$SMALL_WS; [ "$PHASE" = big ] && WS=$BIG_WS
 grep -H "hfserve: startup\|hfserve: engine\|hfserve: captured\|hfserve: loaded\|infergoal: standby" "$WS"/.infergoal/runs/*/trial-*/server.log > "$OUT/startup_${PHASE}.txt" 2>/dev/null
+# The end of every server log with a traceback (a failed trial's cause stays on the device otherwise).
+for f in $(grep -l "Traceback" "$WS"/.infergoal/runs/*/trial-*/server.log 2>/dev/null); do echo "== $f"; tail -40 "$f"; done \
+  > "$OUT/server_errors_${PHASE}.txt" 2>/dev/null
 [ -d "$SMALL_WS/kb" ] && rm -rf "$OUT/kb_small" && cp -r "$SMALL_WS/kb" "$OUT/kb_small"
 if [ -f "$DB" ]; then
   $PY benchmarks/gpu/time_to_best.py "$OUT/${PHASE}_run.db" --out "$OUT/headline_${PHASE}.json" 2>&1 | head -8
