@@ -12,6 +12,10 @@ while the standby imports), the arms alternate, and the standby arm's first laun
 yet) is not counted.
 
     python benchmarks/deploy_time.py --standby --preset tiny --rounds 5
+    python benchmarks/deploy_time.py --standby --ssh --preset tiny --rounds 5   # SSHHost, over a loopback sshd
+
+``--ssh`` launches through an SSHHost on a loopback OpenSSH server started for the run (tests/sshd_server.py,
+as the test suite's), so each launch also pays its SSH round trips (`hostd start`, `hostd health`).
 
 Without ``--model`` it forges the preset's shape with random weights (``train_steps=0``: the
 loading path does not care what the weights are) into ~/.cache/infergoal/bench/. Each round starts
@@ -29,7 +33,9 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -75,7 +81,7 @@ def seven_b_layers(n: int) -> Path:
     return out
 
 
-def launch(host: LocalHost, model: Path, how: str, knobs: list[str], log_dir: Path,
+def launch(host: Any, model: Path, how: str, knobs: list[str], log_dir: Path,
            preload: list[str] | None = None, settle_s: float = 0.0) -> dict:
     port = host.free_port()
     log = log_dir / f"server-{how}-{port}.log"
@@ -97,12 +103,38 @@ def launch(host: LocalHost, model: Path, how: str, knobs: list[str], log_dir: Pa
     return row
 
 
-def standby_rounds(model: Path, rounds: int, knobs: list[str], settle_s: float, tmp: Path) -> None:
+@contextmanager
+def ssh_hosts(tmp: Path):
+    """A cold and a standby SSHHost on a loopback sshd started for the run."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from sshd_server import Sshd
+
+    from orchestrator.hosts.ssh import SSHHost
+
+    server = Sshd.start(tmp / "sshd")
+    (tmp / "known_hosts").write_text(server.known_hosts_line())
+    hosts = [SSHHost(server.spec(name, workdir=tmp / "remote"), state_dir=tmp / name, known_hosts=tmp / "known_hosts",
+                     standby=name == "warm") for name in ("cold", "warm")]
+    try:
+        yield hosts
+    finally:
+        for h in hosts:
+            h.close()
+        server.stop()
+
+
+def standby_rounds(model: Path, rounds: int, knobs: list[str], settle_s: float, tmp: Path, ssh: bool = False) -> None:
     """Cold against standby launches, alternated (see the module's doc)."""
+    if ssh:
+        with ssh_hosts(tmp) as (cold, warm):
+            return _standby_rounds(model, rounds, knobs, settle_s, tmp, cold, warm)
+    _standby_rounds(model, rounds, knobs, settle_s, tmp, LocalHost(tmp / "cold", standby=False), LocalHost(tmp / "warm"))
+
+
+def _standby_rounds(model: Path, rounds: int, knobs: list[str], settle_s: float, tmp: Path, cold: Any, warm: Any) -> None:
     from orchestrator.targets import load_target
 
     preload = load_target(ROOT / "examples" / "targets" / "hfserve.toml").preload
-    cold, warm = LocalHost(tmp / "cold", standby=False), LocalHost(tmp / "warm")
     launch(warm, model, "fast", knobs, tmp, preload, settle_s)  # makes the first standby; not counted
     rows = []
     try:
@@ -130,11 +162,12 @@ def main() -> None:
     ap.add_argument("--knobs", default="", help="extra server arguments, e.g. '--device cuda --dtype bfloat16'")
     ap.add_argument("--standby", action="store_true", help="cold start against the standby interpreter instead")
     ap.add_argument("--settle", type=float, default=12.0, help="--standby: seconds each server stays up")
+    ap.add_argument("--ssh", action="store_true", help="--standby: launch through SSHHost on a loopback sshd")
     args = ap.parse_args()
     model = Path(args.model) if args.model else seven_b_layers(args.layers) if args.layers else forged(args.preset)
     if args.standby:
         with tempfile.TemporaryDirectory() as tmp:
-            standby_rounds(model, args.rounds, args.knobs.split(), args.settle, Path(tmp))
+            standby_rounds(model, args.rounds, args.knobs.split(), args.settle, Path(tmp), args.ssh)
         return
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:

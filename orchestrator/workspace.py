@@ -92,7 +92,7 @@ class Config(BaseModel):
     local host: `auto` = in /dev/shm where a CUDA GPU is visible, none on CPU-only hosts; `off`; or a
     folder to keep the copies in (used on any host)."""
     standby: bool = True
-    """On a local host, run each launch of a target that names `preload` modules in a standby
+    """On a local or SSH host, run each launch of a target that names `preload` modules in a standby
     interpreter that imported them while the previous server ran (orchestrator.hosts.standby): a
     deploy saves the imports (torch, transformers: 2.6-4.2 s on the H200). Off: every launch starts cold."""
     target: str = ""

@@ -132,7 +132,7 @@ def clean(
     everyone: bool = typer.Option(False, "--all", help="Also servers started by other workspaces on that host."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Stop the servers this workspace started on the host (pidfiles there), and only those."""
+    """Stop the servers (and standby interpreters) this workspace started on the host (pidfiles there), and only those."""
     host = _host(name)
     try:
         killed = host.sweep_orphans(everyone=everyone)

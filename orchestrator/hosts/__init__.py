@@ -16,7 +16,7 @@ def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", stan
 
     `model_cache`: the workspace's setting for a RAM-backed model copy (orchestrator.remote.modelcache),
     on this machine or, for an SSH host, applied there (`hostd model`). `standby`: the
-    workspace's switch for a local host's standby interpreter (orchestrator.hosts.standby)."""
+    workspace's switch for the host's standby interpreter (orchestrator.hosts.standby)."""
     if spec in ("", "local", "localhost"):
         return LocalHost(state_dir=state_dir, model_cache=model_cache, standby=standby)
     # Imported on use: the SSH side brings paramiko, and a local run need not pay for it.
@@ -25,10 +25,11 @@ def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", stan
     from orchestrator.hosts.sshconn import parse_ssh_url
 
     if spec.startswith("ssh://"):
-        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir, model_cache=model_cache)  # named by its URL in messages
+        return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir, model_cache=model_cache,
+                       standby=standby)  # named by its URL in messages
     known = HostRegistry(state_dir)
     if spec in known.names():
-        return SSHHost(known.get(spec), state_dir=state_dir, model_cache=model_cache)
+        return SSHHost(known.get(spec), state_dir=state_dir, model_cache=model_cache, standby=standby)
     raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
 
 

@@ -45,7 +45,7 @@ class Host(Protocol):
               preload: Sequence[str] = ()) -> Proc:
         """Launch `argv` as its own process group, stdout+stderr to `log_path`. `preload`: modules a
         Python server imports first; a host may run the launch in an interpreter that imported them
-        beforehand where that is equivalent to a cold start (LocalHost's standby), or ignore it."""
+        beforehand where that is equivalent to a cold start (LocalHost's and SSHHost's standby), or ignore it."""
         ...
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
@@ -56,7 +56,7 @@ class Host(Protocol):
 
     def quiet(self, *, server: bool = False) -> AbstractContextManager[None]:
         """Around an idle probe of the host, and (`server`) the gates and a measurement of a server of
-        ours: pause what the host itself runs beside (LocalHost's standby interpreter; beside a server
+        ours: pause what the host itself runs beside (the standby interpreter; beside a server
         only where the host has no core to spare); a no-op where there is nothing."""
         ...
 

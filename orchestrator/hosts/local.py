@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.site import LocalSite
-from orchestrator.hosts.standby import Standby, eligible, spawn
+from orchestrator.hosts.standby import QUIET_CORES, Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
@@ -30,9 +30,6 @@ from orchestrator.remote.procs import group_exists, group_pids, kill_group, list
 __all__ = ["LocalHost"]
 
 _PR_SET_PDEATHSIG = 1
-QUIET_CORES = 8
-"""Usable cores from which a standby importing beside a gated or measured server is left running
-(`LocalHost.quiet`): one core of eight or more is spare; on fewer it is paused."""
 
 
 def _usable_cores() -> int:

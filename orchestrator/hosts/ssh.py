@@ -2,7 +2,8 @@
 
 Everything that happens on the host goes through two shipped modules, run with the host's own
 Python: `orchestrator.remote.hostd` (one short command per call: start a detached server in its
-own session, stop its group, health, pids, pidfile sweep, tree manifests, fingerprint) and
+own session, or hand it to the standby interpreter waiting there, stop its group, health, pids,
+pidfile sweep, tree manifests, fingerprint) and
 `orchestrator.remote.worker` (one long-lived process per run: gates and bench, next to the server).
 The code is shipped once per version (a stamp of its manifest); engine trees and models are
 synced by manifest, so only what changed travels.
@@ -15,14 +16,15 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
 from orchestrator.hosts.sshconn import HostSpec, SSHConnection, remote_cmd
 from orchestrator.hosts.sshsite import RemoteSite
+from orchestrator.hosts.standby import QUIET_CORES
 from orchestrator.remote import hostlock
 from orchestrator.remote.manifest import manifest, tar_files, tree_digest
 
@@ -42,7 +44,7 @@ class SSHHost:
     """A GPU box over SSH. `state_dir` is the workspace's `.infergoal/` (known_hosts lives there)."""
 
     def __init__(self, spec: HostSpec, *, state_dir: str | Path, known_hosts: str | Path | None = None,
-                 model_cache: str = "off") -> None:
+                 model_cache: str = "off", standby: bool = True) -> None:
         self.spec, self.name = spec, spec.name
         self.model_cache = model_cache
         """The workspace's `model_cache`, applied on the host (orchestrator.remote.modelcache: "auto" = where it has a GPU)."""
@@ -56,6 +58,15 @@ class SSHHost:
         self._local_logs: dict[str, Path] = {}
         self._fingerprint: dict | None = None
         self._site: Any = None
+        self.use_standby = standby
+        """Keep a standby interpreter on the host for launches that name modules to preload (as LocalHost
+        does: orchestrator.hosts.standby; on the host, orchestrator/remote/hostd.py)."""
+        self.standby_slot = hashlib.sha256(f"{self.owner}:{spec.name}:{spec.gpus}".encode()).hexdigest()[:16]
+        """This host entry's standby on the host (a workspace's two entries for two GPUs of one box get two)."""
+        self._standby: int | None = None
+        """The pid of the standby the last launch left waiting on the host, if any."""
+        self._host_cores = 0
+        """The host's usable cores (from its last `start` answer): `quiet(server=True)` pauses below QUIET_CORES."""
 
     # --- plumbing ----------------------------------------------------------------------------
     @property
@@ -106,7 +117,6 @@ class SSHHost:
     # --- the Host protocol -------------------------------------------------------------------
     def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
               preload: Sequence[str] = ()) -> Proc:
-        # `preload` is not used here yet: a standby (orchestrator.remote.standby) is LocalHost's only.
         local_log = Path(log_path)
         remote_log = f"{self.workdir}/logs/{self.owner}/{'-'.join(local_log.parts[-3:])}"
         full_env = dict(env or {})
@@ -114,11 +124,20 @@ class SSHHost:
             full_env["CUDA_VISIBLE_DEVICES"] = self.spec.gpus
         req = {"argv": list(argv), "cwd": cwd, "env": full_env, "log_path": remote_log, "owner": self.owner,
                "token": uuid.uuid4().hex}
+        if self.use_standby:
+            # One round trip: the host runs the launch on its waiting standby where that is a cold start
+            # done early (the same interpreter, modules and environment: hostd's os.environ, i.e. the SSH
+            # session's, under `full_env`), else cold, ending a standby of no use; then, where the launch
+            # is eligible, it starts the next one, importing beside this server's start-up.
+            req["standby"] = {"slot": self.standby_slot, "preload": list(preload)}
         res = self.hostd("start", stdin=json.dumps(req).encode())
         if "error" in res:
             raise HostError(f"{self.name}: {res['error']}")
+        if self.use_standby:
+            self._standby, self._host_cores = res.get("next_standby"), int(res.get("cores") or self._host_cores)
         self._local_logs[remote_log] = local_log
-        return Proc(pid=res["pid"], pgid=res["pgid"], argv=tuple(argv), log_path=remote_log)
+        return Proc(pid=res["pid"], pgid=res["pgid"], argv=tuple(argv), log_path=remote_log,
+                    standby=bool(res.get("standby")))
 
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
         try:
@@ -151,8 +170,27 @@ class SSHHost:
         return bool(self.hostd("alive", str(proc.pid))["alive"])
 
     def quiet(self, *, server: bool = False) -> AbstractContextManager[None]:
-        """Nothing of the host's own runs beside the server here (no standby on SSH hosts yet)."""
-        return nullcontext()
+        """As `LocalHost.quiet`: the standby waiting on the host is paused (SIGSTOP) while the host is probed,
+        and beside a server (`server`) only on a host with fewer than `QUIET_CORES` usable cores. Two
+        round trips (`hostd standby-signal`), only while a standby of this host waits there."""
+        if self._standby is None or (server and self._host_cores >= QUIET_CORES):
+            return nullcontext()
+        return self._standby_paused()
+
+    @contextmanager
+    def _standby_paused(self) -> Iterator[None]:
+        try:
+            paused = self.hostd("standby-signal", "STOP", "--slot", self.standby_slot)["pid"] is not None
+        except HostError:
+            paused = False
+        try:
+            yield
+        finally:
+            if paused:
+                try:
+                    self.hostd("standby-signal", "CONT", "--slot", self.standby_slot)
+                except HostError:
+                    pass  # unreachable: the next launch sends it CONT before its job
 
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         # The probe runs on the host: the server listens on the host's loopback.
@@ -186,7 +224,7 @@ class SSHHost:
         return rc, (out + err).decode(errors="replace")
 
     def sweep_orphans(self, *, everyone: bool = False) -> list[int]:
-        """Stop the servers this workspace started on the host (pidfiles there); return their pgids."""
+        """Stop the servers (and waiting standbys) this workspace started on the host (pidfiles there); return their pgids."""
         args = ["clean", "--all"] if everyone else ["clean", "--owner", self.owner]
         return list(self.hostd(*args)["killed"])
 
@@ -203,6 +241,13 @@ class SSHHost:
         return lease
 
     def close(self) -> None:
+        """End the standby waiting on the host (a run's end), the measurement worker and the connection."""
+        if self._standby is not None:
+            self._standby = None
+            try:
+                self.hostd("standby-end", "--slot", self.standby_slot, timeout_s=60)
+            except HostError:
+                pass  # unreachable: `hosts clean` (or the next run's sweep) ends it
         if self._site is not None:
             self._site.close()
         self.conn.close()

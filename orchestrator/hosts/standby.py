@@ -19,22 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.remote import standby as _program
+from orchestrator.remote.standby import eligible
 
-__all__ = ["PROGRAM", "Standby", "eligible", "spawn"]
+__all__ = ["PROGRAM", "QUIET_CORES", "Standby", "eligible", "spawn"]
 
 PROGRAM = Path(_program.__file__).resolve()
 """The standby program, run as a script by the engine's interpreter."""
 
+QUIET_CORES = 8
+"""Usable cores from which a standby importing beside a gated or measured server is left running
+(`LocalHost.quiet`, `SSHHost.quiet`): one core of eight or more is spare; on fewer it is paused."""
 
-def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
-    """Whether `argv` is `python script.py ...` that a standby preloading `preload` can run as a cold start would."""
-    if not preload or len(argv) < 2 or argv[1].startswith("-") or not argv[1].endswith(".py"):
-        return False
-    if "python" not in Path(argv[0]).name:
-        return False
-    here = Path(argv[1]).resolve().parent
-    # A module of that name beside the script would win over site-packages in a cold start.
-    return not any((here / f"{m.split('.')[0]}.py").exists() or (here / m.split(".")[0]).is_dir() for m in preload)
 
 
 @dataclass

@@ -4,17 +4,27 @@ Each call is a short process started over SSH. Servers are started detached, in 
 (so the SSH channel closing does not take them down, and one killpg stops the whole group), with
 their log in the host's work dir and a pidfile beside it: `clean` stops exactly the servers an
 orchestrator started, and only those, even after that orchestrator was killed.
+
+Standby interpreters (orchestrator/remote/standby.py) live here too, one per slot (an SSHHost: a
+workspace's host entry): `start` with a `standby` request hands the launch to the slot's standby where
+it fits (same interpreter, module list, environment and standby program, still alive) and starts the
+next one, detached like a server, waiting on a named pipe in `standby/`; a record beside it (`SLOT.json`)
+says what it was started for, and its pidfile in `servers/` lets `clean` end it as it ends servers.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
+import hashlib
 import io
 import json
 import os
 import platform
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,9 +32,13 @@ import tarfile
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.remote import hostlock
+from orchestrator.remote import standby as standby_program
 from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.modelcache import cached_copy, manifest_key, resolve
 from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
@@ -42,17 +56,22 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process's state letter (`T` stopped, `Z` zombie...), "" when it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return _state(pid) not in ("Z", "X", "")
 
 
 def op_start(a: argparse.Namespace) -> dict:
     req = json.loads(sys.stdin.read())
     pid_dir = Path(a.workdir) / "servers"
+    sb = req.get("standby")  # {"slot": ..., "preload": [...]}: launch on (and keep) a standby where eligible
     # A start retried after a dropped connection must not launch a second server.
     for f in pid_dir.glob("*.json"):
         try:
@@ -60,22 +79,222 @@ def op_start(a: argparse.Namespace) -> dict:
         except (OSError, ValueError):
             continue
         if info.get("token") == req["token"]:
-            return {"pid": info["pgid"], "pgid": info["pgid"]}
+            res = {"pid": info["pgid"], "pgid": info["pgid"], "standby": bool(info.get("serves"))}
+            if sb is not None and (rec := _standby_record(a.workdir, sb["slot"])) is not None and _standby_alive(rec):
+                res |= {"next_standby": rec["pid"], "cores": _usable_cores()}
+            return res
     log = Path(req["log_path"])
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = os.environ | req.get("env", {})
+    if sb is None:
+        return _start_cold(a.workdir, req, env, log)
+    use = standby_program.eligible(req["argv"], sb.get("preload", ()))
+    with _slot_lock(a.workdir, sb["slot"]):  # one launch at a time takes the slot's standby
+        res = None
+        rec = _standby_record(a.workdir, sb["slot"])
+        if rec is not None and use and _standby_fits(rec, req["argv"][0], sb["preload"], env) and _standby_alive(rec):
+            res = _start_on_standby(a.workdir, rec, req, env, log)
+        if res is None and rec is not None:
+            _end_standby(a.workdir, sb["slot"], rec)  # gone, or of no use to this kind of launch
+        if res is None:
+            res = _start_cold(a.workdir, req, env, log)
+        if use and "error" not in res:
+            # The next launch's interpreter imports now, beside this server's start-up (as LocalHost's does).
+            nxt = _spawn_standby(a.workdir, sb["slot"], req["owner"], req["argv"][0], sb["preload"], env,
+                                 req.get("cwd") or os.getcwd())
+            res |= {"next_standby": nxt and nxt["pid"], "cores": _usable_cores()}
+    return res
+
+
+def _start_cold(workdir: str, req: dict, env: dict[str, str], log: Path) -> dict:
     with open(log, "ab") as fh:
         try:
-            p = subprocess.Popen(req["argv"], cwd=req.get("cwd"), env=os.environ | req.get("env", {}),
+            p = subprocess.Popen(req["argv"], cwd=req.get("cwd"), env=env,
                                  stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         except OSError as e:
             return {"error": f"could not start {req['argv'][0]!r}: {e}"}
-    pid_dir.mkdir(parents=True, exist_ok=True)
-    (pid_dir / f"{p.pid}.json").write_text(json.dumps({
-        "pgid": p.pid, "argv": req["argv"], "owner": req["owner"], "token": req["token"], "started": time.time(),
-        "start_time": _start_time(p.pid), "log_path": str(log),
-    }))
+    _write_pidfile(workdir, p.pid, argv=req["argv"], owner=req["owner"], token=req["token"], log_path=str(log))
     return {"pid": p.pid, "pgid": p.pid}
+
+
+def _write_pidfile(workdir: str, pid: int, **info: object) -> None:
+    pid_dir = Path(workdir) / "servers"
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    (pid_dir / f"{pid}.json").write_text(json.dumps(
+        {"pgid": pid, "started": time.time(), "start_time": _start_time(pid)} | info))
+
+
+# --- standby interpreters ------------------------------------------------------------------------
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def _slot_lock(workdir: str, slot: str) -> Iterator[None]:
+    d = Path(workdir) / "standby"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{slot}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released as the file closes
+        yield
+
+
+def _env_key(env: dict[str, str]) -> str:
+    """The environment's digest: the record says which one the standby has without writing it out."""
+    return hashlib.sha256(json.dumps(sorted(env.items())).encode()).hexdigest()
+
+
+def _program_key() -> str:
+    """The standby program's digest: one shipped by another version of the code may read another job."""
+    return hashlib.sha256(Path(standby_program.__file__).read_bytes()).hexdigest()[:16]
+
+
+def _standby_record(workdir: str, slot: str) -> dict | None:
+    try:
+        return json.loads((Path(workdir) / "standby" / f"{slot}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _standby_fits(rec: dict, python: str, preload: list[str], env: dict[str, str]) -> bool:
+    """`orchestrator.hosts.standby.Standby.fits`, for a standby known by its record."""
+    return (rec.get("python") == python and rec.get("preload") == list(preload) and rec.get("env") == _env_key(env)
+            and rec.get("program") == _program_key())
+
+
+def _standby_alive(rec: dict) -> bool:
+    """Whether the recorded standby still runs: its pid, with the kernel start time it had (not a reused pid)."""
+    pid = rec.get("pid")
+    return isinstance(pid, int) and _alive(pid) and _start_time(pid) == rec.get("start_time")
+
+
+def _forget_standby(workdir: str, slot: str, rec: dict) -> None:
+    """Remove the slot's record and named pipe (if they are still this standby's)."""
+    if (_standby_record(workdir, slot) or {}).get("pid") == rec.get("pid"):
+        (Path(workdir) / "standby" / f"{slot}.json").unlink(missing_ok=True)
+    if rec.get("fifo"):
+        Path(rec["fifo"]).unlink(missing_ok=True)
+
+
+def _end_standby(workdir: str, slot: str, rec: dict | None = None) -> int | None:
+    """End the slot's waiting standby (if still the process recorded) and forget it; its pid, if it ran."""
+    rec = rec if rec is not None else _standby_record(workdir, slot)
+    if rec is None:
+        return None
+    pid = rec["pid"] if _standby_alive(rec) else None
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGCONT)  # a paused one (`standby-signal STOP`) would not act on the TERM
+        except ProcessLookupError:
+            pass
+        kill_group(pid, 2.0)
+    pidfile = Path(workdir) / "servers" / f"{rec['pid']}.json"
+    try:
+        if json.loads(pidfile.read_text()).get("standby") == slot:  # not yet a server's
+            pidfile.unlink()
+    except (OSError, ValueError):
+        pass
+    _forget_standby(workdir, slot, rec)
+    return pid
+
+
+def _spawn_standby(workdir: str, slot: str, owner: str, python: str, preload: list[str], env: dict[str, str],
+                   cwd: str) -> dict | None:
+    """Start the slot's next standby, detached (its own session: it outlives this call and the SSH
+    channel), with exactly the launch's environment; None if it could not start (launches start cold)."""
+    d = Path(workdir) / "standby"
+    d.mkdir(parents=True, exist_ok=True)
+    fifo = d / f"{slot}-{uuid.uuid4().hex[:8]}.fifo"
+    program = Path(standby_program.__file__).resolve()
+    argv = [python, str(program), "--fifo", str(fifo), "--", *preload]
+    log = d / f"{slot}.log"
+    try:
+        os.mkfifo(fifo, 0o600)
+        with open(log, "ab") as fh:
+            p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        fifo.unlink(missing_ok=True)
+        return None
+    rec = {"slot": slot, "pid": p.pid, "start_time": _start_time(p.pid), "argv": argv, "python": python, "preload": list(preload),
+           "env": _env_key(env), "program": _program_key(), "cwd": cwd, "fifo": str(fifo), "owner": owner,
+           "log": str(log), "started": time.time()}
+    _write_pidfile(workdir, p.pid, argv=argv, owner=owner, token=None, log_path=str(log), standby=slot)
+    tmp = d / f"{slot}.json.tmp"
+    tmp.write_text(json.dumps(rec))
+    tmp.replace(d / f"{slot}.json")
+    return rec
+
+
+def _start_on_standby(workdir: str, rec: dict, req: dict, env: dict[str, str], log: Path) -> dict | None:
+    """Hand the launch to the waiting standby: one JSON line down its named pipe. None where it cannot
+    take it (not reading: dead, or never got to open the pipe); the caller then starts the launch cold."""
+    pid = rec["pid"]
+    try:
+        os.kill(pid, signal.SIGCONT)  # paused by an orchestrator that died inside `quiet`: it would never read
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            # Non-blocking: with no reader (a dead standby) the open fails at once (ENXIO) instead of hanging.
+            fd = os.open(rec["fifo"], os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            # Alive but not reading yet: it opens the pipe first thing, before its imports.
+            if e.errno != errno.ENXIO or time.monotonic() > deadline or not _standby_alive(rec):
+                return None
+            time.sleep(0.02)
+    waited = time.time() - rec["started"]
+    cwd = req.get("cwd") or os.getcwd()
+    try:
+        with open(log, "ab") as fh:  # first in the log, so even a standby dying at once leaves a trace
+            fh.write(f"infergoal: standby pid={pid} runs this launch (preloaded {' '.join(rec['preload'])}, "
+                     f"started {waited:.1f}s before)\n".encode())
+        job = json.dumps({"argv": req["argv"][1:], "env": env, "cwd": cwd, "log": str(log), "sent": time.time()})
+        os.set_blocking(fd, True)  # a job longer than the pipe's buffer waits for the reader
+        data = memoryview((job + "\n").encode())
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:  # EPIPE: it died meanwhile
+        try:
+            with open(log, "ab") as fh:
+                fh.write(f"infergoal: standby pid={pid} could not take the launch; it starts cold\n".encode())
+        except OSError:
+            pass
+        return None
+    finally:
+        os.close(fd)
+    _forget_standby(workdir, rec["slot"], rec)
+    # Its pidfile is now the server's: `stop` returns this log, `clean` ends it as a server.
+    _write_pidfile(workdir, pid, argv=rec["argv"], owner=req["owner"], token=req["token"], log_path=str(log),
+                   serves=req["argv"])
+    return {"pid": pid, "pgid": pid, "standby": True}
+
+
+def op_standby_signal(a: argparse.Namespace) -> dict:
+    """Pause (STOP) or resume (CONT) the slot's waiting standby (`SSHHost.quiet`); its pid, or None."""
+    rec = _standby_record(a.workdir, a.slot)
+    if rec is None or not _standby_alive(rec):
+        return {"pid": None}
+    pid = rec["pid"]
+    try:
+        os.kill(pid, signal.SIGSTOP if a.sig == "STOP" else signal.SIGCONT)
+    except ProcessLookupError:
+        return {"pid": None}
+    deadline = time.monotonic() + 1.0  # the stop lands when it is next scheduled: wait for it
+    while a.sig == "STOP" and _state(pid) not in ("T", "t", "Z", "X", "") and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return {"pid": pid}
+
+
+def op_standby_end(a: argparse.Namespace) -> dict:
+    """End the slot's waiting standby (`SSHHost.close`)."""
+    with _slot_lock(a.workdir, a.slot):
+        return {"ended": _end_standby(a.workdir, a.slot)}
 
 
 def op_stop(a: argparse.Namespace) -> dict:
@@ -181,7 +400,7 @@ def op_free_port(a: argparse.Namespace) -> dict:
 
 
 def op_clean(a: argparse.Namespace) -> dict:
-    """Stop every server whose pidfile names `owner` (all owners with --all) and is still ours."""
+    """Stop every server (and waiting standby) whose pidfile names `owner` (all owners with --all) and is still ours."""
     killed, stale = [], []
     for f in sorted((Path(a.workdir) / "servers").glob("*.json")):
         try:
@@ -194,11 +413,23 @@ def op_clean(a: argparse.Namespace) -> dict:
         pgid = int(info["pgid"])
         # A PID the kernel has since given to someone else is not ours to kill.
         if group_exists(pgid) and _start_time(pgid) == info.get("start_time"):
+            if info.get("standby"):
+                try:
+                    os.kill(pgid, signal.SIGCONT)  # one paused by a dead orchestrator's `quiet` acts on the TERM
+                except ProcessLookupError:
+                    pass
             kill_group(pgid, 5.0)
             killed.append(pgid)
         else:
             stale.append(pgid)
         f.unlink(missing_ok=True)
+    for f in sorted((Path(a.workdir) / "standby").glob("*.json")):  # the records of standbys now gone
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if (a.all or rec.get("owner") == a.owner) and not _standby_alive(rec):
+            _forget_standby(a.workdir, rec.get("slot", f.stem), rec)
     return {"killed": killed, "stale": stale}
 
 
@@ -307,6 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--key", default="")
     s.add_argument("--cache", default="off")
     sub.add_parser("fingerprint")
+    s = sub.add_parser("standby-signal")
+    s.add_argument("sig", choices=("STOP", "CONT"))
+    s.add_argument("--slot", required=True)
+    sub.add_parser("standby-end").add_argument("--slot", required=True)
     sub.add_parser("lease").add_argument("--dir", default="", help="lease folder (default: $INFERGOAL_LEASE_DIR or /tmp/infergoal-leases)")
     a = p.parse_args(argv)
     result = globals()["op_" + a.op.replace("-", "_")](a)

@@ -1,12 +1,15 @@
 """A standby interpreter: Python with a server's heavy modules already imported, waiting for one launch.
 
     python standby.py --fd N -- torch transformers aiohttp
+    python standby.py --fifo PATH -- torch transformers aiohttp
+
 
 A deploy of a Python server (`python server.py ARGS`) spends seconds importing torch and transformers
 before it does any work of its own (2.6-4.2 s of a 7B deploy on the H200, issue 23). The host starts
 this program after a server comes up, so the next deploy finds those imports done: the host writes one
 job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "...", "sent": epoch s}`, on the pipe
-`--fd`, and this process becomes that server as `python script args...` would have started it: cwd,
+`--fd` (LocalHost: a pipe it inherited) or the named pipe `--fifo` (an SSH host, whose standby outlives the
+`hostd` call that started it: `orchestrator.remote.hostd`), and this process becomes that server as `python script args...` would have started it: cwd,
 environment (exactly the job's), stdout and stderr appended to the log, `sys.argv`, `sys.path[0]` the
 script's folder, the script run as `__main__`. It holds no CUDA context before the job (importing
 torch creates none), so the server initialises the GPU itself, as a cold start does.
@@ -23,14 +26,34 @@ import importlib
 import json
 import os
 import runpy
+import select
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["eligible", "main"]
 
 
-def _read_job(fd: int) -> dict | None:
+def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
+    """Whether `argv` is `python script.py ...` that a standby preloading `preload` can run as a cold start
+    would. Read where the script is: on an SSH host, by `hostd`."""
+    if not preload or len(argv) < 2 or argv[1].startswith("-") or not argv[1].endswith(".py"):
+        return False
+    if "python" not in Path(argv[0]).name:
+        return False
+    here = Path(argv[1]).resolve().parent
+    # A module of that name beside the script would win over site-packages in a cold start.
+    return not any((here / f"{m.split('.')[0]}.py").exists() or (here / m.split(".")[0]).is_dir() for m in preload)
+
+
+def _read_job(fd: int, fifo: bool = False) -> dict | None:
     """The job line, or None when the host closed the pipe without one (it is giving the standby up)."""
+    if fifo:
+        # Opened non-blocking (see `main`): a read before any writer came would say end of file.
+        # select() waits for the writer's line (or for a writer that left without one: end of file).
+        select.select([fd], [], [])
+        os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as pipe:  # closes the pipe: the server must not inherit it
         line = pipe.readline()
     return json.loads(line) if line.strip() else None
@@ -56,9 +79,12 @@ def become(job: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) < 3 or args[0] != "--fd" or args[2] != "--":
-        raise SystemExit("usage: standby.py --fd N -- MODULE...")
-    fd, modules = int(args[1]), args[3:]
+    if len(args) < 3 or args[0] not in ("--fd", "--fifo") or args[2] != "--":
+        raise SystemExit("usage: standby.py (--fd N | --fifo PATH) -- MODULE...")
+    fifo, modules = args[0] == "--fifo", args[3:]
+    # The named pipe is opened first, before the imports: the host's non-blocking open for writing
+    # fails (ENXIO) while no reader has it open, and a job sent during the imports waits in the pipe.
+    fd = os.open(args[1], os.O_RDONLY | os.O_NONBLOCK) if fifo else int(args[1])
     # This file's folder is sys.path[0] now; the preloads must resolve as they would for the server
     # (site-packages), not against orchestrator/remote's modules.
     del sys.path[0]
@@ -76,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     imported = time.perf_counter() - t0
     print(f"infergoal standby pid={os.getpid()}: imported {' '.join(modules)} in {imported:.2f}s"
           + (f" (not found: {' '.join(missing)})" if missing else ""), file=sys.stderr, flush=True)
-    job = _read_job(fd)
+    job = _read_job(fd, fifo)
     if job is None:
         return
     # How long the launch waited for this standby's imports: the job is read as soon as they are done,

@@ -82,7 +82,7 @@ class TargetSpec(BaseModel):
     """Command prefix put before the launch argv (`numactl -C 0-1`, `conda run -n sglang`)."""
     preload: list[str] = Field(default_factory=list)
     """Modules a `python server.py ...` launch imports first (`["torch", "transformers", "aiohttp"]`): a
-    local host runs the next launch in a standby interpreter that imported them while the previous
+    host runs the next launch in a standby interpreter that imported them while the previous
     server ran, where that is equivalent to a cold start (orchestrator.hosts.standby). Empty: none."""
     constraints: list[KnobRule] = Field(default_factory=list)
     """Rules between knobs, checked before launch: a knob set breaking one is never deployed."""
