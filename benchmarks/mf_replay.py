@@ -28,7 +28,7 @@ Models (stated, not measured end to end):
   set that failed costs no bench time in either run. (The short pass being the full bench's first
   requests makes a passed candidate's full score correlated with its short score; the replay's full
   score is the table value in both, so only the cost changes.)
-`--cut` replays the screen's early stop (`fidelity.Screen.stop_below`): a screened-out candidate's short
+`--cut` replays the screen's early stop on throughput (`fidelity.Screen.plan`): a screened-out candidate's short
 pass ends once all its tokens over the time elapsed fall under the bar's throughput (bar x the baseline's
 tok/s: the table's single throughput objective), at `short requests x tokens / (bar x baseline tok/s)`
 seconds, and its stored score is that bound, ~the bar, not its short score (TPE is told it as pruned:

@@ -227,7 +227,9 @@ class Controller:
                     scenarios=(ctx or self.ctx).scenarios, goal_scenarios=self.ctx.goal.scenarios,
                     score=lambda r: verdict.score(r, baseline, self.ctx.goal.objectives), noise=baseline.noise, store=self.store,
                     run_id=self.ctx.run_id, durations=self._durations(baseline) if self.screen_fraction > 0 else None,
-                    objectives=self.ctx.goal.objectives, baseline=baseline.values),
+                    objectives=self.ctx.goal.objectives, baseline=baseline.values,
+                    caps=verdict.speedup_caps(self.store, self.ctx.run_id, baseline, self.ctx.model_dir, (ctx or self.ctx).scenarios,
+                                              self.ctx.goal.objectives) if self.screen_fraction > 0 else None),
             )
         except GateTampered as e:  # the trial cannot count: say so, then stop the run
             self.store.finish_trial(trial.id, "invalid", error=f"GateTampered: {e}")

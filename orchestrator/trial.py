@@ -11,7 +11,7 @@ import errno
 import random
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,7 +388,8 @@ class _Bench:
     def screen(self, screen: Any, result: TrialResult) -> str | None:
         """The short pass of `screen`; an error, or None. Screened out: `result` holds the short pass."""
         short, t0 = TrialResult(), time.perf_counter()
-        err = self.run(1, short, scenarios=screen.scenarios, tag=f"@{screen.fraction:g}", stop=screen.stop_below)
+        err = self.run(1, short, scenarios=screen.scenarios, tag=f"@{screen.fraction:g}", plan=screen.plan,
+                       order=screen.order or None)
         if err:
             result.status_hint = short.status_hint
             return err
@@ -399,13 +400,17 @@ class _Bench:
         return None
 
     def run(self, repeats: int, result: TrialResult, first_repeat: int = 0, scenarios: dict[str, Any] | None = None,
-            tag: str = "", stop: Callable[[str, dict[str, list[float]]], float | None] | None = None) -> str | None:
+            tag: str = "", plan: Callable[..., tuple[Any, dict[str, float] | None]] | None = None,
+            order: Sequence[str] | None = None) -> str | None:
         """Measure each goal scenario `repeats` times; return an error, or None. `scenarios` replaces the
-        run's (a screen's short pass, stored as `NAME{tag}`); `stop(goal scenario, the objectives measured
-        so far)`: the output tok/s under which that scenario is stopped early (`Scenario.stop_below`, a
-        screen's: `orchestrator.fidelity`), or None."""
+        run's (a screen's short pass, stored as `NAME{tag}`), `order` the goal's order of them;
+        `plan(goal scenario, the objectives measured so far, after_stop=a scenario before was stopped early)`:
+        (the `StopRule` that scenario is stopped early by on the host (`Scenario.stop`), or None; None, or
+        objective label -> value where it is not run at all and those values stand for it), a screen's
+        (`orchestrator.fidelity.Screen.plan`)."""
         ctx, store = self.ctx, self.ctx.store
-        for goal_name in ctx.goal.scenarios:
+        stopped = False
+        for goal_name in order or ctx.goal.scenarios:
             name = goal_name + tag
             for rep in range(first_repeat, first_repeat + repeats):
                 scenario = (scenarios or ctx.scenarios)[goal_name]
@@ -413,12 +418,18 @@ class _Bench:
                 first = self.firsts.get(goal_name) if scenario.part is not None and scenario.part[0] > 0 else None
                 if scenario.part is not None and scenario.part[0] > 0 and (first is None or rep != first_repeat):
                     scenario, first = ctx.scenarios[goal_name], None
-                below = stop(goal_name, result.samples) if stop is not None and first is None else None
-                if below is not None:  # travels with the scenario to the host's bench, which stops it there
-                    scenario = scenario.model_copy(update={"stop_below": below})
+                rule, skip = plan(goal_name, result.samples, after_stop=stopped) if plan is not None and first is None else (None, None)
+                if skip is not None:  # certain to score under the bar: not run, its objectives at the values given
+                    ctx.on_step(f"bench {name}: not run (out of reach of the screen's bar)")
+                    for label, value in skip.items():
+                        result.samples.setdefault(label, []).append(float(value))
+                    stopped = True
+                    break
+                if rule is not None:  # travels with the scenario to the host's bench, which stops it there
+                    scenario = scenario.model_copy(update={"stop": rule})
                 label = f"bench {name}" + (f" #{rep + 1}" if repeats > 1 or rep else "")
-                if below is not None:
-                    label += f" (stopped once out of reach of {below:.1f} tok/s)"
+                if rule is not None:
+                    label += " (stopped once out of reach of the screen's bar)"
                 if first is not None:
                     lo, hi = scenario.part
                     label += f" (requests {lo + 1}-{hi} of {hi}, after the short pass's {lo})" if hi > lo else \
@@ -492,6 +503,7 @@ class _Bench:
                     self.outputs.append((scenario, res.requests))
                 result.host.append(win)
                 result.metrics[goal_name] = dict(res.metrics)
+                stopped = stopped or bool(res.metrics.get("stopped_early"))
                 for o in ctx.goal.objectives:
                     if o.scenario == goal_name:
                         result.samples.setdefault(objective_label(goal_name, o.key), []).append(float(res.metrics[o.key]))

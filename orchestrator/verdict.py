@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from gates import GateResult, performance, plausible
+from gates.thresholds import section
+from orchestrator.goal import SLO_SCENARIO
 from orchestrator.paired import describe
 from orchestrator.roles import BASELINES
 from orchestrator.trial import TrialResult, objective_label
 
 __all__ = [
     "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",
-    "speed_of_light", "why_data", "why_of", "why_record",
+    "speed_of_light", "speed_of_light_limits", "speedup_caps", "why_data", "why_of", "why_record",
 ]
 
 ASSUMED_NOISE = 0.05
@@ -123,15 +125,51 @@ def speed_of_light(store: Any, run_id: int, r: TrialResult, baseline: Baseline |
     """The trial's measurements against the run's recorded floors (`gates.plausible`), or None when the
     run has no floors for this model shape (nothing is checked, nothing said). The margin's noise is
     the baseline's spread; for a baseline itself, its own repeats' (assumed when measured once)."""
-    found = store.events(run_id, kind="speed_of_light")
-    if not found or not r.metrics:
+    if not r.metrics:
         return None
+    lims = speed_of_light_limits(store, run_id, model_dir, scenarios)
+    return plausible.check(r.metrics, lims, noise=baseline.noise if baseline else baseline_noise(r.samples, [r.samples])[0]) if lims else None
+
+
+def speed_of_light_limits(store: Any, run_id: int, model_dir: Path, scenarios: dict[str, Any]) -> dict[str, dict[str, tuple[float, bool]]]:
+    """The run's recorded floors recomputed for its model and scenarios (`gates.plausible.limits`), as
+    `speed_of_light` checks a trial against them; {} where the run has none for this model shape."""
+    found = store.events(run_id, kind="speed_of_light")
+    if not found:
+        return {}
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
-        return None
-    lims = plausible.limits(found[-1].data, cfg, scenarios)
-    return plausible.check(r.metrics, lims, noise=baseline.noise if baseline else baseline_noise(r.samples, [r.samples])[0]) if lims else None
+        return {}
+    return plausible.limits(found[-1].data, cfg, scenarios)
+
+
+def speedup_caps(store: Any, run_id: int, baseline: Baseline, model_dir: Path, scenarios: dict[str, Any],
+                 objectives: Sequence[Any]) -> dict[str, tuple[float, float]]:
+    """Objective label -> (the most speedup over `baseline` it can show, the value at it), where the run's
+    floors bound it: the speed-of-light gate (`speed_of_light`, `gates.plausible.check`) calls a trial
+    invalid once a latency is under floor / (1 + margin) or an output throughput over ceiling x (1 + margin),
+    margin = the baseline's noise + the locked `[speed_of_light] slack`, so no trial that can be kept shows
+    more. {} without floors (nothing bounds an objective not measured yet: a screen then stops only a
+    scenario whose other objectives are measured)."""
+    lims = speed_of_light_limits(store, run_id, model_dir, scenarios)
+    if not lims:
+        return {}
+    margin = max(0.0, baseline.noise) + float(section(None, "speed_of_light")["slack"])  # as `plausible.check`
+    out: dict[str, tuple[float, float]] = {}
+    for o in objectives:
+        if o.scenario == SLO_SCENARIO:  # a rate search's step metrics: never capped (its short pass is never stopped)
+            continue
+        label = objective_label(o.scenario, o.key)
+        lim, base = lims.get(o.scenario, {}).get(o.key), baseline.values.get(label)
+        if lim is None or not base or base <= 0 or not math.isfinite(base):
+            continue
+        floor, higher = lim
+        if floor <= 0 or not math.isfinite(floor) or higher != (o.info.direction == "maximize"):
+            continue
+        value = floor * (1 + margin) if higher else floor / (1 + margin)
+        out[label] = (o.speedup(value, base), value)
+    return out
 
 
 def no_target(objectives: Sequence[Any]) -> Any:

@@ -3,7 +3,7 @@
 The H200 goal's shape, small: TPOT p50 on a decode scenario, then output throughput on a one-wave burst
 of 16 requests (a slow candidate's burst took most of its 21-23 s screen there). The real path: the fake
 target's server in its own process (LocalHost), the real load generator, Controller -> run_trial's short
-pass -> `fidelity.Screen.stop_below` -> the bench stopping the burst on the host -> the search's pruner.
+pass -> `fidelity.Screen.plan` -> the bench stopping the burst on the host -> the search's pruner.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Steps:
 
 
 class Spy(LocalHost):
-    """The real local host; its site remembers every scenario it benched (with its `stop_below`) and how long."""
+    """The real local host; its site remembers every scenario it benched (with its `stop`) and how long."""
 
     benched: list
 
@@ -73,7 +73,7 @@ class Spy(LocalHost):
         class Site(LocalSite):
             def bench(self, base_url, model, scenario, **kw):
                 res = super().bench(base_url, model, scenario, **kw)
-                host.benched.append((host.trial, scenario.name, scenario.stop_below, res.metrics["duration_s"],
+                host.benched.append((host.trial, scenario.name, scenario.stop, res.metrics["duration_s"],
                                      bool(res.metrics.get("stopped_early"))))
                 return res
 
@@ -84,20 +84,42 @@ class Spy(LocalHost):
         return super().start(argv, **kw)
 
 
-def _run(tmp_path, steps, *, bar=True, monkeypatch):
+GOAL = "beat the baseline by 75% on TPOT and improve throughput by 3x within 9 trials"
+# A tiny Llama shape and a host whose copy rate puts the decode's TPOT floor at ~2 ms (half the baseline's 4),
+# the throughput ceiling of 16 x 32 tokens at ~8000 tok/s (~8x the baseline's four at a time).
+CONFIG = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 256, "num_attention_heads": 4}
+CEILINGS = {"copy_bytes_per_s": 1.19e8, "bf16_flops_per_s": 1e15}
+# With floors: the burst four at a time (the baseline's output tok/s well under its ceiling: its cap the looser).
+FOUR_WIDE = {**SCENARIOS, "throughput": SCENARIOS["throughput"].model_copy(update={"concurrency": 4})}
+
+
+def _floors(store, run_id, model_dir):
+    """The run's speed-of-light record (`infergoal floors`), for CONFIG written in `model_dir`."""
+    import json
+
+    from gates.plausible import model_numbers
+
+    (model_dir / "config.json").write_text(json.dumps(CONFIG))
+    store.add_event(run_id, "speed_of_light", "floors", data={"floors": {}, "ceilings": CEILINGS, "model": model_numbers(CONFIG)})
+
+
+def _run(tmp_path, steps, *, bar=True, monkeypatch, goal=GOAL, scenarios=SCENARIOS, floors=False, baseline_repeats=2):
     monkeypatch.setattr(Controller, "_confirm_best", lambda self, reason: reason)  # no paired rounds at the stop
     target = load_target(write_fake_target(tmp_path / "fake.toml", choices=(BASE, SLOW, FAST)))
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    goal = parse_goal("beat the baseline by 75% on TPOT and improve throughput by 3x within 9 trials")
+    goal = parse_goal(goal) if isinstance(goal, str) else goal
     run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "steps")
+    if floors:
+        _floors(store, run.id, tmp_path)
     host = Spy(tmp_path / "state", standby=False)
     host.benched = []
     ctx = TrialContext(run_id=run.id, goal=goal, target=target, host=host, store=store, model_dir=tmp_path,
-                       reference_dir=tmp_path, scenarios=dict(SCENARIOS), run_dir=tmp_path / "run", source_dir=FAKE_SERVER_DIR,
+                       reference_dir=tmp_path, scenarios=dict(scenarios), run_dir=tmp_path / "run", source_dir=FAKE_SERVER_DIR,
                        accuracy_gate=False, integrity_gate=False,
                        trust=TrustPolicy(probe_s=0.0, settle_s=0.0, min_seconds=0.0,
                                          saturation=SaturationPolicy(max_client_cpu=float("inf"))))
-    Controller(ctx, Steps([({"tpot_ms": k}, role) for k, role in steps], bar=bar), screen_fraction=0.25).run()
+    Controller(ctx, Steps([({"tpot_ms": k}, role) for k, role in steps], bar=bar), screen_fraction=0.25,
+               baseline_repeats=baseline_repeats).run()
     return store, run.id, host
 
 
@@ -129,6 +151,8 @@ def test_a_slow_candidates_screen_is_stopped_early_and_ends_as_it_would_have(tmp
     uburst = [b for b in uhost.benched if b[1] == "throughput@0.25"]
     # (more than one each only where a busy host made the measurement redo: the same rule, cut or not)
     assert burst and uburst and all(b[4] for b in burst) and not any(b[4] or b[2] is not None for b in uburst)
+    # No floors: TPOT is unbounded while unmeasured, so the decode (measured first) carries no rule, runs whole.
+    assert all(b[2] is None and not b[4] for b in host.benched if b[1] == "decode@0.25"), host.benched
     assert max(b[3] for b in burst) < min(b[3] for b in uburst) / 5, (burst, uburst)
     assert cut.timings["screen"] < uncut.timings["screen"] - 0.8, (cut.timings, uncut.timings)
     # The knowledge base learns from measured scores: the uncut short score is one, the stopped one's bound is not.
@@ -168,13 +192,132 @@ def test_full_fidelity_roles_are_never_stopped(tmp_path, monkeypatch):
     assert any(b[4] for b in host.benched if b[0] == _slow(store, run_id).number)  # the search's one was stopped
 
 
-def test_the_floor_is_exact_and_only_where_the_other_objectives_are_measured():
+def test_the_rule_is_exact_and_only_where_the_other_objectives_are_measured_or_capped():
     goal = parse_goal("beat the baseline by 75% on TPOT and improve throughput by 3x")
     base = {"decode:tpot_ms_p50": 10.0, "throughput:output_throughput": 100.0}
-    # TPOT 20 ms: speedup 0.5; the score sqrt(0.5 x thr / 100) is under 0.9 exactly below thr = 162.
-    floor = out_of_reach(0.9, "throughput", goal.objectives, base, {"decode:tpot_ms_p50": [20.0]})
-    assert floor == pytest.approx(0.9 ** 2 * 100 / 0.5)
-    assert out_of_reach(0.9, "throughput", goal.objectives, base, {}) is None  # TPOT unmeasured: unbounded
-    assert out_of_reach(0.9, "decode", goal.objectives, base, {"throughput:output_throughput": [50.0]}) is None  # a latency
+    # TPOT 20 ms: speedup 0.5; the score sqrt(0.5 x thr / 100) is under 0.9 exactly below thr = 162, a
+    # throughput speedup under 0.9^2 / 0.5.
+    below = out_of_reach(0.9, "throughput", goal.objectives, base, {"decode:tpot_ms_p50": [20.0]})
+    assert below == pytest.approx(0.9 ** 2 / 0.5)
+    assert out_of_reach(0.9, "throughput", goal.objectives, base, {}) is None  # TPOT unmeasured, no cap: unbounded
+    # TPOT capped at a 4x speedup (the speed-of-light gate's): the burst alone must reach 0.81 / 4.
+    assert out_of_reach(0.9, "throughput", goal.objectives, base, {}, {"decode:tpot_ms_p50": (4.0, 2.5)}) == pytest.approx(0.81 / 4)
+    # A latency scenario: throughput measured at 50 tok/s (0.5x), TPOT's speedup must reach 0.81 / 0.5.
+    assert out_of_reach(0.9, "decode", goal.objectives, base, {"throughput:output_throughput": [50.0]}) == pytest.approx(1.62)
     only = parse_goal("improve throughput by 3x")
-    assert out_of_reach(0.9, "throughput", only.objectives, {"throughput:output_throughput": 100.0}, {}) == pytest.approx(90.0)
+    assert out_of_reach(0.9, "throughput", only.objectives, {"throughput:output_throughput": 100.0}, {}) == pytest.approx(0.9)
+
+
+def _screen_events(store, run_id, trial):
+    return [e.data for e in store.events(run_id, kind="screen") if e.trial_id == trial.id]
+
+
+def test_with_floors_a_slow_candidates_burst_goes_first_is_stopped_and_its_decode_is_not_run(tmp_path, monkeypatch):
+    """The H200's order: with floors TPOT's speedup is capped (~2.3x here, ~13x there) and throughput's looser
+    (~9x, ~144x), so the short pass measures the burst first; a slow candidate's burst is stopped with TPOT
+    at its cap, and its decode, certain to change nothing, is never run. The same decision as uncut."""
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "full").mkdir()
+    kw = {"monkeypatch": monkeypatch, "scenarios": FOUR_WIDE, "floors": True, "baseline_repeats": 1}
+    store, run_id, host = _run(tmp_path / "cut", [(SLOW, None)], **kw)
+    ustore, urun_id, uhost = _run(tmp_path / "full", [(SLOW, None)], bar=False, **kw)
+    cut, uncut = _slow(store, run_id), _slow(ustore, urun_id)
+    for t in (cut, uncut):
+        assert t.status == "discarded" and is_screened(t) and "vs a bar of" in t.error, t.error
+    assert uncut.score <= cut.score < _screen_events(store, run_id, cut)[-1]["bar"]
+    assert is_stopped(cut) and not is_stopped(uncut)
+    # Which bound: the burst's throughput, with TPOT at its speed-of-light cap; the decode not run, and why.
+    assert "throughput stopped early after" in cut.error and "with decode:tpot_ms_p50 at the speed of light's cap" in cut.error
+    assert "decode not run as out of reach: the short score is under the bar even at tpot_ms_p50" in cut.error, cut.error
+    ev = _screen_events(store, run_id, cut)[-1]
+    assert ev["order"] == ["throughput", "decode"] and set(ev["not_run"]) == {"decode"}
+    sent = [b[1] for b in host.benched if b[0] == cut.number]
+    assert sent and set(sent) == {"throughput@0.25"}, host.benched  # the decode never sent a request
+    assert {m.scenario for m in store.measurements(cut.id)} == {"throughput@0.25"}
+    # The uncut run (no bar: no stop, and the goal's order) measured both, whole.
+    assert [b[1] for b in uhost.benched if b[0] == uncut.number] == ["decode@0.25", "throughput@0.25"]
+    assert cut.timings["screen"] < uncut.timings["screen"], (cut.timings, uncut.timings)
+
+
+def test_with_floors_a_candidate_fast_enough_is_never_stopped_nor_its_decode_skipped(tmp_path, monkeypatch):
+    store, run_id, host = _run(tmp_path, [(FAST, None)], monkeypatch=monkeypatch, scenarios=FOUR_WIDE, floors=True, baseline_repeats=1)
+    fast = next(t for t in store.list_trials(run_id) if t.knobs.get("tpot_ms") == FAST)
+    mine = {b[1]: b for b in host.benched if b[0] == fast.number}
+    assert not is_screened(fast) and fast.status in ("kept", "discarded") and "stopped" not in (fast.error or "")
+    # Both short passes carried a rule (the burst's with TPOT capped) and ran to their end; the full bench followed.
+    assert mine["throughput@0.25"][2] is not None and mine["decode@0.25"][2] is not None, mine
+    assert not any(b[4] for b in mine.values())
+    assert {m.scenario for m in store.measurements(fast.id)} >= {"decode", "throughput"}
+
+
+def test_a_slow_candidates_decode_is_stopped_on_its_tpot_bound_once_throughput_is_measured(tmp_path, monkeypatch):
+    """No floors, the goal naming throughput first: the burst is measured whole, then the decode's short pass is
+    stopped as soon as its TPOT p50's lower bound proves the score under the bar. The same decision uncut."""
+    parsed = parse_goal("beat the baseline by 75% on TPOT and improve throughput by 3x within 9 trials")
+    goal = parsed.model_copy(update={"objectives": list(reversed(parsed.objectives))})  # (the parser lists TPOT first)
+    assert goal.scenarios == ["throughput", "decode"]
+    long_decode = {"decode": SCENARIOS["decode"].model_copy(update={"output_tokens": 16}),
+                   "throughput": SCENARIOS["throughput"].model_copy(update={"output_tokens": 16})}
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "full").mkdir()
+    kw = {"monkeypatch": monkeypatch, "goal": goal, "scenarios": long_decode, "baseline_repeats": 1}
+    store, run_id, host = _run(tmp_path / "cut", [(SLOW, None)], **kw)
+    ustore, urun_id, uhost = _run(tmp_path / "full", [(SLOW, None)], bar=False, **kw)
+    cut, uncut = _slow(store, run_id), _slow(ustore, urun_id)
+    for t in (cut, uncut):
+        assert t.status == "discarded" and is_screened(t), t.error
+    assert "decode stopped early after" in cut.error and "its tpot_ms_p50 could no longer get under the" in cut.error, cut.error
+    assert is_stopped(cut) and not is_stopped(uncut) and uncut.score <= cut.score
+    dec = {m.metric: m.value for m in store.measurements(cut.id) if m.scenario == "decode@0.25"}
+    udec = {m.metric: m.value for m in ustore.measurements(uncut.id) if m.scenario == "decode@0.25"}
+    assert dec["stopped_early"] == 1 and dec["tpot_ms_p50"] <= udec["tpot_ms_p50"]  # a lower bound of what it measured
+    assert dec["duration_s"] < udec["duration_s"] / 2, (dec["duration_s"], udec["duration_s"])
+    burst = [b for b in host.benched if b[0] == cut.number and b[1] == "throughput@0.25"]
+    assert burst and burst[0][2] is None and not burst[0][4]  # TPOT unmeasured, no floors: the burst could not be stopped
+
+
+def test_caps_are_the_speed_of_light_gates_own_edge_and_order_the_short_pass(tmp_path):
+    """`verdict.speedup_caps` is where `gates.plausible.check` starts failing: at the cap's value it passes, a
+    hair past it fails. The order follows: the loosest cap first; without caps, the goal's order."""
+    from gates import plausible
+    from orchestrator import verdict
+    from orchestrator.fidelity import short_order
+
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "steps")
+    goal = parse_goal(GOAL)
+    base = verdict.Baseline(samples={}, values={"decode:tpot_ms_p50": 4.0, "throughput:output_throughput": 1000.0}, noise=0.04)
+    assert verdict.speedup_caps(store, run.id, base, tmp_path, FOUR_WIDE, goal.objectives) == {}  # no floors: no caps
+    _floors(store, run.id, tmp_path)
+    caps = verdict.speedup_caps(store, run.id, base, tmp_path, FOUR_WIDE, goal.objectives)
+    lims = plausible.limits(store.events(run.id, kind="speed_of_light")[-1].data, CONFIG, FOUR_WIDE)
+    for label, (cap, value) in caps.items():
+        scenario, key = label.split(":")
+        higher = key == "output_throughput"
+        assert cap == pytest.approx(value / 1000.0 if higher else 4.0 / value)
+        for v, status in ((value, "pass"), (value * (1 + 1e-6) if higher else value * (1 - 1e-6), "fail")):
+            assert plausible.check({scenario: {key: v}}, {scenario: {key: lims[scenario][key]}}, noise=0.04).status == status
+    assert 1.5 < caps["decode:tpot_ms_p50"][0] < caps["throughput:output_throughput"][0]
+    assert short_order(goal.scenarios, goal.objectives, caps) == ("throughput", "decode")
+    assert short_order(goal.scenarios, goal.objectives, None) == ("decode", "throughput")
+    # A p99 TPOT has no floor (the gate checks p50): uncapped, it goes first, and nothing bounds it while unmeasured.
+    p99 = parse_goal("beat the baseline by 75% on p99 TPOT and improve throughput by 3x")
+    base99 = verdict.Baseline(samples={}, values={"decode:tpot_ms_p99": 4.0, "throughput:output_throughput": 1000.0}, noise=0.04)
+    caps99 = verdict.speedup_caps(store, run.id, base99, tmp_path, FOUR_WIDE, p99.objectives)
+    assert set(caps99) == {"throughput:output_throughput"}
+    assert short_order(p99.scenarios, p99.objectives, caps99) == ("decode", "throughput")
+
+
+def test_a_statistic_without_a_proven_bound_never_gets_a_rule():
+    """p99 TPOT measured last: no rule (its lower bound is not among those proven); p50 in its place: a rule."""
+    from orchestrator.fidelity import Screen
+
+    for stat, ruled in (("p99", False), ("p50", True), ("mean", True)):
+        goal = parse_goal(f"improve throughput by 3x and beat the baseline by 75% on {stat} TPOT")
+        base = {"throughput:output_throughput": 100.0, f"decode:tpot_ms_{stat}": 10.0}
+        s = Screen(fraction=0.25, scenarios={}, judge=lambda r, b: None, bar=0.9, objectives=tuple(goal.objectives), baseline=base)
+        rule, skip = s.plan("decode", {"throughput:output_throughput": [50.0]})
+        assert skip is None and (rule is not None) == ruled, (stat, rule)
+        if ruled:
+            assert rule.speedups == ((f"tpot_ms_{stat}", 10.0),) and rule.below == pytest.approx(0.81 / 0.5, rel=1e-6)
+        assert s.plan("throughput", {}) == (None, None)  # first, TPOT unmeasured and uncapped: no rule

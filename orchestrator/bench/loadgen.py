@@ -9,6 +9,7 @@ with a reason, never an exception out of the run.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -16,11 +17,12 @@ import aiohttp
 
 from gates.api import ApiMode
 
+from . import bounds
 from .metrics import compute_metrics, failures
 from .prompts import Prompt, PromptFactory, load_tokenizer
 from .records import RequestRecord
 from .results import ScenarioResult
-from .scenarios import Scenario, arrival_offsets, load_trace
+from .scenarios import Scenario, StopRule, arrival_offsets, load_trace
 
 try:  # orjson is ~3x faster per chunk; the stdlib is the fallback
     import orjson
@@ -38,7 +40,7 @@ except ImportError:  # pragma: no cover
 _JSON_HEADERS = {"Content-Type": "application/json"}
 STOPPED = "stopped_early"
 """The error of a measured request the bench cancelled because its scenario was stopped early
-(`Scenario.stop_below`): not a failure of the server's; such a scenario's metrics leave it out."""
+(`Scenario.stop`): not a failure of the server's; such a scenario's metrics leave it out."""
 
 _now = time.perf_counter_ns
 
@@ -251,22 +253,36 @@ async def _open_loop(session, url, bodies, recs, offsets, cap, chat, timeout_s) 
             await asyncio.wait(tasks)
 
 
-async def _stop_when_out_of_reach(measured: Any, t0: int, possible: int, floor: float) -> float | None:
-    """Await `measured` (the scenario's measured requests), cancelling them as soon as the scenario's
-    output throughput can no longer reach `floor` tok/s: it ends at most at `possible` tokens (every
-    request's max_tokens; a valid output is never longer) over the time elapsed since `t0`, so once
-    `possible / elapsed < floor` the requests still to come cannot lift it to `floor`. Returns the
-    seconds elapsed when it stopped them (their throughput's bound is `possible` over it), or None
-    when they all finished first."""
+POLL_S = 0.02
+"""How often a rule with a latency bound is checked while its scenario runs (a throughput's bound is
+checked when it can first cross: it only falls with time)."""
+
+
+async def _stop_when_out_of_reach(measured: Any, t0: int, rule: StopRule, recs: list[RequestRecord], possible: int,
+                                  pinned: bool) -> tuple[float, float, dict[str, float]] | None:
+    """Await `measured` (the scenario's measured requests, filling `recs`), cancelling them as soon as the
+    speedups `rule` names can no longer reach `rule.below` (`bounds.speedup_bound`: output tok/s ends at most at
+    `possible` tokens, every request's max_tokens, over the time elapsed since `t0`; a latency statistic at
+    least that of the requests' bounds so far). Returns (the seconds elapsed when it stopped them, the
+    product's bound then, each metric's bound then), or None when they all finished first."""
     task = asyncio.ensure_future(measured)
+    throughput_only = all(k == bounds.THROUGHPUT for k, _ in rule.speedups)
     try:
         while not task.done():
-            elapsed = (_now() - t0) / 1e9
-            if elapsed > 0 and possible / elapsed < floor:
+            now = _now()
+            elapsed = (now - t0) / 1e9
+            bound, values = bounds.speedup_bound(rule.speedups, recs, possible, t0, now, pinned=pinned)
+            if bound < rule.below:
                 task.cancel()
                 await asyncio.wait({task})  # every request cancelled, its connection closed
-                return elapsed
-            await asyncio.wait({task}, timeout=max(possible / floor - elapsed, 0.0) + 1e-3)
+                return elapsed, bound, values
+            if throughput_only:  # (possible / elapsed)^k / prod(base) falls under below at this elapsed
+                base = math.prod(b for _, b in rule.speedups)
+                cross = possible / (rule.below * base) ** (1 / len(rule.speedups)) if rule.below > 0 and base > 0 else math.inf
+                wait = max(cross - elapsed, 0.0) + 1e-3
+            else:
+                wait = POLL_S
+            await asyncio.wait({task}, timeout=None if math.isinf(wait) else wait)
     finally:
         if not task.done():  # we were cancelled ourselves: take the requests with us
             task.cancel()
@@ -275,24 +291,28 @@ async def _stop_when_out_of_reach(measured: Any, t0: int, possible: int, floor: 
     return None
 
 
-def _stopped(scenario: Scenario, recs: list[RequestRecord], prompts: list[Prompt], t0: int, elapsed: float,
+def _stopped(scenario: Scenario, recs: list[RequestRecord], prompts: list[Prompt], t0: int, stop: tuple[float, float, dict[str, float]],
              mode: ApiMode, lags: list[float], tok: Any, chat: bool) -> dict[str, float]:
-    """The metrics of a scenario stopped early (`Scenario.stop_below`): the requests that finished before
-    the stop (their failures and counts judged as ever; the unfinished ones marked `STOPPED`, not failed),
-    and `output_throughput` the *bound* the stop was proven with: every request's max_tokens over the
-    seconds elapsed (`stopped_early` = 1 says so)."""
+    """The metrics of a scenario stopped early (`Scenario.stop`): the requests that finished before the
+    stop (their failures and counts judged as ever; the unfinished ones marked `STOPPED`, not failed),
+    `output_throughput` the *bound* every request's max_tokens over the seconds elapsed gives, and each
+    metric of the rule its bound at the stop, the values the stop was proven with (`stopped_early` = 1
+    says so; `stop_below` the rule's, `stop_bound` the speedups' product then)."""
+    elapsed, bound, values = stop
     for r in recs:
         if not r.success and r.error is None:
-            r.error, r.error_detail = STOPPED, f"stopped {elapsed:.3f} s into the scenario: its throughput was out of reach"
+            r.error, r.error_detail = STOPPED, f"stopped {elapsed:.3f} s into the scenario: out of reach of the screen's bar"
             r.t_done_ns = r.t_done_ns or t0 + int(elapsed * 1e9)
     done = [r for r in recs if r.error != STOPPED]
     possible = sum(p.output_tokens for p in prompts)
     m = compute_metrics(done, bench_start_ns=t0, bench_end_ns=t0 + int(elapsed * 1e9), target_rate=scenario.rate,
                         slo_ttft_ms=scenario.slo_ttft_ms, slo_tpot_ms=scenario.slo_tpot_ms, slo_e2e_ms=scenario.slo_e2e_ms,
                         loop_lag_ms=lags, intended_prompt_check=tok is not None and not chat and mode.prompt_ids, mode=mode)
-    m.update(stopped_early=1.0, stopped_requests=float(len(recs) - len(done)), stop_below=float(scenario.stop_below or 0.0),
+    m.update(stopped_early=1.0, stopped_requests=float(len(recs) - len(done)),
+             stop_below=float(scenario.stop.below if scenario.stop else 0.0), stop_bound=float(bound),
              output_tokens_possible=float(possible), output_tokens_seen=float(sum(r.osl for r in recs if r.success or r.error == STOPPED)),
              duration_s=elapsed, output_throughput=possible / elapsed)  # the very seconds the stop was proven at
+    m.update(values)
     return m
 
 
@@ -346,8 +366,9 @@ async def run_scenario(base_url: str, model: str, scenario: Scenario, *, tokeniz
         else:
             measured = _open_loop(session, url, bodies, recs, offsets, scenario.concurrency, chat, timeout_s)
         stopped = None
-        if scenario.stop_below and scenario.stop_below > 0 and prompts:
-            stopped = await _stop_when_out_of_reach(measured, t0, sum(p.output_tokens for p in prompts), scenario.stop_below)
+        if scenario.stop is not None and prompts:
+            stopped = await _stop_when_out_of_reach(measured, t0, scenario.stop, recs, sum(p.output_tokens for p in prompts),
+                                                    pinned=mode.ignore_eos)
         else:
             await measured
         t1 = _now()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Arrival = Literal["closed", "poisson", "constant", "gamma", "trace"]
 
@@ -25,6 +25,18 @@ class TraceEntry(BaseModel):
     input_length: int
     output_length: int
     hash_ids: list[int] = Field(default_factory=list)
+
+
+class StopRule(BaseModel):
+    """When a scenario's measured requests are stopped early (`Scenario.stop`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    speedups: tuple[tuple[str, float], ...]
+    """(metric key, the baseline's value), one per goal objective on the scenario: the speedup of
+    `output_throughput` is its value over the baseline's, of a latency (`bounds.LATENCIES` with a
+    statistic of `bounds.STATS`) the baseline's over its value. A key without a bound never stops."""
+    below: float
+    """Stopped once the product of those speedups can no longer reach this."""
 
 
 class Scenario(BaseModel):
@@ -57,12 +69,11 @@ class Scenario(BaseModel):
     """Measure only requests [lo, hi) of the `num_requests` (their prompts and arrival schedule as in the
     whole scenario): one pass of a bench measured in several, joined by `orchestrator.bench.passes`
     (multi-fidelity screening's short pass and its continuation, `orchestrator.fidelity`). None: all."""
-    stop_below: float | None = None
-    """Output tok/s: stop the measured requests as soon as this scenario's output throughput can no longer
-    reach it (a screen's early stop, `orchestrator.fidelity`: the candidate is screened out whatever the
-    rest would measure). Throughput at the end is at most every request's `max_tokens` over the time
-    elapsed, so once `elapsed > total max_tokens / stop_below` the rest cannot change the outcome
-    (`loadgen.run_scenario`). None: run to the end."""
+    stop: StopRule | None = None
+    """Stop the measured requests as soon as this scenario can no longer score what the rule asks (a screen's
+    early stop, `orchestrator.fidelity`: the candidate is screened out whatever the rest would measure): the
+    speedups its metrics can still reach, bounded while the requests run (`orchestrator.bench.bounds`),
+    multiplied, under `StopRule.below` (`loadgen.run_scenario`). None: run to the end."""
 
     @property
     def measured_requests(self) -> int:

@@ -138,7 +138,7 @@ class SearchProposer:
         """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
         it stops nothing. Every short score under it is stopped (Optuna's ThresholdPruner prunes a value
         below its `lower`), which is what lets a screen stop a short pass as soon as its score provably
-        ends under it (`orchestrator.fidelity`, `Screen.stop_below`)."""
+        ends under it (`orchestrator.fidelity`, `Screen.plan`)."""
         full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
         best = max((float(t.score) for t in full if t.status == "kept"), default=None)
         if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
