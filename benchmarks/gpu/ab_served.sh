@@ -5,7 +5,9 @@
 # BEFORE_DIR holds the "before" tree's examples/hfserve (carried: no git on the device), e.g. made here with
 #   echo /.before/ >> .git/info/exclude; rm -rf .before; mkdir .before; git archive REF examples/hfserve | tar -x -C .before
 # Both servers get the same flags (SERVE_FLAGS, default the fifth/sixth sessions' best setting); the
-# working tree's server runs second. Results in $OUT: rope_rows.json, ib_ab.json (+ the servers' logs).
+# working tree's server runs second; AFTER_FLAGS are appended to its flags only (argparse: the last one
+# wins), so BEFORE_DIR "." with AFTER_FLAGS="--kernels triton-mv" serves one tree two ways.
+# Results in $OUT: rope_rows.json, ib_ab.json (+ the servers' logs).
 set -u
 START=$SECONDS
 BEFORE=${1:?BEFORE_DIR}; LIMIT=${2:-230}; LB=${3:-main}; LA=${4:-new}
@@ -24,6 +26,6 @@ LEFT=$((LIMIT - (SECONDS - START) - 10))
 log "served A, B, C: $LB ($BEFORE) then $LA, ${LEFT}s"
 timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
   --only "${AB_ONLY:-prefill,decode,throughput}" --deadline-s $((LEFT - 25)) --ours-min-s 60 ${AB_EXTRA:-} \
-  --server "$LB={python} $BEFORE/examples/hfserve/server.py $ARGS" --server "$LA={python} examples/hfserve/server.py $ARGS"
+  --server "$LB={python} $BEFORE/examples/hfserve/server.py $ARGS" --server "$LA={python} examples/hfserve/server.py $ARGS ${AFTER_FLAGS:-}"
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 log done

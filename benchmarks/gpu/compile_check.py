@@ -9,6 +9,14 @@ and reads back each cubin's registers, local-memory spills and shared memory. It
 config does not compile, spills, or needs more shared memory than an H200 SM has (227 KB), so a
 kernel that the CPU interpreter runs but the GPU compiler rejects is caught before GPU time is spent.
 It also reports whether the weight loads are pipelined (``cp.async`` in the PTX).
+
+    python benchmarks/gpu/compile_check.py --mv [--arch 90] [--json out.json]
+
+``--mv`` instead compiles ``--kernels triton-mv``'s GEMV (kernels._gemv_kernel) at each 7B shape of
+kernels.MV_CONFIGS in its config, and MV_DEFAULT at an odd shape (N 1000, K 1000: the masked path), at
+M=1 as mv_linear launches it, through the JIT's own warm-up path (gemv_bench's ahead-of-time
+compile: the same specialisation as a launch), with the same checks (spills, shared memory, cp.async
+where STAGES > 1).
 """
 
 from __future__ import annotations
@@ -87,11 +95,44 @@ def problems(recs: list[dict]) -> list[str]:
     return bad
 
 
+MV_ODD_SHAPE = (1000, 1000)  # where MV_DEFAULT runs masked (N and K not whole tiles)
+
+
+def compile_mv(arch: int = 90) -> list[dict]:
+    """Every (shape, config) of kernels.MV_CONFIGS and MV_DEFAULT at MV_ODD_SHAPE, compiled for sm_<arch>
+    by gemv_bench's ``_compile_job`` (the JIT's warm-up path, as a launch at M=1 specialises it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gemv_bench
+    import kernels
+
+    out = []
+    for (n, k), c in [*kernels.MV_CONFIGS.items(), (MV_ODD_SHAPE, kernels.MV_DEFAULT)]:
+        cfg = gemv_bench.Cfg(c.block_n, c.block_k, c.warps, c.stages, 1, c.reduce_each, c.evict)
+        rec = gemv_bench._compile_job(gemv_bench.variant(cfg, 1) + (1,), n, k, arch, True)
+        rec.update(N=n, K=k, cfg=c.label())
+        out.append(rec)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--json", default="")
+    ap.add_argument("--mv", action="store_true", help="the triton-mv GEMV's configs instead (kernels.MV_CONFIGS)")
     args = ap.parse_args(argv)
+    if args.mv:
+        import gemv_bench  # compile_mv put it on the path
+
+        recs = compile_mv(args.arch)
+        for r in recs:
+            print(json.dumps(r))
+        if args.json:
+            Path(args.json).write_text(json.dumps(recs, indent=2) + "\n")
+        bad = gemv_bench.aot_problems(recs)
+        for b in bad:
+            print("PROBLEM", b)
+        print(f"{len(recs) - len(bad)} of {len(recs)} triton-mv configs compile for sm_{args.arch} cleanly")
+        return 1 if bad else 0
     recs = compile_all(args.arch)
     for r in recs:
         print(json.dumps(r))

@@ -10,7 +10,8 @@ Mistral-7B decode shapes (``SHAPES``: fused QKV, O, fused gate_up, down, lm_head
 
 * cuBLAS through torch: ``F.linear(x, W)`` (what the engine calls: the baseline every ratio is against),
   ``torch.matmul(x, W.t())`` and, at M=1, ``torch.mv(W, x[0])``;
-* ``gemv()``: a plain (unfused) Triton GEMV, one program per BLOCK_N rows of W and per K split. Each
+* ``gemv()``: a plain (unfused) Triton GEMV (``_gemv_kernel``, kept in examples/hfserve/kernels.py,
+  where ``--kernels triton-mv`` serves with it), one program per BLOCK_N rows of W and per K split. Each
   program streams [BLOCK_N, BLOCK_K] tiles of W along K (contiguous: 16-byte vector loads, the rows of a
   warp side by side), multiplies them in fp32 by the matching slice of each of the M rows of x (held in
   L2/L1), and accumulates either a [BLOCK_N, BLOCK_K] fp32 tile reduced once at the end (REDUCE_EACH
@@ -89,7 +90,6 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 LAYERS = 32
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -108,96 +108,22 @@ FIRST_CALL_S: list[float] = []  # per config, the first launch's seconds (~ms wh
 INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
-# Reductions through tl.reduce with a combine function of our own and zeros through tl.full, not
-# tl.sum / tl.zeros: those are @jit functions of triton's standard library, fixed as compiled or
-# interpreted when triton is first imported (see examples/hfserve/kernels.py), so a test process that
-# imported triton before setting TRITON_INTERPRET could not run them on the CPU. Same code on the GPU.
-@triton.jit
-def _add(a, b):
-    return a + b
+# The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in examples/hfserve/kernels.py,
+# where the engine's ``--kernels triton-mv`` launches them; this script tunes and times them. Under the
+# interpreter they must be kernels.py's interpreted ones: a kernels module imported earlier with compiled
+# kernels (a test process) is reloaded in place with TRITON_INTERPRET set, as tests/examples/triton_interp does.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
+import kernels  # noqa: E402
 
+if INTERPRET:
+    import importlib  # noqa: E402
 
-@triton.jit
-def _row_fma(acc, w, X, ko, m: tl.constexpr, M, s_xm, km, EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
-    # acc (+)= w * x[m, ko] for one row m of x: [BLOCK_N, BLOCK_K] kept, or reduced over K now.
-    if EVEN_K:
-        if m == 0:  # M >= 1: row 0 is always there
-            x = tl.load(X + ko).to(tl.float32)
-        else:
-            x = tl.load(X + m * s_xm + ko, mask=m < M, other=0.0).to(tl.float32)
-    else:
-        x = tl.load(X + m * s_xm + ko, mask=km & (m < M), other=0.0).to(tl.float32)
-    p = w * x[None, :]
-    if REDUCE_EACH:
-        acc = acc + tl.reduce(p, 1, _add)
-    else:
-        acc = acc + p
-    return acc
+    from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-
-@triton.jit
-def _store_row(P, acc, rn, nm, m: tl.constexpr, M, s_pm, REDUCE_EACH: tl.constexpr):
-    if not REDUCE_EACH:
-        acc = tl.reduce(acc, 1, _add)
-    tl.store(P + m * s_pm + rn, acc.to(P.dtype.element_ty), mask=nm & (m < M))
-
-
-@triton.jit(do_not_specialize=["NT"])
-def _gemv_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):
-    # P[pid_k, m, n] = sum over this program's K range (NT tiles of BLOCK_K from pid_k * NT * BLOCK_K)
-    # of x[m, k] * W[n, k], for its BLOCK_N rows n; BLOCK_M in {1, 2, 4} rows of x (M <= BLOCK_M).
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    nm = rn < N
-    k_lo = pid_k * NT * BLOCK_K  # a multiple of BLOCK_K by construction: the W loads stay 16-byte aligned
-    wp = W + rn.to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
-    if REDUCE_EACH:
-        a0 = tl.full([BLOCK_N], 0.0, tl.float32)
-    else:
-        a0 = tl.full([BLOCK_N, BLOCK_K], 0.0, tl.float32)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    for t in tl.range(0, NT, num_stages=STAGES):
-        ko = k_lo + t * BLOCK_K + rk
-        km = ko < K
-        if EVEN_N and EVEN_K:
-            w = tl.load(wp, eviction_policy=EVICT)
-        elif EVEN_K:
-            w = tl.load(wp, mask=nm[:, None], other=0.0, eviction_policy=EVICT)
-        else:
-            w = tl.load(wp, mask=nm[:, None] & km[None, :], other=0.0, eviction_policy=EVICT)
-        w = w.to(tl.float32)
-        a0 = _row_fma(a0, w, X, ko, 0, M, s_xm, km, EVEN_K, REDUCE_EACH)
-        if BLOCK_M > 1:
-            a1 = _row_fma(a1, w, X, ko, 1, M, s_xm, km, EVEN_K, REDUCE_EACH)
-        if BLOCK_M > 2:
-            a2 = _row_fma(a2, w, X, ko, 2, M, s_xm, km, EVEN_K, REDUCE_EACH)
-            a3 = _row_fma(a3, w, X, ko, 3, M, s_xm, km, EVEN_K, REDUCE_EACH)
-        wp += BLOCK_K
-    P += pid_k * s_pk
-    _store_row(P, a0, rn, nm, 0, M, s_pm, REDUCE_EACH)
-    if BLOCK_M > 1:
-        _store_row(P, a1, rn, nm, 1, M, s_pm, REDUCE_EACH)
-    if BLOCK_M > 2:
-        _store_row(P, a2, rn, nm, 2, M, s_pm, REDUCE_EACH)
-        _store_row(P, a3, rn, nm, 3, M, s_pm, REDUCE_EACH)
-
-
-@triton.jit(do_not_specialize=["SPLIT"])
-def _splitk_reduce_kernel(P, Y, N, SPLIT, s_pk, s_pm, s_ym, BLOCK: tl.constexpr):
-    # Y[m, n] = bf16(sum over s of P[s, m, n]), s in order: deterministic.
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = tl.program_id(1)
-    nm = rn < N
-    acc = tl.full([BLOCK], 0.0, tl.float32)
-    for s in range(SPLIT):
-        acc += tl.load(P + s * s_pk + m * s_pm + rn, mask=nm, other=0.0)
-    tl.store(Y + m * s_ym + rn, acc.to(Y.dtype.element_ty), mask=nm)
+    if not isinstance(kernels._gemv_kernel, InterpretedFunction):
+        kernels = importlib.reload(kernels)
+_gemv_kernel = kernels._gemv_kernel
+_splitk_reduce_kernel = kernels._splitk_reduce_kernel
 
 
 @dataclass(frozen=True, order=True)

@@ -25,6 +25,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   ``--kernels triton-gemv`` is ``triton`` plus, at decode batch <= 16, the QKV and gate/up
   projections as Triton GEMVs with the residual add + RMSNorm in their prologue and RoPE + KV store
   or SwiGLU in their epilogue: 6 launches per layer instead of 10 (:meth:`FastModel._decode_gemv`).
+  ``--kernels triton-mv`` is ``triton`` with, at decode batch 1, the QKV, O, gate/up, down and lm_head
+  projections as a plain Triton GEMV tuned per shape (kernels.mv_linear; faster than cuBLAS at M=1).
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -132,9 +134,10 @@ class FastModel:
         self.prefill_attn = how
 
     def set_kernels(self, kernels: str) -> None:
-        """``"torch"`` (the plain code), ``"triton"`` (kernels.py) or ``"triton-gemv"`` (the same, and at
+        """``"torch"`` (the plain code), ``"triton"`` (kernels.py), ``"triton-gemv"`` (the same, and at
         decode batch <= 16 the QKV and gate/up GEMVs fused with norm, RoPE + store, SwiGLU:
-        :meth:`_decode_gemv`); graphs keep what they captured."""
+        :meth:`_decode_gemv`) or ``"triton-mv"`` (``triton``, and at decode batch 1 the five projections
+        as plain Triton GEMVs: kernels.mv_linear in :meth:`_decode_fused`); graphs keep what they captured."""
         self.ops = kernels_mod.get_ops(kernels)
         self.kernels = kernels
 
@@ -318,15 +321,18 @@ class FastModel:
         that stops at each row's position, each residual add fused with the norm after it, SwiGLU
         in one kernel. Same static shapes and no host syncs: graph-capturable."""
         ops, B, n = self.ops, tokens.shape[0], len(self.layers)
+        # --kernels triton-mv: the five projections through kernels.mv_linear (at batch <= MV_MAX_ROWS a
+        # Triton GEMV with the config tuned for its shape; otherwise x @ w.t(), as here for the rest).
+        lin = kernels_mod.mv_linear if self.kernels == "triton-mv" else _linear
         x = self.embed[tokens]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
         for li, L in enumerate(self.layers):
-            q = ops.rope_store(h @ L["qkv"].t(), self.cos, self.sin, pos, self.K, self.V, li)
+            q = ops.rope_store(lin(h, L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
             o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale)
-            x, h = ops.add_rmsnorm(x, o @ L["o"].t(), L["ln2"], self.eps)
-            d = ops.silu_mul(h @ L["gu"].t(), self.inter) @ L["down"].t()
+            x, h = ops.add_rmsnorm(x, lin(o, L["o"]), L["ln2"], self.eps)
+            d = lin(ops.silu_mul(lin(h, L["gu"]), self.inter), L["down"])
             x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm, self.eps)
-        logits = (h @ self.lm_head.t()).float()
+        logits = lin(h, self.lm_head).float()
         return logits, torch.argmax(logits, dim=-1)
 
     def _decode_gemv(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,6 +363,10 @@ class FastModel:
         """Copy one sequence's KV (all layers) from slot ``src`` to ``dst``."""
         self.K[:, dst, :, :length] = self.K[:, src, :, :length]
         self.V[:, dst, :, :length] = self.V[:, src, :, :length]
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w.t()
 
 
 class GraphDecoder:

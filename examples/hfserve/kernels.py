@@ -72,7 +72,18 @@ programs of 256 bytes each. ``_rope_store_rows_kernel`` does the same arithmetic
 per program (4 warps, 128-bit loads, 48 registers for sm_90): *prediction* 3.21 -> ~1.0 ms per A prefill
 (-2.2 ms of TTFT), 26.1 -> ~7.6 ms in C's packed burst; decode (< ROPE_ROWS_MIN rows) is unchanged.
 
-``get_ops("torch" | "triton" | "triton-gemv")`` returns the same five callables each way, so FastModel can take a
+Engine step 7 (``--kernels triton-mv``; written before measuring, *prediction*): ``triton``'s decode step
+with its five projections (QKV, O, gate/up, down, lm_head) at batch 1 (``MV_MAX_ROWS``) through
+``mv_linear``: ``_gemv_kernel``, a plain Triton GEMV (moved here from benchmarks/gpu/gemv_bench.py), one
+launch per projection with the config tuned per 7B shape on the H200 (``MV_CONFIGS``; no autotuning at
+run time). gemv_bench measured it (results/gemv_2026-12-03h.json, graph time per call, Triton vs cuBLAS):
+QKV 13.9 vs 15.4 us, O 10.2 vs 13.2, gate_up 54.0 vs 55.5, down 28.4 vs 31.4, lm_head 60.0 vs 63.9; the
+32 layers' four projections in one graph 3.408 vs 3.712 ms: -0.309 ms per decode step with the lm_head.
+At M=2 Triton loses gate_up and at M=4 every shape, so batch >= 2 keeps cuBLAS. *Prediction*: B's graph
+step -0.31 ms, served B TPOT 4.59 -> ~4.28 ms; A unchanged (prefill untouched); C unchanged (batch 64
+keeps cuBLAS).
+
+``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
 KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
@@ -99,7 +110,8 @@ except ImportError:  # the torch ops need no triton
 __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "rope_store_ref", "decode_attn_ref",
            "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "decode_attn_partials",
            "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON", "GEMV_MAX_ROWS",
-           "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref"]
+           "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref",
+           "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref"]
 
 HAVE_TRITON = triton is not None
 
@@ -546,6 +558,95 @@ if HAVE_TRITON:
                                            (32, 256, 4, 3), (64, 128, 8, 3), (16, 256, 8, 4), (32, 128, 8, 5))]
     _norm_gemv2_tuned = triton.autotune(configs=_GEMV_CONFIGS, key=["N2", "K", "EPI"])(_norm_gemv2_kernel)
 
+    # -- engine step 7 (``--kernels triton-mv``): a plain GEMV, y = x @ W.T, W [N, K] row-major ---------
+    # Moved here from benchmarks/gpu/gemv_bench.py (which imports them back and tunes them): one program
+    # per BLOCK_N rows of W (and per K split); each streams [BLOCK_N, BLOCK_K] tiles of W along K
+    # (16-byte vector loads), multiplies them in float32 by the matching slice of each of the M <= 4
+    # rows of x and accumulates either a [BLOCK_N, BLOCK_K] tile reduced once at the end (REDUCE_EACH
+    # off) or a [BLOCK_N] vector reduced per tile (on). STAGES > 1 pipelines the W tiles through shared
+    # memory (cp.async, ``tl.range(num_stages=...)``); EVICT "evict_first" marks the W loads streaming.
+    # Split-K (the bench's): SPLIT_K programs per N block write float32 partials [SPLIT_K, M, N] that
+    # _splitk_reduce_kernel sums in a fixed order. ``mv_linear`` uses one split (P is y itself).
+
+    @triton.jit
+    def _row_fma(acc, w, X, ko, m: tl.constexpr, M, s_xm, km, EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr):
+        # acc (+)= w * x[m, ko] for one row m of x: [BLOCK_N, BLOCK_K] kept, or reduced over K now.
+        if EVEN_K:
+            if m == 0:  # M >= 1: row 0 is always there
+                x = tl.load(X + ko).to(tl.float32)
+            else:
+                x = tl.load(X + m * s_xm + ko, mask=m < M, other=0.0).to(tl.float32)
+        else:
+            x = tl.load(X + m * s_xm + ko, mask=km & (m < M), other=0.0).to(tl.float32)
+        p = w * x[None, :]
+        if REDUCE_EACH:
+            acc = acc + tl.reduce(p, 1, _add)
+        else:
+            acc = acc + p
+        return acc
+
+    @triton.jit
+    def _store_row(P, acc, rn, nm, m: tl.constexpr, M, s_pm, REDUCE_EACH: tl.constexpr):
+        if not REDUCE_EACH:
+            acc = tl.reduce(acc, 1, _add)
+        tl.store(P + m * s_pm + rn, acc.to(P.dtype.element_ty), mask=nm & (m < M))
+
+    @triton.jit(do_not_specialize=["NT"])
+    def _gemv_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                     EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):
+        # P[pid_k, m, n] = sum over this program's K range (NT tiles of BLOCK_K from pid_k * NT * BLOCK_K)
+        # of x[m, k] * W[n, k], for its BLOCK_N rows n; BLOCK_M in {1, 2, 4} rows of x (M <= BLOCK_M).
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        nm = rn < N
+        k_lo = pid_k * NT * BLOCK_K  # a multiple of BLOCK_K by construction: the W loads stay 16-byte aligned
+        wp = W + rn.to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
+        if REDUCE_EACH:
+            a0 = tl.full([BLOCK_N], 0.0, tl.float32)
+        else:
+            a0 = tl.full([BLOCK_N, BLOCK_K], 0.0, tl.float32)
+        a1 = a0
+        a2 = a0
+        a3 = a0
+        for t in tl.range(0, NT, num_stages=STAGES):
+            ko = k_lo + t * BLOCK_K + rk
+            km = ko < K
+            if EVEN_N and EVEN_K:
+                w = tl.load(wp, eviction_policy=EVICT)
+            elif EVEN_K:
+                w = tl.load(wp, mask=nm[:, None], other=0.0, eviction_policy=EVICT)
+            else:
+                w = tl.load(wp, mask=nm[:, None] & km[None, :], other=0.0, eviction_policy=EVICT)
+            w = w.to(tl.float32)
+            a0 = _row_fma(a0, w, X, ko, 0, M, s_xm, km, EVEN_K, REDUCE_EACH)
+            if BLOCK_M > 1:
+                a1 = _row_fma(a1, w, X, ko, 1, M, s_xm, km, EVEN_K, REDUCE_EACH)
+            if BLOCK_M > 2:
+                a2 = _row_fma(a2, w, X, ko, 2, M, s_xm, km, EVEN_K, REDUCE_EACH)
+                a3 = _row_fma(a3, w, X, ko, 3, M, s_xm, km, EVEN_K, REDUCE_EACH)
+            wp += BLOCK_K
+        P += pid_k * s_pk
+        _store_row(P, a0, rn, nm, 0, M, s_pm, REDUCE_EACH)
+        if BLOCK_M > 1:
+            _store_row(P, a1, rn, nm, 1, M, s_pm, REDUCE_EACH)
+        if BLOCK_M > 2:
+            _store_row(P, a2, rn, nm, 2, M, s_pm, REDUCE_EACH)
+            _store_row(P, a3, rn, nm, 3, M, s_pm, REDUCE_EACH)
+
+    @triton.jit(do_not_specialize=["SPLIT"])
+    def _splitk_reduce_kernel(P, Y, N, SPLIT, s_pk, s_pm, s_ym, BLOCK: tl.constexpr):
+        # Y[m, n] = sum over s of P[s, m, n], s in order (deterministic), rounded to Y's dtype.
+        rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = tl.program_id(1)
+        nm = rn < N
+        acc = tl.full([BLOCK], 0.0, tl.float32)
+        for s in range(SPLIT):
+            acc += tl.load(P + s * s_pk + m * s_pm + rn, mask=nm, other=0.0)
+        tl.store(Y + m * s_ym + rn, acc.to(Y.dtype.element_ty), mask=nm)
+
 
 def _need_triton() -> None:
     if not HAVE_TRITON:
@@ -815,6 +916,88 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
     return o
 
 
+# -- engine step 7: the decode step's projections at batch 1 as a plain Triton GEMV -----------------
+
+MV_MAX_ROWS = 1  # mv_linear's kernel serves one row only: at M=2 it loses gate_up, at M=4 every shape
+
+
+@dataclass(frozen=True)
+class MvCfg:
+    """One ``_gemv_kernel`` launch configuration (one K split: no partials, no second launch)."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    reduce_each: bool = True
+    evict: str = "evict_first"
+
+    def label(self) -> str:
+        """gemv_bench's label: n=BLOCK_N k=BLOCK_K w=warps s=stages x=split r/d=REDUCE_EACH on/off e=evict_first."""
+        return (f"n{self.block_n}k{self.block_k}w{self.warps}s{self.stages}x1"
+                f"{'r' if self.reduce_each else 'd'}{'e' if self.evict else ''}")
+
+
+# The best config per 7B decode shape (N, K) at M=1, tuned by benchmarks/gpu/gemv_bench.py on the H200
+# (results/gemv_2026-12-03h.json; graph time, Triton vs cuBLAS, us). Looked up, never tuned at run time.
+MV_CONFIGS = {
+    (6144, 4096): MvCfg(16, 1024, 8, 1, True, "evict_first"),  # fused QKV   13.9 vs 15.4
+    (4096, 4096): MvCfg(8, 512, 4, 3, False, ""),  # O            10.2 vs 13.2
+    (28672, 4096): MvCfg(8, 512, 4, 1, True, "evict_first"),  # fused gate_up 54.0 vs 55.5
+    (4096, 14336): MvCfg(8, 512, 2, 3, False, "evict_first"),  # down         28.4 vs 31.4
+    (32000, 4096): MvCfg(8, 512, 2, 1, True, "evict_first"),  # lm_head      60.0 vs 63.9
+}
+# Other shapes: gate_up's config (BLOCK_K 512 as four of the five winners; per-tile reduction and no
+# shared-memory pipeline: the fewest registers and no smem, so it launches at any N and K).
+MV_DEFAULT = MvCfg(8, 512, 4, 1, True, "evict_first")
+_MV_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def mv_config(n: int, k: int) -> MvCfg:
+    """The launch configuration for W [n, k]: the table's, or :data:`MV_DEFAULT`."""
+    return MV_CONFIGS.get((n, k), MV_DEFAULT)
+
+
+def mv_linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.t()``: what FastModel's projections are (cuBLAS on the GPU)."""
+    return x @ w.t()
+
+
+def mv_gemv(x: torch.Tensor, w: torch.Tensor, cfg: MvCfg, nt_short: int = 0) -> torch.Tensor:
+    """x [M <= 4, K] @ w [N, K].T -> [M, N] in x's dtype by one ``_gemv_kernel`` launch with ``cfg``.
+    ``nt_short`` runs each program that many K tiles short (the tests' deliberately wrong kernel)."""
+    _need_triton()
+    M, K = x.shape
+    N = w.shape[0]
+    assert 1 <= M <= 4 and x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == K
+    nt = triton.cdiv(K, cfg.block_k)
+    # One output allocation per call, of a fixed size: under a CUDA graph it comes from the graph's
+    # pool at capture, the same address every replay (as every kernel here allocates its output).
+    y = (torch.zeros if nt_short else torch.empty)((M, N), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(N, cfg.block_n), 1)](
+        x, w, y, M, N, K, nt - nt_short, x.stride(0), w.stride(0), 0, y.stride(0),
+        BLOCK_M=1 if M == 1 else 2 if M == 2 else 4, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_N=N % cfg.block_n == 0, EVEN_K=K == nt * cfg.block_k, REDUCE_EACH=cfg.reduce_each,
+        EVICT=cfg.evict, STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages)
+    return y
+
+
+def mv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.t()``; for one row (M <= :data:`MV_MAX_ROWS`), contiguous, same dtype, on CUDA (or under
+    the CPU interpreter) by the Triton GEMV with :func:`mv_config`'s launch configuration, else by torch.
+
+    No host sync, no autotuning, one fixed-size output: capturable in a CUDA graph."""
+    if (HAVE_TRITON and x.dim() == 2 and 1 <= x.shape[0] <= MV_MAX_ROWS and x.dtype == w.dtype
+            and x.dtype in _MV_DTYPES and x.is_contiguous() and w.is_contiguous() and x.shape[1] == w.shape[1]
+            and (x.is_cuda or _interpreting())):
+        return mv_gemv(x, w, mv_config(w.shape[0], w.shape[1]))
+    return x @ w.t()
+
+
 # -- selector -----------------------------------------------------------------------------------
 
 
@@ -837,12 +1020,16 @@ _OPS = {
     # gate/up GEMMs as norm_qkv_rope / norm_gu_silu (norm in the prologue, RoPE + KV store or SwiGLU
     # in the epilogue): 6 launches per layer instead of 10.
     "triton-gemv": Ops("triton-gemv", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
+    # The same ops; FastModel's decode step at batch <= MV_MAX_ROWS runs its five projections (QKV, O,
+    # gate/up, down, lm_head) through mv_linear (a plain Triton GEMV) instead of cuBLAS.
+    "triton-mv": Ops("triton-mv", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
 }
 
 
 def get_ops(name: str) -> Ops:
-    """``"torch"`` (FastModel's current arithmetic), ``"triton"`` (the fused kernels) or ``"triton-gemv"``
-    (the same, and the decode step's QKV and gate/up GEMVs fused with their neighbours)."""
+    """``"torch"`` (FastModel's current arithmetic), ``"triton"`` (the fused kernels), ``"triton-gemv"``
+    (the same, and the decode step's QKV and gate/up GEMVs fused with their neighbours) or ``"triton-mv"``
+    (``triton``, and the decode step's projections at batch 1 as plain Triton GEMVs: :func:`mv_linear`)."""
     if name not in _OPS:
         raise ValueError(f"unknown kernels {name!r}; choose from {sorted(_OPS)}")
     if name != "torch":

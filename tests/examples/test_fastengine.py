@@ -277,6 +277,53 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
     assert close(run("triton-gemv"), want) and calls
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
+    """kernels="triton-mv": a batch-1 decode step runs its five projections per layer (QKV, O, gate/up,
+    down; lm_head once) through kernels.mv_gemv (the Triton GEMV) and equals kernels="triton" (logits
+    within the step tolerance, the greedy id, the KV pool); the same check catches the GEMV run one K
+    tile short; at batch 2 (> MV_MAX_ROWS) the step is triton's, bit for bit, without a GEMV launch."""
+    import kernels
+
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm, prompts = _prefilled(dtype)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+
+    def run(kern: str, b: int) -> tuple[torch.Tensor, list[int]]:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels(kern)
+        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
+        try:
+            logits, ids = dec.step([int(p[-1]) for p in prompts[:b]], [len(p) - 1 for p in prompts[:b]])
+            return logits[:b].clone(), ids
+        finally:
+            fm.set_kernels("torch")
+
+    want, want_ids = run("triton", 1)
+    Kw, Vw = fm.K.clone(), fm.V.clone()
+    cfgs, real = [], kernels.mv_gemv
+    monkeypatch.setattr(kernels, "mv_gemv", lambda x, w, cfg, **kw: cfgs.append(tuple(w.shape)) or real(x, w, cfg, **kw))
+    got, got_ids = run("triton-mv", 1)
+    n = len(fm.layers)
+    assert len(cfgs) == 4 * n + 1 and cfgs[-1] == tuple(fm.lm_head.shape)  # every projection a GEMV launch
+    assert close(got, want), (got - want).abs().max()
+    assert got_ids == want_ids
+    assert close(fm.K, Kw) and close(fm.V, Vw)  # the K/V rows the QKV GEMV produced
+    monkeypatch.setattr(kernels, "mv_gemv", lambda x, w, cfg, **kw: real(x, w, cfg, nt_short=1))
+    assert not close(run("triton-mv", 1)[0], want)  # both ways: the GEMV one K tile short is caught
+    monkeypatch.setattr(kernels, "mv_gemv", real)
+    cfgs.clear()
+    want2, _ = run("triton", 2)
+    got2, _ = run("triton-mv", 2)
+    assert torch.equal(got2, want2) and not cfgs
+
+
 # -- packed prefill (several prompts, one forward pass) and the fused prefill RoPE + attention -----
 
 

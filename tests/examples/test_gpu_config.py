@@ -93,27 +93,29 @@ def test_kernels_knob_and_engine_steps() -> None:
 
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     knob = target.knobs["kernels"]
-    assert (knob.type, list(knob.choices), knob.default, knob.flag) == ("categorical", ["torch", "triton", "triton-gemv"],
+    assert (knob.type, list(knob.choices), knob.default, knob.flag) == ("categorical", ["torch", "triton", "triton-gemv",
+                                                                         "triton-mv"],
                                                                         "torch",
                                                                         "--kernels")
     assert knob.when == {"engine": "fast-graphs"}
     assert "kernels" not in target.baseline_knobs()  # the naive baseline has no such knob
     steps = json.loads((GPU / "engine_steps.json").read_text())
     full = [target.validate_knobs(s["knobs"]) for s in steps]
-    assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton", "triton-gemv"]
+    assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton", "triton-gemv", "triton-mv"]
     assert [(k["max_batch_size"], k["prefill_pack"], k["prefill_attn"]) for k in full] == [
-        (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused"), (64, 32768, "fused")]
+        (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused"), (64, 32768, "fused"),
+        (64, 32768, "fused")]
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
     args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
-    assert (args.kernels, args.cuda_graphs, args.engine) == ("triton-gemv", "on", "fast")
+    assert (args.kernels, args.cuda_graphs, args.engine) == ("triton-mv", "on", "fast")
     assert (args.max_batch_size, args.prefill_pack, args.prefill_attn) == (64, 32768, "fused")
 
 
 @pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])
 def test_server_refuses_triton_kernels_without_graphs(argv: list[str]) -> None:
     parse = _server_parser()
-    for kern in ("triton", "triton-gemv"):
+    for kern in ("triton", "triton-gemv", "triton-mv"):
         with pytest.raises(SystemExit, match=f"--kernels {kern} needs --engine fast --cuda-graphs on"):
             parse(["--model", "/m", "--port", "1", "--kernels", kern, *argv])
     assert parse(["--model", "/m", "--port", "1", *argv]).kernels == "torch"

@@ -341,6 +341,7 @@ def test_get_ops() -> None:
     assert K.get_ops("torch").rmsnorm is K.rmsnorm_ref
     assert K.get_ops("triton").decode_attn is K.decode_attn
     assert K.get_ops("triton-gemv").rope_store is K.rope_store and K.get_ops("triton-gemv").name == "triton-gemv"
+    assert K.get_ops("triton-mv").decode_attn is K.decode_attn and K.get_ops("triton-mv").name == "triton-mv"
     with pytest.raises(ValueError, match="unknown kernels"):
         K.get_ops("cuda-c")
 
@@ -504,3 +505,80 @@ def test_launches_per_layer() -> None:
     assert (res["triton-gemv"]["per_layer"], res["triton-gemv"]["fixed"]) == (6, 5)
     assert res["triton-gemv"]["layer_ops"] == {"triton.norm_gemv2_kernel": 2, "triton.decode_attn_split_kernel": 1,
                                                "triton.attn_reduce_kernel": 1, "aten.matmul": 2}
+
+
+# -- engine step 7: the plain GEMV behind --kernels triton-mv --------------------------------------
+
+MV_SHAPES = {"ragged": (37, 600), "even": (32, 1024)}  # N, K off and on whole tiles (the masks / unmasked)
+
+
+def _mv_case(dtype: torch.dtype, n: int, k: int, m: int = 1, seed: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _rand(m, k, dtype=dtype, seed=seed)
+    w = (torch.randn(n, k, generator=torch.Generator().manual_seed(seed + 1)) * k ** -0.5).to(dtype)
+    return x, w
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mv_gemv_every_config_equals_matmul(dtype) -> None:
+    """Each config of MV_CONFIGS (the five 7B shapes' launch configurations) and MV_DEFAULT computes
+    x @ w.t() at one row, on a ragged and an even tiny shape; both ways: the same config run one K
+    tile short (as gemv_bench's skip_k_tile) is caught by the same check."""
+    for name, (n, k) in MV_SHAPES.items():
+        x, w = _mv_case(dtype, n, k)
+        want = K.mv_linear_ref(x, w)
+        for cfg in [*K.MV_CONFIGS.values(), K.MV_DEFAULT]:
+            got = K.mv_gemv(x, w, cfg)
+            assert got.shape == (1, n) and got.dtype == dtype
+            assert close(got, want, dtype), (name, cfg.label(), (got.float() - want.float()).abs().max())
+            assert not close(K.mv_gemv(x, w, cfg, nt_short=1), want, dtype), (name, cfg.label())
+
+
+def test_mv_linear_picks_the_table_and_falls_back() -> None:
+    """mv_linear at one row launches mv_gemv with the table's config for a listed (N, K) and MV_DEFAULT
+    elsewhere (bit for bit mv_gemv's output); more rows than MV_MAX_ROWS or a non-contiguous x fall back
+    to x @ w.t() exactly, without a launch."""
+    x, w = _mv_case(torch.bfloat16, *MV_SHAPES["ragged"])
+    assert torch.equal(K.mv_linear(x, w), K.mv_gemv(x, w, K.MV_DEFAULT))
+    seen = []
+    real = K.mv_gemv
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "mv_gemv", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
+        x2, _ = _mv_case(torch.bfloat16, *MV_SHAPES["ragged"], m=K.MV_MAX_ROWS + 1)
+        assert torch.equal(K.mv_linear(x2, w), x2 @ w.t())
+        xs = _rand(600, 2, dtype=torch.bfloat16, seed=3).t()[:1]  # [1, 600], stride 2 along K
+        assert torch.equal(K.mv_linear(xs, w), xs @ w.t())
+        assert not seen
+        K.mv_linear(x, w)
+        assert seen == [K.MV_DEFAULT]  # the spy sees a launch: the fallbacks above were real fallbacks
+        qkv_cfg = K.MV_CONFIGS[(6144, 4096)]
+        mp.setitem(K.MV_CONFIGS, MV_SHAPES["ragged"], qkv_cfg)  # this shape listed: its config is used
+        K.mv_linear(x, w)
+        assert seen == [K.MV_DEFAULT, qkv_cfg] and qkv_cfg != K.MV_DEFAULT
+
+
+def test_mv_configs_are_the_measured_winners() -> None:
+    """MV_CONFIGS holds, per 7B shape, the config gemv_bench found fastest at M=1 on the H200
+    (results/gemv_2026-12-03h.json), each of which beat cuBLAS there."""
+    import json
+
+    res = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "results"
+                      / "gemv_2026-12-03h.json").read_text())
+    best = {(r["N"], r["K"]): r for r in res["cases"] if r["M"] == 1}
+    assert set(K.MV_CONFIGS) == set(best) and K.MV_MAX_ROWS == 1
+    for key, cfg in K.MV_CONFIGS.items():
+        assert cfg.label() == best[key]["best_label"]
+        assert best[key]["triton_graph_us"] < best[key]["linear_graph_us"]
+
+
+def test_mv_configs_compile_for_the_h200() -> None:
+    """benchmarks/gpu/compile_check.py --mv: the five table configs at their 7B shapes and MV_DEFAULT at
+    a masked shape compile for sm_90 (Triton's ptxas) through the JIT's warm-up path: no spills, shared
+    memory within an SM, cp.async where STAGES > 1. A subprocess: compiled, not interpreted."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
+    if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("triton without its NVIDIA backend's ptxas")
+    res = subprocess.run([sys.executable, str(script), "--mv"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "6 of 6 triton-mv configs compile for sm_90 cleanly" in res.stdout
