@@ -517,7 +517,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
                       for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in shapes.items()}
     cases = [Case(name, n, k, m, weights[name], gen) for name, (n, k) in shapes.items() for m in MS]
     log(f"weights and references ready; waiting for {len(jobs1)} stage-1 compiles")
-    recs = _wait(futs)
+    recs = wait_compiled(None, futs)
     res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
                              "s": round(time.perf_counter() - t0, 1)}
     log(f"stage 1: {len(jobs1)} variants compiled")
@@ -535,7 +535,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     t = time.perf_counter()
     if device == "cuda" and pool is not None:
         futs = [pool.submit(_compile_job, j, 4096, 4096, arch, False) for j in jobs2]
-        recs = _wait(futs)
+        recs = wait_compiled(None, futs)
     res["pool"]["stage2"] = {"variants": len(jobs2), "errors": [r for r in recs if "error" in r][:5],
                              "s": round(time.perf_counter() - t, 1)}
     if pool is not None:
@@ -574,16 +574,6 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
                                    "p90": fc[int(0.9 * len(fc))] if fc else None, "sum": sum(fc)}
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     return res
-
-
-def _wait(futs) -> list[dict]:
-    recs = []
-    for f in futs:
-        try:
-            recs.append(f.result())
-        except Exception as exc:  # a dead worker: the timing process compiles what is missing itself
-            recs.append({"error": repr(exc)[:300]})
-    return recs
 
 
 def layer_sequence(cases: list[Case], rows: list[dict], weights: dict, reps: int, layers: int = LAYERS) -> dict:
