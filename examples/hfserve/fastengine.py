@@ -65,6 +65,11 @@ from loading import Phases, init_device, load_model
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
+SWITCH_INTERVAL_S = 0.0005
+"""--overlap-schedule's GIL switch interval (``sys.setswitchinterval``): how long the engine thread can
+wait for the GIL held by the event loop's streaming once a step's ids are in."""
+
+
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
@@ -391,6 +396,12 @@ class GraphDecoder:
         self.host_np = self.host.numpy()  # the same memory: a list goes in without a tensor built per step
         self.graphs: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self.pool = None
+        # --overlap-schedule: each step's ids copied out at once into one of two pinned buffers (two
+        # steps can be in flight), with an event the host waits on (see :meth:`copy_out`).
+        cuda = dev.type == "cuda"
+        self.out_host = [torch.zeros(max_batch, dtype=torch.long, pin_memory=cuda) for _ in range(2)]
+        self.out_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._flip = 0
 
     def _bucket(self, xs: list[int], n: int) -> int:
         return next(x for x in xs if x >= n)
@@ -427,18 +438,23 @@ class GraphDecoder:
         logits, ids = self.launch(tokens, positions)
         return logits, ids.tolist()  # the step's one device->host copy, the whole batch at once
 
-    def launch(self, tokens: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def launch(self, tokens: list[int] | None, positions: list[int],
+               prev: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`step` without waiting for it: the step is queued on the device and this returns at
-        once with (float logits [>=n, V], greedy ids [n] on the device); ``ids.tolist()`` waits."""
-        n = len(tokens)
+        once with (float logits [>=n, V], greedy ids [n] on the device); ``ids.tolist()`` waits.
+        ``tokens`` None: the input ids are ``prev``, the greedy ids of the step queued before (same rows,
+        same order), copied on the device: the host need not have read them (--overlap-schedule)."""
+        n = len(positions)
         b = self._bucket(self.batch_buckets, n)
         c = self._bucket(self.ctx_buckets, max(positions) + 1)
         h = self.host_np
-        h[0, :n] = tokens
+        h[0, :n] = tokens if tokens is not None else 0
         h[1, :n] = positions
         h[0, n:b] = 0
         h[1, n:b] = self.fm.scratch_pos  # padding rows write only the scratch position
         self.inp[:, :b].copy_(self.host[:, :b], non_blocking=True)
+        if tokens is None:
+            self._feed(prev, n)
         if self.use_graphs:
             graph, logits, ids = self._graph(b, c)
             graph.replay()
@@ -446,12 +462,53 @@ class GraphDecoder:
             logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
         return logits, ids[:n]
 
+    def _feed(self, prev: torch.Tensor, n: int) -> None:
+        """The next step's input ids from the last step's output, on the device (stream order: after
+        that step, before this one's replay overwrites a graph's output buffer)."""
+        self.inp[0, :n].copy_(prev, non_blocking=True)
+
+    def copy_out(self, ids: torch.Tensor) -> Any:
+        """Queue ``ids``' copy to pinned host memory right behind the step that writes them (before a
+        later replay of the same graph overwrites its output buffer); returns a handle whose
+        ``tolist()`` waits for the copy alone, with the GIL released (later steps may still run)."""
+        i, n = self._flip, ids.shape[0]
+        self._flip ^= 1
+        buf, ev = self.out_host[i][:n], self.out_events[i]
+        buf.copy_(ids, non_blocking=True)
+        if ev is not None:
+            ev.record()
+        return _HostIds(buf, ev)
+
+
+class _HostIds:
+    """A step's greedy ids on their way to pinned host memory (see :meth:`GraphDecoder.copy_out`)."""
+
+    __slots__ = ("buf", "ev")
+
+    def __init__(self, buf: torch.Tensor, ev: Any) -> None:
+        self.buf, self.ev = buf, ev
+
+    def tolist(self) -> list[int]:
+        if self.ev is not None:
+            self.ev.synchronize()  # releases the GIL while it waits
+        return self.buf.tolist()
+
+
+class _Ahead:
+    """A decode step on the device whose ids the host has not read: its rows (the sequences, in slot
+    order at its launch), its ids on the device (the next step's input) and their copy to the host."""
+
+    __slots__ = ("rows", "ids", "host")
+
+    def __init__(self, rows: list[_FSeq], ids: torch.Tensor, host: Any) -> None:
+        self.rows, self.ids, self.host = rows, ids, host
+
 
 class _FSeq:
-    __slots__ = ("req", "gen", "last", "pos", "done_prompt")
+    __slots__ = ("req", "gen", "last", "pos", "done_prompt", "done")
 
     def __init__(self, req: Any, gen: torch.Generator | None) -> None:
-        self.req, self.gen, self.last, self.pos, self.done_prompt = req, gen, 0, 0, 0
+        self.req, self.gen, self.last, self.pos, self.done_prompt, self.done = req, gen, 0, 0, 0, False
 
 
 class FastEngine:
@@ -460,7 +517,7 @@ class FastEngine:
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
-                 prefill_attn: str = "torch", phases: Phases | None = None) -> None:
+                 prefill_attn: str = "torch", overlap_schedule: bool = False, phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
         # `phases`: where the start-up's seconds go (server.py prints them as one line).
@@ -490,6 +547,12 @@ class FastEngine:
         self.chunk = max(0, int(prefill_chunk))
         self.pack = max(0, int(prefill_pack))
         self.decoder = GraphDecoder(self.fm, self.max_batch, cuda_graphs)
+        self.overlap = bool(overlap_schedule)
+        self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet
+        if self.overlap:
+            # The engine thread must win the GIL back within a fraction of a step when its ids are in,
+            # while the event loop streams the step before (CPython's default is 5 ms: ~a whole step).
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         with torch.inference_mode():
             secs = self.decoder.capture_all()
         if self.decoder.use_graphs:
@@ -525,6 +588,12 @@ class FastEngine:
                 wake(late)
                 late = []
             drain_jobs(self.jobs, pending, self._safe_score, block=not active and not pending and filling is None)
+            # A step launched ahead (--overlap-schedule) is read before a prefill changes the rows.
+            if self._ahead is not None and (pending or filling is not None) and len(active) < self.max_batch:
+                try:
+                    active = self._settle(active)
+                except Exception as exc:
+                    active = self._failed(exc, active, [])
             if late and (pending or filling is not None) and len(active) < self.max_batch:  # a prefill comes first
                 wake(late)
                 late = []
@@ -566,13 +635,18 @@ class FastEngine:
                 try:
                     active, late = self._decode(active, late)
                 except Exception as exc:
-                    print(f"hfserve: decode failed: {exc!r}", file=sys.stderr, flush=True)
-                    if late:
-                        wake(late)
-                        late = []
-                    for s in active:
-                        s.req.emit("error", str(exc))
-                    active = []
+                    active = self._failed(exc, active, late)
+                    late = []
+
+    def _failed(self, exc: Exception, active: list[_FSeq], late: list) -> list[_FSeq]:
+        """A decode step failed: stream what was queued, end every decoding request with the error."""
+        print(f"hfserve: decode failed: {exc!r}", file=sys.stderr, flush=True)
+        self._ahead = None
+        if late:
+            wake(late)
+        for s in active:
+            s.req.emit("error", str(exc))
+        return []
 
     def _generator(self, req: Any) -> torch.Generator | None:
         return request_generator(req, self.fm.device)
@@ -662,7 +736,15 @@ class FastEngine:
         launched: the event loop's streaming of a step's tokens (detokenize, SSE, one socket write
         per stream: ~2 ms at batch 64) then runs while the device computes the next step and the
         engine thread waits on its ids with the GIL released, instead of between the sync and the
-        next launch, where it held the GIL the launch needed (the device idle meanwhile)."""
+        next launch, where it held the GIL the launch needed (the device idle meanwhile).
+
+        With ``--overlap-schedule`` and every sequence greedy without logprobs, :meth:`_decode_ahead`
+        does the step instead (and returns no late requests)."""
+        if self.overlap and (self._ahead is not None or all(s.req.temperature <= 0 and s.req.logprobs is None
+                                                            for s in active)):
+            if late:  # a plain step came before: its events go now (the next launch is the first thing below)
+                wake(late)
+            return self._decode_ahead(active), []
         logits, ids = self.decoder.launch([s.last for s in active], [s.pos for s in active])
         if late:
             wake(late)
@@ -694,6 +776,81 @@ class FastEngine:
                 active[i] = active[last]
             active.pop()
         return active, step_reqs
+
+    # -- --overlap-schedule: the next decode step launched before this one's ids are read -------------
+
+    def _decode_ahead(self, active: list[_FSeq]) -> list[_FSeq]:
+        """One decode step for greedy sequences, with the *next* step already on the device when the
+        host reads this one's ids: its input ids are this step's output, copied on the device, so the
+        host's work per step (reading the ids, events, finish checks, the event loop's streaming) runs
+        while the device computes instead of between steps (SGLang's overlap scheduler, vLLM's async
+        scheduling). Steps stay in order on one stream; the tokens are the plain path's, bit for bit.
+
+        The step read here was launched by the call before (``self._ahead``), or now if none was. The
+        next one is launched for the same rows unless this one ends them all by length; if this step
+        finishes any row (a stop token, its length, a cancel), the next one is read too, its token
+        for a finished row dropped (one step of that row computed for nothing), and the rows are then
+        compacted as the plain path does. Returns the sequences still decoding."""
+        cur = self._ahead or self._launch_ahead(active, None)
+        nxt = None
+        if any(s.req.n_generated + 1 < s.req.max_tokens for s in active):
+            nxt = self._launch_ahead(active, cur)
+        self._ahead = None
+        wake(self._read_ahead(cur))
+        if nxt is not None and not any(s.done for s in active):
+            self._ahead = nxt
+            return active
+        if nxt is not None:
+            wake(self._read_ahead(nxt))
+        return self._compact(active)
+
+    def _launch_ahead(self, active: list[_FSeq], prev: _Ahead | None) -> _Ahead:
+        """Queue a step for ``active``: from the host's last tokens, or from ``prev``'s ids on the device
+        (``prev`` not read yet: the positions are one past the host's)."""
+        if prev is None:
+            _, ids = self.decoder.launch([s.last for s in active], [s.pos for s in active])
+        else:
+            _, ids = self.decoder.launch(None, [s.pos + 1 for s in active], prev=prev.ids)
+        return _Ahead(list(active), ids, self.decoder.copy_out(ids))
+
+    def _read_ahead(self, step: _Ahead) -> list:
+        """Wait for ``step``'s ids and queue their events, as the plain path does; a row already finished
+        at an earlier step gets nothing. Returns the requests to wake."""
+        toks = step.host.tolist()
+        reqs = []
+        eos = self.eos_ids
+        for s, tok in zip(step.rows, toks, strict=True):
+            if s.done:
+                continue
+            s.pos += 1
+            req = s.req
+            if req.cancelled:
+                s.done = True
+                continue
+            req.events.push("token", tok)
+            req.n_generated += 1
+            s.last = tok
+            if finish_check(req, tok, eos, notify=False):
+                s.done = True
+            reqs.append(req)
+        return reqs
+
+    def _settle(self, active: list[_FSeq]) -> list[_FSeq]:
+        """Read the step launched ahead (something other than a decode step comes next)."""
+        step, self._ahead = self._ahead, None
+        if step is not None:
+            wake(self._read_ahead(step))
+        return self._compact(active)
+
+    def _compact(self, active: list[_FSeq]) -> list[_FSeq]:
+        """Drop the finished rows, refilling their slots from the end (as :meth:`_decode` does)."""
+        for i in reversed([i for i, s in enumerate(active) if s.done]):
+            last = len(active) - 1
+            if i != last:
+                self.fm.move_slot(last, i, active[last].pos)
+                active[i] = active[last]
+            active.pop()
+        return active
 
     def _safe_score(self, job: Any) -> None:
         try:

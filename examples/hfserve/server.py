@@ -491,6 +491,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prefill-attn", choices=["torch", "fused"], default="torch",
                     help="fast engine: prefill RoPE + KV store as one Triton kernel over all packed rows and SDPA"
                          " reading the KV pool in place (GQA, no repeated copy); torch: rotate-half and copies")
+    ap.add_argument("--overlap-schedule", choices=["off", "on"], default="off",
+                    help="fast engine: launch each greedy decode step from the last step's ids on the device"
+                         " before the host reads them, so the host's per-step work (ids, events, streaming)"
+                         " overlaps the device step (SGLang's overlap scheduler, vLLM's async scheduling)")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
@@ -530,7 +534,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
-                          phases=phases)
+                          overlap_schedule=args.overlap_schedule == "on", phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device, load=args.load, phases=phases)

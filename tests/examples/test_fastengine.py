@@ -483,6 +483,7 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
     monkeypatch.setattr(fastengine, "wake", lambda reqs: (log.append(("wake", Decoder.k)), real_wake(reqs)))
     eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
     eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = Decoder(), {2}, 4, 0, 0
+    eng.overlap, eng._ahead = False, None
     eng.fm = type("FM", (), {"move_slot": lambda *a: None})()
     loop = asyncio.new_event_loop()
     reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=n, temperature=0.0, top_p=1.0, seed=None,
@@ -540,3 +541,119 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
     loop.close()
     assert time.perf_counter() - t0 < 10
     assert [len(got[0]), len(got[1])] == [3, 5] and got[0][-1] == got[1][-1] == "length"
+
+
+class _FakeDecoder:
+    """A decode step with no model: the next id of a row is ``(7 * token + position) % 97 + 3``, computed
+    when the step is launched (as the device would), read back by ``tolist()``; logs launches and reads."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.k = log, 0
+
+    def launch(self, tokens, positions, prev=None):
+        self.k += 1
+        src = tokens if tokens is not None else prev.tolist()  # prev: the device ids (no read logged)
+        self.log.append(("launch", self.k, len(positions), "host" if tokens is not None else "device"))
+        return None, torch.tensor([(7 * t + p) % 97 + 3 for t, p in zip(src, positions, strict=True)])
+
+    def copy_out(self, ids):
+        log, k = self.log, self.k
+
+        class Host:
+            def tolist(self):
+                log.append(("read", k))
+                return ids.tolist()
+
+        return Host()
+
+
+def _fake_engine(overlap: bool, log: list, moves: list):
+    import fastengine
+
+    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
+    eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = _FakeDecoder(log), {32}, 4, 0, 0
+    eng.overlap, eng._ahead = overlap, None
+    eng.fm = type("FM", (), {"move_slot": lambda self, *a: moves.append(a)})()
+    return eng
+
+
+def _fake_run(overlap: bool, specs: list[tuple[int, bool]]) -> tuple[dict, list, list]:
+    """Decode requests (max_tokens, ignore_eos) from token 11 at position 4 each until all finish."""
+    import asyncio
+
+    import engine as engine_mod
+    import fastengine
+
+    log: list = []
+    moves: list = []
+    eng = _fake_engine(overlap, log, moves)
+    loop = asyncio.new_event_loop()
+    reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=n, temperature=0.0, top_p=1.0, seed=None,
+                                  ignore_eos=ign, logprobs=None, loop=loop) for n, ign in specs]
+    active = []
+    for i, r in enumerate(reqs):
+        s = fastengine._FSeq(r, None)
+        s.last, s.pos, r.n_generated = 11 + i, 4, 1
+        active.append(s)
+    late: list = []
+    while active:
+        active, late = eng._decode(active, late)
+    loop.close()
+    return {i: list(r.events._buf) for i, r in enumerate(reqs)}, log, moves
+
+
+def test_overlap_schedule_launches_ahead_and_streams_the_same_events() -> None:
+    """--overlap-schedule: step k+1 is launched from step k's ids on the device *before* the host reads
+    step k's ids; every request still gets exactly the plain path's events (tokens, a stop token, its
+    length), and a row finishing mid-batch is compacted away as the plain path does."""
+    specs = [(9, True), (4, True), (12, False), (6, True)]  # the third stops at its 4th id (32, the stop id)
+    plain, plain_log, plain_moves = _fake_run(False, specs)
+    ovl, log, moves = _fake_run(True, specs)
+    assert ovl == plain
+    assert plain[2][-1] == ("done", "stop") and len(plain[2]) == 5 and len(plain[0]) == 9
+    # Rows left the batch mid-way both ways (slot moves); with the step ahead read too, the moved rows'
+    # KV is one position longer (the real engine's test below checks the tokens after such moves).
+    assert plain_moves and moves and all(m[2] == 8 for m in moves) and all(m[2] == 7 for m in plain_moves)
+    # Launched ahead: after the first (host) launch, each launch comes from the device and before the read
+    # of the step it follows from.
+    assert log[:3] == [("launch", 1, 4, "host"), ("launch", 2, 4, "device"), ("read", 1)]
+    assert sum(e[0] == "launch" and e[3] == "device" for e in log) == 5
+    for i, e in enumerate(log):
+        if e[0] == "launch" and e[3] == "device":
+            assert ("read", e[1] - 1) not in log[:i], log  # step k+1 queued before step k is read
+    # As many steps as the plain path (8: the longest request's): none launched past the end, since the
+    # last step ends every row by its length and nothing follows it.
+    assert [e for e in log if e[0] == "launch"][-1][1] == 8 == len([e for e in plain_log if e[0] == "launch"])
+    assert log[-1] == ("read", 8)
+
+
+def test_overlap_schedule_off_reads_each_step_before_the_next() -> None:
+    """The plain path (the default) never launches a step before reading the one before: the check above
+    can tell the two apart."""
+    _, log, _ = _fake_run(False, [(5, True), (3, True)])
+    assert all(e[3] == "host" for e in log if e[0] == "launch")
+
+
+def test_overlap_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
+    """The real engine (CPU, tiny model) with --overlap-schedule: a burst of 6 through 4 slots (rows
+    finishing at different steps, queued requests joining as slots free) decodes exactly the tokens of
+    one request at a time, and its decode steps did run ahead."""
+    import fastengine
+
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
+    fed: list[int] = []
+    real_feed = fastengine.GraphDecoder._feed
+
+    def feed(self, prev, n):
+        fed.append(n)
+        return real_feed(self, prev, n)
+
+    fastengine.GraphDecoder._feed = feed
+    try:
+        ovl = _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64, overlap_schedule=True)
+    finally:
+        fastengine.GraphDecoder._feed = real_feed
+    alone = _engine_outputs(tiny_model, prompts, [], max_batch_size=1)
+    assert ovl == alone
+    assert len(fed) >= 5 and max(fed) >= 2, fed
