@@ -84,14 +84,14 @@ async def _client(port: int, n: int, prompt: list[int], max_tokens: int) -> None
 
 
 def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[float], steps: int,
-                       launch_us: float = 0.0) -> list[dict]:
+                       launch_us: float = 0.0, flags: list[str] | None = None) -> list[dict]:
     sys.path.insert(0, hfdir)
     import server as srv  # noqa: PLC0415  (the variant's own copy)
     import torch
     from aiohttp import web
 
     args = srv.parse_args(["--model", model, "--port", "0", "--engine", "fast", "--batching", "on",
-                           "--max-batch-size", str(batch), "--device", "cpu", "--dtype", "float32"])
+                           "--max-batch-size", str(batch), "--device", "cpu", "--dtype", "float32", *(flags or [])])
     eng = srv.make_engine(args)
     tok = eng.tokenizer
     words = tok("the quick brown fox jumps over the lazy dog and runs far away from home " * 8,
@@ -131,6 +131,9 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
         return logits[b], DeviceIds(table[k:k + b], done_at)
 
     eng.fm.decode = stub_decode
+    if getattr(eng, "overlap", False):  # --overlap-schedule: the stub's ids stay on its "device"
+        eng.decoder._feed = lambda prev, n: None  # the next step's inputs from them (the stub ignores inputs)
+        eng.decoder.copy_out = lambda ids: ids  # their copy out: tolist() waits for the step, GIL released
     marks: list[tuple[int, float, float]] = []  # (batch, wall, engine thread cpu) at each decode start
     real_decode = eng._decode
 
@@ -207,10 +210,13 @@ def main() -> None:
                     help="the stub step's launch holds the GIL released this long first (on a GPU: the input"
                          " copy and cudaGraphLaunch, both of which release it)")
     ap.add_argument("--before", default=BEFORE, help="git ref of the 'before' hfserve folder")
+    ap.add_argument("--after-flags", default="", help="server flags for the 'after' variant only, e.g."
+                    " '--overlap-schedule on' (with --before HEAD: one tree, two ways)")
     ap.add_argument("--model", default=None, help="default: the forged tiny model")
     ap.add_argument("--json", default=None)
     ap.add_argument("--client", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--flags", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.client:
         port, n, max_tokens = a.client
@@ -218,7 +224,7 @@ def main() -> None:
         return
     if a.measure:
         hfdir, batch = a.measure
-        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps, a.launch_us)
+        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps, a.launch_us, a.flags.split())
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.model is None:
@@ -234,14 +240,15 @@ def main() -> None:
         for batch in a.batch:
             for name, d in dirs.items():  # before and after back to back, per batch size
                 cmd = [sys.executable, __file__, "--measure", d, str(batch), "--model", a.model, "--steps",
-                       str(a.steps), "--launch-us", str(a.launch_us), "--gpu-ms", *map(str, a.gpu_ms)]
+                       str(a.steps), "--launch-us", str(a.launch_us), "--gpu-ms", *map(str, a.gpu_ms),
+                       f"--flags={a.after_flags if name == 'after' else ''}"]
                 p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if not line:
                     raise SystemExit(f"{name} batch {batch} failed:\n{p.stderr[-3000:]}")
                 for r in json.loads(line[0][7:]):
                     rows.append({"variant": name, **r})
-    print(f"before = {a.before} ({before_sha}), after = the working tree; load avg {os.getloadavg()[0]:.2f}")
+    print(f"before = {a.before} ({before_sha}), after = the working tree {a.after_flags}; load avg {os.getloadavg()[0]:.2f}")
     print(f"{'batch':>5} {'gpu_ms':>6} | {'step_ms b/a':>15} {'host_ms b/a':>15} {'cpu_ms b/a':>15} "
           f"{'engine_cpu b/a':>15} {'idle_ms b/a':>15} {'ids_late b/a':>15} | host ratio  all events")
     for batch in a.batch:
