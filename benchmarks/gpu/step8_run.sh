@@ -1,0 +1,33 @@
+#!/bin/bash
+# Engine step 8 on the H200 (issue 24), one command from the repository root:
+#   benchmarks/gpu/step8_run.sh LIMIT_S
+# Forges the 7B (cached while the machine stays warm), runs check_overlap.py (engine only: the overlap
+# schedule's step time and tokens), then serves A-D from three servers side by side in one ib_baseline run:
+# step7 = .before's hfserve (carried: `git archive cd83eee examples/hfserve`, before the batched prefill
+# attention), step8a = this tree without the overlap schedule, step8 = this tree with it. Same flags
+# otherwise (SERVE_FLAGS). Results in $OUT: check_overlap.json, ib_ab.json, the servers' logs.
+set -u
+START=$SECONDS
+LIMIT=${1:-560}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1 || echo "wheel install failed"
+export PYTHONPATH=/tmp/site:$PWD
+log() { echo "[$((SECONDS-START))s] $*"; }
+M=$(python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" 2>"$OUT/forge.err" | tail -1)
+log "model $M"
+timeout 150 python3 benchmarks/gpu/check_overlap.py "$M" --n 64 --out "$OUT/check_overlap.json" 2>"$OUT/check_overlap.err" \
+  | grep -v "^hfserve"; grep -iE "error|Traceback" "$OUT/check_overlap.err" | head -5
+log "served A-D: step7 (.before), step8a (no overlap), step8"
+FLAGS=${SERVE_FLAGS:-"--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --kernels triton-mv --max-batch-size 64 --prefill-pack 32768 --prefill-attn fused"}
+ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
+LEFT=$((LIMIT - (SECONDS - START) - 10))
+timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
+  --only "${AB_ONLY:-prefill,decode,throughput,general}" --deadline-s $((LEFT - 25)) --ours-min-s 60 \
+  --server "step7={python} .before/examples/hfserve/server.py $ARGS" \
+  --server "step8a={python} examples/hfserve/server.py $ARGS" \
+  --server "step8={python} examples/hfserve/server.py $ARGS --overlap-schedule on" 2>&1 | tail -12
+cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
+log done
