@@ -23,7 +23,8 @@ where Triton beat cuBLAS by more than ``--margin`` (1%), and the step gain they 
 Attention. ``decode_attn`` (kernels.py: ``_decode_attn_kernel`` unsplit, ``_decode_attn_split_kernel`` +
 ``_attn_reduce_kernel`` split-KV) at batch 64 and 4, 32 q / 8 kv heads of 128, positions uniform in
 511..639 (C's served range; context bucket 1024), graphs of 20 calls over 16 layers' KV (4.3 GB, never in
-L2): every splits x BLOCK_N x warps x stages (``attn_space()``) against today's launch (``AttnCfg()``),
+L2): every splits x BLOCK_N x warps x stages x bf16-or-float32 dots (``attn_space()``) against today's launch
+(``AttnCfg()``: K/V widened to float32, tf32 dots),
 GB/s of K/V actually read (sum over rows of (pos + 1) x 8 heads x 128 x 2 bytes x 2). It prints the
 ``ATTN_CONFIGS`` entries that beat today's by more than the margin.
 
@@ -34,12 +35,15 @@ budget's tuning, finals and the attention sweep)::
 
 Prediction (2026-12-03, before any GPU number of this script): cuBLAS at M=64 streams the weights at ~81%
 of the copy ceiling (the profile's 4.10 ms for 14.2 GB); the best Triton config reaches ~86-90% on gate_up,
-down and lm_head (long streams, enough N tiles with BLOCK_N 128 + split-K), ~80-85% on QKV and O (33-50 MB:
-ramp-up and tail, split-K's second launch ~2 us), i.e. speedup 1.04-1.10 on the big three and 0.97-1.05 on
-the small two; at M=16 and 32 cuBLAS is nearer its ceiling already (~85%) and Triton wins by 0-5%. Decode
-step at batch 64: GEMM 4.10 -> ~3.80 ms (-0.3 ms). Attention at batch 64: today's unsplit launch (512
-programs, ~3.9 waves on 132 SMs) ~78%; 2 splits (1024 programs) or BLOCK_N 32/stages 3 ~82-85%: -0.05 to
--0.1 ms per step; at batch 4 today's 5 splits are already near the best (within 5%).
+down and lm_head (long streams, enough N tiles with BLOCK_N 128 + split-K; the M=1 GEMV reached ~96%), ~80-85%
+on QKV and O (33-50 MB: ramp-up and tail, split-K's second launch ~2 us), i.e. speedup 1.04-1.10 on the big
+three and 0.97-1.05 on the small two; SWAP (wgmma at every M) wins most cases at M=16 and 32, where cuBLAS is
+nearer its ceiling already (~85%) and Triton wins by 0-5%. Decode step at batch 64: projections ~88% of the
+ceiling overall, GEMM 4.10 -> ~3.80 ms (-0.3 ms). Attention at batch 64: today's launch (unsplit, 512
+programs, ~3.9 waves on 132 SMs, K/V widened to float32: ~150 registers per thread) ~78%; the best config
+has bf16 dots (half the registers, no conversions) and ~85-88%: 1.44 -> ~1.30 ms per step (-0.1 to -0.15
+ms); splitting at batch 64 does not help (the bucket of 1024 over contexts of 512-640 makes uneven splits);
+at batch 4 today's 5 splits stay within 5% of the best on the split count, bf16 dots worth ~5%.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ NH, NKV, HD, ATTN_CTX, ATTN_LAYERS, ATTN_BS = 32, 8, 128, 1024, 16, (64, 4)
 POS_LO, POS_HI = 511, 639
 SMOKE_SHAPES = {"even": (64, 256, (16, 64)), "ragged": (40, 320, (20,))}  # (N, K, Ms): N, K short of tiles
 SMOKE_CFGS = (MmCfg(16, 64, 4, 2), MmCfg(32, 32, 4, 3, 2, True), MmCfg(16, 32, 4, 1, 4, False, ""))
-SMOKE_ATTN = (AttnCfg(), AttnCfg(1, 16, 2, 1), AttnCfg(3, 16, 4, 3), AttnCfg(2, 32, 8, 2))
+SMOKE_ATTN = (AttnCfg(), AttnCfg(1, 16, 2, 1), AttnCfg(3, 16, 4, 3), AttnCfg(2, 32, 8, 2, True), AttnCfg(1, 16, 4, 2, True))
 
 
 # -- the tuning spaces ------------------------------------------------------------------------------------
@@ -112,9 +116,11 @@ def variant(c: MmCfg, m: int) -> tuple:
 
 
 def attn_space(B: int) -> list[AttnCfg]:
-    """splits 1..16 (and today's rule) x BLOCK_N 16..128 x warps 2/4/8 x stages 1..4 (BLOCK_N 128: 8 warps)."""
-    cands = [AttnCfg(s, bn, w, st) for s, bn, w, st in
-             itertools.product((0, 1, 2, 3, 4, 8, 16), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4))]
+    """splits (today's rule, 1, 2, 3, 4 at batch >= 32; 8, 16 below) x BLOCK_N 16..128 x warps 2/4/8 x stages
+    1..4 (BLOCK_N 128: 8 warps only) x float32 or bf16 dots, and today's launch."""
+    splits = (0, 1, 2, 3, 4) if B >= 32 else (0, 1, 2, 4, 8, 16)
+    cands = [AttnCfg(s, bn, w, st, lp) for s, bn, w, st, lp in
+             itertools.product(splits, (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (False, True))]
     return [c for c in cands if c.block_n < 128 or c.warps == 8] + [AttnCfg()]
 
 
@@ -123,13 +129,13 @@ def attn_splits(c: AttnCfg, B: int) -> int:
 
 
 def attn_variants(B: int) -> set[tuple]:
-    """("attn", split?, BLOCK_N, warps, stages) per config, ("attn_red", BLOCK_S) per split count."""
+    """("attn", split?, BLOCK_N, warps, stages, LOWP) per config, ("attn_red", BLOCK_S) per split count."""
     out = set()
     for c in attn_space(B):
         s = attn_splits(c, B)
         per = triton.cdiv(ATTN_CTX, s)
         bn = c.block_n or (min(64, max(16, triton.next_power_of_2(per))) if s > 1 else 64)
-        out.add(("attn", s > 1, bn, c.warps, c.stages))
+        out.add(("attn", s > 1, bn, c.warps, c.stages, int(c.lowp)))
         if s > 1:
             out.add(("attn_red", max(8, triton.next_power_of_2(s))))
     return out
@@ -159,9 +165,9 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
                 kernels._splitk_reduce_kernel.warmup(f32, bf, n, 4, bm * n, n, n, grid=(1,),
                                                      BLOCK=kernels.MM_RED_BLOCK, num_warps=4)
         elif job[0] == "attn":
-            _, split, bn, w, st = job
+            _, split, bn, w, st, lowp = job
             s_kb, s_kh = NKV * ATTN_CTX * HD, ATTN_CTX * HD
-            meta = dict(G=NH // NKV, HD=HD, BLOCK_G=16, BLOCK_D=HD, BLOCK_N=bn, PREC="tf32", num_warps=w,
+            meta = dict(G=NH // NKV, HD=HD, BLOCK_G=16, BLOCK_D=HD, BLOCK_N=bn, PREC="tf32", LOWP=lowp, num_warps=w,
                         num_stages=st, grid=(1,))
             if split:
                 kernels._decode_attn_split_kernel.warmup(bf, bf, bf, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
@@ -366,8 +372,8 @@ def attn_table(rows: list[dict], margin: float) -> str:
     lines = ["ATTN_CONFIGS = {"]
     for r in rows:
         if r["speedup"] > 1.0 + margin:
-            s, bn, w, st = r["best_cfg"]
-            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}),  # {r['best_us']:.1f} vs "
+            s, bn, w, st, lp = r["best_cfg"]
+            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}),  # {r['best_us']:.1f} vs "
                          f"{r['today_us']:.1f} us")
     return "\n".join(lines + ["}"])
 

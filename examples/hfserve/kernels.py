@@ -83,6 +83,14 @@ At M=2 Triton loses gate_up and at M=4 every shape, so batch >= 2 keeps cuBLAS. 
 step -0.31 ms, served B TPOT 4.59 -> ~4.28 ms; A unchanged (prefill untouched); C unchanged (batch 64
 keeps cuBLAS).
 
+Batch 16..64 (issue #24's C; written before measuring, *prediction*): ``mm_linear`` is a skinny Triton
+GEMM (``_mm_kernel``: all rows of x in one BLOCK_M tile, so each W tile is read once; tl.dot, SWAP for
+wgmma at 16 rows; deterministic split-K) looked up per (row bucket, N, K) in ``MM_CONFIGS``, which
+benchmarks/gpu/mm_bench.py fills on the H200; empty, it is x @ w.t(). Decode attention's launch parameters
+are a table too (``ATTN_CONFIGS``, empty: today's launch), with one new option, dots in bf16 (``lowp``).
+*Prediction* (mm_bench.py has the detail): at batch 64 the projections 4.10 -> ~3.80 ms (cuBLAS ~81% of
+the copy ceiling, Triton ~88%) and attention 1.44 -> ~1.30 ms per step. Not wired into the engine yet.
+
 ``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
@@ -332,11 +340,16 @@ if HAVE_TRITON:
 
     @triton.jit
     def _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # The online softmax both decode kernels share: the G query heads ``q`` of one (row, kv head)
         # over cache columns [lo, hi), scores in log2 units (qk_scale includes log2(e)). Returns the
         # unnormalised (running max m, sum l, accumulator acc) in float32; an empty span gives
-        # (-inf, 0, 0), which the split reduction weighs as nothing.
+        # (-inf, 0, 0), which the split reduction weighs as nothing. LOWP 0: K and V widened to float32,
+        # tf32/ieee dots. LOWP 1: the dots in the cache's dtype (bf16 MMA, float32 accumulation; products
+        # exact) with the probabilities rounded to it for P @ V, as decode_attn_ref rounds them. LOWP 2:
+        # LOWP 1's arithmetic with float32 dots (the CPU interpreter, which has no bf16 dot).
+        if LOWP == 1:
+            q = q.to(kbase.dtype.element_ty)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.full([BLOCK_G], 0.0, tl.float32)
         acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
@@ -344,22 +357,31 @@ if HAVE_TRITON:
             cols = start + tl.arange(0, BLOCK_N)
             cm = cols < hi
             kvm = cm[:, None] & dm[None, :]
-            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
+            if LOWP == 1:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * qk_scale
             s = tl.where(cm[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
             alpha = tl.exp2(m_i - m_new)
             pe = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(pe, 1, _add)
-            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
+            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
+            if LOWP == 1:
+                pv = tl.dot(pe.to(v.dtype), v)
+            elif LOWP == 2:
+                pv = tl.dot(pe.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(pe, v.to(tl.float32), input_precision=PREC)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
         return m_i, l_i, acc
 
     @triton.jit(do_not_specialize=["CTX"])
     def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
                             G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                            BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # One program per (row, kv head): its G query heads share every key/value load (GQA).
         b = tl.program_id(0).to(tl.int64)
         kh = tl.program_id(1)
@@ -378,14 +400,15 @@ if HAVE_TRITON:
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
         m_i, l_i, acc = _attn_span(q, kbase, vbase, 0, n, s_kp, qk_scale, d, dm,
-                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
     @triton.jit(do_not_specialize=["CTX", "S", "CHUNK"])
     def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, S, CHUNK, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
                                   NH: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr,
-                                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                                  LOWP: tl.constexpr = 0):
         # One program per (row, kv head, split): the same online softmax as _decode_attn_kernel over
         # cache columns [split * CHUNK, min((split + 1) * CHUNK, n)), leaving its unnormalised partial
         # (running max m in log2 units, sum l, accumulator acc) in float32 for _attn_reduce_kernel.
@@ -411,7 +434,7 @@ if HAVE_TRITON:
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
         m_i, l_i, acc = _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm,
-                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         row = (b * NH + heads) * S + sp  # partials laid out [B, nh, S] and [B, nh, S, hd]
         tl.store(M + row, m_i, mask=gm)
         tl.store(L + row, l_i, mask=gm)
@@ -895,9 +918,16 @@ class AttnCfg:
     block_n: int = 0  # cache columns per step; 0: 64 unsplit, split: the chunk's power of two in 16..64
     warps: int = 4
     stages: int = 2
+    lowp: bool = False  # dots in the cache's dtype (bf16 MMA) instead of K/V widened to float32 (tf32)
 
     def label(self) -> str:
-        return f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}"
+        return f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}{'b' if self.lowp else ''}"
+
+    def lowp_mode(self, q: torch.Tensor) -> int:
+        """The kernels' LOWP: 0 (float32 dots), 1 (bf16/fp16 MMA, CUDA), 2 (the same arithmetic interpreted)."""
+        if not self.lowp or q.dtype == torch.float32:
+            return 0
+        return 1 if q.is_cuda else 2
 
 
 # Per (batch bucket, context bucket): to be filled from benchmarks/gpu/mm_bench.py's attention sweep on the
@@ -955,7 +985,8 @@ def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, laye
         q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
         NH=nh, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=cfg.warps, num_stages=cfg.stages)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q), num_warps=cfg.warps,
+        num_stages=cfg.stages)
     return m, lsum, acc
 
 
@@ -1004,8 +1035,8 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
                                   q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2), o.stride(0),
                                   G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
                                   BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=cfg.block_n or 64,
-                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=cfg.warps,
-                                  num_stages=cfg.stages)
+                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q),
+                                  num_warps=cfg.warps, num_stages=cfg.stages)
     return o
 
 

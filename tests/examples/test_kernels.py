@@ -627,9 +627,11 @@ def test_mm_linear_falls_back_unless_listed() -> None:
         assert seen == [cfg]
 
 
-@pytest.mark.parametrize("cfg", [K.AttnCfg(1, 16, 2, 3), K.AttnCfg(3, 16, 8, 1), K.AttnCfg(2, 32, 4, 4)])
+@pytest.mark.parametrize("cfg", [K.AttnCfg(1, 16, 2, 3), K.AttnCfg(3, 16, 8, 1), K.AttnCfg(2, 32, 4, 4),
+                                 K.AttnCfg(1, 32, 4, 2, True), K.AttnCfg(4, 16, 4, 2, True)])
 def test_decode_attn_launch_config(cfg, monkeypatch) -> None:
-    """decode_attn with a non-default AttnCfg (unsplit and split, other BLOCK_N, warps, stages) equals the
+    """decode_attn with a non-default AttnCfg (unsplit and split, other BLOCK_N, warps, stages, bf16 dots: here
+    their arithmetic in float32 dots, LOWP 2, the interpreter having no bf16 dot) equals the
     reference, given directly or looked up in ATTN_CONFIGS by (batch, context bucket); both ways: one
     position short is caught. ATTN_CONFIGS ships empty: today's launch (AttnCfg())."""
     assert K.ATTN_CONFIGS == {} and K.attn_config(64, 1024) == K.AttnCfg()

@@ -57,10 +57,11 @@ def _interpret():
 
 def test_smoke_cli_passes(tmp_path) -> None:
     """``--device cpu``: 3 GEMM configs (split-K 1/2/4, both dot orientations) at an even and a ragged
-    shape (M 16, 64, 20) and 4 attention configs (today's, unsplit, 3 and 2 splits) pass; rc 0, the JSON."""
+    shape (M 16, 64, 20) and 5 attention configs (today's, unsplit, 3 and 2 splits, bf16 dots unsplit and split)
+    pass; rc 0, the JSON."""
     assert M.main(["--device", "cpu", "--out", str(tmp_path / "s.json")]) == 0
     res = json.loads((tmp_path / "s.json").read_text())
-    assert res["ok"] and len(res["rows"]) == 13 and sum(r["what"].startswith("attn") for r in res["rows"]) == 4
+    assert res["ok"] and len(res["rows"]) == 14 and sum(r["what"].startswith("attn") for r in res["rows"]) == 5
 
 
 @pytest.mark.parametrize("bug", ["skip_k_tile", "attn_short"])
@@ -122,7 +123,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
 import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})
 import mm_bench as M
 jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
-        ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2), ("attn", False, 128, 8, 4),
+        ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2, 1), ("attn", False, 128, 8, 4, 0),
         ("attn_red", 16)]
 recs = [M._compile(j, 4096, 4096, 90, True) for j in jobs]
 bad = [r for r in recs if "error" in r]
