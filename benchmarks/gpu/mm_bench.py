@@ -2,6 +2,7 @@
 
     python benchmarks/gpu/mm_bench.py [--out mm.json] [--budget-s 110]       # on the H200 (one command)
     python benchmarks/gpu/mm_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
+    python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
 
 Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
 the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
@@ -54,6 +55,8 @@ import sys
 if __name__ == "__main__":  # before triton is imported: @triton.jit reads TRITON_INTERPRET when it runs
     if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
         os.environ["TRITON_INTERPRET"] = "1"
+    if "--compile-only" in sys.argv:
+        os.environ.pop("TRITON_INTERPRET", None)
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
@@ -306,6 +309,28 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
 
 # -- the GPU run ---------------------------------------------------------------------------------------------
 
+def stage1_jobs(shapes: dict, attn_bs=ATTN_BS) -> list[tuple]:
+    """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch)."""
+    jobs = sorted({variant(c, m) for m in MS for n, k in shapes.values() for c in space(n, k, m)}, key=str)
+    return jobs + sorted(set().union(*(attn_variants(B) for B in attn_bs)) if attn_bs else set(), key=str)
+
+
+def compile_only(args) -> int:
+    """Compile stage 1's variants for sm_90 in ``--jobs`` processes (the GPU run's pool), no GPU needed:
+    a compile error, or more shared memory than an SM has, is a problem."""
+    jobs = stage1_jobs(SHAPES)
+    t = time.perf_counter()
+    recs = G.wait_compiled(*G.precompile(jobs, 4096, 4096, 90, args.jobs, inspect=True, job_fn=_compile))
+    bad = [r for r in recs if "error" in r or r.get("shared", 0) > G.SMEM_MAX]
+    for r in bad:
+        print("PROBLEM", r)
+    mm = [r for r in recs if r.get("job", [""])[0] == "mm" and "error" not in r]
+    print(json.dumps({"variants": len(recs), "clean": len(recs) - len(bad), "wall_s": round(time.perf_counter() - t, 1),
+                      "mm_wgmma": sum(bool(r.get("wgmma")) for r in mm), "mm": len(mm)}))
+    print(f"{len(recs) - len(bad)} of {len(recs)} variants compile for sm_90 cleanly")
+    return 1 if bad else 0
+
+
 def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LAYERS, attn_bs=ATTN_BS) -> dict:
     """The H200 run (``device``, ``shapes``, ``layers`` and ``attn_bs`` are for the CPU test of this flow)."""
     t0 = time.perf_counter()
@@ -318,8 +343,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     res: dict = {"meta": {"triton": triton.__version__, "torch": torch.__version__, "calls_per_graph": CALLS,
                           "reps": args.reps, "budget_s": budget, "ceiling_gbs": CEILING_GBS, "margin": args.margin},
                  "pool": {}, "cases": [], "attention": []}
-    jobs1 = sorted({variant(c, m) for m in MS for n, k in shapes.values() for c in space(n, k, m)}, key=str)
-    jobs1 += sorted(set().union(*(attn_variants(B) for B in attn_bs)) if attn_bs else set(), key=str)
+    jobs1 = stage1_jobs(shapes, attn_bs)
     pool, futs = G.precompile(jobs1, 4096, 4096, 90, args.jobs, job_fn=_compile) if device == "cuda" else (None, [])
     gen = torch.Generator(device=device).manual_seed(0)
     if device == "cuda":
@@ -441,7 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin", type=float, default=0.01, help="a winner must beat the baseline by this fraction")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
+    ap.add_argument("--compile-only", action="store_true", help="compile stage 1's variants for sm_90, no GPU")
     args = ap.parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
     if args.device == "cpu":
         if not G.INTERPRET:
             raise SystemExit("--device cpu needs TRITON_INTERPRET=1 when triton is imported (run as a script)")
