@@ -284,13 +284,15 @@ def _compile_job(job: tuple, n: int, k: int, arch: int, inspect: bool) -> dict:
 
 
 def precompile(jobs: list[tuple], n: int, k: int, arch: int = 90, procs: int = 0,
-               inspect: bool = False) -> tuple[ProcessPoolExecutor | None, list]:
-    """Start compiling ``jobs`` (variant + (M,)) in ``procs`` fresh processes; returns (pool, futures)."""
+               inspect: bool = False, job_fn=None) -> tuple[ProcessPoolExecutor | None, list]:
+    """Start compiling ``jobs`` (variant + (M,)) in ``procs`` fresh processes; returns (pool, futures).
+    ``job_fn(job, n, k, arch, inspect)`` compiles one (default ``_compile_job``: the GEMV's; mm_bench
+    passes its own, a module-level function the spawned workers can import)."""
     procs = procs or min(16, os.cpu_count() or 1)
     if not jobs or procs < 1:
         return None, []
     pool = ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn"))
-    return pool, [pool.submit(_compile_job, j, n, k, arch, inspect) for j in jobs]
+    return pool, [pool.submit(job_fn or _compile_job, j, n, k, arch, inspect) for j in jobs]
 
 
 def wait_compiled(pool, futs) -> list[dict]:
@@ -367,9 +369,8 @@ SMOKE_CFGS = (Cfg(16, 64, 2, 1), Cfg(16, 64, 2, 3, 2, False, "evict_first"), Cfg
               Cfg(16, 128, 2, 2, 1, False))
 
 
-def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS) -> dict:
-    """Interpreted (TRITON_INTERPRET=1) on the CPU: every cfg at every tiny shape and its Ms, against the
-    float64 x @ W.T, cuBLAS's role played by torch's CPU ``x @ W.T`` in bf16. No timing."""
+def smoke_setup() -> None:
+    """The interpreter's helpers for a smoke run (this script's and mm_bench's)."""
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "examples" / "hfserve"))
     import kernels  # its shim lets the interpreter take a loaded scalar (NT) as a loop bound under numpy 2
@@ -383,6 +384,12 @@ def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS) -> dict:
         triton_interp._cache_np_dtypes()
     except ImportError:
         pass
+
+
+def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS) -> dict:
+    """Interpreted (TRITON_INTERPRET=1) on the CPU: every cfg at every tiny shape and its Ms, against the
+    float64 x @ W.T, cuBLAS's role played by torch's CPU ``x @ W.T`` in bf16. No timing."""
+    smoke_setup()
     g = torch.Generator().manual_seed(0)
     rows = []
     for name, (n, k, ms) in (shapes or SMOKE_SHAPES).items():
@@ -452,6 +459,10 @@ class Case:
         self.failed: list[str] = []
         self.planned = 0
 
+    def launch(self, x: torch.Tensor, w: torch.Tensor, c) -> torch.Tensor:
+        """The kernel under test with config ``c`` (mm_bench's subclass launches its own)."""
+        return gemv(x, w, c)
+
     def calls(self, fn) -> list:
         """CALLS calls of ``fn(x, W)``, call i on weight copy i (mod copies): no two in a row share memory."""
         return [lambda w=self.ws[i % len(self.ws)]: fn(self.x, w) for i in range(CALLS)]
@@ -461,7 +472,7 @@ class Case:
         try:
             if c not in self.timed:
                 t = time.perf_counter()
-                y = gemv(self.x, self.ws[0], c)  # the first launch: a compile, or a load from the AOT cache
+                y = self.launch(self.x, self.ws[0], c)  # the first launch: a compile, or a load from the AOT cache
                 FIRST_CALL_S.append(time.perf_counter() - t)
                 res = check(y, self.ref, self.err_cublas)
                 if not res["ok"]:
@@ -470,7 +481,7 @@ class Case:
                     return math.inf
             elif not math.isfinite(self.timed[c]):
                 return math.inf
-            self.timed[c] = graph_us(self.calls(lambda x, w, c=c: gemv(x, w, c)), reps)
+            self.timed[c] = graph_us(self.calls(lambda x, w, c=c: self.launch(x, w, c)), reps)
         except Exception as exc:  # a config that does not launch (resources, compiler) is dropped, not fatal
             self.failed.append(f"{c.label()}: {repr(exc)[:200]}")
             self.timed[c] = math.inf

@@ -83,6 +83,14 @@ At M=2 Triton loses gate_up and at M=4 every shape, so batch >= 2 keeps cuBLAS. 
 step -0.31 ms, served B TPOT 4.59 -> ~4.28 ms; A unchanged (prefill untouched); C unchanged (batch 64
 keeps cuBLAS).
 
+Batch 16..64 (issue #24's C; written before measuring, *prediction*): ``mm_linear`` is a skinny Triton
+GEMM (``_mm_kernel``: all rows of x in one BLOCK_M tile, so each W tile is read once; tl.dot, SWAP for
+wgmma at 16 rows; deterministic split-K) looked up per (row bucket, N, K) in ``MM_CONFIGS``, which
+benchmarks/gpu/mm_bench.py fills on the H200; empty, it is x @ w.t(). Decode attention's launch parameters
+are a table too (``ATTN_CONFIGS``, empty: today's launch), with one new option, dots in bf16 (``lowp``).
+*Prediction* (mm_bench.py has the detail): at batch 64 the projections 4.10 -> ~3.80 ms (cuBLAS ~81% of
+the copy ceiling, Triton ~88%) and attention 1.44 -> ~1.30 ms per step. Not wired into the engine yet.
+
 ``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
@@ -111,7 +119,9 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "rmsnorm", "add_rmsnorm", "silu_mul", "rope_store", "decode_attn", "decode_attn_partials",
            "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON", "GEMV_MAX_ROWS",
            "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref",
-           "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref"]
+           "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref",
+           "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref",
+           "ATTN_CONFIGS", "AttnCfg", "attn_config"]
 
 HAVE_TRITON = triton is not None
 
@@ -330,11 +340,16 @@ if HAVE_TRITON:
 
     @triton.jit
     def _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # The online softmax both decode kernels share: the G query heads ``q`` of one (row, kv head)
         # over cache columns [lo, hi), scores in log2 units (qk_scale includes log2(e)). Returns the
         # unnormalised (running max m, sum l, accumulator acc) in float32; an empty span gives
-        # (-inf, 0, 0), which the split reduction weighs as nothing.
+        # (-inf, 0, 0), which the split reduction weighs as nothing. LOWP 0: K and V widened to float32,
+        # tf32/ieee dots. LOWP 1: the dots in the cache's dtype (bf16 MMA, float32 accumulation; products
+        # exact) with the probabilities rounded to it for P @ V, as decode_attn_ref rounds them. LOWP 2:
+        # LOWP 1's arithmetic with float32 dots (the CPU interpreter, which has no bf16 dot).
+        if LOWP == 1:
+            q = q.to(kbase.dtype.element_ty)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.full([BLOCK_G], 0.0, tl.float32)
         acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
@@ -342,22 +357,31 @@ if HAVE_TRITON:
             cols = start + tl.arange(0, BLOCK_N)
             cm = cols < hi
             kvm = cm[:, None] & dm[None, :]
-            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+            k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
+            if LOWP == 1:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * qk_scale
             s = tl.where(cm[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, _fmax))
             alpha = tl.exp2(m_i - m_new)
             pe = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(pe, 1, _add)
-            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(pe, v, input_precision=PREC)
+            v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
+            if LOWP == 1:
+                pv = tl.dot(pe.to(v.dtype), v)
+            elif LOWP == 2:
+                pv = tl.dot(pe.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(pe, v.to(tl.float32), input_precision=PREC)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
         return m_i, l_i, acc
 
     @triton.jit(do_not_specialize=["CTX"])
     def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
                             G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                            BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # One program per (row, kv head): its G query heads share every key/value load (GQA).
         b = tl.program_id(0).to(tl.int64)
         kh = tl.program_id(1)
@@ -376,14 +400,15 @@ if HAVE_TRITON:
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
         m_i, l_i, acc = _attn_span(q, kbase, vbase, 0, n, s_kp, qk_scale, d, dm,
-                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
 
     @triton.jit(do_not_specialize=["CTX", "S", "CHUNK"])
     def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, S, CHUNK, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
                                   NH: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr,
-                                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr):
+                                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                                  LOWP: tl.constexpr = 0):
         # One program per (row, kv head, split): the same online softmax as _decode_attn_kernel over
         # cache columns [split * CHUNK, min((split + 1) * CHUNK, n)), leaving its unnormalised partial
         # (running max m in log2 units, sum l, accumulator acc) in float32 for _attn_reduce_kernel.
@@ -409,7 +434,7 @@ if HAVE_TRITON:
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
         m_i, l_i, acc = _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm,
-                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC)
+                                   BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         row = (b * NH + heads) * S + sp  # partials laid out [B, nh, S] and [B, nh, S, hd]
         tl.store(M + row, m_i, mask=gm)
         tl.store(L + row, l_i, mask=gm)
@@ -647,6 +672,67 @@ if HAVE_TRITON:
             acc += tl.load(P + s * s_pk + m * s_pm + rn, mask=nm, other=0.0)
         tl.store(Y + m * s_ym + rn, acc.to(Y.dtype.element_ty), mask=nm)
 
+    # -- batch 16..64 (``mm_linear``): a skinny GEMM, y = x @ W.T, all M rows of x in one BLOCK_M tile ---
+    # One program per BLOCK_N rows of W (and per K split): each W tile is read from HBM exactly once, the
+    # [BLOCK_M, BLOCK_K] slices of x (<= 64 x K: L2-resident) alongside. tl.dot accumulates in float32
+    # (Hopper: wgmma where the dot's M side is >= 64, else mma.sync). SWAP computes the transposed tile,
+    # W [BLOCK_N, BLOCK_K] @ x.T [BLOCK_K, BLOCK_M]: the dot's M side is then BLOCK_N (wgmma even at
+    # 16 rows of x: the swap-AB trick of skinny GEMMs). STAGES pipelines the tiles through shared memory
+    # (``tl.range(num_stages=...)``: cp.async); EVICT "evict_first" marks W streaming. Split-K as the
+    # GEMV's: float32 partials [SPLIT_K, M, N] summed in a fixed order by _splitk_reduce_kernel. F32 (the
+    # CPU interpreter, float32 models) multiplies in float32 (the interpreter has no bf16 dot).
+
+    @triton.jit(do_not_specialize=["M", "NT"])
+    def _mm_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                   EVEN_K: tl.constexpr, SWAP: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
+                   F32: tl.constexpr):
+        # P[pid_k, m, n] = sum over this program's NT tiles of BLOCK_K (from pid_k * NT * BLOCK_K) of
+        # x[m, k] * W[n, k], for its BLOCK_N rows n and all M <= BLOCK_M rows m.
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M)
+        rk = tl.arange(0, BLOCK_K)
+        nm = rn < N
+        mm = rm < M
+        k_lo = pid_k * NT * BLOCK_K
+        wp = W + rn.to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
+        xp = X + rm.to(tl.int64)[:, None] * s_xm + (k_lo + rk)[None, :]
+        if SWAP:
+            acc = tl.full([BLOCK_N, BLOCK_M], 0.0, tl.float32)
+        else:
+            acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        for t in tl.range(0, NT, num_stages=STAGES):
+            if EVEN_K:
+                x = tl.load(xp, mask=mm[:, None], other=0.0)
+                if EVEN_N:
+                    w = tl.load(wp, eviction_policy=EVICT)
+                else:
+                    w = tl.load(wp, mask=nm[:, None], other=0.0, eviction_policy=EVICT)
+            else:
+                km = (k_lo + t * BLOCK_K + rk) < K
+                x = tl.load(xp, mask=mm[:, None] & km[None, :], other=0.0)
+                w = tl.load(wp, mask=nm[:, None] & km[None, :], other=0.0, eviction_policy=EVICT)
+            if F32:
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+                if SWAP:
+                    acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+                else:
+                    acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            elif SWAP:
+                acc = tl.dot(w, tl.trans(x), acc)
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+            wp += BLOCK_K
+            xp += BLOCK_K
+        P += pid_k * s_pk
+        if SWAP:
+            tl.store(P + rm[None, :] * s_pm + rn[:, None], acc.to(P.dtype.element_ty), mask=mm[None, :] & nm[:, None])
+        else:
+            tl.store(P + rm[:, None] * s_pm + rn[None, :], acc.to(P.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
 
 def _need_triton() -> None:
     if not HAVE_TRITON:
@@ -824,6 +910,37 @@ def norm_gu_silu(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor,
     return act, r
 
 
+@dataclass(frozen=True)
+class AttnCfg:
+    """decode_attn's launch parameters; 0 keeps today's rule for that parameter."""
+
+    splits: int = 0  # context splits; 0: split_count(B, kv heads, ctx) on this GPU; 1: the single-pass kernel
+    block_n: int = 0  # cache columns per step; 0: 64 unsplit, split: the chunk's power of two in 16..64
+    warps: int = 4
+    stages: int = 2
+    lowp: bool = False  # dots in the cache's dtype (bf16 MMA) instead of K/V widened to float32 (tf32)
+
+    def label(self) -> str:
+        return f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}{'b' if self.lowp else ''}"
+
+    def lowp_mode(self, q: torch.Tensor) -> int:
+        """The kernels' LOWP: 0 (float32 dots), 1 (bf16/fp16 MMA, CUDA), 2 (the same arithmetic interpreted)."""
+        if not self.lowp or q.dtype == torch.float32:
+            return 0
+        return 1 if q.is_cuda else 2
+
+
+# Per (batch bucket, context bucket): to be filled from benchmarks/gpu/mm_bench.py's attention sweep on the
+# H200. Empty: every launch is today's (ATTN_DEFAULT).
+ATTN_CONFIGS: dict[tuple[int, int], AttnCfg] = {}
+ATTN_DEFAULT = AttnCfg()
+
+
+def attn_config(B: int, ctx: int) -> AttnCfg:
+    """decode_attn's launch parameters for B rows over context bucket ``ctx``: the table's or today's."""
+    return ATTN_CONFIGS.get((B, ctx), ATTN_DEFAULT)
+
+
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -846,16 +963,18 @@ def split_count(B: int, nkv: int, ctx: int, target: int = 132, min_cols: int = 1
 
 
 def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
-                         ctx: int, scale: float, splits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         ctx: int, scale: float, splits: int,
+                         cfg: AttnCfg = ATTN_DEFAULT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split-KV pass one: per (row, q head, split) the float32 partial (max m in log2 units, sum l,
     accumulator acc): shapes [B, nh, S], [B, nh, S], [B, nh, S, hd]. Split ``i`` covers cache columns
-    ``[i * chunk, (i + 1) * chunk)`` with ``chunk = ceil(ctx / S)`` rounded up to the block size."""
+    ``[i * chunk, (i + 1) * chunk)`` with ``chunk = ceil(ctx / S)`` rounded up to the block size
+    (``cfg.block_n``, or the chunk's power of two in 16..64); ``cfg``'s warps and stages launch it."""
     _need_triton()
     nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
     g = nh // nkv
     assert q.stride(-1) == 1 and K.stride() == V.stride() and K.stride(-1) == 1
     per = triton.cdiv(ctx, splits)
-    block_n = min(64, max(16, triton.next_power_of_2(per)))
+    block_n = cfg.block_n or min(64, max(16, triton.next_power_of_2(per)))
     chunk = triton.cdiv(per, block_n) * block_n
     m = torch.empty(B, nh, splits, dtype=torch.float32, device=q.device)
     lsum = torch.empty_like(m)
@@ -866,7 +985,8 @@ def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, laye
         q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
         NH=nh, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q), num_warps=cfg.warps,
+        num_stages=cfg.stages)
     return m, lsum, acc
 
 
@@ -889,21 +1009,24 @@ def combine_splits(m: torch.Tensor, lsum: torch.Tensor, acc: torch.Tensor, dtype
 
 
 def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B: int, pos: torch.Tensor,
-                ctx: int, scale: float, out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+                ctx: int, scale: float, out: torch.Tensor | None = None, splits: int | None = None,
+                cfg: AttnCfg | None = None) -> torch.Tensor:
     """Triton GQA flash-decoding over cache ``[0, min(pos[b] + 1, ctx))``; returns [B, nh*hd].
 
-    ``splits`` (default: :func:`split_count` for this B, kv heads and context bucket on this GPU)
-    cuts the context into that many slices, one program each, reduced by a second small kernel
-    (split-KV); 1 runs the single-pass kernel. The choice depends only on host ints, so a graph
-    captured per (batch, context) bucket holds a fixed plan.
+    ``splits`` (default: ``cfg.splits``, else :func:`split_count` for this B, kv heads and context bucket
+    on this GPU) cuts the context into that many slices, one program each, reduced by a second small
+    kernel (split-KV); 1 runs the single-pass kernel. ``cfg`` (default: :func:`attn_config`, today's
+    launch unless ATTN_CONFIGS has this (B, ctx)) sets the block size, warps and pipeline stages. The
+    choice depends only on host ints, so a graph captured per (batch, context) bucket holds a fixed plan.
     """
     _need_triton()
     nh, hd, nkv = q.shape[1], q.shape[2], K.shape[2]
     g = nh // nkv
+    cfg = cfg if cfg is not None else attn_config(B, ctx)
     if splits is None:
-        splits = split_count(B, nkv, ctx, _programs_target(q.device))
+        splits = cfg.splits or split_count(B, nkv, ctx, _programs_target(q.device))
     if splits > 1:
-        return combine_splits(*decode_attn_partials(q, K, V, layer, B, pos, ctx, scale, splits), q.dtype, out)
+        return combine_splits(*decode_attn_partials(q, K, V, layer, B, pos, ctx, scale, splits, cfg), q.dtype, out)
     assert q.stride(-1) == 1 and K.stride() == V.stride() and K.stride(-1) == 1
     o = out if out is not None else torch.empty(B, nh * hd, dtype=q.dtype, device=q.device)
     KL, VL = K[layer], V[layer]
@@ -911,8 +1034,9 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
     _decode_attn_kernel[(B, nkv)](q, KL, VL, pos, o, ctx, float(scale) * 1.4426950408889634,
                                   q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2), o.stride(0),
                                   G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
-                                  BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=64,
-                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2)
+                                  BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=cfg.block_n or 64,
+                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q),
+                                  num_warps=cfg.warps, num_stages=cfg.stages)
     return o
 
 
@@ -967,6 +1091,9 @@ def mv_linear_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
 
 
+mm_linear_ref = mv_linear_ref  # the skinny GEMM's reference is the same x @ w.t()
+
+
 def mv_gemv(x: torch.Tensor, w: torch.Tensor, cfg: MvCfg, nt_short: int = 0) -> torch.Tensor:
     """x [M <= 4, K] @ w [N, K].T -> [M, N] in x's dtype by one ``_gemv_kernel`` launch with ``cfg``.
     ``nt_short`` runs each program that many K tiles short (the tests' deliberately wrong kernel)."""
@@ -995,6 +1122,86 @@ def mv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             and x.dtype in _MV_DTYPES and x.is_contiguous() and w.is_contiguous() and x.shape[1] == w.shape[1]
             and (x.is_cuda or _interpreting())):
         return mv_gemv(x, w, mv_config(w.shape[0], w.shape[1]))
+    return x @ w.t()
+
+
+# -- batch 16..64: the decode step's projections as a skinny Triton GEMM (not wired into the engine yet) ----
+
+MM_ROWS = (16, 32, 64)  # the row buckets mm_linear serves (BLOCK_M): decode batches padded to 16, 32, 64
+MM_RED_BLOCK = 1024  # split-K reduction: outputs per program (gemv_bench's RED_BLOCK)
+
+
+@dataclass(frozen=True)
+class MmCfg:
+    """One ``_mm_kernel`` launch configuration; ``split_k`` > 1 adds the fixed-order partial reduction."""
+
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    split_k: int = 1
+    swap: bool = False
+    evict: str = "evict_first"
+
+    def label(self) -> str:
+        """n=BLOCK_N k=BLOCK_K w=warps s=stages x=split_k, t=SWAP (W @ x.T), e=evict_first."""
+        return (f"n{self.block_n}k{self.block_k}w{self.warps}s{self.stages}x{self.split_k}"
+                f"{'t' if self.swap else ''}{'e' if self.evict else ''}")
+
+
+# The best config per (row bucket, N, K), to be tuned by benchmarks/gpu/mm_bench.py on the H200 (it
+# prints this table ready to paste). Empty: mm_linear is x @ w.t() (cuBLAS) everywhere, today's path.
+MM_CONFIGS: dict[tuple[int, int, int], MmCfg] = {}
+
+
+def mm_rows(m: int) -> int:
+    """The row bucket (BLOCK_M) of an M-row input: 16, 32 or 64; 0 outside 1..64."""
+    return next((b for b in MM_ROWS if m <= b), 0) if m >= 1 else 0
+
+
+def mm_gemm(x: torch.Tensor, w: torch.Tensor, cfg: MmCfg, nt_short: int = 0) -> torch.Tensor:
+    """x [M <= 64, K] @ w [N, K].T -> [M, N] in x's dtype by ``_mm_kernel`` with ``cfg`` (and, at split_k
+    > 1, ``_splitk_reduce_kernel``). ``nt_short`` runs each program that many K tiles short (the tests'
+    and the bench's deliberately wrong kernel)."""
+    _need_triton()
+    M, K = x.shape
+    N = w.shape[0]
+    bm = mm_rows(M)
+    assert bm and x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == K
+    split = cfg.split_k
+    nt = triton.cdiv(triton.cdiv(K, split), cfg.block_k)
+    alloc = torch.zeros if nt_short else torch.empty  # a skipped tile must not find the answer left over
+    y = alloc((M, N), dtype=x.dtype, device=x.device)
+    if split == 1:
+        p, s_pk, s_pm = y, 0, y.stride(0)
+    else:
+        p, s_pk, s_pm = alloc((split, M, N), dtype=torch.float32, device=x.device), M * N, N
+    _mm_kernel[(triton.cdiv(N, cfg.block_n), split)](
+        x, w, p, M, N, K, nt - nt_short, x.stride(0), w.stride(0), s_pk, s_pm,
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_N=N % cfg.block_n == 0,
+        EVEN_K=K == split * nt * cfg.block_k, SWAP=cfg.swap, EVICT=cfg.evict, STAGES=cfg.stages,
+        F32=x.dtype == torch.float32 or x.device.type != "cuda", num_warps=cfg.warps, num_stages=cfg.stages)
+    if split > 1:
+        _splitk_reduce_kernel[(triton.cdiv(N, MM_RED_BLOCK), M)](p, y, N, split, s_pk, s_pm, y.stride(0),
+                                                                 BLOCK=MM_RED_BLOCK, num_warps=4)
+    return y
+
+
+def mm_config(m: int, n: int, k: int) -> MmCfg | None:
+    """The table's launch configuration for M rows of x against W [n, k], or None (then: cuBLAS)."""
+    return MM_CONFIGS.get((mm_rows(m), n, k))
+
+
+def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.t()``; by the skinny Triton GEMM where :data:`MM_CONFIGS` has this (row bucket, N, K) and x
+    and w are contiguous, of one dtype, on CUDA (or under the CPU interpreter); else exactly x @ w.t().
+
+    No host sync, no autotuning, fixed-size outputs: capturable in a CUDA graph."""
+    if (HAVE_TRITON and x.dim() == 2 and x.dtype == w.dtype and x.dtype in _MV_DTYPES and x.is_contiguous()
+            and w.is_contiguous() and x.shape[1] == w.shape[1] and (x.is_cuda or _interpreting())):
+        cfg = mm_config(x.shape[0], w.shape[0], w.shape[1])
+        if cfg is not None:
+            return mm_gemm(x, w, cfg)
     return x @ w.t()
 
 

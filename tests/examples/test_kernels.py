@@ -582,3 +582,69 @@ def test_mv_configs_compile_for_the_h200() -> None:
     res = subprocess.run([sys.executable, str(script), "--mv"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "6 of 6 triton-mv configs compile for sm_90 cleanly" in res.stdout
+
+
+# -- batch 16..64: the skinny GEMM (mm_gemm / mm_linear) and decode attention's launch table ----------------
+
+MM_CFGS = (K.MmCfg(16, 64, 4, 2), K.MmCfg(32, 32, 4, 3, 4, True, ""), K.MmCfg(16, 32, 8, 1, 2, False))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_gemm_equals_matmul(dtype) -> None:
+    """The skinny GEMM at a ragged N (40: a short last N tile) and K (320: a short last K tile), 20 rows
+    (a masked 32-row tile) and 64 rows, one split and split-K 2 and 4 (float32 partials, fixed-order
+    reduction), both dot orientations, equals x @ w.t(); both ways: one K tile short is caught."""
+    for m in (20, 64):
+        x, w = _mv_case(dtype, 40, 320, m=m, seed=60)
+        want = K.mm_linear_ref(x, w)
+        for cfg in MM_CFGS:
+            got = K.mm_gemm(x, w, cfg)
+            assert got.shape == (m, 40) and got.dtype == dtype
+            assert close(got, want, dtype), (m, cfg.label(), (got.float() - want.float()).abs().max())
+            assert not close(K.mm_gemm(x, w, cfg, nt_short=1), want, dtype), (m, cfg.label())
+
+
+def test_mm_linear_falls_back_unless_listed() -> None:
+    """mm_linear is exactly x @ w.t(), without a launch, for an empty MM_CONFIGS (today's path), an
+    unlisted shape or row bucket, and more rows than 64; a listed (row bucket, N, K) launches mm_gemm
+    with its config (bit for bit mm_gemm's output)."""
+    assert K.MM_CONFIGS == {} and [K.mm_rows(m) for m in (1, 16, 17, 32, 33, 64, 65)] == [16, 16, 32, 32, 64, 64, 0]
+    x, w = _mv_case(torch.bfloat16, 40, 320, m=20, seed=61)
+    seen = []
+    real = K.mm_gemm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "mm_gemm", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
+        assert torch.equal(K.mm_linear(x, w), x @ w.t())  # empty table
+        cfg = MM_CFGS[1]
+        mp.setitem(K.MM_CONFIGS, (32, 40, 320), cfg)
+        x16, _ = _mv_case(torch.bfloat16, 40, 320, m=16, seed=62)
+        w2 = w[:32].contiguous()
+        x80, _ = _mv_case(torch.bfloat16, 40, 320, m=80, seed=63)
+        for xx, ww in ((x16, w), (x, w2), (x80, w)):  # row bucket 16, N 32, 80 rows: not listed
+            assert torch.equal(K.mm_linear(xx, ww), xx @ ww.t())
+        assert not seen
+        assert torch.equal(K.mm_linear(x, w), real(x, w, cfg))  # listed: the spy sees the launch
+        assert seen == [cfg]
+
+
+@pytest.mark.parametrize("cfg", [K.AttnCfg(1, 16, 2, 3), K.AttnCfg(3, 16, 8, 1), K.AttnCfg(2, 32, 4, 4),
+                                 K.AttnCfg(1, 32, 4, 2, True), K.AttnCfg(4, 16, 4, 2, True)])
+def test_decode_attn_launch_config(cfg, monkeypatch) -> None:
+    """decode_attn with a non-default AttnCfg (unsplit and split, other BLOCK_N, warps, stages, bf16 dots: here
+    their arithmetic in float32 dots, LOWP 2, the interpreter having no bf16 dot) equals the
+    reference, given directly or looked up in ATTN_CONFIGS by (batch, context bucket); both ways: one
+    position short is caught. ATTN_CONFIGS ships empty: today's launch (AttnCfg())."""
+    assert K.ATTN_CONFIGS == {} and K.attn_config(64, 1024) == K.AttnCfg()
+    dtype = torch.bfloat16
+    K0, V0 = _pool(dtype, 70)
+    q = _rand(B, NH, HD, dtype=dtype, seed=71)
+    scale = HD ** -0.5
+    want = K.decode_attn_ref(q, K0, V0, 1, B, POS, CTX, scale)
+    assert close(K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale, cfg=cfg), want, dtype)
+    assert not close(K.decode_attn(q, K0, V0, 1, B, POS - 1, CTX, scale, cfg=cfg), want, dtype)
+    seen = []
+    real = K.decode_attn_partials
+    monkeypatch.setattr(K, "decode_attn_partials", lambda *a: seen.append(a[-2:]) or real(*a))
+    monkeypatch.setitem(K.ATTN_CONFIGS, (B, CTX), cfg)
+    assert close(K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale), want, dtype)
+    assert seen == ([] if cfg.splits == 1 else [(cfg.splits, cfg)])

@@ -1,0 +1,489 @@
+"""Batch 16..64 decode on the H200: a skinny Triton GEMM against cuBLAS, and decode attention's launch parameters.
+
+    python benchmarks/gpu/mm_bench.py [--out mm.json] [--budget-s 110]       # on the H200 (one command)
+    python benchmarks/gpu/mm_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
+    python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
+
+Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
+the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
+
+GEMM. y = x @ W.T in bf16, W [N, K] row-major, x [M, K], M in {16, 32, 64} (the engine's batch buckets), at
+the Mistral-7B shapes (gemv_bench's ``SHAPES``), random weights. cuBLAS (``F.linear``, the engine's call,
+every ratio is against it) vs ``_mm_kernel`` (examples/hfserve/kernels.py, ``mm_gemm``): one program per
+BLOCK_N rows of W and per K split, BLOCK_M = the M bucket (each W tile read once), tl.dot in float32
+accumulation (wgmma where the dot's M side is >= 64; SWAP computes W @ x.T so that side is BLOCK_N),
+num_stages pipelining, evict_first on W, deterministic split-K (float32 partials, fixed-order reduce).
+The space (``space()``): stage 1 every BLOCK_N 32..256 x BLOCK_K 64/128 x warps 4/8 x STAGES 3/5 x SWAP x
+SPLIT_K 1/2/4/8 within shared memory, accumulator registers and K; stage 2 STAGES 2..6 x EVICT around each
+case's 2 best; the best 3 timed again at full length. Timing, checks and the compile pool are gemv_bench's
+(imported): CUDA graphs of 20 calls over distinct weight copies (L2 never holds the weights), every timed
+config checked against float64 (``check``), kernels compiled ahead in ``--jobs`` processes (``_AOTDriver``).
+It prints, and writes in the JSON (``mm_configs``), the ``MM_CONFIGS`` table for kernels.py: the winners
+where Triton beat cuBLAS by more than ``--margin`` (1%), and the step gain they add up to (32 layers).
+
+Attention. ``decode_attn`` (kernels.py: ``_decode_attn_kernel`` unsplit, ``_decode_attn_split_kernel`` +
+``_attn_reduce_kernel`` split-KV) at batch 64 and 4, 32 q / 8 kv heads of 128, positions uniform in
+511..639 (C's served range; context bucket 1024), graphs of 20 calls over 16 layers' KV (4.3 GB, never in
+L2): every splits x BLOCK_N x warps x stages x bf16-or-float32 dots (``attn_space()``) against today's launch
+(``AttnCfg()``: K/V widened to float32, tf32 dots),
+GB/s of K/V actually read (sum over rows of (pos + 1) x 8 heads x 128 x 2 bytes x 2). It prints the
+``ATTN_CONFIGS`` entries that beat today's by more than the margin.
+
+GPU command (one ``nvidia-h200`` call, from the repository root; ~130 s: ~15 s of parallel compiles, the
+budget's tuning, finals and the attention sweep)::
+
+    PYTHONPATH=/tmp/site:$PWD timeout 170 python3 benchmarks/gpu/mm_bench.py --out $OUT/mm.json 2>&1 | tee $OUT/mm.log
+
+Prediction (2026-12-03, before any GPU number of this script): cuBLAS at M=64 streams the weights at ~81%
+of the copy ceiling (the profile's 4.10 ms for 14.2 GB); the best Triton config reaches ~86-90% on gate_up,
+down and lm_head (long streams, enough N tiles with BLOCK_N 128 + split-K; the M=1 GEMV reached ~96%), ~80-85%
+on QKV and O (33-50 MB: ramp-up and tail, split-K's second launch ~2 us), i.e. speedup 1.04-1.10 on the big
+three and 0.97-1.05 on the small two; SWAP (wgmma at every M) wins most cases at M=16 and 32, where cuBLAS is
+nearer its ceiling already (~85%) and Triton wins by 0-5%. Decode step at batch 64: projections ~88% of the
+ceiling overall, GEMM 4.10 -> ~3.80 ms (-0.3 ms). Attention at batch 64: today's launch (unsplit, 512
+programs, ~3.9 waves on 132 SMs, K/V widened to float32: ~150 registers per thread) ~78%; the best config
+has bf16 dots (half the registers, no conversions) and ~85-88%: 1.44 -> ~1.30 ms per step (-0.1 to -0.15
+ms); splitting at batch 64 does not help (the bucket of 1024 over contexts of 512-640 makes uneven splits);
+at batch 4 today's 5 splits stay within 5% of the best on the split count, bf16 dots worth ~5%.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # before triton is imported: @triton.jit reads TRITON_INTERPRET when it runs
+    if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
+        os.environ["TRITON_INTERPRET"] = "1"
+    if "--compile-only" in sys.argv:
+        os.environ.pop("TRITON_INTERPRET", None)
+
+import argparse  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from dataclasses import astuple, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports kernels.py the right way)
+
+kernels = G.kernels
+MmCfg, AttnCfg = kernels.MmCfg, kernels.AttnCfg
+SHAPES, LAYER_SHAPES, LAYERS, CALLS = G.SHAPES, G.LAYER_SHAPES, G.LAYERS, G.CALLS
+MS = (16, 32, 64)
+CEILING_GBS = 4270.0  # the H200's measured copy ceiling (docs/benchmarks.md, sol.json)
+SMEM_BUDGET = 220 * 1024  # of the SM's 227 KB: STAGES x (BLOCK_N + BLOCK_M) x BLOCK_K x 2 bytes of tiles
+BUGS = ("", "skip_k_tile", "attn_short")
+# attention: the served C shape
+NH, NKV, HD, ATTN_CTX, ATTN_LAYERS, ATTN_BS = 32, 8, 128, 1024, 16, (64, 4)
+POS_LO, POS_HI = 511, 639
+SMOKE_SHAPES = {"even": (64, 256, (16, 64)), "ragged": (40, 320, (20,))}  # (N, K, Ms): N, K short of tiles
+SMOKE_CFGS = (MmCfg(16, 64, 4, 2), MmCfg(32, 32, 4, 3, 2, True), MmCfg(16, 32, 4, 1, 4, False, ""))
+SMOKE_ATTN = (AttnCfg(), AttnCfg(1, 16, 2, 1), AttnCfg(3, 16, 4, 3), AttnCfg(2, 32, 8, 2, True), AttnCfg(1, 16, 4, 2, True))
+
+
+# -- the tuning spaces ------------------------------------------------------------------------------------
+
+def smem(c: MmCfg, m: int) -> int:
+    return c.stages * (c.block_n + kernels.mm_rows(m)) * c.block_k * 2
+
+
+def space(n: int, k: int, m: int, stage: int = 1, around: list[MmCfg] | None = None) -> list[MmCfg]:
+    """Stage 1: BLOCK_N x BLOCK_K x warps x STAGES 3/5 x SWAP x SPLIT_K, evict_first. Stage 2: each of
+    ``around`` at STAGES 2..6 x EVICT. Kept: K a multiple of SPLIT_K x BLOCK_K, tiles within SMEM_BUDGET,
+    <= 128 accumulator registers per thread, <= 2048 programs."""
+    bm = kernels.mm_rows(m)
+
+    def ok(c: MmCfg) -> bool:
+        return (k % (c.split_k * c.block_k) == 0 and smem(c, m) <= SMEM_BUDGET
+                and c.block_n * bm <= 128 * 32 * c.warps and triton.cdiv(n, c.block_n) * c.split_k <= 2048)
+
+    if stage == 1:
+        cands = [MmCfg(bn, bk, w, st, sk, sw) for bn, bk, w, st, sw, sk in
+                 itertools.product((32, 64, 128, 256), (64, 128), (4, 8), (3, 5), (False, True), (1, 2, 4, 8))]
+    else:
+        cands = [replace(c, stages=st, evict=e) for c in around or []
+                 for st, e in itertools.product((2, 3, 4, 5, 6), ("", "evict_first"))]
+    return sorted({c for c in cands if ok(c)}, key=astuple)
+
+
+def variant(c: MmCfg, m: int) -> tuple:
+    """What a compile depends on: ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, float32 P)."""
+    return ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1)
+
+
+def attn_space(B: int) -> list[AttnCfg]:
+    """splits (today's rule, 1, 2, 3, 4 at batch >= 32; 8, 16 below) x BLOCK_N 16..128 x warps 2/4/8 x stages
+    1..4 (BLOCK_N 128: 8 warps only) x float32 or bf16 dots, and today's launch."""
+    splits = (0, 1, 2, 3, 4) if B >= 32 else (0, 1, 2, 4, 8, 16)
+    cands = [AttnCfg(s, bn, w, st, lp) for s, bn, w, st, lp in
+             itertools.product(splits, (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (False, True))]
+    return [c for c in cands if c.block_n < 128 or c.warps == 8] + [AttnCfg()]
+
+
+def attn_splits(c: AttnCfg, B: int) -> int:
+    return c.splits or kernels.split_count(B, NKV, ATTN_CTX, 132)
+
+
+def attn_variants(B: int) -> set[tuple]:
+    """("attn", split?, BLOCK_N, warps, stages, LOWP) per config, ("attn_red", BLOCK_S) per split count."""
+    out = set()
+    for c in attn_space(B):
+        s = attn_splits(c, B)
+        per = triton.cdiv(ATTN_CTX, s)
+        bn = c.block_n or (min(64, max(16, triton.next_power_of_2(per))) if s > 1 else 64)
+        out.add(("attn", s > 1, bn, c.warps, c.stages, int(c.lowp)))
+        if s > 1:
+            out.add(("attn_red", max(8, triton.next_power_of_2(s))))
+    return out
+
+
+# -- ahead-of-time compilation (gemv_bench's pool; this module's jobs) ------------------------------------
+
+def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> dict:
+    """In a worker process: compile one variant for sm_<arch> through the JIT's warm-up path."""
+    from triton.runtime.driver import driver
+
+    if not isinstance(driver._active, G._AOTDriver):
+        driver.set_active(G._AOTDriver(arch))
+    rec = {"job": list(job)}
+    t = time.perf_counter()
+    bf, f32 = torch.bfloat16, torch.float32
+    try:
+        if job[0] == "mm":
+            _, bm, bn, bk, w, st, sw, ev, part = job
+            ck = kernels._mm_kernel.warmup(bf, bf, f32 if part else bf, bm, n, k, 4, k, k, bm * n if part else 0, n,
+                                           grid=(1,), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_N=True, EVEN_K=True,
+                                           SWAP=sw, EVICT=ev, STAGES=st, F32=False, num_warps=w, num_stages=st)
+            if inspect:  # Hopper's wgmma, and the shared memory the pipeline takes
+                rec["wgmma"] = "warp_group_dot" in ck.asm["ttgir"]
+                rec["shared"] = ck.metadata.shared
+            if part:
+                kernels._splitk_reduce_kernel.warmup(f32, bf, n, 4, bm * n, n, n, grid=(1,),
+                                                     BLOCK=kernels.MM_RED_BLOCK, num_warps=4)
+        elif job[0] == "attn":
+            _, split, bn, w, st, lowp = job
+            s_kb, s_kh = NKV * ATTN_CTX * HD, ATTN_CTX * HD
+            meta = dict(G=NH // NKV, HD=HD, BLOCK_G=16, BLOCK_D=HD, BLOCK_N=bn, PREC="tf32", LOWP=lowp, num_warps=w,
+                        num_stages=st, grid=(1,))
+            if split:
+                kernels._decode_attn_split_kernel.warmup(bf, bf, bf, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
+                                                         0.1, NH * HD, HD, s_kb, s_kh, HD, NH=NH, **meta)
+            else:
+                kernels._decode_attn_kernel.warmup(bf, bf, bf, torch.int64, bf, ATTN_CTX, 0.1, NH * HD, HD, s_kb,
+                                                   s_kh, HD, NH * HD, **meta)
+        else:
+            kernels._attn_reduce_kernel.warmup(f32, f32, f32, bf, NH * HD, 2, NH=NH, HD=HD, BLOCK_S=job[1],
+                                               BLOCK_D=HD, num_warps=1, grid=(1,))
+    except Exception as exc:
+        rec["error"] = repr(exc)[:400]
+        return rec
+    rec["s"] = round(time.perf_counter() - t, 3)
+    return rec
+
+
+# -- the GEMM cases -----------------------------------------------------------------------------------------
+
+class MmCase(G.Case):
+    """gemv_bench's Case (x, rotating weights, float64 reference, timed configs) launching ``mm_gemm``."""
+
+    bug = ""
+
+    def launch(self, x: torch.Tensor, w: torch.Tensor, c: MmCfg) -> torch.Tensor:
+        return kernels.mm_gemm(x, w, c, nt_short=int(self.bug == "skip_k_tile"))
+
+
+def mm_row(cs: MmCase, reps: int, margin: float) -> dict:
+    """Finals of one case: its best 3 at full length, cuBLAS (F.linear) graph and eager, GB/s, % ceiling."""
+    fin = {c: cs.time_cfg(c, reps) for c in cs.best(3)}
+    fin = {c: t for c, t in fin.items() if math.isfinite(t)}
+    best = min(fin, key=fin.get) if fin else None
+    wb = cs.n * cs.k * 2
+    row = {"shape": cs.name, "N": cs.n, "K": cs.k, "M": cs.m, "weight_mb": wb / 1e6, "configs_timed": len(cs.timed),
+           "configs_stage1": cs.planned, "n_failed": len(cs.failed), "failed": cs.failed[:5],
+           "best_cfg": list(astuple(best)) if best else None, "best_label": best.label() if best else "-",
+           "finalists_us": {c.label(): t for c, t in fin.items()}}
+    forms = {"cublas": lambda x, w: F.linear(x, w)}
+    if best is not None:
+        forms["triton"] = lambda x, w, c=best: cs.launch(x, w, c)
+    for f, fn in forms.items():
+        row[f"{f}_err"] = (fn(cs.x, cs.ws[0]).double() - cs.ref).abs().max().item()
+        row[f"{f}_graph_us"] = G.graph_us(cs.calls(fn), reps)
+        row[f"{f}_eager_us"] = G.eager_us(cs.calls(fn), 30)
+        row[f"{f}_gbs"] = wb / row[f"{f}_graph_us"] / 1e3
+        row[f"{f}_pct"] = 100.0 * row[f"{f}_gbs"] / CEILING_GBS
+    row["speedup"] = row["cublas_graph_us"] / row.get("triton_graph_us", math.inf)  # > 1: Triton faster
+    row["winner"] = "triton" if row["speedup"] > 1.0 + margin else "cublas"
+    return row
+
+
+def mm_table(rows: list[dict]) -> tuple[dict, str]:
+    """MM_CONFIGS (key -> config tuple) of the winners, and its ready-to-paste Python text."""
+    cfgs, lines = {}, ["MM_CONFIGS = {"]
+    for r in rows:
+        if r["winner"] == "triton":
+            key = (kernels.mm_rows(r["M"]), r["N"], r["K"])
+            cfgs[str(key)] = r["best_cfg"]
+            bn, bk, w, st, sk, sw, ev = r["best_cfg"]
+            lines.append(f"    {key}: MmCfg({bn}, {bk}, {w}, {st}, {sk}, {sw}, {ev!r}),  # {r['shape']:7} "
+                         f"{r['triton_graph_us']:.1f} vs {r['cublas_graph_us']:.1f} us")
+    lines.append("}")
+    return cfgs, "\n".join(lines)
+
+
+def step_gain(rows: list[dict], layers: int = LAYERS) -> dict:
+    """Per M: the decode step's projection time (32 layers x 4 shapes + lm_head) by cuBLAS and by each
+    shape's winner, from the per-call graph times (each already over rotating weights, L2 cold)."""
+    out = {}
+    for m in sorted({r["M"] for r in rows}):
+        by = {r["shape"]: r for r in rows if r["M"] == m}
+        if not set(SHAPES) <= set(by):
+            continue
+        def t(r, best):
+            return min(r["cublas_graph_us"], r.get("triton_graph_us", math.inf)) if best else r["cublas_graph_us"]
+        cub = sum(t(by[s], False) * (layers if s in LAYER_SHAPES else 1) for s in SHAPES) / 1e3
+        win = sum((t(by[s], True) if by[s]["winner"] == "triton" else by[s]["cublas_graph_us"])
+                  * (layers if s in LAYER_SHAPES else 1) for s in SHAPES) / 1e3
+        out[str(m)] = {"cublas_ms": cub, "best_of_ms": win, "gain_ms": cub - win}
+    return out
+
+
+# -- the attention sweep ------------------------------------------------------------------------------------
+
+class AttnCase(G.Case):
+    """decode_attn at batch B as a gemv_bench Case: its "weights" are the ATTN_LAYERS layers of a K/V pool
+    (a graph's calls take them in turn), its reference decode_attn_ref in float64 on layer 0."""
+
+    def __init__(self, B: int, device: str, gen: torch.Generator) -> None:
+        self.name, self.n, self.k, self.m, self.ws = f"attn B={B}", B, ATTN_CTX, B, list(range(ATTN_LAYERS))
+        shape = (ATTN_LAYERS, B, NKV, ATTN_CTX, HD)
+        self.Kp, self.Vp = (torch.randn(shape, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        self.x = torch.randn(B, NH, HD, device=device, generator=gen).to(torch.bfloat16)  # q
+        self.pos = torch.randint(POS_LO, POS_HI + 1, (B,), device=device, generator=gen)
+        self.scale = HD ** -0.5
+        self.ref = kernels.decode_attn_ref(self.x.double(), self.Kp[:1].double(), self.Vp[:1].double(), 0, B,
+                                           self.pos, ATTN_CTX, self.scale)
+        got = kernels.decode_attn_ref(self.x, self.Kp, self.Vp, 0, B, self.pos, ATTN_CTX, self.scale)
+        self.err_cublas = (got.double() - self.ref).abs().max().item()  # torch's own error plays cuBLAS's
+        self.kv_bytes = int((self.pos + 1).sum().item()) * NKV * HD * 2 * 2
+        self.timed, self.failed, self.planned = {}, [], 0
+
+    def launch(self, q: torch.Tensor, layer: int, c: AttnCfg) -> torch.Tensor:
+        return kernels.decode_attn(q, self.Kp, self.Vp, layer, self.n, self.pos, ATTN_CTX, self.scale, cfg=c)
+
+
+def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generator, log) -> dict:
+    """Every attn_space config at batch B (graphs of CALLS calls over the layers in turn), each checked
+    against decode_attn_ref first; today's launch first, then the rest until ``until``, the best 3 and
+    today's timed again at full length."""
+    cs = AttnCase(B, device, gen)
+    today = AttnCfg()
+    cs.time_cfg(today, 3)
+    space_b = attn_space(B)
+    G._tune([cs], {id(cs): [c for c in space_b if c != today]}, until)
+    fin = {c: cs.time_cfg(c, reps) for c in dict.fromkeys([today, *cs.best(3)])}
+    best = min(fin, key=fin.get)
+    timed, failed, kv_bytes = cs.timed, cs.failed, cs.kv_bytes
+    pos = cs.pos
+    row = {"B": B, "ctx": ATTN_CTX, "pos_mean": float(pos.double().mean()), "kv_mb": kv_bytes / 1e6,
+           "timed": len(timed), "planned": len(space_b), "n_failed": len(failed), "failed": failed[:5],
+           "today_splits": attn_splits(today, B), "today_us": fin[today], "best_label": best.label(),
+           "best_cfg": list(astuple(best)), "best_splits": attn_splits(best, B), "best_us": fin[best],
+           "finalists_us": {c.label(): t for c, t in fin.items()}}
+    for k in ("today", "best"):
+        row[f"{k}_gbs"] = kv_bytes / row[f"{k}_us"] / 1e3
+        row[f"{k}_pct"] = 100.0 * row[f"{k}_gbs"] / CEILING_GBS
+    row["speedup"] = row["today_us"] / row["best_us"]
+    row["step_gain_ms"] = (row["today_us"] - row["best_us"]) * LAYERS / 1e3
+    log(f"attention B={B}: today ({today.label()}, {row['today_splits']} splits) {row['today_us']:.1f} us "
+        f"{row['today_gbs']:.0f} GB/s; best {best.label()} {row['best_us']:.1f} us {row['best_gbs']:.0f} GB/s "
+        f"({row['timed']}/{row['planned']} timed, {row['n_failed']} failed)")
+    return row
+
+
+# -- the GPU run ---------------------------------------------------------------------------------------------
+
+def stage1_jobs(shapes: dict, attn_bs=ATTN_BS) -> list[tuple]:
+    """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch)."""
+    jobs = sorted({variant(c, m) for m in MS for n, k in shapes.values() for c in space(n, k, m)}, key=str)
+    return jobs + sorted(set().union(*(attn_variants(B) for B in attn_bs)) if attn_bs else set(), key=str)
+
+
+def compile_only(args) -> int:
+    """Compile stage 1's variants for sm_90 in ``--jobs`` processes (the GPU run's pool), no GPU needed:
+    a compile error, or more shared memory than an SM has, is a problem."""
+    jobs = stage1_jobs(SHAPES)
+    t = time.perf_counter()
+    recs = G.wait_compiled(*G.precompile(jobs, 4096, 4096, 90, args.jobs, inspect=True, job_fn=_compile))
+    bad = [r for r in recs if "error" in r or r.get("shared", 0) > G.SMEM_MAX]
+    for r in bad:
+        print("PROBLEM", r)
+    mm = [r for r in recs if r.get("job", [""])[0] == "mm" and "error" not in r]
+    print(json.dumps({"variants": len(recs), "clean": len(recs) - len(bad), "wall_s": round(time.perf_counter() - t, 1),
+                      "mm_wgmma": sum(bool(r.get("wgmma")) for r in mm), "mm": len(mm)}))
+    print(f"{len(recs) - len(bad)} of {len(recs)} variants compile for sm_90 cleanly")
+    return 1 if bad else 0
+
+
+def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LAYERS, attn_bs=ATTN_BS) -> dict:
+    """The H200 run (``device``, ``shapes``, ``layers`` and ``attn_bs`` are for the CPU test of this flow)."""
+    t0 = time.perf_counter()
+    shapes = shapes or SHAPES
+    budget = args.budget_s
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:5.1f}s] {msg}", flush=True)
+
+    res: dict = {"meta": {"triton": triton.__version__, "torch": torch.__version__, "calls_per_graph": CALLS,
+                          "reps": args.reps, "budget_s": budget, "ceiling_gbs": CEILING_GBS, "margin": args.margin},
+                 "pool": {}, "cases": [], "attention": []}
+    jobs1 = stage1_jobs(shapes, attn_bs)
+    pool, futs = G.precompile(jobs1, 4096, 4096, 90, args.jobs, job_fn=_compile) if device == "cuda" else (None, [])
+    gen = torch.Generator(device=device).manual_seed(0)
+    if device == "cuda":
+        dev = torch.cuda.get_device_properties(0)
+        res["meta"].update(device=dev.name, sms=dev.multi_processor_count)
+    weights = {name: [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16)
+                      for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in shapes.items()}
+    cases = [MmCase(name, n, k, m, weights[name], gen) for name, (n, k) in shapes.items() for m in MS]
+    log(f"weights and references ready; waiting for {len(jobs1)} stage-1 compiles (GEMM and attention)")
+    recs = G.wait_compiled(None, futs)
+    res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
+                             "s": round(time.perf_counter() - t0, 1)}
+    log(f"stage 1: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
+
+    G._tune(cases, {id(cs): space(cs.n, cs.k, cs.m) for cs in cases}, t0 + 0.45 * budget)
+    for cs in cases:
+        cs.planned = len(space(cs.n, cs.k, cs.m))
+        b = cs.best(1)
+        log(f"{cs.name} M={cs.m}: stage 1 timed {len(cs.timed)}/{cs.planned}, best "
+            f"{f'{b[0].label()} {cs.timed[b[0]]:.1f} us' if b else '-'}, {len(cs.failed)} failed")
+    around = {id(cs): space(cs.n, cs.k, cs.m, 2, cs.best(2)) for cs in cases}
+    jobs2 = sorted({variant(c, cs.m) for cs in cases for c in around[id(cs)]} - set(jobs1), key=str)
+    t = time.perf_counter()
+    if device == "cuda" and pool is not None:
+        recs = G.wait_compiled(None, [pool.submit(_compile, j, 4096, 4096, 90) for j in jobs2])
+    res["pool"]["stage2"] = {"variants": len(jobs2), "errors": [r for r in recs if "error" in r][:5],
+                             "s": round(time.perf_counter() - t, 1)}
+    if pool is not None:
+        pool.shutdown()
+    log(f"stage 2: {len(jobs2)} more variants compiled")
+    G._tune(cases, around, t0 + 0.65 * budget)
+    log("stage 2 timed; finals")
+    for cs in cases:
+        row = mm_row(cs, args.reps, args.margin)
+        res["cases"].append(row)
+        log(f"{cs.name} M={cs.m}: cuBLAS {row['cublas_graph_us']:.1f} us ({row['cublas_pct']:.0f}%), triton "
+            f"{row.get('triton_graph_us', math.inf):.1f} us ({row.get('triton_pct', 0):.0f}%, {row['best_label']})")
+    res["mm_configs"], res["mm_configs_py"] = mm_table(res["cases"])
+    res["step"] = step_gain(res["cases"], layers)
+    # the attention sweep: the rest of the budget, split evenly over the batches
+    for i, B in enumerate(attn_bs):
+        until = time.perf_counter() + max(t0 + 0.92 * budget - time.perf_counter(), 2.0) / (len(attn_bs) - i)
+        res["attention"].append(attn_sweep(B, until, args.reps, device, gen, log))
+    res["attn_configs_py"] = attn_table(res["attention"], args.margin)
+    res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
+def attn_table(rows: list[dict], margin: float) -> str:
+    lines = ["ATTN_CONFIGS = {"]
+    for r in rows:
+        if r["speedup"] > 1.0 + margin:
+            s, bn, w, st, lp = r["best_cfg"]
+            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}),  # {r['best_us']:.1f} vs "
+                         f"{r['today_us']:.1f} us")
+    return "\n".join(lines + ["}"])
+
+
+def table(res: dict) -> str:
+    lines = [f"{'shape':8} {'M':>2} {'MB':>6} | {'cuBLAS us':>9} {'GB/s':>5} {'%ceil':>5} | {'triton us':>9} "
+             f"{'GB/s':>5} {'%ceil':>5} {'speedup':>7} | {'eager cuBLAS/triton':>19} | winner  best (timed/grid, failed)"]
+    for r in res["cases"]:
+        def f(key: str, fmt: str, r=r) -> str:
+            return format(r[key], fmt) if key in r else "-"
+
+        lines.append(f"{r['shape']:8} {r['M']:>2} {r['weight_mb']:6.1f} | {f('cublas_graph_us', '9.1f')} "
+                     f"{f('cublas_gbs', '5.0f')} {f('cublas_pct', '5.1f')} | {f('triton_graph_us', '9.1f'):>9} "
+                     f"{f('triton_gbs', '5.0f'):>5} {f('triton_pct', '5.1f'):>5} {r['speedup']:7.3f} | "
+                     f"{f('cublas_eager_us', '8.1f')} / {f('triton_eager_us', '8.1f'):>8} | {r['winner']:7} "
+                     f"{r['best_label']} ({r['configs_timed']}/{r['configs_stage1']}, {r['n_failed']})")
+    for m, s in res.get("step", {}).items():
+        lines.append(f"M={m}: projections per decode step (32 layers + lm_head) cuBLAS {s['cublas_ms']:.3f} ms, "
+                     f"with the winners {s['best_of_ms']:.3f} ms: gain {s['gain_ms']:.3f} ms")
+    for r in res.get("attention", []):
+        lines.append(f"attention B={r['B']} ctx {r['ctx']} (pos mean {r['pos_mean']:.0f}, {r['kv_mb']:.0f} MB K/V): "
+                     f"today {r['today_us']:.1f} us {r['today_gbs']:.0f} GB/s ({r['today_pct']:.0f}%), best "
+                     f"{r['best_label']} ({r['best_splits']} splits) {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s "
+                     f"({r['best_pct']:.0f}%): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
+    lines += [res.get("mm_configs_py", ""), res.get("attn_configs_py", "")]
+    return "\n".join(lines)
+
+
+# -- the CPU smoke run ----------------------------------------------------------------------------------------
+
+def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS, attn_cfgs=SMOKE_ATTN) -> dict:
+    """Interpreted on the CPU: every mm cfg at every tiny shape and M against the float64 x @ W.T, and every
+    attention cfg against the float64 decode_attn_ref (gemv_bench's ``check``; torch's CPU bf16 result plays
+    cuBLAS). ``bug``: skip_k_tile (the GEMM one K tile short), attn_short (attention one position short)."""
+    assert bug in BUGS
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for name, (n, k, ms) in (shapes or SMOKE_SHAPES).items():
+        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
+        for m in ms:
+            x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+            ref = x.double() @ w.double().t()
+            err_c = ((x @ w.t()).double() - ref).abs().max().item()
+            for c in cfgs:
+                y = kernels.mm_gemm(x, w, c, nt_short=int(bug == "skip_k_tile"))
+                rows.append({"what": f"mm {name} N={n} K={k} M={m}", "cfg": c.label(), **G.check(y, ref, err_c)})
+    B, nh, nkv, hd, ctx = 3, 4, 2, 16, 64
+    Kp, Vp = (torch.randn(2, B, nkv, ctx + 16, hd, generator=g).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(B, nh, hd, generator=g).to(torch.bfloat16)
+    pos = torch.tensor([5, 33, 63])
+    ref = kernels.decode_attn_ref(q.double(), Kp.double(), Vp.double(), 1, B, pos, ctx, hd ** -0.5)
+    err_r = (kernels.decode_attn_ref(q, Kp, Vp, 1, B, pos, ctx, hd ** -0.5).double() - ref).abs().max().item()
+    for c in attn_cfgs:
+        o = kernels.decode_attn(q, Kp, Vp, 1, B, pos - int(bug == "attn_short"), ctx, hd ** -0.5, cfg=c)
+        rows.append({"what": f"attn B={B} ctx={ctx}", "cfg": c.label(), **G.check(o, ref, err_r)})
+    return {"ok": all(r["ok"] for r in rows), "bug": bug, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--reps", type=int, default=25, help="graph replays per final timing (median)")
+    ap.add_argument("--budget-s", type=float, default=110.0, help="rough wall budget of tuning and sweep (GPU)")
+    ap.add_argument("--margin", type=float, default=0.01, help="a winner must beat the baseline by this fraction")
+    ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
+    ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
+    ap.add_argument("--compile-only", action="store_true", help="compile stage 1's variants for sm_90, no GPU")
+    args = ap.parse_args(argv)
+    if args.compile_only:
+        return compile_only(args)
+    if args.device == "cpu":
+        if not G.INTERPRET:
+            raise SystemExit("--device cpu needs TRITON_INTERPRET=1 when triton is imported (run as a script)")
+        G.smoke_setup()
+        res = smoke(args.bug)
+        for r in res["rows"]:
+            print(f"{r['what']:28} {r['cfg']:18} err {r['err']:.3e} tol {r['tol']:.3e} {'ok' if r['ok'] else 'FAIL'}")
+        print("smoke", "ok" if res["ok"] else "FAILED", f"({len(res['rows'])} checks, bug={args.bug!r})")
+    else:
+        res = gpu(args)
+        print(table(res))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")
+    return 0 if res.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""benchmarks/gpu/mm_bench.py on the CPU: its skinny GEMM and attention checks, both ways, and its GPU control flow.
+
+The smoke run (interpreter, tiny shapes) checks every GEMM config against the float64 x @ W.T and every
+attention config against the float64 decode_attn_ref with gemv_bench's ``check``, and fails a deliberately
+wrong kernel (``--bug skip_k_tile``: the GEMM one K tile short; ``attn_short``: attention one position short).
+The GPU run's flow (stage 1, stage 2, finals, the MM_CONFIGS table, the step estimate, the attention sweep)
+runs here with the timing stubbed, dropping a config whose output is wrong. And the heaviest variants
+compile for sm_90 through the bench's own ahead-of-time path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "mm_bench.py"
+
+
+def _load():
+    """Import the script with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location("mm_bench_interpreted", SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+M = _load()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpret():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        M.G.smoke_setup()
+        yield
+
+
+def test_smoke_cli_passes(tmp_path) -> None:
+    """``--device cpu``: 3 GEMM configs (split-K 1/2/4, both dot orientations) at an even and a ragged
+    shape (M 16, 64, 20) and 5 attention configs (today's, unsplit, 3 and 2 splits, bf16 dots unsplit and split)
+    pass; rc 0, the JSON."""
+    assert M.main(["--device", "cpu", "--out", str(tmp_path / "s.json")]) == 0
+    res = json.loads((tmp_path / "s.json").read_text())
+    assert res["ok"] and len(res["rows"]) == 14 and sum(r["what"].startswith("attn") for r in res["rows"]) == 5
+
+
+@pytest.mark.parametrize("bug", ["skip_k_tile", "attn_short"])
+def test_smoke_catches_a_wrong_kernel(bug) -> None:
+    """The bench's check fails every GEMM launch one K tile short, and every attention launch one position
+    short; the rest still pass, and the CLI's rc is 1."""
+    res = M.smoke(bug)
+    kind = "mm" if bug == "skip_k_tile" else "attn"
+    assert not res["ok"]
+    assert all(r["ok"] != r["what"].startswith(kind) for r in res["rows"]), [(r["what"], r["ok"]) for r in res["rows"]]
+    assert M.main(["--device", "cpu", "--bug", bug]) == 1
+
+
+def test_gpu_flow_on_the_cpu(monkeypatch) -> None:
+    """``gpu()`` end to end on tiny shapes, interpreted, timing stubbed (seeded random times): stage 1 and 2
+    (3 configs, then 2 evict variants), finals, the MM_CONFIGS table (one entry per Triton winner), the step
+    estimate and the attention sweep.
+    A GEMM config made wrong (one K tile short) and an attention config made wrong are failed, never chosen."""
+    rng = random.Random(0)
+    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
+    monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
+    bad, good = M.MmCfg(16, 64, 4, 1), [M.MmCfg(16, 64, 4, 2), M.MmCfg(32, 32, 4, 1, 2, True)]
+    monkeypatch.setattr(M, "space", lambda n, k, m, stage=1, around=None: [bad, *good] if stage == 1 else
+                        [M.replace(c, evict="") for c in around or []])
+    launch = M.MmCase.launch
+    monkeypatch.setattr(M.MmCase, "launch", lambda self, x, w, c: launch(self, x, w, c) if c != bad else
+                        M.kernels.mm_gemm(x, w, c, nt_short=1))
+    abad = M.AttnCfg(2, 16, 4, 2)
+    monkeypatch.setattr(M, "attn_space", lambda B: [M.AttnCfg(1, 16, 2, 1), abad, M.AttnCfg()])
+    real_attn = M.kernels.decode_attn
+    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
+                        real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
+    for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
+                      ("POS_HI", 60)):
+        monkeypatch.setattr(M, name, val)
+    shapes = {"qkv": (48, 128), "o": (32, 64), "gate_up": (64, 64), "down": (32, 128), "lm_head": (40, 64)}
+    args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01)
+    res = M.gpu(args, device="cpu", shapes=shapes, layers=2, attn_bs=(4,))
+    assert len(res["cases"]) == 15
+    for r in res["cases"]:
+        assert r["n_failed"] == 1 and r["failed"][0].startswith(bad.label()) and r["best_label"] != bad.label()
+        assert r["configs_timed"] == 5 and {"cublas_graph_us", "triton_graph_us", "triton_eager_us"} <= r.keys()
+    assert set(res["step"]) == {"16", "32", "64"}
+    text = M.table(res)
+    assert text.count("MmCfg(") == sum(r["winner"] == "triton" for r in res["cases"]) == len(res["mm_configs"])
+    (att,) = res["attention"]
+    assert att["n_failed"] == 1 and att["failed"][0].startswith(abad.label()) and att["best_label"] != abad.label()
+    assert att["timed"] == 3 and "attention B=4" in text
+
+
+def test_heaviest_variants_compile_for_the_h200() -> None:
+    """The heaviest GEMM variants (BLOCK_M 64 x BLOCK_N 256 accumulators, 5 stages of tiles, split-K's
+    reduction) and attention variants compile for sm_90 through the bench's ahead-of-time path
+    (``_compile`` with gemv_bench's ``_AOTDriver``), wgmma (warp_group_dot) where the dot's M side is 64+.
+    Compiled, not interpreted: a subprocess."""
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("triton without its NVIDIA backend's ptxas")
+    code = f"""
+import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})
+import mm_bench as M
+jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
+        ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2, 1), ("attn", False, 128, 8, 4, 0),
+        ("attn_red", 16)]
+recs = [M._compile(j, 4096, 4096, 90, True) for j in jobs]
+bad = [r for r in recs if "error" in r]
+print("errors", bad)
+print("wgmma", [r.get("wgmma") for r in recs[:3]])
+print("compiled", len(recs) - len(bad))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "compiled 6" in res.stdout, res.stdout[-2000:]
+    assert "wgmma [True, True, True]" in res.stdout, res.stdout[-2000:]  # SWAP: wgmma at 16 rows too
