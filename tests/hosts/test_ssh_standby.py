@@ -15,51 +15,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from standby_server import LOG_LINES, PRELOAD
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.hosts import get_host
-from orchestrator.hosts.registry import HostRegistry
 from orchestrator.remote import hostlock
 
-pytestmark = pytest.mark.slow  # launches servers on the host
-
-# A stdlib server that logs what a cold start decides by (argv, import path, cwd, environment,
-# __name__), then answers /health. `decimal` stands in for torch: the module to preload.
-SERVER = '''
-import hashlib, http.server, json, os, sys
-print("argv", sys.argv[0], sys.argv[2:], "path0", sys.path[0], "cwd", os.getcwd(), "name", __name__)
-print("env", hashlib.sha256(json.dumps(sorted(os.environ.items())).encode()).hexdigest(), os.environ.get("X_MODE"))
-import decimal
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(str(decimal.Decimal(1) / 8).encode())
-    def log_message(self, *a):
-        pass
-print("ready", flush=True)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
-PRELOAD = ["decimal", "http.server"]
-
-
-@pytest.fixture
-def ws(tmp_path, sshd):
-    state = tmp_path / ".infergoal"
-    state.mkdir()
-    (state / "known_hosts").write_text(sshd.known_hosts_line())
-    HostRegistry(state).add(sshd.spec("box", workdir=tmp_path / "remote"))
-    (tmp_path / "srv").mkdir()
-    (tmp_path / "srv" / "server.py").write_text(SERVER)
-    return tmp_path
-
-
-@pytest.fixture
-def box(ws):
-    host = get_host("box", state_dir=ws / ".infergoal")
-    yield host
-    host.close()
-    host.sweep_orphans()
-    host.conn.close()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("script")]  # launches servers (conftest.py's) on the host
 
 
 def _launch(host, ws: Path, name: str, env=None):
@@ -120,7 +82,7 @@ def test_the_second_launch_over_ssh_runs_on_the_standby_and_serves_as_a_cold_one
     assert w[0].startswith(f"infergoal: standby pid={pid} runs this launch (preloaded decimal http.server")
     assert re.fullmatch(rf"infergoal: standby pid={pid} took the launch \d+\.\d\ds after it was sent "
                         r"\(its imports took \d+\.\d\ds\)", w[1]), w[1]
-    assert w[2:] == c and len(c) == 3, "argv, import path, cwd, __name__ and the environment of a cold start"
+    assert w[2:] == c and len(c) == LOG_LINES, "argv, import path, cwd, __name__, environment of a cold start"
 
 
 def test_another_environment_starts_cold_and_ends_the_standby(ws, box):

@@ -13,36 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from standby_server import LOG_LINES, PRELOAD
 
 from orchestrator.hosts import LocalHost, ServerCrashed
-
-# A stdlib server that logs what a cold start would decide by (argv, import path, cwd, environment,
-# __name__/__file__), then answers /health. `decimal` stands in for torch: the module to preload.
-SERVER = '''
-import hashlib, http.server, json, os, sys
-print("argv", sys.argv[0], sys.argv[2:], "path0", sys.path[0], "cwd", os.getcwd(), "name", __name__, "file", __file__)
-print("env", hashlib.sha256(json.dumps(sorted(os.environ.items())).encode()).hexdigest())
-print("stdout buffered", not sys.stdout.line_buffering, file=sys.stderr)
-import decimal
-if sys.argv[2] == "crash":
-    sys.exit("engine failed: boom")
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(str(decimal.Decimal(1) / 8).encode())
-    def log_message(self, *a):
-        pass
-print("ready", flush=True)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
-PRELOAD = ["decimal", "http.server"]
-
-
-@pytest.fixture
-def script(tmp_path: Path) -> str:
-    (tmp_path / "srv").mkdir()
-    path = tmp_path / "srv" / "server.py"
-    path.write_text(SERVER)
-    return str(path)
 
 
 def _dead_pid() -> int:
@@ -117,7 +90,7 @@ def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, sc
         took = re.fullmatch(rf"infergoal: standby pid={pid} took the launch (\d+\.\d\d)s after it was sent "
                             r"\(its imports took (\d+\.\d\d)s\)", w[1])
         assert took and float(took[1]) < 5.0, w[1]
-        assert w[2:] == c and len(c) == 4  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
+        assert w[2:] == c and len(c) == LOG_LINES  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
         host.stop(warm, grace_s=2)
         assert not host.alive(warm) and _gone(pid)
         assert not (host.pid_dir / f"{pid}.json").exists()
