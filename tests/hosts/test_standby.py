@@ -1,7 +1,9 @@
 """LocalHost's standby interpreter (orchestrator.hosts.standby) against real processes: a launch it runs
 behaves and logs as a cold one, a different environment starts cold, the orphan sweep and `close` end
-it, a launch without preload modules never makes one, and a server it runs that crashes reads as a crash."""
+it, a launch without preload modules never makes one, a server it runs that crashes reads as a crash, and
+one that got no launch for `standby_idle_s` exits by itself (never while a job is being written to it)."""
 
+import fcntl
 import json
 import os
 import re
@@ -16,6 +18,7 @@ import pytest
 from standby_server import LOG_LINES, PRELOAD
 
 from orchestrator.hosts import LocalHost, ServerCrashed
+from orchestrator.hosts.standby import spawn
 
 
 def _dead_pid() -> int:
@@ -210,3 +213,39 @@ def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script)
         host.wait_healthy(url, 20, dead)
     host.stop(dead, grace_s=1)
     host.close()
+
+
+def test_an_idle_standby_exits_by_itself_and_the_next_launch_starts_cold(tmp_path, script):
+    host = LocalHost(tmp_path, standby_idle_s=0.5)
+    proc, url = _launch(host, script, tmp_path / "a.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    assert _gone(pid), "no launch came: it exits by itself"
+    assert f"standby pid={pid}: no launch came in 0.5s; it exits" in (host.pid_dir / "standby.log").read_text()
+    t0 = time.monotonic()
+    cold, url = _launch(host, script, tmp_path / "b.log")
+    try:
+        assert not cold.standby and cold.pid != pid and time.monotonic() - t0 < 5
+        host.wait_healthy(url, 20, cold)
+        assert not (host.pid_dir / f"{pid}.json").exists()
+    finally:
+        host.stop(cold, grace_s=2)
+        host.close()
+
+
+def test_an_idle_standby_takes_the_job_a_host_is_writing_as_its_time_runs_out(tmp_path):
+    """The host holds the lock on its end of the pipe while it writes a job; a standby whose idle time runs
+    out meanwhile waits for it and takes the job instead of exiting (the job would be lost in the pipe)."""
+    (tmp_path / "job.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    sb = spawn(sys.executable, ["decimal"], dict(os.environ), str(tmp_path), tmp_path / "sb.log", lambda: None, 0.3)
+    deadline = time.monotonic() + 10
+    while "imported decimal" not in (tmp_path / "sb.log").read_text():
+        assert time.monotonic() < deadline, "the standby never finished its imports"
+        time.sleep(0.02)
+    fcntl.flock(sb.job_fd, fcntl.LOCK_EX)  # the host, about to write, as the standby's 0.3 s run out
+    time.sleep(1.0)
+    sb.hand_over([str(tmp_path / "job.py"), "x"], dict(os.environ), str(tmp_path), tmp_path / "job.log")
+    assert sb.popen.wait(10) == 0
+    assert "ran ['x']" in (tmp_path / "job.log").read_text()
+    assert "no launch came" not in (tmp_path / "sb.log").read_text()
