@@ -216,13 +216,13 @@ def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script)
 
 
 def test_an_idle_standby_exits_by_itself_and_the_next_launch_starts_cold(tmp_path, script):
-    host = LocalHost(tmp_path, standby_idle_s=0.5)
+    host = LocalHost(tmp_path, standby_idle_s=0.3)
     proc, url = _launch(host, script, tmp_path / "a.log")
     host.wait_healthy(url, 20, proc)
     host.stop(proc, grace_s=2)
     pid = _standby_ready(host)
     assert _gone(pid), "no launch came: it exits by itself"
-    assert f"standby pid={pid}: no launch came in 0.5s; it exits" in (host.pid_dir / "standby.log").read_text()
+    assert f"standby pid={pid}: no launch came in 0.3s; it exits" in (host.pid_dir / "standby.log").read_text()
     t0 = time.monotonic()
     cold, url = _launch(host, script, tmp_path / "b.log")
     try:
@@ -238,13 +238,13 @@ def test_an_idle_standby_takes_the_job_a_host_is_writing_as_its_time_runs_out(tm
     """The host holds the lock on its end of the pipe while it writes a job; a standby whose idle time runs
     out meanwhile waits for it and takes the job instead of exiting (the job would be lost in the pipe)."""
     (tmp_path / "job.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
-    sb = spawn(sys.executable, ["decimal"], dict(os.environ), str(tmp_path), tmp_path / "sb.log", lambda: None, 0.3)
+    sb = spawn(sys.executable, ["decimal"], dict(os.environ), str(tmp_path), tmp_path / "sb.log", lambda: None, 0.2)
     deadline = time.monotonic() + 10
     while "imported decimal" not in (tmp_path / "sb.log").read_text():
         assert time.monotonic() < deadline, "the standby never finished its imports"
         time.sleep(0.02)
-    fcntl.flock(sb.job_fd, fcntl.LOCK_EX)  # the host, about to write, as the standby's 0.3 s run out
-    time.sleep(1.0)
+    fcntl.flock(sb.job_fd, fcntl.LOCK_EX)  # the host, about to write, as the standby's 0.2 s run out
+    time.sleep(0.5)
     sb.hand_over([str(tmp_path / "job.py"), "x"], dict(os.environ), str(tmp_path), tmp_path / "job.log")
     assert sb.popen.wait(10) == 0
     assert "ran ['x']" in (tmp_path / "job.log").read_text()
