@@ -118,7 +118,7 @@ def start_run(
     store = open_store(ws)
     check_host_free(store, ws.config.host, ws.config.allow_concurrent_runs)
     hosts = get_hosts(ws.config.host, state_dir=ws.state_dir, model_cache=ws.config.model_cache,
-                      standby=ws.config.standby)
+                      standby=ws.config.standby, standby_idle_s=ws.config.standby_idle_s)
     # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
     fingerprint, *others = [h.fingerprint() for h in hosts]
     floors = _floors(ws)  # a floors file that cannot be used is refused here, before the run row
@@ -167,7 +167,8 @@ def resume_run(
         # say so in its row instead of leaving it `interrupted` forever.
         store.set_run_status(run.id, "failed", stop_reason=f"Failed: {e}")
         raise
-    hosts = get_hosts(config.host, state_dir=ws.state_dir, model_cache=config.model_cache, standby=config.standby)
+    hosts = get_hosts(config.host, state_dir=ws.state_dir, model_cache=config.model_cache, standby=config.standby,
+                      standby_idle_s=config.standby_idle_s)
     share = share_host or config.allow_concurrent_runs
     with HostLeases(hosts, run_identity(ws.root, run.id), share=share) as host_leases, _held(store, run.id, config, hosts, share=share):
         def run_is_live(rid: int) -> bool:

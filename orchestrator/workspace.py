@@ -95,6 +95,10 @@ class Config(BaseModel):
     """On a local or SSH host, run each launch of a target that names `preload` modules in a standby
     interpreter that imported them while the previous server ran (orchestrator.hosts.standby): a
     deploy saves the imports (torch, transformers: 2.6-4.2 s on the H200). Off: every launch starts cold."""
+    standby_idle_s: float = Field(900.0, gt=0, le=7 * 24 * 3600)
+    """A standby interpreter that got no launch for this long (seconds) exits by itself, so one left on an
+    SSH host by an orchestrator that died (it outlives its orchestrator there) does not hold its memory
+    until `hosts clean`; the next launch then starts cold."""
     target: str = ""
     """Target TOML path; empty = the shipped hfserve example."""
     proposer: str = "search"

@@ -11,14 +11,16 @@ from orchestrator.hosts.local import LocalHost
 __all__ = ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
 
 
-def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True) -> Host:
+def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True,
+             standby_idle_s: float | None = None) -> Host:
     """Pick a host by string key: `local` (default), `ssh://user@host:port`, or a name from `infergoal hosts add`.
 
     `model_cache`: the workspace's setting for a RAM-backed model copy (orchestrator.remote.modelcache),
     on this machine or, for an SSH host, applied there (`hostd model`). `standby`: the
-    workspace's switch for the host's standby interpreter (orchestrator.hosts.standby)."""
+    workspace's switch for the host's standby interpreter (orchestrator.hosts.standby), and
+    `standby_idle_s` how long one waits for a launch before it exits by itself (None: until ended)."""
     if spec in ("", "local", "localhost"):
-        return LocalHost(state_dir=state_dir, model_cache=model_cache, standby=standby)
+        return LocalHost(state_dir=state_dir, model_cache=model_cache, standby=standby, standby_idle_s=standby_idle_s)
     # Imported on use: the SSH side brings paramiko, and a local run need not pay for it.
     from orchestrator.hosts.registry import HostRegistry
     from orchestrator.hosts.ssh import SSHHost
@@ -26,16 +28,19 @@ def get_host(spec: str, *, state_dir: str | Path, model_cache: str = "off", stan
 
     if spec.startswith("ssh://"):
         return SSHHost(parse_ssh_url(spec, name=spec), state_dir=state_dir, model_cache=model_cache,
-                       standby=standby)  # named by its URL in messages
+                       standby=standby, standby_idle_s=standby_idle_s)  # named by its URL in messages
     known = HostRegistry(state_dir)
     if spec in known.names():
-        return SSHHost(known.get(spec), state_dir=state_dir, model_cache=model_cache, standby=standby)
+        return SSHHost(known.get(spec), state_dir=state_dir, model_cache=model_cache, standby=standby,
+                       standby_idle_s=standby_idle_s)
     raise HostError(f"unknown host {spec!r}; use 'local', ssh://user@host:port, or add it with `infergoal hosts add {spec} ssh://...`")
 
 
-def get_hosts(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True) -> list[Host]:
+def get_hosts(spec: str, *, state_dir: str | Path, model_cache: str = "off", standby: bool = True,
+              standby_idle_s: float | None = None) -> list[Host]:
     """One host, or a pool written as a comma-separated list (`box0,box1` or `ssh://a,ssh://b`)."""
     parts = [p.strip() for p in spec.split(",")] if "," in spec else [spec]
     if len(set(parts)) != len(parts):
         raise HostError(f"host {spec!r} names the same host twice; register one name per GPU with `hosts add NAME ... --gpus N`")
-    return [get_host(p, state_dir=state_dir, model_cache=model_cache, standby=standby) for p in parts]
+    return [get_host(p, state_dir=state_dir, model_cache=model_cache, standby=standby, standby_idle_s=standby_idle_s)
+            for p in parts]

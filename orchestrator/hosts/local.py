@@ -60,7 +60,8 @@ class LocalHost:
     run_id: int | None = None
     """The run whose servers this host starts; recorded in each pidfile for the orphan sweep."""
 
-    def __init__(self, state_dir: str | Path, *, model_cache: str = "off", standby: bool = True) -> None:
+    def __init__(self, state_dir: str | Path, *, model_cache: str = "off", standby: bool = True,
+                 standby_idle_s: float | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.model_cache = resolve(model_cache)
         """Where trials' models are copied to load from RAM (orchestrator.remote.modelcache); None: not copied."""
@@ -68,6 +69,8 @@ class LocalHost:
         self.pid_dir.mkdir(parents=True, exist_ok=True)
         self.use_standby = standby
         """Keep a standby interpreter for launches that name modules to preload (orchestrator.hosts.standby)."""
+        self.standby_idle_s = standby_idle_s
+        """A standby that got no launch for this long exits by itself (None: it waits to be ended)."""
         self._standby: Standby | None = None
         self.base_env = dict(os.environ)
         """What servers launched here inherit: the environment this host was made with. Libraries the
@@ -125,7 +128,8 @@ class LocalHost:
         if self._standby is not None and self._standby.popen.poll() is None:
             return
         try:
-            self._standby = spawn(python, preload, full_env, cwd, self.pid_dir / "standby.log", _die_with_parent)
+            self._standby = spawn(python, preload, full_env, cwd, self.pid_dir / "standby.log", _die_with_parent,
+                                  self.standby_idle_s)
         except OSError:
             return  # the next launch starts cold, as it would without a standby
         self._write_pidfile(self._standby.pid, self._standby.argv)

@@ -44,7 +44,7 @@ class SSHHost:
     """A GPU box over SSH. `state_dir` is the workspace's `.infergoal/` (known_hosts lives there)."""
 
     def __init__(self, spec: HostSpec, *, state_dir: str | Path, known_hosts: str | Path | None = None,
-                 model_cache: str = "off", standby: bool = True) -> None:
+                 model_cache: str = "off", standby: bool = True, standby_idle_s: float | None = None) -> None:
         self.spec, self.name = spec, spec.name
         self.model_cache = model_cache
         """The workspace's `model_cache`, applied on the host (orchestrator.remote.modelcache: "auto" = where it has a GPU)."""
@@ -61,6 +61,8 @@ class SSHHost:
         self.use_standby = standby
         """Keep a standby interpreter on the host for launches that name modules to preload (as LocalHost
         does: orchestrator.hosts.standby; on the host, orchestrator/remote/hostd.py)."""
+        self.standby_idle_s = standby_idle_s
+        """A standby on the host that got no launch for this long exits by itself (None: it waits to be ended)."""
         self.standby_slot = hashlib.sha256(f"{self.owner}:{spec.name}:{spec.gpus}".encode()).hexdigest()[:16]
         """This host entry's standby on the host (a workspace's two entries for two GPUs of one box get two)."""
         self._standby: int | None = None
@@ -129,7 +131,7 @@ class SSHHost:
             # done early (the same interpreter, modules and environment: hostd's os.environ, i.e. the SSH
             # session's, under `full_env`), else cold, ending a standby of no use; then, where the launch
             # is eligible, it starts the next one, importing beside this server's start-up.
-            req["standby"] = {"slot": self.standby_slot, "preload": list(preload)}
+            req["standby"] = {"slot": self.standby_slot, "preload": list(preload), "idle_s": self.standby_idle_s}
         res = self.hostd("start", stdin=json.dumps(req).encode())
         if "error" in res:
             raise HostError(f"{self.name}: {res['error']}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.remote import standby as _program
-from orchestrator.remote.standby import eligible
+from orchestrator.remote.standby import eligible, idle_args, lock_pipe
 
 __all__ = ["PROGRAM", "QUIET_CORES", "Standby", "eligible", "spawn"]
 
@@ -54,9 +54,11 @@ class Standby:
         return python == self.python and tuple(preload) == self.preload and env == self.env
 
     def hand_over(self, argv: Sequence[str], env: dict[str, str], cwd: str, log_path: Path) -> None:
-        """Send the launch (`argv` without the interpreter); raises OSError if the standby is gone."""
+        """Send the launch (`argv` without the interpreter); raises OSError if the standby is gone (or
+        giving up, idle: the launch then starts cold)."""
         job = json.dumps({"argv": list(argv), "env": env, "cwd": cwd, "log": str(log_path), "sent": time.time()}) + "\n"
         try:
+            lock_pipe(self.job_fd)
             os.write(self.job_fd, job.encode())  # one line, well under the pipe's buffer: not split
         finally:
             self.close_pipe()
@@ -69,11 +71,12 @@ class Standby:
 
 
 def spawn(python: str, preload: Sequence[str], env: dict[str, str], cwd: str, log_path: Path,
-          preexec_fn: Callable[[], None]) -> Standby:
+          preexec_fn: Callable[[], None], idle_s: float | None = None) -> Standby:
     """Start a standby importing `preload` under `python` with exactly `env`; its own output (the
-    imports' time, an import error) goes to `log_path` until it takes a job. Raises OSError."""
+    imports' time, an import error) goes to `log_path` until it takes a job. With `idle_s` it exits
+    by itself after that long without a job. Raises OSError."""
     r, w = os.pipe()
-    argv = [python, str(PROGRAM), "--fd", str(r), "--", *preload]
+    argv = [python, str(PROGRAM), "--fd", str(r), *idle_args(idle_s), "--", *preload]
     try:
         with open(log_path, "ab") as log:
             p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,

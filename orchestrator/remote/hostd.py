@@ -101,7 +101,7 @@ def op_start(a: argparse.Namespace) -> dict:
         if use and "error" not in res:
             # The next launch's interpreter imports now, beside this server's start-up (as LocalHost's does).
             nxt = _spawn_standby(a.workdir, sb["slot"], req["owner"], req["argv"][0], sb["preload"], env,
-                                 req.get("cwd") or os.getcwd())
+                                 req.get("cwd") or os.getcwd(), sb.get("idle_s"))
             res |= {"next_standby": nxt and nxt["pid"], "cores": _usable_cores()}
     return res
 
@@ -202,14 +202,15 @@ def _end_standby(workdir: str, slot: str, rec: dict | None = None) -> int | None
 
 
 def _spawn_standby(workdir: str, slot: str, owner: str, python: str, preload: list[str], env: dict[str, str],
-                   cwd: str) -> dict | None:
+                   cwd: str, idle_s: float | None = None) -> dict | None:
     """Start the slot's next standby, detached (its own session: it outlives this call and the SSH
-    channel), with exactly the launch's environment; None if it could not start (launches start cold)."""
+    channel), with exactly the launch's environment; None if it could not start (launches start cold).
+    With `idle_s` it exits by itself, removing its named pipe, after that long without a launch."""
     d = Path(workdir) / "standby"
     d.mkdir(parents=True, exist_ok=True)
     fifo = d / f"{slot}-{uuid.uuid4().hex[:8]}.fifo"
     program = Path(standby_program.__file__).resolve()
-    argv = [python, str(program), "--fifo", str(fifo), "--", *preload]
+    argv = [python, str(program), "--fifo", str(fifo), *standby_program.idle_args(idle_s), "--", *preload]
     log = d / f"{slot}.log"
     try:
         os.mkfifo(fifo, 0o600)
@@ -251,6 +252,7 @@ def _start_on_standby(workdir: str, rec: dict, req: dict, env: dict[str, str], l
     waited = time.time() - rec["started"]
     cwd = req.get("cwd") or os.getcwd()
     try:
+        standby_program.lock_pipe(fd)  # not while it gives up, idle: then the write below fails (EPIPE)
         with open(log, "ab") as fh:  # first in the log, so even a standby dying at once leaves a trace
             fh.write(f"infergoal: standby pid={pid} runs this launch (preloaded {' '.join(rec['preload'])}, "
                      f"started {waited:.1f}s before)\n".encode())
@@ -259,7 +261,7 @@ def _start_on_standby(workdir: str, rec: dict, req: dict, env: dict[str, str], l
         data = memoryview((job + "\n").encode())
         while data:
             data = data[os.write(fd, data):]
-    except OSError:  # EPIPE: it died meanwhile
+    except OSError:  # EPIPE: it died (or gave up, idle) meanwhile
         try:
             with open(log, "ab") as fh:
                 fh.write(f"infergoal: standby pid={pid} could not take the launch; it starts cold\n".encode())

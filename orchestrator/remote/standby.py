@@ -1,7 +1,7 @@
 """A standby interpreter: Python with a server's heavy modules already imported, waiting for one launch.
 
-    python standby.py --fd N -- torch transformers aiohttp
-    python standby.py --fifo PATH -- torch transformers aiohttp
+    python standby.py --fd N [--idle S] -- torch transformers aiohttp
+    python standby.py --fifo PATH [--idle S] -- torch transformers aiohttp
 
 
 A deploy of a Python server (`python server.py ARGS`) spends seconds importing torch and transformers
@@ -14,6 +14,12 @@ environment (exactly the job's), stdout and stderr appended to the log, `sys.arg
 script's folder, the script run as `__main__`. It holds no CUDA context before the job (importing
 torch creates none), so the server initialises the GPU itself, as a cold start does.
 
+With `--idle S` a standby that got no job for S seconds exits by itself (removing its named pipe), so
+one whose orchestrator died (an SSH host's outlives it) does not hold its memory until `hosts clean`.
+The host holds an exclusive `flock` on its end of the pipe while it writes a job, and the standby takes
+one on its end before it gives up, so a job is either read or refused (EPIPE, ENXIO or ENOENT: the host
+then starts the launch cold), never lost in a pipe nobody reads.
+
 The host uses a standby only where that is equivalent to a cold start (the same interpreter, no
 interpreter flags, the same environment, the same module list; `orchestrator.hosts.standby`). Standard
 library only: it runs under the engine's interpreter, and can be shipped to an SSH host with the rest
@@ -22,6 +28,7 @@ of `orchestrator.remote`.
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -32,7 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["eligible", "main"]
+__all__ = ["eligible", "idle_args", "lock_pipe", "main"]
 
 
 def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
@@ -47,12 +54,42 @@ def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
     return not any((here / f"{m.split('.')[0]}.py").exists() or (here / m.split(".")[0]).is_dir() for m in preload)
 
 
-def _read_job(fd: int, fifo: bool = False) -> dict | None:
-    """The job line, or None when the host closed the pipe without one (it is giving the standby up)."""
-    if fifo:
-        # Opened non-blocking (see `main`): a read before any writer came would say end of file.
-        # select() waits for the writer's line (or for a writer that left without one: end of file).
-        select.select([fd], [], [])
+def idle_args(idle_s: float | None) -> list[str]:
+    """The standby program's `--idle S` (none: it waits until the host ends it)."""
+    return [] if idle_s is None else ["--idle", repr(float(idle_s))]
+
+
+def lock_pipe(fd: int, timeout_s: float = 2.0) -> None:
+    """Hold the lock on the job pipe (`fd`, the host's end) for the write of a job: a standby giving up,
+    idle, takes it on its end first (`_read_job`). Raises OSError if it is not free in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the pipe closes
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _read_job(fd: int, fifo: str | None = None, idle_s: float | None = None) -> dict | None:
+    """The job line, or None when the host closed the pipe without one (it is giving the standby up) or,
+    with `idle_s`, sent none for that long (this end of the pipe, and the named pipe `fifo`, are then gone)."""
+    if fifo or idle_s is not None:
+        # A named pipe is opened non-blocking (see `main`): a read before any writer came would say end
+        # of file. select() waits for the writer's line (or for a writer that left without one: end of file).
+        if not select.select([fd], [], [], idle_s)[0]:
+            # Idle: give up, unless a host is writing a job right now (it holds the lock on its end while
+            # it does); once this end is closed under the lock, a host's write fails instead.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not select.select([fd], [], [], 0)[0]:
+                if fifo:
+                    Path(fifo).unlink(missing_ok=True)
+                os.close(fd)
+                print(f"infergoal standby pid={os.getpid()}: no launch came in {idle_s:g}s; it exits",
+                      file=sys.stderr, flush=True)
+                return None
         os.set_blocking(fd, True)
     with os.fdopen(fd, "rb") as pipe:  # closes the pipe: the server must not inherit it
         line = pipe.readline()
@@ -79,8 +116,11 @@ def become(job: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    idle_s = None
+    if len(args) > 4 and args[2] == "--idle":
+        idle_s, args = float(args[3]), args[:2] + args[4:]
     if len(args) < 3 or args[0] not in ("--fd", "--fifo") or args[2] != "--":
-        raise SystemExit("usage: standby.py (--fd N | --fifo PATH) -- MODULE...")
+        raise SystemExit("usage: standby.py (--fd N | --fifo PATH) [--idle S] -- MODULE...")
     fifo, modules = args[0] == "--fifo", args[3:]
     # The named pipe is opened first, before the imports: the host's non-blocking open for writing
     # fails (ENXIO) while no reader has it open, and a job sent during the imports waits in the pipe.
@@ -102,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     imported = time.perf_counter() - t0
     print(f"infergoal standby pid={os.getpid()}: imported {' '.join(modules)} in {imported:.2f}s"
           + (f" (not found: {' '.join(missing)})" if missing else ""), file=sys.stderr, flush=True)
-    job = _read_job(fd, fifo)
+    job = _read_job(fd, args[1] if fifo else None, idle_s)
     if job is None:
         return
     # How long the launch waited for this standby's imports: the job is read as soon as they are done,

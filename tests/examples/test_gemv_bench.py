@@ -24,24 +24,19 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
+from triton_interp import interpreting  # noqa: E402  (beside this file)
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gemv_bench.py"
 
 
 def _load():
     """Import the script with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with interpreting():
         spec = importlib.util.spec_from_file_location("gemv_bench_interpreted", SCRIPT)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # dataclasses look their module up
         spec.loader.exec_module(mod)
         return mod
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
 
 
 G = _load()
@@ -50,8 +45,7 @@ G = _load()
 @pytest.fixture(autouse=True, scope="module")
 def _interpret():
     """The interpreter reads TRITON_INTERPRET at each launch too; keep it set only for this module."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
+    with interpreting():
         yield
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +25,25 @@ def import_interpreted():
         sys.path.insert(0, str(HFSERVE))
     _vectorise_generic_reduce()
     _cache_np_dtypes()
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with interpreting():
         import kernels as mod
         from triton.runtime.interpreter import InterpretedFunction
 
         if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled
             mod = importlib.reload(mod)
         return mod
+
+
+@contextmanager
+def interpreting() -> Iterator[None]:
+    """TRITON_INTERPRET=1 inside (read when @triton.jit runs, and at each launch), as it was after."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
     finally:
         if old is None:
-            del os.environ["TRITON_INTERPRET"]
+            os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = old
 

@@ -21,7 +21,6 @@ from gates.lock import GateTampered
 from orchestrator.bench import builtin_scenarios
 from orchestrator.cli import app
 from orchestrator.hosts import HostError, ServerCrashed, ServerTimeout, get_host
-from orchestrator.hosts.registry import HostRegistry
 from orchestrator.hosts.ssh import SSHHost
 from orchestrator.hosts.sshconn import (
     HostAuthFailed,
@@ -32,25 +31,6 @@ from orchestrator.hosts.sshconn import (
 )
 
 FAKE = Path(__file__).resolve().parents[1] / "bench"
-
-
-@pytest.fixture
-def ws(tmp_path, sshd):
-    """A workspace whose known_hosts and registry name the test sshd as host `box`."""
-    state = tmp_path / ".infergoal"
-    state.mkdir()
-    (state / "known_hosts").write_text(sshd.known_hosts_line())
-    HostRegistry(state).add(sshd.spec("box", workdir=tmp_path / "remote"))
-    return tmp_path
-
-
-@pytest.fixture
-def box(ws):
-    host = get_host("box", state_dir=ws / ".infergoal")
-    yield host
-    host.sweep_orphans()
-    host.close()
-
 
 
 def test_cli_add_refuses_an_unknown_key_until_trusted(tmp_path, sshd):

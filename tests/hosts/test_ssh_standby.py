@@ -1,8 +1,9 @@
 """An SSH host's standby interpreter (orchestrator/remote/hostd.py, orchestrator/remote/standby.py --fifo)
 against a real sshd on loopback: the second launch runs on the standby the first one left on the host,
 and serves and logs as a cold one; another environment starts cold and ends it; `close` ends it and
-`quiet` pauses it; a standby killed or not reading makes the next launch start cold without hanging;
-`hosts clean` ends one whose orchestrator died, which never held the host's lease."""
+`quiet` pauses it; a standby killed, not reading, or gone by itself after `standby_idle_s` without a launch
+(removing its named pipe) makes the next launch start cold without hanging; `hosts clean` ends one whose
+orchestrator died, which never held the host's lease."""
 
 import json
 import os
@@ -15,51 +16,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from standby_server import LOG_LINES, PRELOAD
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.hosts import get_host
-from orchestrator.hosts.registry import HostRegistry
 from orchestrator.remote import hostlock
 
-pytestmark = pytest.mark.slow  # launches servers on the host
-
-# A stdlib server that logs what a cold start decides by (argv, import path, cwd, environment,
-# __name__), then answers /health. `decimal` stands in for torch: the module to preload.
-SERVER = '''
-import hashlib, http.server, json, os, sys
-print("argv", sys.argv[0], sys.argv[2:], "path0", sys.path[0], "cwd", os.getcwd(), "name", __name__)
-print("env", hashlib.sha256(json.dumps(sorted(os.environ.items())).encode()).hexdigest(), os.environ.get("X_MODE"))
-import decimal
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(str(decimal.Decimal(1) / 8).encode())
-    def log_message(self, *a):
-        pass
-print("ready", flush=True)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
-PRELOAD = ["decimal", "http.server"]
-
-
-@pytest.fixture
-def ws(tmp_path, sshd):
-    state = tmp_path / ".infergoal"
-    state.mkdir()
-    (state / "known_hosts").write_text(sshd.known_hosts_line())
-    HostRegistry(state).add(sshd.spec("box", workdir=tmp_path / "remote"))
-    (tmp_path / "srv").mkdir()
-    (tmp_path / "srv" / "server.py").write_text(SERVER)
-    return tmp_path
-
-
-@pytest.fixture
-def box(ws):
-    host = get_host("box", state_dir=ws / ".infergoal")
-    yield host
-    host.close()
-    host.sweep_orphans()
-    host.conn.close()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("script")]  # launches servers (conftest.py's) on the host
 
 
 def _launch(host, ws: Path, name: str, env=None):
@@ -120,7 +83,7 @@ def test_the_second_launch_over_ssh_runs_on_the_standby_and_serves_as_a_cold_one
     assert w[0].startswith(f"infergoal: standby pid={pid} runs this launch (preloaded decimal http.server")
     assert re.fullmatch(rf"infergoal: standby pid={pid} took the launch \d+\.\d\ds after it was sent "
                         r"\(its imports took \d+\.\d\ds\)", w[1]), w[1]
-    assert w[2:] == c and len(c) == 3, "argv, import path, cwd, __name__ and the environment of a cold start"
+    assert w[2:] == c and len(c) == LOG_LINES, "argv, import path, cwd, __name__, environment of a cold start"
 
 
 def test_another_environment_starts_cold_and_ends_the_standby(ws, box):
@@ -168,7 +131,7 @@ def test_quiet_pauses_the_standby_and_close_ends_it(ws, box):
 
 
 @pytest.mark.timeout(30)
-def test_a_standby_killed_or_not_reading_makes_the_next_launch_start_cold_without_hanging(ws, box):
+def test_a_standby_killed_not_reading_or_idle_makes_the_next_launch_start_cold_without_hanging(ws, box):
     first, url = _launch(box, ws, "a")
     box.wait_healthy(url, 10, first)
     box.stop(first, grace_s=2)
@@ -187,11 +150,24 @@ def test_a_standby_killed_or_not_reading_makes_the_next_launch_start_cold_withou
     os.unlink(rec["fifo"])
     os.mkfifo(rec["fifo"])
     t0 = time.monotonic()
+    box.standby_idle_s = 0.3  # (for the standby this launch starts)
     third, url = _launch(box, ws, "c")
     assert not third.standby and time.monotonic() - t0 < 8
     assert _gone(pid), "the standby that could not take it is ended"
     box.wait_healthy(url, 10, third)
     box.stop(third, grace_s=2)
+    # Idle: no launch came for `standby_idle_s`; it exits by itself (its orchestrator alive or not) and
+    # removes its named pipe.
+    pid = _ready(box, ws)
+    rec = json.loads((ws / "remote" / "standby" / f"{box.standby_slot}.json").read_text())
+    assert _gone(pid) and not Path(rec["fifo"]).exists()
+    assert f"standby pid={pid}: no launch came in 0.3s; it exits" in Path(rec["log"]).read_text()
+    t0 = time.monotonic()
+    fourth, url = _launch(box, ws, "d")
+    assert not fourth.standby and fourth.pid != pid and time.monotonic() - t0 < 5
+    box.wait_healthy(url, 10, fourth)
+    box.stop(fourth, grace_s=2)
+    assert not (ws / "remote" / "servers" / f"{pid}.json").exists()
 
 
 ORCHESTRATOR = """

@@ -1,7 +1,9 @@
 """LocalHost's standby interpreter (orchestrator.hosts.standby) against real processes: a launch it runs
 behaves and logs as a cold one, a different environment starts cold, the orphan sweep and `close` end
-it, a launch without preload modules never makes one, and a server it runs that crashes reads as a crash."""
+it, a launch without preload modules never makes one, a server it runs that crashes reads as a crash, and
+one that got no launch for `standby_idle_s` exits by itself (never while a job is being written to it)."""
 
+import fcntl
 import json
 import os
 import re
@@ -13,36 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from standby_server import LOG_LINES, PRELOAD
 
 from orchestrator.hosts import LocalHost, ServerCrashed
-
-# A stdlib server that logs what a cold start would decide by (argv, import path, cwd, environment,
-# __name__/__file__), then answers /health. `decimal` stands in for torch: the module to preload.
-SERVER = '''
-import hashlib, http.server, json, os, sys
-print("argv", sys.argv[0], sys.argv[2:], "path0", sys.path[0], "cwd", os.getcwd(), "name", __name__, "file", __file__)
-print("env", hashlib.sha256(json.dumps(sorted(os.environ.items())).encode()).hexdigest())
-print("stdout buffered", not sys.stdout.line_buffering, file=sys.stderr)
-import decimal
-if sys.argv[2] == "crash":
-    sys.exit("engine failed: boom")
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers(); self.wfile.write(str(decimal.Decimal(1) / 8).encode())
-    def log_message(self, *a):
-        pass
-print("ready", flush=True)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-'''
-PRELOAD = ["decimal", "http.server"]
-
-
-@pytest.fixture
-def script(tmp_path: Path) -> str:
-    (tmp_path / "srv").mkdir()
-    path = tmp_path / "srv" / "server.py"
-    path.write_text(SERVER)
-    return str(path)
+from orchestrator.hosts.standby import spawn
 
 
 def _dead_pid() -> int:
@@ -117,7 +93,7 @@ def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, sc
         took = re.fullmatch(rf"infergoal: standby pid={pid} took the launch (\d+\.\d\d)s after it was sent "
                             r"\(its imports took (\d+\.\d\d)s\)", w[1])
         assert took and float(took[1]) < 5.0, w[1]
-        assert w[2:] == c and len(c) == 4  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
+        assert w[2:] == c and len(c) == LOG_LINES  # argv, sys.path[0], cwd, __name__, __file__, env, buffering, ready
         host.stop(warm, grace_s=2)
         assert not host.alive(warm) and _gone(pid)
         assert not (host.pid_dir / f"{pid}.json").exists()
@@ -237,3 +213,39 @@ def test_a_server_that_crashes_in_the_standby_reads_as_a_crash(tmp_path, script)
         host.wait_healthy(url, 20, dead)
     host.stop(dead, grace_s=1)
     host.close()
+
+
+def test_an_idle_standby_exits_by_itself_and_the_next_launch_starts_cold(tmp_path, script):
+    host = LocalHost(tmp_path, standby_idle_s=0.3)
+    proc, url = _launch(host, script, tmp_path / "a.log")
+    host.wait_healthy(url, 20, proc)
+    host.stop(proc, grace_s=2)
+    pid = _standby_ready(host)
+    assert _gone(pid), "no launch came: it exits by itself"
+    assert f"standby pid={pid}: no launch came in 0.3s; it exits" in (host.pid_dir / "standby.log").read_text()
+    t0 = time.monotonic()
+    cold, url = _launch(host, script, tmp_path / "b.log")
+    try:
+        assert not cold.standby and cold.pid != pid and time.monotonic() - t0 < 5
+        host.wait_healthy(url, 20, cold)
+        assert not (host.pid_dir / f"{pid}.json").exists()
+    finally:
+        host.stop(cold, grace_s=2)
+        host.close()
+
+
+def test_an_idle_standby_takes_the_job_a_host_is_writing_as_its_time_runs_out(tmp_path):
+    """The host holds the lock on its end of the pipe while it writes a job; a standby whose idle time runs
+    out meanwhile waits for it and takes the job instead of exiting (the job would be lost in the pipe)."""
+    (tmp_path / "job.py").write_text("import sys\nprint('ran', sys.argv[1:])\n")
+    sb = spawn(sys.executable, ["decimal"], dict(os.environ), str(tmp_path), tmp_path / "sb.log", lambda: None, 0.2)
+    deadline = time.monotonic() + 10
+    while "imported decimal" not in (tmp_path / "sb.log").read_text():
+        assert time.monotonic() < deadline, "the standby never finished its imports"
+        time.sleep(0.02)
+    fcntl.flock(sb.job_fd, fcntl.LOCK_EX)  # the host, about to write, as the standby's 0.2 s run out
+    time.sleep(0.5)
+    sb.hand_over([str(tmp_path / "job.py"), "x"], dict(os.environ), str(tmp_path), tmp_path / "job.log")
+    assert sb.popen.wait(10) == 0
+    assert "ran ['x']" in (tmp_path / "job.log").read_text()
+    assert "no launch came" not in (tmp_path / "sb.log").read_text()
