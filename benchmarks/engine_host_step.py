@@ -192,6 +192,8 @@ def _median_ms(xs: list[float]) -> float | None:
 def _variant_dir(ref: str | None, tmp: str) -> str:
     if ref is None:
         return str(HF)
+    if Path(ref).is_dir():  # a folder holding an hfserve tree (a machine without git: the device)
+        return str(Path(ref).resolve())
     d = Path(tmp) / ref
     d.mkdir(parents=True)
     for f in FILES:
@@ -209,7 +211,7 @@ def main() -> None:
     ap.add_argument("--launch-us", type=float, default=0.0,
                     help="the stub step's launch holds the GIL released this long first (on a GPU: the input"
                          " copy and cudaGraphLaunch, both of which release it)")
-    ap.add_argument("--before", default=BEFORE, help="git ref of the 'before' hfserve folder")
+    ap.add_argument("--before", default=BEFORE, help="git ref of the 'before' hfserve folder, or a folder")
     ap.add_argument("--after-flags", default="", help="server flags for the 'after' variant only, e.g."
                     " '--overlap-schedule on' (with --before HEAD: one tree, two ways)")
     ap.add_argument("--model", default=None, help="default: the forged tiny model")
@@ -232,8 +234,8 @@ def main() -> None:
         from orchestrator.models import forge
 
         a.model = str(forge.default_model())
-    before_sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True,
-                                capture_output=True, text=True).stdout.strip()
+    before_sha = a.before if Path(a.before).is_dir() else subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", a.before], check=True, capture_output=True, text=True).stdout.strip()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         dirs = {"before": _variant_dir(a.before, tmp), "after": _variant_dir(None, tmp)}

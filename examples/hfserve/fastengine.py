@@ -38,6 +38,7 @@ folder, which server.py and the tests put on the import path), so both engines a
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -557,6 +558,10 @@ class FastEngine:
         self.chunk = max(0, int(prefill_chunk))
         self.pack = max(0, int(prefill_pack))
         self.decoder = GraphDecoder(self.fm, self.max_batch, cuda_graphs)
+        # HFSERVE_STEP_LOG=FILE: every decode step's (batch, time) appended to FILE whenever the batch empties
+        # (the served step time, to set beside the client's inter-token latency; benchmarks/gpu/step_gaps.py).
+        self._step_log_path = os.environ.get("HFSERVE_STEP_LOG") or None
+        self._step_marks: list[tuple[int, float]] = []
         self.overlap = bool(overlap_schedule)
         self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet
         if self.overlap:
@@ -642,11 +647,20 @@ class FastEngine:
                     if budget <= 0:
                         break
             if active:
+                if self._step_log_path:
+                    self._step_marks.append((len(active), time.perf_counter()))
                 try:
                     active, late = self._decode(active, late)
                 except Exception as exc:
                     active = self._failed(exc, active, late)
                     late = []
+                if not active and self._step_marks:
+                    self._flush_step_log()
+
+    def _flush_step_log(self) -> None:
+        with open(self._step_log_path, "a") as f:
+            f.write("".join(f"{n} {t:.6f}\n" for n, t in self._step_marks) + "end\n")
+        self._step_marks.clear()
 
     def _failed(self, exc: Exception, active: list[_FSeq], late: list) -> list[_FSeq]:
         """A decode step failed: stream what was queued, end every decoding request with the error."""

@@ -22,3 +22,22 @@ def test_check_overlap_smoke(tiny_model: Path, tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["tokens_equal"] and [r["overlap"] for r in res["runs"]] == [False, True]
     assert all(r["steps"] == 5 for r in res["runs"])  # 6 tokens: the prefill's and 5 decode steps at batch 4
+
+
+def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+    """HFSERVE_STEP_LOG: the engine logs each decode step's batch and time, one burst per `end`;
+    step_gaps.py reads them back. The harness's max_tokens 6, 1, 9, 4: one ends at its prefill token, then
+    3 steps at batch 3, 2 at batch 2, 3 at batch 1 (8 decode steps: the 9-token request's)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    sys.path.insert(0, str(ROOT / "tests" / "examples"))
+    import step_gaps
+    from test_fastengine import _engine_outputs
+
+    log = tmp_path / "steps.log"
+    monkeypatch.setenv("HFSERVE_STEP_LOG", str(log))
+    prompts = [[5, 6, 7, 8]] * 4
+    _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64)
+    [burst] = step_gaps.bursts(log.read_text())
+    s = step_gaps.summary(burst)
+    assert [n for n, _ in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
+    assert (s["batch"], s["steps"], s["steps_at_batch"]) == (3, 8, 3) and s["gap_ms_p50"] > 0
