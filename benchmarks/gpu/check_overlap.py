@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", default="triton-mv")
     ap.add_argument("--stream-us", type=float, default=30.0, help="event loop Python per stream per step")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--max-model-len", type=int, default=0,
+                    help="the KV pool's capacity per slot (default: prompt + outputs + 64; the server's is 4608)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     cuda = a.device.startswith("cuda")
     eng = FastEngine(a.model, dtype="bfloat16" if cuda else "float32", device=a.device, max_batch_size=a.n,
-                     max_model_len=a.prompt + a.out_tokens + 64, cuda_graphs=cuda, kernels=a.kernels if cuda else "torch",
+                     max_model_len=a.max_model_len or a.prompt + a.out_tokens + 64, cuda_graphs=cuda, kernels=a.kernels if cuda else "torch",
                      prefill_pack=a.n * a.prompt, prefill_attn="fused" if cuda else "torch")
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
@@ -133,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"step p50 {r['step_ms_p50']:.3f} ms mean {r['step_ms_mean']:.3f} ms", flush=True)
     dev = device_step_ms(eng, a.n, a.prompt + a.out_tokens // 2)
     same = all(r["tokens"] == runs[0]["tokens"] for r in runs)
-    print(f"device step (batch {a.n}, graph alone): {dev if dev is None else round(dev, 3)} ms; tokens equal in every"
+    print(f"device step (batch {a.n}, graph alone, KV capacity {eng.fm.capacity}): {dev if dev is None else round(dev, 3)}"
+          f" ms; tokens equal in every"
           f" run: {same}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps({"args": vars(a), "device_step_ms": dev, "tokens_equal": same,
