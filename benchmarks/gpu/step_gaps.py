@@ -2,7 +2,8 @@
 
     python benchmarks/gpu/step_gaps.py STEP_LOG [--min-batch 64]
 
-The log has one ``batch time`` line per decode step and ``end`` whenever the batch emptied (a burst over).
+The log has one ``batch time [busy_ms idle_ms]`` line per decode step (the device times with CUDA graphs) and
+``end`` whenever the batch emptied (a burst over).
 Per burst: steps, the steps at the burst's largest batch, and the median / mean gap between consecutive steps
 at that batch (ms): what the device did per step plus any time it waited for the host.
 """
@@ -22,21 +23,31 @@ def bursts(text: str) -> list[list[tuple[int, float]]]:
                 out.append(cur)
             cur = []
         elif line.strip():
-            n, t = line.split()
-            cur.append((int(n), float(t)))
+            f = line.split()
+            cur.append((int(f[0]), float(f[1]), *(float(x) for x in f[2:4])))
     if cur:
         out.append(cur)
     return out
 
 
-def summary(burst: list[tuple[int, float]]) -> dict:
-    top = max(n for n, _ in burst)
-    ts = [t for n, t in burst if n == top]
-    gaps = sorted(b - a for a, b in zip(ts, ts[1:], strict=False))
-    return {"steps": len(burst), "batch": top, "steps_at_batch": len(ts),
-            "gap_ms_p50": round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None,
-            "gap_ms_mean": round(sum(gaps) / len(gaps) * 1000, 3) if gaps else None,
-            "span_s": round(burst[-1][1] - burst[0][1], 4)}
+def _p50(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    return round(xs[len(xs) // 2], 3) if xs else None
+
+
+def summary(burst: list[tuple]) -> dict:
+    """The burst's step gaps at its largest batch; with device times (CUDA graphs), the graph's own time
+    (busy) and the device's wait before each step (idle), ms."""
+    top = max(r[0] for r in burst)
+    at = [r for r in burst if r[0] == top]
+    gaps = [(b[1] - a[1]) * 1000 for a, b in zip(at, at[1:], strict=False)]
+    out = {"steps": len(burst), "batch": top, "steps_at_batch": len(at), "gap_ms_p50": _p50(gaps),
+           "gap_ms_mean": round(sum(gaps) / len(gaps), 3) if gaps else None,
+           "span_s": round(burst[-1][1] - burst[0][1], 4)}
+    if all(len(r) == 4 for r in at):
+        out.update(busy_ms_p50=_p50([r[2] for r in at]), idle_ms_p50=_p50([r[3] for r in at[1:]]),
+                   idle_ms_mean=round(sum(r[3] for r in at[1:]) / max(len(at) - 1, 1), 3))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

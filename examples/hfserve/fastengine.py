@@ -413,6 +413,7 @@ class GraphDecoder:
         self.out_host = [torch.zeros(max_batch, dtype=torch.long, pin_memory=cuda) for _ in range(2)]
         self.out_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._flip = 0
+        self.timing: list | None = None  # HFSERVE_STEP_LOG: (start, end) CUDA events of each graph step
 
     def _bucket(self, xs: list[int], n: int) -> int:
         return next(x for x in xs if x >= n)
@@ -468,7 +469,14 @@ class GraphDecoder:
             self._feed(prev, n)
         if self.use_graphs:
             graph, logits, ids = self._graph(b, c)
-            graph.replay()
+            if self.timing is not None:  # HFSERVE_STEP_LOG: the step's start and end on the device
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
+                graph.replay()
+                ev[1].record()
+                self.timing.append(ev)
+            else:
+                graph.replay()
         else:
             logits, ids = self.fm.decode(self.inp[0, :b], self.inp[1, :b], c)
         return logits, ids[:n]
@@ -563,6 +571,8 @@ class FastEngine:
         self._step_log_path = os.environ.get("HFSERVE_STEP_LOG") or None
         self._step_marks: list[tuple[int, float]] = []
         self.overlap = bool(overlap_schedule)
+        if self._step_log_path and self.decoder.use_graphs:
+            self.decoder.timing = []
         self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet
         if self.overlap:
             # The engine thread must win the GIL back within a fraction of a step when its ids are in,
@@ -658,9 +668,20 @@ class FastEngine:
                     self._flush_step_log()
 
     def _flush_step_log(self) -> None:
+        """Append the burst's steps: ``batch wall_time`` per step, and with CUDA graphs ``busy_ms idle_ms``:
+        the graph's own time on the device and the device's wait from the step before's end to its start."""
+        ev = self.decoder.timing or []
+        dev = [""] * len(self._step_marks)
+        if ev and len(ev) == len(self._step_marks):
+            ev[-1][1].synchronize()
+            for i, (a, b) in enumerate(ev):
+                idle = ev[i - 1][1].elapsed_time(a) if i else 0.0
+                dev[i] = f" {a.elapsed_time(b):.4f} {idle:.4f}"
         with open(self._step_log_path, "a") as f:
-            f.write("".join(f"{n} {t:.6f}\n" for n, t in self._step_marks) + "end\n")
+            f.write("".join(f"{n} {t:.6f}{d}\n" for (n, t), d in zip(self._step_marks, dev, strict=True)) + "end\n")
         self._step_marks.clear()
+        if self.decoder.timing is not None:
+            self.decoder.timing = []
 
     def _failed(self, exc: Exception, active: list[_FSeq], late: list) -> list[_FSeq]:
         """A decode step failed: stream what was queued, end every decoding request with the error."""

@@ -39,5 +39,5 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64)
     [burst] = step_gaps.bursts(log.read_text())
     s = step_gaps.summary(burst)
-    assert [n for n, _ in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
+    assert [r[0] for r in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
     assert (s["batch"], s["steps"], s["steps_at_batch"]) == (3, 8, 3) and s["gap_ms_p50"] > 0
