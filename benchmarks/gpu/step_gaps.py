@@ -2,7 +2,8 @@
 
     python benchmarks/gpu/step_gaps.py STEP_LOG [--min-batch 64]
 
-The log has one ``batch time [busy_ms idle_ms]`` line per decode step (the device times with CUDA graphs) and
+The log has one ``batch time thread_cpu [busy_ms idle_ms]`` line per decode step (the engine thread's CPU clock;
+the device times with CUDA graphs) and
 ``end`` whenever the batch emptied (a burst over).
 Per burst: steps, the steps at the burst's largest batch, and the median / mean gap between consecutive steps
 at that batch (ms): what the device did per step plus any time it waited for the host.
@@ -24,7 +25,7 @@ def bursts(text: str) -> list[list[tuple[int, float]]]:
             cur = []
         elif line.strip():
             f = line.split()
-            cur.append((int(f[0]), float(f[1]), *(float(x) for x in f[2:4])))
+            cur.append((int(f[0]), *(float(x) for x in f[1:5])))
     if cur:
         out.append(cur)
     return out
@@ -36,17 +37,20 @@ def _p50(xs: list[float]) -> float | None:
 
 
 def summary(burst: list[tuple]) -> dict:
-    """The burst's step gaps at its largest batch; with device times (CUDA graphs), the graph's own time
-    (busy) and the device's wait before each step (idle), ms."""
+    """The burst's step gaps at its largest batch, the engine thread's CPU time per step, and with device
+    times (CUDA graphs) the graph's own time (busy) and the device's wait before each step (idle), ms."""
     top = max(r[0] for r in burst)
     at = [r for r in burst if r[0] == top]
-    gaps = [(b[1] - a[1]) * 1000 for a, b in zip(at, at[1:], strict=False)]
+    pairs = list(zip(at, at[1:], strict=False))
+    gaps = [(b[1] - a[1]) * 1000 for a, b in pairs]
     out = {"steps": len(burst), "batch": top, "steps_at_batch": len(at), "gap_ms_p50": _p50(gaps),
            "gap_ms_mean": round(sum(gaps) / len(gaps), 3) if gaps else None,
            "span_s": round(burst[-1][1] - burst[0][1], 4)}
-    if all(len(r) == 4 for r in at):
-        out.update(busy_ms_p50=_p50([r[2] for r in at]), idle_ms_p50=_p50([r[3] for r in at[1:]]),
-                   idle_ms_mean=round(sum(r[3] for r in at[1:]) / max(len(at) - 1, 1), 3))
+    if all(len(r) >= 3 for r in at):
+        out["engine_cpu_ms_p50"] = _p50([(b[2] - a[2]) * 1000 for a, b in pairs])
+    if all(len(r) == 5 for r in at):
+        out.update(busy_ms_p50=_p50([r[3] for r in at]), idle_ms_p50=_p50([r[4] for r in at[1:]]),
+                   idle_ms_mean=round(sum(r[4] for r in at[1:]) / max(len(at) - 1, 1), 3))
     return out
 
 

@@ -569,7 +569,7 @@ class FastEngine:
         # HFSERVE_STEP_LOG=FILE: every decode step's (batch, time) appended to FILE whenever the batch empties
         # (the served step time, to set beside the client's inter-token latency; benchmarks/gpu/step_gaps.py).
         self._step_log_path = os.environ.get("HFSERVE_STEP_LOG") or None
-        self._step_marks: list[tuple[int, float]] = []
+        self._step_marks: list[tuple[int, float, float]] = []
         self.overlap = bool(overlap_schedule)
         if self._step_log_path and self.decoder.use_graphs:
             self.decoder.timing = []
@@ -658,7 +658,7 @@ class FastEngine:
                         break
             if active:
                 if self._step_log_path:
-                    self._step_marks.append((len(active), time.perf_counter()))
+                    self._step_marks.append((len(active), time.perf_counter(), time.thread_time()))
                 try:
                     active, late = self._decode(active, late)
                 except Exception as exc:
@@ -668,8 +668,9 @@ class FastEngine:
                     self._flush_step_log()
 
     def _flush_step_log(self) -> None:
-        """Append the burst's steps: ``batch wall_time`` per step, and with CUDA graphs ``busy_ms idle_ms``:
-        the graph's own time on the device and the device's wait from the step before's end to its start."""
+        """Append the burst's steps: ``batch wall_time thread_cpu_time`` per step (the engine thread's CPU
+        clock), and with CUDA graphs ``busy_ms idle_ms``: the graph's own time on the device and the device's
+        wait from the step before's end to its start."""
         ev = self.decoder.timing or []
         dev = [""] * len(self._step_marks)
         if ev and len(ev) == len(self._step_marks):
@@ -678,7 +679,8 @@ class FastEngine:
                 idle = ev[i - 1][1].elapsed_time(a) if i else 0.0
                 dev[i] = f" {a.elapsed_time(b):.4f} {idle:.4f}"
         with open(self._step_log_path, "a") as f:
-            f.write("".join(f"{n} {t:.6f}{d}\n" for (n, t), d in zip(self._step_marks, dev, strict=True)) + "end\n")
+            f.write("".join(f"{n} {t:.6f} {c:.6f}{d}\n" for (n, t, c), d in zip(self._step_marks, dev, strict=True))
+                    + "end\n")
         self._step_marks.clear()
         if self.decoder.timing is not None:
             self.decoder.timing = []

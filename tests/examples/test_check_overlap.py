@@ -41,3 +41,17 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     s = step_gaps.summary(burst)
     assert [r[0] for r in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
     assert (s["batch"], s["steps"], s["steps_at_batch"]) == (3, 8, 3) and s["gap_ms_p50"] > 0
+    assert 0 < s["engine_cpu_ms_p50"] and "busy_ms_p50" not in s  # CPU: no graphs, no device times
+
+
+def test_step_gaps_reads_device_times() -> None:
+    """With CUDA graphs the log has each step's device busy and idle ms: a device waiting 2.7 ms per 8.6 ms
+    step reads as such (the served C's question: is the step the device's or the host's?)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import step_gaps
+
+    lines = [f"64 {1 + 0.0086 * i:.6f} {0.5 + 0.0004 * i:.6f} 5.9 {2.7 if i else 0.0}" for i in range(5)]
+    [b] = step_gaps.bursts("\n".join(["1 0.5 0.4 4.5 0.0", *lines, "end"]))
+    s = step_gaps.summary(b)
+    assert (s["batch"], s["steps_at_batch"], s["gap_ms_p50"], s["engine_cpu_ms_p50"]) == (64, 5, 8.6, 0.4)
+    assert (s["busy_ms_p50"], s["idle_ms_p50"]) == (5.9, 2.7)
