@@ -221,19 +221,10 @@ class FastModel:
         dev = self.device
         last = torch.tensor([r1 - 1 for _, r1, _, _, _ in rows], device=dev) if len(rows) > 1 else slice(r0 - 1, r0)
         pos = slots = None
-        groups = []
         if self.prefill_attn == "fused":
             pos = torch.cat([torch.arange(st, st + (b - a), device=dev) for a, b, _, st, _ in rows])
             slots = torch.cat([torch.full((b - a,), sl, device=dev) for a, b, sl, _, _ in rows])
-            # Runs of parts with the same length and start in consecutive slots (a burst's equal prompts):
-            # one batched SDPA call each over [n parts, heads, rows, head_dim] instead of one per part.
-            for r0, r1, slot, start, mask in rows:
-                g = groups[-1] if groups else None
-                if g and g[4] == start and g[5] == r1 - r0 and g[2] + g[3] == slot and g[1] == r0:
-                    g[1], g[3] = r1, g[3] + 1
-                else:
-                    groups.append([r0, r1, slot, 1, start, r1 - r0, mask])
-        return types.SimpleNamespace(rows=rows, last=last, pos=pos, slots=slots, groups=groups)
+        return types.SimpleNamespace(rows=rows, last=last, pos=pos, slots=slots)
 
     def _attend_prefill(self, h: torch.Tensor, L: dict[str, torch.Tensor], li: int,
                         plan: types.SimpleNamespace) -> torch.Tensor:
@@ -243,17 +234,16 @@ class FastModel:
             # One launch for every row of every part: rotate q and k, store k and v at (slot, pos).
             qr = kernels_mod.rope_store(qkv, self.cos, self.sin, plan.pos, self.K, self.V, li, slots=plan.slots)
         outs = []
-        if self.prefill_attn == "fused":
-            for r0, r1, slot, n, start, c, mask in plan.groups:
-                end = start + c
-                q = qr[r0:r1].view(n, c, self.nh, self.hd).transpose(1, 2)
-                kc, vc = self.K[li, slot:slot + n, :, :end], self.V[li, slot:slot + n, :, :end]
+        for r0, r1, slot, start, mask in plan.rows:
+            c, end = r1 - r0, start + r1 - r0
+            if self.prefill_attn == "fused":
+                q = qr[r0:r1].transpose(0, 1)[None]
+                kc, vc = self.K[li, slot:slot + 1, :, :end], self.V[li, slot:slot + 1, :, :end]
                 with self._sdpa_ctx():
                     o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
-                outs.append(o.transpose(1, 2).reshape(r1 - r0, self.nh * self.hd))
-        for r0, r1, slot, start, mask in plan.rows if self.prefill_attn != "fused" else ():
-            o = self._attend_torch(qkv[r0:r1], li, slot, start, mask)
-            outs.append(o.transpose(1, 2).reshape(r1 - r0, self.nh * self.hd))
+            else:
+                o = self._attend_torch(qkv[r0:r1], li, slot, start, mask)
+            outs.append(o.transpose(1, 2).reshape(c, self.nh * self.hd))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return o @ L["o"].t()
 

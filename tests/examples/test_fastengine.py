@@ -395,42 +395,6 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
         kernels.rope_store = orig
 
 
-@torch.inference_mode()
-def test_fused_prefill_batches_equal_prompts_in_one_attention_call(interpreted, monkeypatch) -> None:
-    """A burst's equal prompts in consecutive slots go through one batched SDPA call per layer (C's 64 x 512
-    burst: 32 calls instead of 2048) with the same logits and KV as the torch path; a part of another
-    length, a continuation chunk or a slot out of order gets a call of its own."""
-    gen = torch.Generator().manual_seed(8)
-    fm = FastModel(_random_llama(torch.float32), slots=6, capacity=300)
-    eq = [torch.randint(0, 128, (10,), generator=gen) for _ in range(3)]
-    fm.prefill(eq[0][:3], 5, 0)
-    parts = [(eq[0], 1, 0), (eq[1], 2, 0), (eq[2], 3, 0), (torch.randint(0, 128, (7,), generator=gen), 4, 0),
-             (eq[1], 0, 0), (eq[2][:6], 5, 3)]
-    want = fm.prefill_packed(parts, all_logits=True)
-    Kw, Vw = fm.K.clone(), fm.V.clone()
-    fm.set_prefill_attn("fused")
-    plan = fm._plan(parts, [len(p[0]) for p in parts])
-    assert [(g[2], g[3], g[5]) for g in plan.groups] == [(1, 3, 10), (4, 1, 7), (0, 1, 10), (5, 1, 6)]
-    import fastengine
-
-    calls = []
-    real = torch.nn.functional
-
-    class Counted:  # torch.nn.functional, its SDPA calls counted where the engine makes them
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def scaled_dot_product_attention(self, q, *a, **k):
-            calls.append(q.shape[0])
-            return real.scaled_dot_product_attention(q, *a, **k)
-
-    monkeypatch.setattr(fastengine, "F", Counted())
-    got = fm.prefill_packed(parts, all_logits=True)
-    assert calls[:4] == [3, 1, 1, 1] and len(calls) == 4 * len(fm.layers)
-    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
-    assert torch.allclose(fm.K, Kw, atol=1e-5) and torch.allclose(fm.V, Vw, atol=1e-5)
-
-
 def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int], **kw) -> list[list[int]]:
     """Greedy tokens per prompt from a FastEngine on the CPU, every prompt submitted at once (a burst);
     ``sizes`` gets the number of prompts of each prefill forward pass."""
