@@ -84,7 +84,7 @@ async def _client(port: int, n: int, prompt: list[int], max_tokens: int) -> None
 
 
 def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[float], steps: int,
-                       launch_us: float = 0.0, flags: list[str] | None = None) -> list[dict]:
+                       launch_us: float = 0.0, flags: list[str] | None = None, gil_ops: int = 0) -> list[dict]:
     sys.path.insert(0, hfdir)
     import server as srv  # noqa: PLC0415  (the variant's own copy)
     import torch
@@ -100,6 +100,7 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
     vocab = eng.model.config.vocab_size
     logits = {b: torch.zeros(b, vocab) for b in eng.decoder.batch_buckets}
     state = {"k": 0, "gpu_s": 0.0, "free_at": 0.0, "launch_s": launch_us / 1e6}
+    scratch, scratch2 = torch.zeros(8), torch.ones(8)
     device: list[tuple[int, float, float]] = []  # (batch, launch, end) of each stub step, as a GPU would see it
     late: list[float] = []  # per step: how long after the step's end the engine thread had its ids back
 
@@ -122,6 +123,8 @@ def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[flo
         device is free; the host waits only when it reads the ids."""
         if state["launch_s"]:
             time.sleep(state["launch_s"])  # the input copy + cudaGraphLaunch's host time, GIL released
+        for _ in range(gil_ops):  # torch calls that drop and re-take the GIL, as a GPU step's copies and launch do
+            scratch.copy_(scratch2)
         now = time.perf_counter()
         done_at = max(now, state["free_at"]) + state["gpu_s"]
         state["free_at"] = done_at
@@ -219,6 +222,8 @@ def main() -> None:
     ap.add_argument("--client", nargs=3, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--flags", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--gil-ops", type=int, default=0, help="small torch calls per stub step (each releases and"
+                    " re-takes the GIL, as the real step's copies, graph launch and event waits do)")
     a = ap.parse_args()
     if a.client:
         port, n, max_tokens = a.client
@@ -226,7 +231,8 @@ def main() -> None:
         return
     if a.measure:
         hfdir, batch = a.measure
-        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps, a.launch_us, a.flags.split())
+        res = _serve_and_measure(hfdir, a.model, int(batch), a.gpu_ms, a.steps, a.launch_us, a.flags.split(),
+                                 a.gil_ops)
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.model is None:
@@ -243,7 +249,7 @@ def main() -> None:
             for name, d in dirs.items():  # before and after back to back, per batch size
                 cmd = [sys.executable, __file__, "--measure", d, str(batch), "--model", a.model, "--steps",
                        str(a.steps), "--launch-us", str(a.launch_us), "--gpu-ms", *map(str, a.gpu_ms),
-                       f"--flags={a.after_flags if name == 'after' else ''}"]
+                       f"--flags={a.after_flags if name == 'after' else ''}", "--gil-ops", str(a.gil_ops)]
                 p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if not line:

@@ -6,7 +6,8 @@
 # 2. mm_bench.py (random weights): the batch 16-64 GEMMs and decode attention configs against today's.
 # 3. The 7B's served C from two servers (overlap on / off), each logging its decode steps (HFSERVE_STEP_LOG):
 #    the engine's step gaps beside the client's ITL, and each graph step's own device time and the device's
-#    wait before it. NO_HOST=1 / NO_MM=1 skip parts 1 / 2.
+#    wait before it; the "on" server also profiles 10 of its batch-64 steps (HFSERVE_PROFILE: kernel table).
+#    NO_HOST=1 / NO_MM=1 skip parts 1 / 2.
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
@@ -25,10 +26,10 @@ log "model $M; served C, overlap off then on, steps logged"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --kernels triton-mv --max-batch-size 64 --prefill-pack 32768 --prefill-attn fused"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 LEFT=$((LIMIT - (SECONDS - START) - 10))
-HFSERVE_STEP_LOG=$OUT/steps_on.log timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c_on.json" \
+HFSERVE_PROFILE=$OUT/profile_on.txt HFSERVE_STEP_LOG=$OUT/steps_on.log timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c_on.json" \
   --no-naive --only throughput --deadline-s $((LEFT / 2 - 10)) --ours-min-s 30 \
   --server "on={python} examples/hfserve/server.py $ARGS --overlap-schedule on" 2>&1 | grep -E "throughput|ready" | tail -3
-for v in on; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
+for v in on; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done; head -40 "$OUT/profile_on.txt" 2>/dev/null
 LEFT=$((LIMIT - (SECONDS - START) - 10))
 HFSERVE_STEP_LOG=$OUT/steps_off.log timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c_off.json" \
   --no-naive --only throughput --deadline-s $((LEFT - 25)) --ours-min-s 30 \

@@ -66,6 +66,9 @@ from loading import Phases, init_device, load_model
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
+PROFILE_SKIP, PROFILE_STEPS = 20, 10
+"""HFSERVE_PROFILE: the large decode steps skipped first, and how many are profiled."""
+
 SWITCH_INTERVAL_S = 0.0005
 """--overlap-schedule's GIL switch interval (``sys.setswitchinterval``): how long the engine thread can
 wait for the GIL held by the event loop's streaming once a step's ids are in."""
@@ -563,6 +566,11 @@ class FastEngine:
         self.overlap = bool(overlap_schedule)
         if self._step_log_path and self.decoder.use_graphs:
             self.decoder.timing = []
+        # HFSERVE_PROFILE=FILE: torch.profiler over PROFILE_STEPS decode steps of the first batch of >= 32 rows
+        # (after PROFILE_SKIP of them), its kernel table written to FILE: the served step's own profile.
+        self._profile_path = os.environ.get("HFSERVE_PROFILE") or None
+        self._profile: Any = None
+        self._profile_seen = 0
         self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet
         if self.overlap:
             # The engine thread must win the GIL back within a fraction of a step when its ids are in,
@@ -649,6 +657,8 @@ class FastEngine:
             if active:
                 if self._step_log_path:
                     self._step_marks.append((len(active), time.perf_counter(), time.thread_time()))
+                if self._profile_path and len(active) >= 32:
+                    self._profile_step()
                 try:
                     active, late = self._decode(active, late)
                 except Exception as exc:
@@ -656,6 +666,24 @@ class FastEngine:
                     late = []
                 if not active and self._step_marks:
                     self._flush_step_log()
+
+    def _profile_step(self) -> None:
+        """HFSERVE_PROFILE: start the profiler at the PROFILE_SKIP-th large step, stop it PROFILE_STEPS later."""
+        self._profile_seen += 1
+        if self._profile_seen == PROFILE_SKIP:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self._profile.__enter__()
+        elif self._profile_seen == PROFILE_SKIP + PROFILE_STEPS and self._profile is not None:
+            if self.fm.device.type == "cuda":
+                torch.cuda.synchronize()
+            prof, self._profile = self._profile, None
+            prof.__exit__(None, None, None)
+            table = prof.key_averages().table(sort_by="self_cuda_time_total" if self.fm.device.type == "cuda"
+                                              else "self_cpu_time_total", row_limit=30)
+            with open(self._profile_path, "w") as f:
+                f.write(f"{PROFILE_STEPS} decode steps from the {PROFILE_SKIP}-th of a batch >= 32\n{table}\n")
 
     def _flush_step_log(self) -> None:
         """Append the burst's steps: ``batch wall_time thread_cpu_time`` per step (the engine thread's CPU

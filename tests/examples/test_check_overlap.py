@@ -55,3 +55,20 @@ def test_step_gaps_reads_device_times() -> None:
     s = step_gaps.summary(b)
     assert (s["batch"], s["steps_at_batch"], s["gap_ms_p50"], s["engine_cpu_ms_p50"]) == (64, 5, 8.6, 0.4)
     assert (s["busy_ms_p50"], s["idle_ms_p50"]) == (5.9, 2.7)
+
+
+def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+    """HFSERVE_PROFILE: the engine profiles PROFILE_STEPS decode steps of a batch >= 32 and writes the table
+    (a burst of 32 through check_overlap.py, 5 decode steps each way)."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import check_overlap
+    import fastengine
+
+    out = tmp_path / "prof.txt"
+    monkeypatch.setenv("HFSERVE_PROFILE", str(out))
+    monkeypatch.setattr(fastengine, "PROFILE_SKIP", 2)
+    monkeypatch.setattr(fastengine, "PROFILE_STEPS", 3)
+    check_overlap.main([str(tiny_model), "--device", "cpu", "--n", "32", "--prompt", "4", "--out-tokens", "6",
+                        "--reps", "1", "--stream-us", "0"])
+    text = out.read_text()
+    assert text.startswith("3 decode steps from the 2-th") and "Self CPU" in text
