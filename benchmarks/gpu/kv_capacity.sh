@@ -7,13 +7,8 @@
 set -u
 START=$SECONDS
 LIMIT=${1:-400}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 || echo "wheel install failed"
-export PYTHONPATH=/tmp/site:$PWD
-log() { echo "[$((SECONDS-START))s] $*"; }
-M=$(python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" 2>"$OUT/forge.err" | tail -1)
+. benchmarks/gpu/device_env.sh
+M=$(forge_7b)
 log "model $M"
 for cap in ${CAPS:-704 4608 1280 2304}; do
   timeout 90 python3 benchmarks/gpu/check_overlap.py "$M" --n 64 --reps 1 --max-model-len "$cap" \

@@ -11,17 +11,12 @@
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 || echo "wheel install failed"
-export PYTHONPATH=/tmp/site:$PWD
-log() { echo "[$((SECONDS-START))s] $*"; }
+. benchmarks/gpu/device_env.sh
 [ -n "${NO_HOST:-}" ] || { log "host step (CPU, stub GPU)"; timeout 150 python3 benchmarks/engine_host_step.py --batch 64 1 --gpu-ms 5.9 4.1 --steps 128 --before examples/hfserve \
   --launch-us 20 --after-flags "--overlap-schedule on" --json "$OUT/host_step.json" 2>"$OUT/host_step.err" | tail -6; }
 [ -n "${NO_MM:-}" ] || { log "mm_bench"; timeout 170 python3 benchmarks/gpu/mm_bench.py --out "$OUT/mm.json" \
   --budget-s "${MM_BUDGET_S:-110}" > "$OUT/mm.log" 2>&1; tail -45 "$OUT/mm.log"; }
-M=$(python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" 2>"$OUT/forge.err" | tail -1)
+M=$(forge_7b)
 log "model $M; served C, overlap off then on, steps logged"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --kernels triton-mv --max-batch-size 64 --prefill-pack 32768 --prefill-attn fused"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"

@@ -9,13 +9,8 @@
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 || echo "wheel install failed"
-export PYTHONPATH=/tmp/site:$PWD
-log() { echo "[$((SECONDS-START))s] $*"; }
-M=$(python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" 2>"$OUT/forge.err" | tail -1)
+. benchmarks/gpu/device_env.sh
+M=$(forge_7b)
 log "model $M"
 timeout 150 python3 benchmarks/gpu/check_overlap.py "$M" --n 64 --out "$OUT/check_overlap.json" 2>"$OUT/check_overlap.err" \
   | grep -v "^hfserve"; grep -iE "error|Traceback" "$OUT/check_overlap.err" | head -5
