@@ -526,6 +526,12 @@ class _FSeq:
 class FastEngine:
     """The server's engine interface (``submit``, ``tokenizer``, ``max_len``) over :class:`FastModel`."""
 
+    # Defaults of the optional parts (set per instance in __init__; tests build engines without it).
+    overlap = False
+    _ahead: _Ahead | None = None
+    _step_log_path: str | None = None
+    _profile_path: str | None = None
+
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,

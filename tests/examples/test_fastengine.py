@@ -483,7 +483,6 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
     monkeypatch.setattr(fastengine, "wake", lambda reqs: (log.append(("wake", Decoder.k)), real_wake(reqs)))
     eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
     eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = Decoder(), {2}, 4, 0, 0
-    eng.overlap, eng._ahead = False, None
     eng.fm = type("FM", (), {"move_slot": lambda *a: None})()
     loop = asyncio.new_event_loop()
     reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=n, temperature=0.0, top_p=1.0, seed=None,
