@@ -670,7 +670,7 @@ class FastEngine:
                 except Exception as exc:
                     active = self._failed(exc, active, late)
                     late = []
-                if not active and self._step_marks:
+                if not active and self._step_log_path and self._step_marks:
                     self._flush_step_log()
 
     def _profile_step(self) -> None:
@@ -679,7 +679,8 @@ class FastEngine:
         if self._profile_seen == PROFILE_SKIP:
             from torch.profiler import ProfilerActivity, profile
 
-            self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            cuda = [ProfilerActivity.CUDA] if self.fm.device.type == "cuda" else []
+            self._profile = profile(activities=[ProfilerActivity.CPU, *cuda])
             self._profile.__enter__()
         elif self._profile_seen == PROFILE_SKIP + PROFILE_STEPS and self._profile is not None:
             if self.fm.device.type == "cuda":
