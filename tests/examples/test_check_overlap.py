@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     monkeypatch.setenv("HFSERVE_STEP_LOG", str(log))
     prompts = [[5, 6, 7, 8]] * 4
     _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64)
+    # The worker writes the burst's lines after its last step, maybe after the handlers got their last token.
+    deadline = time.monotonic() + 10
+    while not (log.exists() and "end" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.02)
     [burst] = step_gaps.bursts(log.read_text())
     s = step_gaps.summary(burst)
     assert [r[0] for r in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
