@@ -840,14 +840,7 @@ class FastEngine:
             if finish_check(req, tok, eos, notify=False):
                 finished.append(i)
         step_reqs = [s.req for s in active]
-        # Refill holes from the end, so decoding slots stay 0..n-1 (KV moves, not gathers).
-        for i in reversed(finished):
-            last = len(active) - 1
-            if i != last:
-                self.fm.move_slot(last, i, active[last].pos)
-                active[i] = active[last]
-            active.pop()
-        return active, step_reqs
+        return self._refill(active, finished), step_reqs
 
     # -- --overlap-schedule: the next decode step launched before this one's ids are read -------------
 
@@ -915,8 +908,13 @@ class FastEngine:
         return self._compact(active)
 
     def _compact(self, active: list[_FSeq]) -> list[_FSeq]:
-        """Drop the finished rows, refilling their slots from the end (as :meth:`_decode` does)."""
-        for i in reversed([i for i, s in enumerate(active) if s.done]):
+        """Drop the rows marked done (:meth:`_refill`)."""
+        return self._refill(active, [i for i, s in enumerate(active) if s.done])
+
+    def _refill(self, active: list[_FSeq], finished: list[int]) -> list[_FSeq]:
+        """Drop rows ``finished`` (ascending), refilling holes from the end, so decoding slots stay 0..n-1
+        (KV moves, not gathers)."""
+        for i in reversed(finished):
             last = len(active) - 1
             if i != last:
                 self.fm.move_slot(last, i, active[last].pos)
