@@ -575,6 +575,12 @@ class FastEngine:
         # HFSERVE_PROFILE=FILE: torch.profiler over PROFILE_STEPS decode steps of the first batch of >= 32 rows
         # (after PROFILE_SKIP of them), its kernel table written to FILE: the served step's own profile.
         self._profile_path = os.environ.get("HFSERVE_PROFILE") or None
+        for var, path in (("HFSERVE_STEP_LOG", self._step_log_path), ("HFSERVE_PROFILE", self._profile_path)):
+            try:  # refused now, in one line, rather than by the worker thread mid-burst
+                if path:
+                    open(path, "a").close()
+            except OSError as exc:
+                raise SystemExit(f"hfserve: {var}={path} cannot be written: {exc.strerror}") from None
         self._profile: Any = None
         self._profile_seen = 0
         self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet

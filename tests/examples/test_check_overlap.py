@@ -77,3 +77,15 @@ def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_
                         "--reps", "1", "--stream-us", "0"])
     text = out.read_text()
     assert text.startswith("3 decode steps from the 2-th") and "Self CPU" in text
+
+
+def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+    """HFSERVE_STEP_LOG / HFSERVE_PROFILE in a folder that does not exist: one line at start-up, not a dead worker."""
+    sys.path.insert(0, str(ROOT / "examples" / "hfserve"))
+    from fastengine import FastEngine
+
+    for var in ("HFSERVE_STEP_LOG", "HFSERVE_PROFILE"):
+        with monkeypatch.context() as m:
+            m.setenv(var, str(tmp_path / "nope" / "x.log"))
+            with pytest.raises(SystemExit, match=f"{var}=.*cannot be written"):
+                FastEngine(str(tiny_model), dtype="float32", device="cpu", cuda_graphs=False)
