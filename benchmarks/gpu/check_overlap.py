@@ -1,6 +1,6 @@
 """The fast engine's --overlap-schedule on the GPU, engine only (no HTTP): same tokens, and the step time.
 
-    python benchmarks/gpu/check_overlap.py MODEL_DIR [--n 64] [--kernels triton-mv] [--stream-us 30] [--out F]
+    python benchmarks/gpu/check_overlap.py MODEL_DIR [--n 64] [--kernels triton-mv] [--stream-us 30] [--logprobs K] [--out F]
 
 One FastEngine (CUDA graphs), one burst of ``--n`` greedy requests of ``--prompt`` tokens with ``--out-tokens``
 each (all the same length: no row leaves early, so both ways decode the same rows in the same slots and the
@@ -38,7 +38,7 @@ def _spin(us: float) -> None:
 
 
 def burst(eng: FastEngine, loop: asyncio.AbstractEventLoop, prompts: list[list[int]], out_tokens: int,
-          stream_us: float) -> dict:
+          stream_us: float, logprobs: int | None = None) -> dict:
     marks: list[tuple[int, float]] = []
     real = eng._decode
 
@@ -48,7 +48,7 @@ def burst(eng: FastEngine, loop: asyncio.AbstractEventLoop, prompts: list[list[i
 
     eng._decode = timed
     reqs = [GenRequest(prompt_ids=p, max_tokens=out_tokens, temperature=0.0, top_p=1.0, seed=None, ignore_eos=True,
-                       logprobs=None, loop=loop) for p in prompts]
+                       logprobs=logprobs, loop=loop) for p in prompts]
 
     async def consume(r: GenRequest) -> list[int]:
         toks: list[int] = []
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", default="triton-mv")
     ap.add_argument("--stream-us", type=float, default=30.0, help="event loop Python per stream per step")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--logprobs", type=int, default=None,
+                    help="each request asks for K logprobs (the bench and the gates ask for 0: the chosen token's)")
     ap.add_argument("--max-model-len", type=int, default=0,
                     help="the KV pool's capacity per slot (default: prompt + outputs + 64; the server's is 4608)")
     ap.add_argument("--out", default="")
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         for overlap in (False, True):
             eng.overlap = overlap
             sys.setswitchinterval(0.0005 if overlap else default_switch)
-            r = burst(eng, loop, prompts, a.out_tokens, a.stream_us)
+            r = burst(eng, loop, prompts, a.out_tokens, a.stream_us, a.logprobs)
             r.update(overlap=overlap, rep=rep)
             runs.append(r)
             print(f"overlap={'on ' if overlap else 'off'} rep {rep}: burst {r['wall_s']:.3f} s, steps {r['steps']}, "

@@ -395,9 +395,11 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
         kernels.rope_store = orig
 
 
-def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int], **kw) -> list[list[int]]:
+def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int], logprobs: int | None = None,
+                    **kw) -> list[list]:
     """Greedy tokens per prompt from a FastEngine on the CPU, every prompt submitted at once (a burst);
-    ``sizes`` gets the number of prompts of each prefill forward pass."""
+    ``sizes`` gets the number of prompts of each prefill forward pass. With ``logprobs`` (k) each
+    token is (id, logprob, top k) instead."""
     import asyncio
 
     from engine import GenRequest
@@ -415,7 +417,7 @@ def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int],
     async def run() -> list[list[int]]:
         loop = asyncio.get_running_loop()
         reqs = [GenRequest(prompt_ids=p, max_tokens=n, temperature=0.0, top_p=1.0, seed=None, ignore_eos=True,
-                           logprobs=None, loop=loop) for p, n in zip(prompts, (6, 1, 9, 4, 7, 3), strict=False)]
+                           logprobs=logprobs, loop=loop) for p, n in zip(prompts, (6, 1, 9, 4, 7, 3), strict=False)]
         with eng.jobs.not_empty:  # one atomic burst: the worker wakes to all of them queued
             eng.jobs.queue.extend(reqs)
             eng.jobs.unfinished_tasks += len(reqs)
@@ -426,7 +428,8 @@ def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int],
             while True:
                 kind, payload = await asyncio.wait_for(r.events.get(), 60)
                 if kind == "token":
-                    toks.append(payload.token_id)
+                    toks.append(payload.token_id if logprobs is None else (payload.token_id, payload.logprob,
+                                                                           payload.top))
                 elif kind == "done":
                     break
                 else:
@@ -656,3 +659,63 @@ def test_overlap_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
     alone = _engine_outputs(tiny_model, prompts, [], max_batch_size=1)
     assert ovl == alone
     assert len(fed) >= 5 and max(fed) >= 2, fed
+
+
+def test_logprob_table_rows_are_token_events() -> None:
+    """A step's logprobs built for the whole batch at once (one table, one device->host copy) are, row
+    by row, exactly the per-row token_event's: the chosen token's logprob (argmax or any other id) and
+    the top k, for every k up to the table's width."""
+    from engine import logprob_table, table_event, token_event
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 50, generator=gen) * 4
+    ids = torch.tensor([int(logits[0].argmax()), 7, 49, 0, int(logits[4].argmax())])
+    rows = logprob_table(logits, ids, 3).tolist()
+    for i, row in enumerate(rows):
+        assert table_event(row, None) == int(ids[i])
+        for k in (0, 2, 3):
+            assert table_event(row, k) == token_event(int(ids[i]), logits[i], k), (i, k)
+    assert logprob_table(logits, ids, 0).shape == (5, 2)
+
+
+def test_greedy_logprobs_come_from_one_table_per_step(tiny_model: Path, monkeypatch) -> None:
+    """Greedy requests asking for logprobs (as the bench's and the gates' all do): a burst through 4
+    slots gives one request at a time's tokens and logprobs, both plain and with --overlap-schedule
+    (which now runs for them: steps launched from the device), and no row's logprob is computed on
+    its own: one table per decode step and per packed prefill."""
+    import fastengine
+
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
+    calls = {"table": 0, "row": 0, "fed": 0}
+    real_table, real_event, real_feed = fastengine.logprob_table, fastengine.token_event, fastengine.GraphDecoder._feed
+
+    def table(*a):
+        calls["table"] += 1
+        return real_table(*a)
+
+    def event(*a):
+        calls["row"] += 1
+        return real_event(*a)
+
+    def feed(self, prev, n):
+        calls["fed"] += 1
+        return real_feed(self, prev, n)
+
+    alone = _engine_outputs(tiny_model, prompts, [], logprobs=2, max_batch_size=1)
+    monkeypatch.setattr(fastengine, "logprob_table", table)
+    monkeypatch.setattr(fastengine, "token_event", event)
+    monkeypatch.setattr(fastengine.GraphDecoder, "_feed", feed)
+    outs = {}
+    for overlap in (False, True):
+        calls.update(table=0, row=0, fed=0)
+        outs[overlap] = _engine_outputs(tiny_model, prompts, [], logprobs=2, max_batch_size=4, prefill_pack=64,
+                                        overlap_schedule=overlap)
+        assert calls["row"] == 0 and calls["table"] >= 9, (overlap, calls)  # 9: the longest request's steps
+        assert (calls["fed"] >= 5) == overlap, calls
+    for out in outs.values():
+        assert [[t[0] for t in r] for r in out] == [[t[0] for t in r] for r in alone]
+        for r, a in zip(out, alone, strict=True):
+            for (_, lp, top), (_, lp1, top1) in zip(r, a, strict=True):
+                assert lp == pytest.approx(lp1, abs=1e-4) and [i for i, _ in top] == [i for i, _ in top1]
+                assert len(top) == 2 and [v for _, v in top] == pytest.approx([v for _, v in top1], abs=1e-4)
