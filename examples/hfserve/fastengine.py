@@ -27,6 +27,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   or SwiGLU in their epilogue: 6 launches per layer instead of 10 (:meth:`FastModel._decode_gemv`).
   ``--kernels triton-mv`` is ``triton`` with, at decode batch 1, the QKV, O, gate/up, down and lm_head
   projections as a plain Triton GEMV tuned per shape (kernels.mv_linear; faster than cuBLAS at M=1).
+  ``--kernels triton-mm`` is ``triton-mv`` with, at decode batch 2..64, the projections as a skinny Triton
+  GEMM where kernels.MM_CONFIGS lists the shape (kernels.mm_linear; else cuBLAS).
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -70,6 +72,8 @@ _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTEN
 
 PROFILE_SKIP, PROFILE_STEPS = 20, 10
 """HFSERVE_PROFILE: the large decode steps skipped first, and how many are profiled."""
+PROFILE_PREFILL_TOKENS = 8192
+"""HFSERVE_PROFILE: the first packed prefill pass of at least this many tokens is profiled too (FILE.prefill)."""
 
 SWITCH_INTERVAL_S = 0.0005
 """--overlap-schedule's GIL switch interval (``sys.setswitchinterval``): how long the engine thread can
@@ -334,7 +338,9 @@ class FastModel:
         ops, B, n = self.ops, tokens.shape[0], len(self.layers)
         # --kernels triton-mv: the five projections through kernels.mv_linear (at batch <= MV_MAX_ROWS a
         # Triton GEMV with the config tuned for its shape; otherwise x @ w.t(), as here for the rest).
-        lin = kernels_mod.mv_linear if self.kernels == "triton-mv" else _linear
+        # --kernels triton-mm: the same at batch 1, and at 2..64 kernels.mm_linear (the skinny Triton GEMM where
+        # kernels.MM_CONFIGS lists the shape: tuned on the H200 for the 7B; else cuBLAS).
+        lin = {"triton-mv": kernels_mod.mv_linear, "triton-mm": kernels_mod.mmv_linear}.get(self.kernels, _linear)
         x = self.embed[tokens]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
         for li, L in enumerate(self.layers):
@@ -603,6 +609,7 @@ class FastEngine:
                 raise SystemExit(f"hfserve: {var}={path} cannot be written: {exc.strerror}") from None
         self._profile: Any = None
         self._profile_seen = 0
+        self._prefill_profiled = False
         self._ahead: _Ahead | None = None  # --overlap-schedule: the step on the device not read yet
         if self.overlap:
             # The engine thread must win the GIL back within a fraction of a step when its ids are in,
@@ -699,6 +706,26 @@ class FastEngine:
                 if not active and self._step_log_path and self._step_marks:
                     self._flush_step_log()
 
+    def _profile_prefill(self, parts: list, used: int) -> torch.Tensor:
+        """HFSERVE_PROFILE: one packed prefill pass under the profiler; its kernel table and wall time go
+        to FILE.prefill."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self._prefill_profiled = True
+        cuda = self.fm.device.type == "cuda"
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+            logits = self.fm.prefill_packed(parts)
+            sync()
+        wall = time.perf_counter() - t0
+        table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                          row_limit=30)
+        with open(f"{self._profile_path}.prefill", "w") as f:
+            f.write(f"packed prefill of {used} tokens ({len(parts)} prompts): {wall * 1000:.1f} ms profiled\n{table}\n")
+        return logits
+
     def _profile_step(self) -> None:
         """HFSERVE_PROFILE: start the profiler at the PROFILE_SKIP-th large step, stop it PROFILE_STEPS later."""
         self._profile_seen += 1
@@ -792,7 +819,10 @@ class FastEngine:
         parts = [(torch.tensor(s.req.prompt_ids, device=self.fm.device), row, 0) for s, row in zip(group, rows,
                                                                                                       strict=True)]
         try:
-            logits = self.fm.prefill_packed(parts)
+            if self._profile_path and not self._prefill_profiled and used >= PROFILE_PREFILL_TOKENS:
+                logits = self._profile_prefill(parts, used)
+            else:
+                logits = self.fm.prefill_packed(parts)
         except Exception as exc:  # a bad batch must not kill the worker
             print(f"hfserve: packed prefill failed: {exc!r}", file=sys.stderr, flush=True)
             for s in group:

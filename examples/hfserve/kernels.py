@@ -91,7 +91,7 @@ are a table too (``ATTN_CONFIGS``, empty: today's launch), with one new option, 
 *Prediction* (mm_bench.py has the detail): at batch 64 the projections 4.10 -> ~3.80 ms (cuBLAS ~81% of
 the copy ceiling, Triton ~88%) and attention 1.44 -> ~1.30 ms per step. Not wired into the engine yet.
 
-``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv")`` returns the same five callables each way, so FastModel can take a
+``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv" | "triton-mm")`` returns the same five callables each way, so FastModel can take a
 ``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
 arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
 KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
@@ -120,7 +120,7 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "combine_splits", "combine_splits_ref", "split_count", "HAVE_TRITON", "GEMV_MAX_ROWS",
            "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref",
            "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref",
-           "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref",
+           "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref", "mmv_linear",
            "ATTN_CONFIGS", "AttnCfg", "attn_config"]
 
 HAVE_TRITON = triton is not None
@@ -1125,7 +1125,7 @@ def mv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
 
 
-# -- batch 16..64: the decode step's projections as a skinny Triton GEMM (not wired into the engine yet) ----
+# -- batch 16..64: the decode step's projections as a skinny Triton GEMM (--kernels triton-mm) ----
 
 MM_ROWS = (16, 32, 64)  # the row buckets mm_linear serves (BLOCK_M): decode batches padded to 16, 32, 64
 MM_RED_BLOCK = 1024  # split-K reduction: outputs per program (gemv_bench's RED_BLOCK)
@@ -1149,9 +1149,24 @@ class MmCfg:
                 f"{'t' if self.swap else ''}{'e' if self.evict else ''}")
 
 
-# The best config per (row bucket, N, K), to be tuned by benchmarks/gpu/mm_bench.py on the H200 (it
-# prints this table ready to paste). Empty: mm_linear is x @ w.t() (cuBLAS) everywhere, today's path.
-MM_CONFIGS: dict[tuple[int, int, int], MmCfg] = {}
+# The best config per (row bucket, N, K) where Triton beat cuBLAS, tuned by benchmarks/gpu/mm_bench.py on
+# the H200 for the 7B's shapes (benchmarks/gpu/results/mm_2026-12-03k.json: its table as printed, the
+# times Triton vs cuBLAS in a graph). Only ``--kernels triton-mm`` calls mm_linear in the engine; a shape
+# not listed (or another model's) is x @ w.t() (cuBLAS).
+MM_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
+    (16, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv     14.7 vs 15.7 us
+    (32, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv     15.3 vs 16.1 us
+    (16, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # o       11.2 vs 13.4 us
+    (32, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, ''),  # o       11.9 vs 13.7 us
+    (32, 28672, 4096): MmCfg(256, 128, 4, 3, 1, True, 'evict_first'),  # gate_up 56.7 vs 57.4 us
+    (64, 28672, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # gate_up 60.1 vs 61.4 us
+    (16, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down    31.2 vs 32.2 us
+    (32, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down    32.0 vs 33.0 us
+    (64, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, ''),  # down    33.9 vs 35.9 us
+    (16, 32000, 4096): MmCfg(128, 128, 4, 3, 1, True, ''),  # lm_head 61.5 vs 65.3 us
+    (32, 32000, 4096): MmCfg(256, 128, 4, 3, 1, True, ''),  # lm_head 62.7 vs 65.8 us
+    (64, 32000, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # lm_head 65.1 vs 67.4 us
+}
 
 
 def mm_rows(m: int) -> int:
@@ -1192,6 +1207,11 @@ def mm_config(m: int, n: int, k: int) -> MmCfg | None:
     return MM_CONFIGS.get((mm_rows(m), n, k))
 
 
+def mmv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``--kernels triton-mm``'s projection: :func:`mv_linear` at one row, :func:`mm_linear` above."""
+    return mv_linear(x, w) if x.shape[0] <= MV_MAX_ROWS else mm_linear(x, w)
+
+
 def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``x @ w.t()``; by the skinny Triton GEMM where :data:`MM_CONFIGS` has this (row bucket, N, K) and x
     and w are contiguous, of one dtype, on CUDA (or under the CPU interpreter); else exactly x @ w.t().
@@ -1230,13 +1250,17 @@ _OPS = {
     # The same ops; FastModel's decode step at batch <= MV_MAX_ROWS runs its five projections (QKV, O,
     # gate/up, down, lm_head) through mv_linear (a plain Triton GEMV) instead of cuBLAS.
     "triton-mv": Ops("triton-mv", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
+    # triton-mv, and at decode batch 2..64 the projections through mm_linear (the skinny Triton GEMM where
+    # MM_CONFIGS lists the shape, else cuBLAS): FastModel's lin is mmv_linear.
+    "triton-mm": Ops("triton-mm", rmsnorm, add_rmsnorm, silu_mul, rope_store, decode_attn),
 }
 
 
 def get_ops(name: str) -> Ops:
     """``"torch"`` (FastModel's current arithmetic), ``"triton"`` (the fused kernels), ``"triton-gemv"``
-    (the same, and the decode step's QKV and gate/up GEMVs fused with their neighbours) or ``"triton-mv"``
-    (``triton``, and the decode step's projections at batch 1 as plain Triton GEMVs: :func:`mv_linear`)."""
+    (the same, and the decode step's QKV and gate/up GEMVs fused with their neighbours), ``"triton-mv"``
+    (``triton``, and the decode step's projections at batch 1 as plain Triton GEMVs: :func:`mv_linear`) or
+    ``"triton-mm"`` (``triton-mv``, and at batch 2..64 the skinny GEMM where tuned: :func:`mmv_linear`)."""
     if name not in _OPS:
         raise ValueError(f"unknown kernels {name!r}; choose from {sorted(_OPS)}")
     if name != "torch":

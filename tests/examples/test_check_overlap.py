@@ -64,7 +64,7 @@ def test_step_gaps_reads_device_times() -> None:
 
 def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     """HFSERVE_PROFILE: the engine profiles PROFILE_STEPS decode steps of a batch >= 32 and writes the table
-    (a burst of 32 through check_overlap.py, 5 decode steps each way)."""
+    (a burst of 32 through check_overlap.py, 5 decode steps each way), and one large packed prefill."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import check_overlap
     import fastengine
@@ -73,10 +73,14 @@ def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_
     monkeypatch.setenv("HFSERVE_PROFILE", str(out))
     monkeypatch.setattr(fastengine, "PROFILE_SKIP", 2)
     monkeypatch.setattr(fastengine, "PROFILE_STEPS", 3)
+    monkeypatch.setattr(fastengine, "PROFILE_PREFILL_TOKENS", 100)
     check_overlap.main([str(tiny_model), "--device", "cpu", "--n", "32", "--prompt", "4", "--out-tokens", "6",
                         "--reps", "1", "--stream-us", "0"])
     text = out.read_text()
     assert text.startswith("3 decode steps from the 2-th") and "Self CPU" in text
+    # ... and the first packed prefill pass of >= 100 tokens (the burst's 32 x 4 = 128) into FILE.prefill
+    pre = Path(f"{out}.prefill").read_text()
+    assert pre.startswith("packed prefill of 128 tokens (32 prompts)") and "Self CPU" in pre
 
 
 def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:

@@ -719,3 +719,51 @@ def test_greedy_logprobs_come_from_one_table_per_step(tiny_model: Path, monkeypa
             for (_, lp, top), (_, lp1, top1) in zip(r, a, strict=True):
                 assert lp == pytest.approx(lp1, abs=1e-4) and [i for i, _ in top] == [i for i, _ in top1]
                 assert len(top) == 2 and [v for _, v in top] == pytest.approx([v for _, v in top1], abs=1e-4)
+
+
+@torch.inference_mode()
+def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
+    """kernels="triton-mm": a batch-3 decode step runs its projections through kernels.mm_gemm (the skinny
+    Triton GEMM, here with a config listed for the tiny model's shapes) and equals kernels="triton" (logits
+    within the step tolerance, the ids, the KV pool); the GEMM one K tile short is caught; with nothing
+    listed it is triton's step bit for bit."""
+    import kernels
+
+    dtype = torch.float32  # (bf16's random tiny model has near-ties: its greedy ids may flip within the tolerance)
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm, prompts = _prefilled(dtype)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    b = len(prompts)
+    assert b > kernels.MV_MAX_ROWS
+
+    def run(kern: str) -> tuple[torch.Tensor, list[int]]:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels(kern)
+        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
+        try:
+            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
+            return logits[:b].clone(), ids
+        finally:
+            fm.set_kernels("torch")
+
+    want, want_ids = run("triton")
+    Kw, Vw = fm.K.clone(), fm.V.clone()
+    cfg = kernels.MmCfg(32, 32, 4, 2)
+    L0 = fm.layers[0]
+    shapes = {tuple(t.shape) for t in (L0["qkv"], L0["o"], L0["gu"], L0["down"], fm.lm_head)}
+    monkeypatch.setattr(kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
+    seen, real = [], kernels.mm_gemm
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(tuple(w.shape)) or real(x, w, c, **kw))
+    got, got_ids = run("triton-mm")
+    assert len(seen) == 4 * len(fm.layers) + 1 and seen[-1] == tuple(fm.lm_head.shape)
+    assert close(got, want), (got - want).abs().max()
+    assert got_ids == want_ids and close(fm.K, Kw) and close(fm.V, Vw)
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=1))
+    assert not close(run("triton-mm")[0], want)  # both ways: one K tile short is caught
+    monkeypatch.setattr(kernels, "MM_CONFIGS", {})
+    assert torch.equal(run("triton-mm")[0], want)

@@ -94,7 +94,7 @@ def test_kernels_knob_and_engine_steps() -> None:
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     knob = target.knobs["kernels"]
     assert (knob.type, list(knob.choices), knob.default, knob.flag) == ("categorical", ["torch", "triton", "triton-gemv",
-                                                                         "triton-mv"],
+                                                                         "triton-mv", "triton-mm"],
                                                                         "torch",
                                                                         "--kernels")
     assert knob.when == {"engine": "fast-graphs"}
