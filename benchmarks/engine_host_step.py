@@ -49,7 +49,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "examples" / "hfserve"
 BEFORE = "bd4d84b"  # main before the batched events (issue 24's host-cost change)
-FILES = ("engine.py", "fastengine.py", "server.py", "kernels.py", "loading.py")
 
 
 def _free_port() -> int:
@@ -199,10 +198,13 @@ def _variant_dir(ref: str | None, tmp: str) -> str:
         return str(Path(ref).resolve())
     d = Path(tmp) / ref
     d.mkdir(parents=True)
-    for f in FILES:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:examples/hfserve/{f}"], check=True,
+    # Every module of the folder at that commit (the Triton kernels were kernels.py before they became hfkernels.py).
+    paths = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", ref, "examples/hfserve/"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    for path in (p for p in paths if p.endswith(".py")):
+        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True,
                              capture_output=True, text=True).stdout
-        (d / f).write_text(src)
+        (d / Path(path).name).write_text(src)
     return str(d)
 
 

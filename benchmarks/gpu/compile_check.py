@@ -40,7 +40,7 @@ ALIGNED = ("K", "N2", "s_x", "s_d", "s_r", "s_o", "s_oh", "s_cos", "s_kb", "s_kh
 
 
 def compile_all(arch: int = 90) -> list[dict]:
-    import kernels
+    import hfkernels as kernels
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -103,7 +103,7 @@ def compile_mv(arch: int = 90) -> list[dict]:
     by gemv_bench's ``_compile_job`` (the JIT's warm-up path, as a launch at M=1 specialises it)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gemv_bench
-    import kernels
+    import hfkernels as kernels
 
     out = []
     for (n, k), c in [*kernels.MV_CONFIGS.items(), (MV_ODD_SHAPE, kernels.MV_DEFAULT)]:

@@ -4,7 +4,7 @@
 
 Builds a tiny random Llama (FastModel over transformers' LlamaForCausalLM, head_dim 16) for each
 layer count, runs one eager decode step per ``--kernels`` setting and counts what would be a CUDA
-kernel on the GPU: every Triton launch (kernels.py's kernels, counted at their launcher) and every
+kernel on the GPU: every Triton launch (hfkernels.py's kernels, counted at their launcher) and every
 aten op that computes (matmuls, elementwise, reductions, index/gather, copies; views, reshapes,
 ``empty`` allocations and other metadata ops are not kernels). The per-layer count is the
 difference between two layer counts, so the step's fixed part (embedding, final norm, lm_head,
@@ -30,7 +30,7 @@ _FREE = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand
 
 
 def count(fm, kernels: str, batch: int) -> Counter:
-    import kernels as K
+    import hfkernels as K
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--splits", type=int, default=0, help="force decode attention's split count (0: split_count)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    import kernels as K
+    import hfkernels as K
 
     if args.splits:  # the H200's batch-1 plan at a 1024 bucket is 8 splits (two launches); the tiny bucket's is 1
         orig = K.decode_attn

@@ -10,7 +10,7 @@ Mistral-7B decode shapes (``SHAPES``: fused QKV, O, fused gate_up, down, lm_head
 
 * cuBLAS through torch: ``F.linear(x, W)`` (what the engine calls: the baseline every ratio is against),
   ``torch.matmul(x, W.t())`` and, at M=1, ``torch.mv(W, x[0])``;
-* ``gemv()``: a plain (unfused) Triton GEMV (``_gemv_kernel``, kept in examples/hfserve/kernels.py,
+* ``gemv()``: a plain (unfused) Triton GEMV (``_gemv_kernel``, kept in examples/hfserve/hfkernels.py,
   where ``--kernels triton-mv`` serves with it), one program per BLOCK_N rows of W and per K split. Each
   program streams [BLOCK_N, BLOCK_K] tiles of W along K (contiguous: 16-byte vector loads, the rows of a
   warp side by side), multiplies them in fp32 by the matching slice of each of the M rows of x (held in
@@ -108,12 +108,12 @@ FIRST_CALL_S: list[float] = []  # per config, the first launch's seconds (~ms wh
 INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
-# The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in examples/hfserve/kernels.py,
+# The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in examples/hfserve/hfkernels.py,
 # where the engine's ``--kernels triton-mv`` launches them; this script tunes and times them. Under the
-# interpreter they must be kernels.py's interpreted ones: a kernels module imported earlier with compiled
+# interpreter they must be hfkernels.py's interpreted ones: a kernels module imported earlier with compiled
 # kernels (a test process) is reloaded in place with TRITON_INTERPRET set, as tests/examples/triton_interp does.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import kernels  # noqa: E402
+import hfkernels as kernels  # noqa: E402
 
 if INTERPRET:
     import importlib  # noqa: E402
@@ -373,7 +373,7 @@ def smoke_setup() -> None:
     """The interpreter's helpers for a smoke run (this script's and mm_bench's)."""
     root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "examples" / "hfserve"))
-    import kernels  # its shim lets the interpreter take a loaded scalar (NT) as a loop bound under numpy 2
+    import hfkernels as kernels  # its shim lets the interpreter take a loaded scalar (NT) as a loop bound under numpy 2
 
     kernels._interpreter_shim()
     sys.path.insert(0, str(root / "tests" / "examples"))

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import kernels  # noqa: E402
+import hfkernels as kernels  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_engine import cuda_time as cuda_ms  # noqa: E402  (3 warm-ups, median of 20 CUDA-event times)

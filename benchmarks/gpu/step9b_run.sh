@@ -5,7 +5,7 @@
 #    steps' gaps and device busy/idle, the kernel table of 10 batch-64 steps, and (FILE.prefill) the table and
 #    wall time of the burst's first large packed prefill: where C's remaining time goes.
 # 2. B and C from three servers side by side in one ib_baseline run: step9 (triton-mv), step9mm (--kernels
-#    triton-mm: the skinny Triton GEMM at batch 2..64 where kernels.MM_CONFIGS lists the shape) and step9r
+#    triton-mm: the skinny Triton GEMM at batch 2..64 where hfkernels.MM_CONFIGS lists the shape) and step9r
 #    (step9 launched again: the server-to-server spread). All with --overlap-schedule on.
 set -u
 START=$SECONDS

@@ -50,7 +50,7 @@ from collections import deque
 from contextlib import nullcontext
 from typing import Any
 
-import kernels as kernels_mod
+import hfkernels as kernels_mod
 import torch
 import torch.nn.functional as F
 from engine import (

@@ -177,7 +177,7 @@ def test_torch_kernels_are_the_code_before(dtype) -> None:
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """kernels.py's Triton kernels on the CPU (interpreter), for the tests that run kernels="triton"."""
+    """hfkernels.py's Triton kernels on the CPU (interpreter), for the tests that run kernels="triton"."""
     pytest.importorskip("triton", reason="triton is not installed")
     from triton_interp import import_interpreted  # beside this file
 
@@ -236,7 +236,7 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
     with norm, RoPE + store and SwiGLU fused in) equals kernels="torch" (logits, the KV pool); the
     same check catches a step whose fused GEMV stores K one position late; above GEMV_MAX_ROWS rows
     the step falls back to the 10-launch path (_decode_fused)."""
-    import kernels
+    import hfkernels as kernels
 
     tol = STEP_TOL[dtype]
 
@@ -284,7 +284,7 @@ def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
     down; lm_head once) through kernels.mv_gemv (the Triton GEMV) and equals kernels="triton" (logits
     within the step tolerance, the greedy id, the KV pool); the same check catches the GEMV run one K
     tile short; at batch 2 (> MV_MAX_ROWS) the step is triton's, bit for bit, without a GEMV launch."""
-    import kernels
+    import hfkernels as kernels
 
     tol = STEP_TOL[dtype]
 
@@ -362,7 +362,7 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
     "torch" for a whole prompt, a chunk and a packed set, with rope_store's one-(row, head) programs and
     with its prefill programs of several rows (what a prefill of >= ROPE_ROWS_MIN rows runs); a perturbed
     kernel (positions off by one) fails."""
-    import kernels
+    import hfkernels as kernels
 
     tol = STEP_TOL[dtype]
 
@@ -727,7 +727,7 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     Triton GEMM, here with a config listed for the tiny model's shapes) and equals kernels="triton" (logits
     within the step tolerance, the ids, the KV pool); the GEMM one K tile short is caught; with nothing
     listed it is triton's step bit for bit."""
-    import kernels
+    import hfkernels as kernels
 
     dtype = torch.float32  # (bf16's random tiny model has near-ties: its greedy ids may flip within the tolerance)
     tol = STEP_TOL[dtype]

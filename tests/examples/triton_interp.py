@@ -1,4 +1,4 @@
-"""Import examples/hfserve/kernels.py with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
+"""Import examples/hfserve/hfkernels.py with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ HFSERVE = Path(__file__).resolve().parents[2] / "examples" / "hfserve"
 
 
 def import_interpreted():
-    """Import kernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
+    """Import hfkernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
 
     Set at import rather than for the session, so the rest of a whole-suite run sees the env as it was.
     A kernels module imported earlier with compiled kernels (fastengine imports it) is reloaded in
@@ -26,7 +26,7 @@ def import_interpreted():
     _vectorise_generic_reduce()
     _cache_np_dtypes()
     with interpreting():
-        import kernels as mod
+        import hfkernels as mod
         from triton.runtime.interpreter import InterpretedFunction
 
         if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled
@@ -49,7 +49,7 @@ def interpreting() -> Iterator[None]:
 
 
 def _vectorise_generic_reduce() -> None:
-    """Triton 3.6's interpreter runs ``tl.reduce`` with a combine function of its own (kernels.py's
+    """Triton 3.6's interpreter runs ``tl.reduce`` with a combine function of its own (hfkernels.py's
     ``_add`` and ``_fmax``: see the note there) one element at a time: a Python call of the combine
     function per element, most of an interpreted decode step's time. Replace it, once per process,
     with the same left fold over the reduced axis done a whole slice at a time: ``acc = x[0]``, then
