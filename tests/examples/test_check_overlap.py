@@ -93,3 +93,16 @@ def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_pat
             m.setenv(var, str(tmp_path / "nope" / "x.log"))
             with pytest.raises(SystemExit, match=f"{var}=.*cannot be written"):
                 FastEngine(str(tiny_model), dtype="float32", device="cpu", cuda_graphs=False)
+
+
+def test_prefill_attn_bench_smoke(tmp_path: Path) -> None:
+    """benchmarks/gpu/prefill_attn_bench.py on the CPU (tiny sizes): every way computes today's output."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import prefill_attn_bench
+
+    out = tmp_path / "pattn.json"
+    prefill_attn_bench.main(["--device", "cpu", "--prompts", "3", "--len", "16", "--heads", "4", "--kv-heads", "2",
+                             "--head-dim", "8", "--capacity", "40", "--reps", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["way"] for r in rows] == ["per_prompt_mask", "per_prompt_causal", "batched_views", "batched_contig"]
+    assert all(r["max_err"] < 1e-5 for r in rows)
