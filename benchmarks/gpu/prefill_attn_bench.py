@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--capacity", type=int, default=4608)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--first-counts", type=int, nargs="*", default=[9, 55, 63, 33],
+                    help="prompt counts whose first batched call is timed (a new shape for the backend)")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     cuda = a.device.startswith("cuda")
@@ -120,11 +122,30 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{bname:9s} {wname:18s} " + (f"device {r['device_ms']:8.3f} ms  host {r['host_ms']:7.3f} ms"
                                                      f"  max err {r['max_err']:.3g}" if "error" not in r
                                                      else f"refused: {r['error']}"), flush=True)
+        # A batched call's shape changes with the pass's prompt count: the first call at a new count, per
+        # backend (cuDNN builds an execution plan per shape): the pass's one-time cost of batching.
+        first = []
+        for i, bname in enumerate(("cudnn", "flash", "auto") if cuda else ()):
+            for n in (min(m + i, P) for m in a.first_counts):  # counts no backend has seen yet
+                fn = ways(q_rows[:n * c], K, V, n, c, scale)["batched_views"]
+                with sdpa_kernel([BACKENDS[bname]]) if BACKENDS[bname] is not None else nullcontext():
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    fn()
+                    torch.cuda.synchronize()
+                    cold = (time.perf_counter() - t0) * 1000
+                    t0 = time.perf_counter()
+                    fn()
+                    torch.cuda.synchronize()
+                    warm = (time.perf_counter() - t0) * 1000
+                first.append({"backend": bname, "prompts": n, "first_ms": cold, "second_ms": warm})
+                print(f"{bname:9s} batched_views at {n:3d} prompts: first call {cold:8.3f} ms, second {warm:7.3f} ms",
+                      flush=True)
     flops = 4 * P * a.heads * c * c * a.head_dim / 2
     print(f"one layer: {P} prompts x {c} tokens, {flops / 1e9:.1f} GFLOP causal; 32 layers x the best device ms"
           " = the pass's attention", flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps({"args": vars(a), "gflop_per_layer": flops / 1e9, "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"args": vars(a), "gflop_per_layer": flops / 1e9, "rows": rows, "first": first}, indent=1))
 
 
 if __name__ == "__main__":
