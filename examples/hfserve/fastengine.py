@@ -70,6 +70,9 @@ from loading import Phases, init_device, load_model
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
+PREFILL_ATTN = ("torch", "fused", "fused-batched")
+"""--prefill-attn's choices (FastModel.set_prefill_attn)."""
+
 PROFILE_SKIP, PROFILE_STEPS = 20, 10
 """HFSERVE_PROFILE: the large decode steps skipped first, and how many are profiled."""
 PROFILE_PREFILL_TOKENS = 8192
@@ -141,10 +144,12 @@ class FastModel:
         """Prefill's RoPE + attention: ``"torch"`` (rotate-half in torch, K/V stored by index_put, the
         cache repeated per query head for SDPA) or ``"fused"`` (kernels.rope_store rotates q and k of
         every packed row and stores k and v in one Triton launch; SDPA reads the pool's K/V in place
-        with ``enable_gqa``, no repeated copy)."""
-        if how not in ("torch", "fused"):
-            raise ValueError(f"unknown prefill attention {how!r}; choose from ['fused', 'torch']")
-        if how == "fused":
+        with ``enable_gqa``, no repeated copy) or ``"fused-batched"`` (``fused``, and a run of whole prompts of
+        one length in consecutive slots, a burst's, attends in one SDPA call over the run instead of one
+        call per prompt: :meth:`_plan`)."""
+        if how not in PREFILL_ATTN:
+            raise ValueError(f"unknown prefill attention {how!r}; choose from {sorted(PREFILL_ATTN)}")
+        if how != "torch":
             kernels_mod.get_ops("triton")  # needs triton
         self.prefill_attn = how
 
@@ -230,29 +235,35 @@ class FastModel:
         dev = self.device
         last = torch.tensor([r1 - 1 for _, r1, _, _, _ in rows], device=dev) if len(rows) > 1 else slice(r0 - 1, r0)
         pos = slots = None
-        if self.prefill_attn == "fused":
+        if self.prefill_attn != "torch":
             pos = torch.cat([torch.arange(st, st + (b - a), device=dev) for a, b, _, st, _ in rows])
             slots = torch.cat([torch.full((b - a,), sl, device=dev) for a, b, sl, _, _ in rows])
-        return types.SimpleNamespace(rows=rows, last=last, pos=pos, slots=slots)
+        groups = _attn_groups(rows) if self.prefill_attn == "fused-batched" else [
+            (r0, r1, slot, 1, start, mask) for r0, r1, slot, start, mask in rows]
+        return types.SimpleNamespace(rows=rows, last=last, pos=pos, slots=slots, groups=groups)
 
     def _attend_prefill(self, h: torch.Tensor, L: dict[str, torch.Tensor], li: int,
                         plan: types.SimpleNamespace) -> torch.Tensor:
         """One layer's attention over packed prefill rows (normed input ``h``), as :meth:`prefill_packed` does it."""
         qkv = h @ L["qkv"].t()
-        if self.prefill_attn == "fused":
+        fused = self.prefill_attn != "torch"
+        if fused:
             # One launch for every row of every part: rotate q and k, store k and v at (slot, pos).
             qr = kernels_mod.rope_store(qkv, self.cos, self.sin, plan.pos, self.K, self.V, li, slots=plan.slots)
         outs = []
-        for r0, r1, slot, start, mask in plan.rows:
-            c, end = r1 - r0, start + r1 - r0
-            if self.prefill_attn == "fused":
-                q = qr[r0:r1].transpose(0, 1)[None]
-                kc, vc = self.K[li, slot:slot + 1, :, :end], self.V[li, slot:slot + 1, :, :end]
+        for r0, r1, slot, n, start, mask in plan.groups:
+            c = (r1 - r0) // n
+            end = start + c
+            if fused:
+                q = qr[r0:r1].view(n, c, self.nh, self.hd).transpose(1, 2)
+                kc, vc = self.K[li, slot:slot + n, :, :end], self.V[li, slot:slot + n, :, :end]
                 with self._sdpa_ctx():
-                    o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
+                    o = (F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
+                         if n == 1 else  # n > 1: whole prompts (start 0), where causal is the mask
+                         F.scaled_dot_product_attention(q, kc, vc, is_causal=True, scale=self.scale, enable_gqa=True))
             else:
                 o = self._attend_torch(qkv[r0:r1], li, slot, start, mask)
-            outs.append(o.transpose(1, 2).reshape(c, self.nh * self.hd))
+            outs.append(o.transpose(1, 2).reshape(r1 - r0, self.nh * self.hd))
         o = outs[0] if len(outs) == 1 else torch.cat(outs)
         return o @ L["o"].t()
 
@@ -384,6 +395,31 @@ class FastModel:
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
+
+
+def _attn_groups(rows: list[tuple]) -> list[tuple]:
+    """``--prefill-attn fused-batched``: a packed pass's parts (r0, r1, slot, start, mask) grouped for
+    attention as (r0, r1, first slot, n parts, start, mask). A run of whole prompts (start 0) of one length
+    in consecutive slots (a burst's) becomes groups of 2**k parts, largest first (55 = 32 + 16 + 4 + 2 + 1),
+    each one SDPA call over [n, heads, length, head_dim] reading the pool's slots in place: a backend then
+    sees at most 7 batch sizes per prompt length (64 slots), not every count a pass happens to take (the
+    H200: one batched cuDNN call 0.35 ms against 64 per-prompt calls of 15.6 us per layer, C's shape;
+    prefill_attn_bench.py). Other parts stay one call each."""
+    groups: list[tuple] = []
+    i = 0
+    while i < len(rows):
+        r0, r1, slot, start, mask = rows[i]
+        c, j = r1 - r0, i + 1
+        while (start == 0 and j < len(rows) and rows[j][3] == 0 and rows[j][1] - rows[j][0] == c
+               and rows[j][2] == slot + (j - i)):
+            j += 1
+        k, left = i, j - i
+        while left:
+            n = 1 << (left.bit_length() - 1)
+            groups.append((rows[k][0], rows[k + n - 1][1], rows[k][2], n, rows[k][3], rows[k][4]))
+            k, left = k + n, left - n
+        i = j
+    return groups
 
 
 class GraphDecoder:

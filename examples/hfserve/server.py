@@ -488,9 +488,11 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prefill-pack", type=int, default=0,
                     help="fast engine: queued whole prompts packed into one prefill forward pass, up to this many"
                          " tokens (0 = one prompt per forward pass)")
-    ap.add_argument("--prefill-attn", choices=["torch", "fused"], default="torch",
+    ap.add_argument("--prefill-attn", choices=["torch", "fused", "fused-batched"], default="torch",
                     help="fast engine: prefill RoPE + KV store as one Triton kernel over all packed rows and SDPA"
-                         " reading the KV pool in place (GQA, no repeated copy); torch: rotate-half and copies")
+                         " reading the KV pool in place (GQA, no repeated copy); fused-batched: fused, and a burst's"
+                         " whole prompts of one length in consecutive slots attend in one SDPA call per 2**k of them;"
+                         " torch: rotate-half and copies")
     ap.add_argument("--overlap-schedule", choices=["off", "on"], default="off",
                     help="fast engine: launch each greedy decode step from the last step's ids on the device"
                          " before the host reads them, so the host's per-step work (ids, events, streaming)"

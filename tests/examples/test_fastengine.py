@@ -767,3 +767,50 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     assert not close(run("triton-mm")[0], want)  # both ways: one K tile short is caught
     monkeypatch.setattr(kernels, "MM_CONFIGS", {})
     assert torch.equal(run("triton-mm")[0], want)
+
+
+@torch.inference_mode()
+def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -> None:
+    """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
+    one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA
+    call each, per layer) and gives "fused"'s logits and KV; the grouping follows slots, lengths and starts."""
+    import torch.nn.functional as F
+
+    import fastengine
+
+    dtype = torch.float32
+    tol = STEP_TOL[dtype]
+    fm = FastModel(_random_llama(dtype), slots=10, capacity=64)
+    gen = torch.Generator().manual_seed(9)
+    run = [(torch.randint(0, 128, (6,), generator=gen), s, 0) for s in range(1, 8)]
+    other = torch.randint(0, 128, (11,), generator=gen)
+    cont = torch.randint(0, 128, (8,), generator=gen)
+    fm.set_prefill_attn("fused")
+    fm.prefill(cont[:3], 9, 0)
+    parts = [*run, (other, 8, 0), (cont[3:], 9, 3)]
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    want = fm.prefill_packed(parts, all_logits=True)
+    Kw = fm.K.clone()
+    calls = []
+
+    class SpyF:  # torch.nn.functional itself stays real (the causal mask object checks for its SDPA)
+        def __getattr__(self, name):
+            return getattr(F, name)
+
+        @staticmethod
+        def scaled_dot_product_attention(q, *a, **kw):
+            calls.append(q.shape[0])
+            return F.scaled_dot_product_attention(q, *a, **kw)
+
+    monkeypatch.setattr(fastengine, "F", SpyF())
+    fm.K.copy_(K0)
+    fm.V.copy_(V0)
+    fm.set_prefill_attn("fused-batched")
+    got = fm.prefill_packed(parts, all_logits=True)
+    assert torch.allclose(got, want, rtol=tol, atol=tol) and torch.allclose(fm.K, Kw, rtol=tol, atol=tol)
+    assert calls[:5] == [4, 2, 1, 1, 1] and len(calls) == 5 * len(fm.layers)
+    # Grouping: a slot gap, another length or a start > 0 ends a run.
+    m = None
+    rows = [(0, 6, 0, 0, m), (6, 12, 1, 0, m), (12, 18, 3, 0, m), (18, 24, 4, 0, m), (24, 30, 5, 0, m),
+            (30, 35, 6, 0, m), (35, 41, 7, 2, m), (41, 47, 8, 0, m)]
+    assert [g[3] for g in fastengine._attn_groups(rows)] == [2, 2, 1, 1, 1, 1]

@@ -1,0 +1,28 @@
+#!/bin/bash
+# Prepared for the next H200 session (issue 24), one command from the repository root:
+#   benchmarks/gpu/step10_run.sh LIMIT_S
+# 1. prefill_attn_bench.py (random tensors, no model): per-prompt vs batched prefill attention per backend, and a
+#    batched call's first use at new prompt counts (is cuDNN's per-shape plan why a5c0ae6's batched call served slower?).
+# 2. The 7B forged, then A-D from three servers side by side (overlap on): step9 (--prefill-attn fused), step10
+#    (--prefill-attn fused-batched: a burst's equal prompts in 2**k groups, one SDPA call each) and step10mm (the same
+#    with --kernels triton-mm). Results in $OUT.
+set -u
+START=$SECONDS
+LIMIT=${1:-560}
+. benchmarks/gpu/device_env.sh
+log "prefill attention bench"
+timeout 90 python3 benchmarks/gpu/prefill_attn_bench.py --reps 5 --out "$OUT/pattn.json" 2>/dev/null | tail -22
+M=$(forge_7b)
+log "model $M; A-D: step9, step10, step10mm"
+FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
+ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
+LEFT=$((LIMIT - (SECONDS - START) - 10))
+timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
+  --only "${AB_ONLY:-prefill,decode,throughput,general}" --deadline-s $((LEFT - 25)) --ours-min-s 60 \
+  --server "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
+  --server "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
+  --server "step10mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched" \
+  2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -16
+cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
+log done
