@@ -774,9 +774,8 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA
     call each, per layer) and gives "fused"'s logits and KV; the grouping follows slots, lengths and starts."""
-    import torch.nn.functional as F
-
     import fastengine
+    import torch.nn.functional as F
 
     dtype = torch.float32
     tol = STEP_TOL[dtype]
