@@ -1,10 +1,11 @@
 """On the GPU: the accuracy gate passes the honest fast engine and fails a dropped layer, on the 7B.
 
-    python benchmarks/gpu/gate_demo.py MODEL_DIR [--out gate_demo.json]
+    python benchmarks/gpu/gate_demo.py MODEL_DIR [--out gate_demo.json] [--flags "--kernels triton-mm ..."]
 
 Serves MODEL_DIR with hfserve's fast engine (bf16, batching, CUDA graphs) and runs the real
 accuracy gate against the float32 reference on the GPU; then serves a copy whose config drops the
-last decoder layer (the weights are the same files, linked) and runs the gate again.
+last decoder layer (the weights are the same files, linked) and runs the gate again. ``--flags`` adds server
+flags to both (a headline configuration's: the overlap schedule, Triton kernels, batched prefill attention).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +42,11 @@ def dropped_layer_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def gate(model: Path, reference: Path, state: Path) -> dict:
+def gate(model: Path, reference: Path, state: Path, flags: tuple[str, ...] = ()) -> dict:
     host = LocalHost(state)
     port = host.free_port()
     proc = host.start([sys.executable, str(ROOT / "examples/hfserve/server.py"), "--model", str(model),
-                       "--port", str(port), *KNOBS], env=None, cwd=None, log_path=state / f"server-{port}.log")
+                       "--port", str(port), *KNOBS, *flags], env=None, cwd=None, log_path=state / f"server-{port}.log")
     try:
         host.wait_healthy(f"http://127.0.0.1:{port}/health", 300, proc)
         r = accuracy.check(f"http://127.0.0.1:{port}", served_model=model.name, reference_model_dir=reference)
@@ -58,11 +60,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("model")
     ap.add_argument("--out", default="")
     ap.add_argument("--dropped-only", action="store_true", help="skip the honest server (the loop's trials show it)")
+    ap.add_argument("--flags", default="", help="more server flags for both servers (one string)")
     args = ap.parse_args(argv)
     model = Path(args.model)
+    flags = tuple(shlex.split(args.flags))
     state = Path(tempfile.mkdtemp(prefix="gate-demo-"))
-    res = {} if args.dropped_only else {"honest_fast_bf16": gate(model, model, state)}
-    res["dropped_last_layer"] = gate(dropped_layer_copy(model, state / "dropped"), model, state)
+    res: dict = {"flags": list(KNOBS) + list(flags)}
+    if not args.dropped_only:
+        res["honest_fast_bf16"] = gate(model, model, state, flags)
+    res["dropped_last_layer"] = gate(dropped_layer_copy(model, state / "dropped"), model, state, flags)
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

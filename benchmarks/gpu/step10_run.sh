@@ -25,4 +25,8 @@ timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.jso
   2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -16
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
+# GATE=1: the accuracy gate on the GPU for step10mm's flags (honest server passes, a dropped layer fails).
+[ -z "${GATE:-}" ] || { log "accuracy gate, step10mm's flags"; timeout $((LIMIT - (SECONDS - START) - 5)) python3 \
+  benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate.json" --flags "--max-batch-size 64 --max-model-len 4608 \
+  --prefill-pack 32768 --overlap-schedule on --kernels triton-mm --prefill-attn fused-batched" 2>&1 | tail -20; }
 log done
