@@ -213,15 +213,22 @@ def logprob_table(logits: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tens
     return torch.cat(cols, 1)
 
 
-def table_event(row: list[float], k: int | None) -> TokenEvent | int:
+def table_event(row: list[float] | int, k: int | None) -> TokenEvent | int:
     """The event of one row of :func:`logprob_table` for a request asking ``k`` logprobs (None: the
-    bare token id, as the decode loop pushes it)."""
+    bare token id, as the decode loop pushes it); a bare id (a step read without a table) is its own event."""
+    if isinstance(row, int):
+        return row
     tok = int(row[0])
     if k is None:
         return tok
     kk = (len(row) - 2) // 2
     k = min(k, kk)
     return TokenEvent(tok, row[1], [(int(i), v) for v, i in zip(row[2:2 + k], row[2 + kk:2 + kk + k], strict=True)])
+
+
+def event_token(ev: TokenEvent | int) -> int:
+    """The token id of an event as the decode loop pushes it (a bare id or a :class:`TokenEvent`)."""
+    return ev if isinstance(ev, int) else ev.token_id
 
 
 def request_generator(req: GenRequest, device: torch.device) -> torch.Generator | None:

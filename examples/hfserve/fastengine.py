@@ -56,6 +56,7 @@ import torch.nn.functional as F
 from engine import (
     as_list,
     drain_jobs,
+    event_token,
     finish_check,
     logprob_table,
     prompt_logprobs,
@@ -563,19 +564,20 @@ class _HostIds:
 class _Ahead:
     """A decode step on the device whose ids the host has not read: its rows (the sequences, in slot
     order at its launch), its ids on the device (the next step's input) and their copy to the host
-    (``table``: a :func:`logprob_table`, some row asked for logprobs; else the bare ids)."""
+    (:func:`_readout`'s: the bare ids, or a :func:`logprob_table` when some row asked for logprobs)."""
 
-    __slots__ = ("rows", "ids", "host", "table")
+    __slots__ = ("rows", "ids", "host")
 
-    def __init__(self, rows: list[_FSeq], ids: torch.Tensor, host: Any, table: bool = False) -> None:
-        self.rows, self.ids, self.host, self.table = rows, ids, host, table
+    def __init__(self, rows: list[_FSeq], ids: torch.Tensor, host: Any) -> None:
+        self.rows, self.ids, self.host = rows, ids, host
 
 
-def _greedy_k(seqs: Any) -> int | None:
-    """The most logprobs a greedy request of ``seqs`` asks for (None: none asks): the width of the
-    step's :func:`logprob_table`."""
+def _readout(seqs: list[_FSeq], logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """What the host reads of a step over ``seqs`` (greedy ``ids`` from ``logits``), in one copy: the ids,
+    or, when a greedy request asks for logprobs, a :func:`logprob_table` as wide as the most any asks for.
+    Each read row becomes the request's event by :func:`table_event`."""
     ks = [s.req.logprobs for s in seqs if s.req.temperature <= 0 and s.req.logprobs is not None]
-    return max(ks) if ks else None
+    return ids if not ks else logprob_table(logits[:len(seqs)], ids, max(ks))
 
 
 class _FSeq:
@@ -882,11 +884,8 @@ class FastEngine:
         :func:`logprob_table` over the group read back in one copy (None for a sampled request)."""
         if not any(s.req.temperature <= 0 for s in group):
             return [None] * len(group)
-        ids = torch.argmax(logits, dim=-1)
-        k = _greedy_k(group)
-        rows = ids.tolist() if k is None else logprob_table(logits, ids, k).tolist()
-        return [None if s.req.temperature > 0 else r if k is None else table_event(r, s.req.logprobs)
-                for s, r in zip(group, rows, strict=True)]
+        rows = _readout(group, logits, torch.argmax(logits, dim=-1)).tolist()
+        return [None if s.req.temperature > 0 else table_event(r, s.req.logprobs) for s, r in zip(group, rows, strict=True)]
 
     def _first_token(self, s: _FSeq, row: torch.Tensor, notify: bool = True, ev: Any = None) -> bool:
         """Emit the token sampled from the prompt's last logits ``row`` (or ``ev``, its event already
@@ -897,7 +896,7 @@ class FastEngine:
             tok = sample_row(row, req, s.gen)
             ev = token_event(tok, row, req.logprobs)
         else:
-            tok = ev if isinstance(ev, int) else ev.token_id
+            tok = event_token(ev)
         req.n_generated += 1
         req.push("token", ev)
         s.last = tok
@@ -932,15 +931,10 @@ class FastEngine:
                 wake(late)
             return self._decode_ahead(active), []
         logits, ids = self.decoder.launch([s.last for s in active], [s.pos for s in active])
-        k = _greedy_k(active)
-        table = None if k is None else logprob_table(logits[:len(active)], ids, k)
+        out = _readout(active, logits, ids)
         if late:
             wake(late)
-        if table is None:
-            greedy, rows = ids.tolist(), None  # waits for the step: the step's one device->host copy
-        else:
-            rows = table.tolist()  # the same one copy, the logprobs with the ids
-            greedy = [int(r[0]) for r in rows]
+        rows = out.tolist()  # waits for the step: the step's one device->host copy (the logprobs with the ids)
         finished: list[int] = []
         eos = self.eos_ids
         for i, s in enumerate(active):
@@ -950,8 +944,9 @@ class FastEngine:
                 finished.append(i)
                 continue
             if req.temperature <= 0:
-                tok = greedy[i]
-                req.events.push("token", tok if req.logprobs is None else table_event(rows[i], req.logprobs))
+                ev = table_event(rows[i], req.logprobs)
+                tok = event_token(ev)
+                req.events.push("token", ev)
             else:
                 tok = sample_row(logits[i], req, s.gen)
                 req.events.push("token", token_event(tok, logits[i], req.logprobs))
@@ -996,10 +991,7 @@ class FastEngine:
             logits, ids = self.decoder.launch([s.last for s in active], [s.pos for s in active])
         else:
             logits, ids = self.decoder.launch(None, [s.pos + 1 for s in active], prev=prev.ids)
-        k = _greedy_k(active)
-        if k is None:
-            return _Ahead(list(active), ids, self.decoder.copy_out(ids))
-        return _Ahead(list(active), ids, self.decoder.copy_out(logprob_table(logits[:len(active)], ids, k)), True)
+        return _Ahead(list(active), ids, self.decoder.copy_out(_readout(active, logits, ids)))
 
     def _read_ahead(self, step: _Ahead) -> list:
         """Wait for ``step``'s ids and queue their events, as the plain path does; a row already finished
@@ -1015,12 +1007,9 @@ class FastEngine:
             if req.cancelled:
                 s.done = True
                 continue
-            if step.table:
-                tok = int(v[0])
-                req.events.push("token", table_event(v, req.logprobs))
-            else:
-                tok = v
-                req.events.push("token", tok)
+            ev = table_event(v, req.logprobs)
+            tok = event_token(ev)
+            req.events.push("token", ev)
             req.n_generated += 1
             s.last = tok
             if finish_check(req, tok, eos, notify=False):
