@@ -1,6 +1,6 @@
-# Sourced (after START=$SECONDS) by the one-command GPU scripts step8_run.sh, served_c_diag.sh, kv_capacity.sh:
-# the environment, the carried wheels (.whl/) installed into /tmp/site, PYTHONPATH, OUT, log() and forge_7b
-# (the forged 7b-peaked model's folder, forged once per machine: ~155 s on the H200).
+# Sourced (after START=$SECONDS and LIMIT) by the one-command GPU scripts (step8/9/9b/10_run.sh, served_c_diag.sh,
+# kv_capacity.sh): the environment, the carried wheels (.whl/) installed into /tmp/site, PYTHONPATH, OUT, log(),
+# forge_7b (the forged 7b-peaked model's folder, forged once per machine: ~155 s on the H200) and ib_servers.
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -9,3 +9,14 @@ export PYTHONPATH=/tmp/site:$PWD
 log() { echo "[$((SECONDS-START))s] $*"; }
 forge_7b() { python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" \
   2>"$OUT/forge.err" | tail -1; }
+# ib_servers JSON ONLY MIN_S NAME=CMD...: the scenarios ONLY (e.g. prefill,decode,throughput,general) from the
+# servers side by side in one ib_baseline run over the model $M, within what is left of the script's LIMIT; the
+# servers' logs are copied to $OUT. The step scripts' A/B runs.
+ib_servers() {
+  local json=$1 only=$2 min_s=$3 left=$((LIMIT - (SECONDS - START) - 10)) servers=()
+  shift 3
+  for s in "$@"; do servers+=(--server "$s"); done
+  timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$json" --no-naive --only "$only" \
+    --deadline-s $((left - 25)) --ours-min-s "$min_s" "${servers[@]}"
+  cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+}

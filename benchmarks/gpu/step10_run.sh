@@ -16,14 +16,11 @@ M=$(forge_7b)
 log "model $M; A-D: step9, step10, step10mm"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
-LEFT=$((LIMIT - (SECONDS - START) - 10))
-timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
-  --only "${AB_ONLY:-prefill,decode,throughput,general}" --deadline-s $((LEFT - 25)) --ours-min-s 60 \
-  --server "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
-  --server "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
-  --server "step10mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched" \
+ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
+  "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
+  "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
+  "step10mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched" \
   2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -16
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
 # GATE=1: the accuracy gate on the GPU for step10mm's flags (honest server passes, a dropped layer fails).
 [ -z "${GATE:-}" ] || { log "accuracy gate, step10mm's flags"; timeout $((LIMIT - (SECONDS - START) - 5)) python3 \

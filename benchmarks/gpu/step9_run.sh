@@ -19,12 +19,9 @@ timeout 120 python3 benchmarks/gpu/check_overlap.py "$M" --n 64 --reps 1 --logpr
 log "served A-D: step8 (.before, overlap on), step9a (no overlap), step9"
 FLAGS=${SERVE_FLAGS:-"--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --kernels triton-mv --max-batch-size 64 --prefill-pack 32768 --prefill-attn fused"}
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
-LEFT=$((LIMIT - (SECONDS - START) - 10))
-timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
-  --only "${AB_ONLY:-prefill,decode,throughput,general}" --deadline-s $((LEFT - 25)) --ours-min-s 60 \
-  --server "step8={python} .before/examples/hfserve/server.py $ARGS --overlap-schedule on" \
-  --server "step9a={python} examples/hfserve/server.py $ARGS" \
-  --server "step9={python} examples/hfserve/server.py $ARGS --overlap-schedule on" 2>&1 | tail -12
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
+  "step8={python} .before/examples/hfserve/server.py $ARGS --overlap-schedule on" \
+  "step9a={python} examples/hfserve/server.py $ARGS" \
+  "step9={python} examples/hfserve/server.py $ARGS --overlap-schedule on" 2>&1 | tail -12
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
 log done

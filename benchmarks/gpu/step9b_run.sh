@@ -22,12 +22,9 @@ HFSERVE_PROFILE=$OUT/profile.txt HFSERVE_STEP_LOG=$OUT/steps.log timeout "$LEFT"
 python3 benchmarks/gpu/step_gaps.py "$OUT/steps.log" --min-batch 32
 head -28 "$OUT/profile.txt.prefill" 2>/dev/null; head -22 "$OUT/profile.txt" 2>/dev/null
 log "B, C: step9, step9mm, step9r"
-LEFT=$((LIMIT - (SECONDS - START) - 10))
-timeout "$LEFT" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_ab.json" --no-naive \
-  --only "${AB_ONLY:-decode,throughput}" --deadline-s $((LEFT - 25)) --ours-min-s 40 \
-  --server "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv" \
-  --server "step9mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm" \
-  --server "step9r={python} examples/hfserve/server.py $ARGS --kernels triton-mv" 2>&1 | grep -E "ready|throughput|decode|rror" | tail -12
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-decode,throughput}" 40 \
+  "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv" \
+  "step9mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm" \
+  "step9r={python} examples/hfserve/server.py $ARGS --kernels triton-mv" 2>&1 | grep -E "ready|throughput|decode|rror" | tail -12
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
 log done
