@@ -747,41 +747,46 @@ class FastEngine:
     def _profile_prefill(self, parts: list, used: int) -> torch.Tensor:
         """HFSERVE_PROFILE: one packed prefill pass under the profiler; its kernel table and wall time go
         to FILE.prefill."""
-        from torch.profiler import ProfilerActivity, profile
-
         self._prefill_profiled = True
         cuda = self.fm.device.type == "cuda"
         sync = torch.cuda.synchronize if cuda else (lambda: None)
         sync()
         t0 = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
+        with self._profiler() as prof:
             logits = self.fm.prefill_packed(parts)
             sync()
         wall = time.perf_counter() - t0
-        table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
-                                          row_limit=30)
         with open(f"{self._profile_path}.prefill", "w") as f:
-            f.write(f"packed prefill of {used} tokens ({len(parts)} prompts): {wall * 1000:.1f} ms profiled\n{table}\n")
+            f.write(f"packed prefill of {used} tokens ({len(parts)} prompts): {wall * 1000:.1f} ms profiled\n"
+                    f"{self._profile_table(prof)}\n")
         return logits
+
+    def _profiler(self) -> Any:
+        """HFSERVE_PROFILE's torch.profiler: CPU, and CUDA on a GPU."""
+        from torch.profiler import ProfilerActivity, profile
+
+        return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.fm.device.type == "cuda"
+                                                            else [])])
+
+    def _profile_table(self, prof: Any) -> str:
+        """The profile's kernel table, by device time on a GPU (CPU time on the CPU), 30 rows."""
+        return prof.key_averages().table(sort_by="self_cuda_time_total" if self.fm.device.type == "cuda"
+                                         else "self_cpu_time_total", row_limit=30)
 
     def _profile_step(self) -> None:
         """HFSERVE_PROFILE: start the profiler at the PROFILE_SKIP-th large step, stop it PROFILE_STEPS later."""
         self._profile_seen += 1
         if self._profile_seen == PROFILE_SKIP:
-            from torch.profiler import ProfilerActivity, profile
-
-            cuda = [ProfilerActivity.CUDA] if self.fm.device.type == "cuda" else []
-            self._profile = profile(activities=[ProfilerActivity.CPU, *cuda])
+            self._profile = self._profiler()
             self._profile.__enter__()
         elif self._profile_seen == PROFILE_SKIP + PROFILE_STEPS and self._profile is not None:
             if self.fm.device.type == "cuda":
                 torch.cuda.synchronize()
             prof, self._profile = self._profile, None
             prof.__exit__(None, None, None)
-            table = prof.key_averages().table(sort_by="self_cuda_time_total" if self.fm.device.type == "cuda"
-                                              else "self_cpu_time_total", row_limit=30)
             with open(self._profile_path, "w") as f:
-                f.write(f"{PROFILE_STEPS} decode steps from the {PROFILE_SKIP}-th of a batch >= 32\n{table}\n")
+                f.write(f"{PROFILE_STEPS} decode steps from the {PROFILE_SKIP}-th of a batch >= 32\n"
+                        f"{self._profile_table(prof)}\n")
 
     def _flush_step_log(self) -> None:
         """Append the burst's steps: ``batch wall_time thread_cpu_time`` per step (the engine thread's CPU
