@@ -41,7 +41,7 @@ engine = "hfserve"
 model = "forge:tiny"
 served_model_name = "tiny"
 source = "{server.parent}"
-ready_timeout_s = 120
+ready_timeout_s = 300  # "split" starts two servers and a proxy at once: on a loaded 2-core CI box > 120 s once
 preload = {preload}
 launch = """
 {{% if variant in ("constant", "cache") %}}
