@@ -25,7 +25,14 @@ from orchestrator.hosts.state import snapshot
 from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
 from orchestrator.remote.modelcache import resolve
-from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
+from orchestrator.remote.procs import (
+    free_port,
+    group_exists,
+    group_pids,
+    kill_group,
+    listening_pids,
+    log_tail,
+)
 
 __all__ = ["LocalHost"]
 
@@ -315,9 +322,7 @@ class LocalHost:
         return snapshot(self.group_pids(proc) if proc is not None else (), gpus=gpus)
 
     def free_port(self) -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+        return free_port()
 
     def site(self) -> Any:
         """Measurement in this process (see orchestrator.hosts.site)."""

@@ -41,7 +41,14 @@ from orchestrator.remote import hostlock
 from orchestrator.remote import standby as standby_program
 from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.modelcache import cached_copy, manifest_key, resolve
-from orchestrator.remote.procs import group_exists, group_pids, kill_group, listening_pids, log_tail
+from orchestrator.remote.procs import (
+    free_port,
+    group_exists,
+    group_pids,
+    kill_group,
+    listening_pids,
+    log_tail,
+)
 
 SYNC_META = ".infergoal-sync.json"
 LEASE_CHECK_S = 2.0
@@ -396,9 +403,7 @@ def op_listening_pids(a: argparse.Namespace) -> dict:
 
 
 def op_free_port(a: argparse.Namespace) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return {"port": s.getsockname()[1]}
+    return {"port": free_port()}
 
 
 def op_clean(a: argparse.Namespace) -> dict:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["group_exists", "group_pids", "kill_group", "listening_pids", "log_tail"]
+__all__ = ["free_port", "group_exists", "group_pids", "kill_group", "listening_pids", "log_tail"]
+
+_ISSUED: set[int] = set()  # ports free_port handed out in this process
 
 
 def log_tail(path: str | Path, n: int = 30) -> str:
@@ -65,6 +68,22 @@ def kill_group(pgid: int, grace_s: float, reap: Callable[[], object] | None = No
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def free_port() -> int:
+    """A free loopback port that this process has not handed out before.
+
+    Binding port 0 and closing the probe socket frees the port again at once, so two servers whose
+    ports are picked in a row can be given the same one; the first to bind it then answers at both
+    URLs (a CI run of the gate tests measured the 6-bit model's server at the 3-bit model's URL).
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ISSUED:
+            _ISSUED.add(port)
+            return port
 
 
 def listening_pids(port: int) -> set[int]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from orchestrator.remote import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "examples" / "hfserve" / "server.py"
@@ -36,9 +37,8 @@ class Served:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no server of this test session was given before (orchestrator.remote.procs.free_port)."""
+    return procs.free_port()
 
 
 def spawn(argv: list[str], log: Path) -> subprocess.Popen:
@@ -48,14 +48,22 @@ def spawn(argv: list[str], log: Path) -> subprocess.Popen:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:
+    """Until `proc` answers /health at `url`; the socket listening there must be `proc`'s (its own
+    session's), so a server that another process's port collision let through is never judged."""
     deadline = time.monotonic() + timeout
+    port = int(url.rsplit(":", 1)[1])
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited {proc.returncode}: {log.read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    return
+                    owners = procs.listening_pids(port)
+                    if owners & procs.group_pids(proc.pid):
+                        return
+                    if owners:
+                        raise RuntimeError(f"{url} is answered by pids {sorted(owners)}, not by the server "
+                                           f"started for it (pid {proc.pid}): {log.read_text()[-2000:]}")
         except OSError:
             pass
         time.sleep(0.3)
