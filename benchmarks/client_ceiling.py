@@ -20,7 +20,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -29,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.bench import Scenario, run_scenario  # noqa: E402
+from orchestrator.remote.procs import free_port  # noqa: E402
 
 
 def _serve(port: int, ttft_ms: float, chunks: int) -> None:
@@ -135,9 +135,7 @@ def _serve_raw(port: int, ttft_ms: float, chunks: int) -> None:
 
 
 def _start(ttft_ms: float, chunks: int, raw: bool = False) -> tuple[mp.Process, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = mp.get_context("spawn").Process(target=_serve_raw if raw else _serve, args=(port, ttft_ms, chunks), daemon=True)
     proc.start()
     url = f"http://127.0.0.1:{port}"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.hosts.sshconn import HostSpec
+from orchestrator.remote.procs import free_port
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
@@ -38,9 +39,7 @@ def keygen(path: Path) -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # never one this process handed out before
 
 
 @dataclass

@@ -1,7 +1,6 @@
 """The run's Optuna study lives beside the store: optuna-dashboard reads it with no export step."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from orchestrator.audit import save_study, study_name, study_storage_url
 from orchestrator.audit.study import StudyError
+from orchestrator.remote.procs import free_port
 
 
 def test_storage_url_sits_next_to_the_store():
@@ -42,10 +42,8 @@ def test_study_holds_every_scored_and_failed_trial(audited):
     assert [t.value for t in optuna.load_study(study_name=study_name(rid), storage=url).trials] == [0.5]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port() -> int:
+    return free_port()  # never one this process handed out before
 
 
 @pytest.mark.slow  # starts a server

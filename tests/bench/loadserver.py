@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 import fakeserver  # noqa: E402
+
+from orchestrator.remote.procs import free_port  # noqa: E402
 
 
 def capacity(slots: int, ttft_ms: float, tpot_ms: float, output_tokens: int) -> float:
@@ -54,9 +55,7 @@ def make_app(slots: int, ttft_ms: float, tpot_ms: float) -> web.Application:
 @contextmanager
 def running(slots: int, ttft_ms: float, tpot_ms: float) -> Iterator[str]:
     """The server in its own process (its CPU is not the client's); yields its base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--port", str(port), "--slots", str(slots),
                              "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms)],
                             env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})

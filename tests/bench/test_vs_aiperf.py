@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import fakeserver
 import pytest
 
 from orchestrator.bench import Scenario, run_scenario_sync
+from orchestrator.remote.procs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +36,7 @@ def _aiperf_cmd() -> list[str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()  # never one this process handed out before
 
 
 @pytest.fixture(scope="module")
