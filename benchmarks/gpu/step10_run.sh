@@ -5,25 +5,32 @@
 #    batched call's first use at new prompt counts (is cuDNN's per-shape plan why a5c0ae6's batched call served slower?).
 # 2. The 7B forged, then A-D from three servers side by side (overlap on): step9 (--prefill-attn fused), step10
 #    (--prefill-attn fused-batched: a burst's equal prompts in 2**k groups, one SDPA call each) and step10mm (the same
-#    with --kernels triton-mm). Results in $OUT.
+#    with --kernels triton-mm) and step10lp (step10mm with --decode-attn lowp: bf16 dots, hfkernels.ATTN_LOWP's
+#    launch). Results in $OUT.
+# GATE=1: then the accuracy gate on the GPU for step10lp's flags (lowp changes rounding). With too little of LIMIT
+# left for it, run it again on the warm machine (the 7B stays forged there): GATE_ONLY=1 ... step10_run.sh LIMIT.
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
 . benchmarks/gpu/device_env.sh
+M=$(forge_7b)
+if [ -z "${GATE_ONLY:-}" ]; then
 log "prefill attention bench"
 timeout 90 python3 benchmarks/gpu/prefill_attn_bench.py --reps 5 --out "$OUT/pattn.json" 2>/dev/null | tail -22
-M=$(forge_7b)
-log "model $M; A-D: step9, step10, step10mm"
+log "model $M; A-D: step9, step10, step10mm, step10lp"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
   "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
   "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
   "step10mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched" \
-  2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -16
+  "step10lp={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp" \
+  2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -20
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
-# GATE=1: the accuracy gate on the GPU for step10mm's flags (honest server passes, a dropped layer fails).
-[ -z "${GATE:-}" ] || { log "accuracy gate, step10mm's flags"; timeout $((LIMIT - (SECONDS - START) - 5)) python3 \
-  benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate.json" --flags "--max-batch-size 64 --max-model-len 4608 \
-  --prefill-pack 32768 --overlap-schedule on --kernels triton-mm --prefill-attn fused-batched" 2>&1 | tail -20; }
+fi
+# GATE=1 / GATE_ONLY=1: the accuracy gate on the GPU for step10lp's flags (honest server passes, a dropped layer fails).
+[ -z "${GATE:-}${GATE_ONLY:-}" ] || { log "accuracy gate, step10lp's flags"; timeout $((LIMIT - (SECONDS - START) - 5)) \
+  python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate.json" --flags "--max-batch-size 64 --max-model-len 4608 \
+  --prefill-pack 32768 --overlap-schedule on --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp" \
+  2>&1 | tail -20; }
 log done

@@ -91,8 +91,10 @@ def _round_up(x: int, m: int) -> int:
 class FastModel:
     """Llama-family forward passes over a static KV pool (weights taken from a HF model)."""
 
+    decode_attn = "default"  # set_decode_attn
+
     def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto",
-                 kernels: str = "torch", prefill_attn: str = "torch") -> None:
+                 kernels: str = "torch", prefill_attn: str = "torch", decode_attn: str = "default") -> None:
         cfg = hf_model.config
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise ValueError("the fast engine supports Llama/Mistral-style models without biases")
@@ -140,6 +142,7 @@ class FastModel:
             raise ValueError(f"unknown SDPA backend {sdpa!r}; choose from {sorted(_SDPA)}")
         self.set_kernels(kernels)
         self.set_prefill_attn(prefill_attn)
+        self.set_decode_attn(decode_attn)
 
     def set_prefill_attn(self, how: str) -> None:
         """Prefill's RoPE + attention: ``"torch"`` (rotate-half in torch, K/V stored by index_put, the
@@ -153,6 +156,20 @@ class FastModel:
         if how != "torch":
             kernels_mod.get_ops("triton")  # needs triton
         self.prefill_attn = how
+
+    def set_decode_attn(self, how: str) -> None:
+        """The Triton decode attention's launch: ``"default"`` (kernels.ATTN_CONFIGS, else today's: K/V
+        widened to tf32 dots) or ``"lowp"`` (bf16 MMA dots at every bucket, the launch tuned on the H200
+        where kernels.ATTN_LOWP lists the bucket). Needs the Triton kernels (``--kernels`` other than torch)."""
+        if how not in kernels_mod.DECODE_ATTN:
+            raise ValueError(f"unknown decode attention {how!r}; choose from {list(kernels_mod.DECODE_ATTN)}")
+        if how != "default" and self.kernels == "torch":
+            raise ValueError(f"--decode-attn {how} needs the Triton kernels: add --kernels triton (or triton-mv/-mm)")
+        self.decode_attn = how
+
+    def _attn_kw(self, B: int, ctx: int) -> dict[str, Any]:
+        """decode_attn's launch for this (batch, context) bucket under --decode-attn (host ints: one plan per graph)."""
+        return {} if self.decode_attn == "default" else {"cfg": kernels_mod.decode_attn_config(self.decode_attn, B, ctx)}
 
     def set_kernels(self, kernels: str) -> None:
         """``"torch"`` (the plain code), ``"triton"`` (hfkernels.py), ``"triton-gemv"`` (the same, and at
@@ -353,11 +370,12 @@ class FastModel:
         # --kernels triton-mm: the same at batch 1, and at 2..64 kernels.mm_linear (the skinny Triton GEMM where
         # kernels.MM_CONFIGS lists the shape: tuned on the H200 for the 7B; else cuBLAS).
         lin = {"triton-mv": kernels_mod.mv_linear, "triton-mm": kernels_mod.mmv_linear}.get(self.kernels, _linear)
+        attn_kw = self._attn_kw(B, ctx)
         x = self.embed[tokens]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
         for li, L in enumerate(self.layers):
             q = ops.rope_store(lin(h, L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
-            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale)
+            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale, **attn_kw)
             x, h = ops.add_rmsnorm(x, lin(o, L["o"]), L["ln2"], self.eps)
             d = lin(ops.silu_mul(lin(h, L["gu"]), self.inter), L["down"])
             x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm, self.eps)
@@ -377,11 +395,12 @@ class FastModel:
         6 launches per layer instead of 10. The final norm (with the last residual add) and the lm_head
         stay as in :meth:`_decode_fused`. Same arithmetic and rounding points; graph-capturable."""
         ops, B = self.ops, tokens.shape[0]
+        attn_kw = self._attn_kw(B, ctx)
         x, d = self.embed[tokens], None
         for li, L in enumerate(self.layers):
             q, x = kernels_mod.norm_qkv_rope(x, d, L["ln1"], self.eps, L["qkv"], self.cos, self.sin, pos,
                                              self.K, self.V, li)
-            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale)
+            o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale, **attn_kw)
             act, x = kernels_mod.norm_gu_silu(x, o @ L["o"].t(), L["ln2"], self.eps, L["gu"], self.inter)
             d = act @ L["down"].t()
         _, h = ops.add_rmsnorm(x, d, self.norm, self.eps)
@@ -599,7 +618,8 @@ class FastEngine:
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
-                 prefill_attn: str = "torch", overlap_schedule: bool = False, phases: Phases | None = None) -> None:
+                 prefill_attn: str = "torch", decode_attn: str = "default", overlap_schedule: bool = False,
+                 phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
         # `phases`: where the start-up's seconds go (server.py prints them as one line).
@@ -622,6 +642,7 @@ class FastEngine:
         phases.mark("build")  # fused weights (concatenated QKV, gate/up), the KV pool, RoPE tables
         self.fm.set_kernels(kernels)
         self.fm.set_prefill_attn(prefill_attn)
+        self.fm.set_decode_attn(decode_attn)
         phases.mark("kernels")  # Triton's import and checks, where asked for
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf

@@ -121,7 +121,7 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "norm_qkv_rope", "norm_qkv_rope_ref", "norm_gu_silu", "norm_gu_silu_ref",
            "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref",
            "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref", "mmv_linear",
-           "ATTN_CONFIGS", "AttnCfg", "attn_config"]
+           "ATTN_CONFIGS", "AttnCfg", "attn_config", "ATTN_LOWP", "DECODE_ATTN", "decode_attn_config"]
 
 HAVE_TRITON = triton is not None
 
@@ -939,6 +939,28 @@ ATTN_DEFAULT = AttnCfg()
 def attn_config(B: int, ctx: int) -> AttnCfg:
     """decode_attn's launch parameters for B rows over context bucket ``ctx``: the table's or today's."""
     return ATTN_CONFIGS.get((B, ctx), ATTN_DEFAULT)
+
+
+# --decode-attn lowp: K/V dots in bf16 MMA at every (batch, context) bucket, with the launch that
+# benchmarks/gpu/mm_bench.py's attention sweep found fastest on the H200 where it measured the bucket
+# (results/mm_2026-12-03k.json, the 7B's 32 query / 8 KV heads; every finalist there had bf16 dots).
+# Rounding changes (q and the cache's bf16 products in MMA, not widened to tf32): a knob the gates judge.
+ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {
+    (64, 1024): AttnCfg(0, 32, 2, 3, True),  # 38.8 vs 42.2 us (today's launch)
+    (4, 1024): AttnCfg(8, 32, 2, 3, True),  # 7.6 vs 11.9 us
+}
+ATTN_LOWP_DEFAULT = AttnCfg(lowp=True)
+DECODE_ATTN = ("default", "lowp")
+"""--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch) or ``lowp``."""
+
+
+def decode_attn_config(how: str, B: int, ctx: int) -> AttnCfg:
+    """The AttnCfg the engine launches decode attention with under ``--decode-attn how``."""
+    if how == "lowp":
+        return ATTN_LOWP.get((B, ctx), ATTN_LOWP_DEFAULT)
+    if how == "default":
+        return attn_config(B, ctx)
+    raise ValueError(f"unknown decode attention {how!r}; choose from {list(DECODE_ATTN)}")
 
 
 _SM_COUNT: dict[int, int] = {}

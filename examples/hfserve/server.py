@@ -493,6 +493,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                          " reading the KV pool in place (GQA, no repeated copy); fused-batched: fused, and a burst's"
                          " whole prompts of one length in consecutive slots attend in one SDPA call per 2**k of them;"
                          " torch: rotate-half and copies")
+    ap.add_argument("--decode-attn", choices=["default", "lowp"], default="default",
+                    help="fast engine with --kernels triton*: the Triton decode attention's dots; lowp: q and the"
+                         " bf16 cache multiplied in bf16 MMA (not widened to tf32), with the launch tuned on the H200"
+                         " (hfkernels.ATTN_LOWP): fewer bytes in registers, other rounding (the gates judge it)")
     ap.add_argument("--overlap-schedule", choices=["off", "on"], default="off",
                     help="fast engine: launch each greedy decode step from the last step's ids on the device"
                          " before the host reads them, so the host's per-step work (ids, events, streaming)"
@@ -522,6 +526,9 @@ def check_fast_args(args: argparse.Namespace) -> None:
     if args.kernels != "torch" and (args.engine != "fast" or args.cuda_graphs != "on"):
         raise SystemExit(f"hfserve: --kernels {args.kernels} needs --engine fast --cuda-graphs on "
                          "(launched eagerly, Triton kernels cost more than they save)")
+    if args.decode_attn != "default" and args.kernels == "torch":
+        raise SystemExit(f"hfserve: --decode-attn {args.decode_attn} needs --kernels triton (or triton-gemv/-mv/-mm): "
+                         "it picks the Triton decode attention's launch")
 
 
 def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
@@ -537,6 +544,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
+                          decode_attn=args.decode_attn,
                           overlap_schedule=args.overlap_schedule == "on", phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,

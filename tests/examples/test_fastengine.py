@@ -7,6 +7,7 @@ slot moves and padded decode rows.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -813,3 +814,62 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     rows = [(0, 6, 0, 0, m), (6, 12, 1, 0, m), (12, 18, 3, 0, m), (18, 24, 4, 0, m), (24, 30, 5, 0, m),
             (30, 35, 6, 0, m), (35, 41, 7, 2, m), (41, 47, 8, 0, m)]
     assert [g[3] for g in fastengine._attn_groups(rows)] == [2, 2, 1, 1, 1, 1]
+
+
+@torch.inference_mode()
+def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
+    """decode_attn="lowp": every layer's decode attention is launched with kernels.decode_attn_config's
+    cfg (bf16 dots; the table's launch where it lists the bucket) and the bf16 step equals the default
+    launch's within the step tolerance, ids and KV pool too; the same check catches the lowp launch reading
+    one cache column short. Without the Triton kernels the knob is refused."""
+    import hfkernels as kernels
+
+    dtype = torch.bfloat16
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    fm, prompts = _prefilled(dtype)
+    with pytest.raises(ValueError, match="needs the Triton kernels"):
+        fm.set_decode_attn("lowp")
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    b = len(prompts)
+    seen, real = [], kernels.decode_attn
+    short = []
+
+    def spy(q, K, V, layer, B, pos, ctx, scale, out=None, splits=None, cfg=None):
+        seen.append(cfg)
+        return real(q, K, V, layer, B, pos - len(short), ctx, scale, out, splits, cfg)
+
+    monkeypatch.setitem(kernels._OPS, "triton", dataclasses.replace(kernels._OPS["triton"], decode_attn=spy))
+
+    def run(how: str) -> tuple[torch.Tensor, list[int]]:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels("triton")
+        fm.set_decode_attn(how)
+        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
+        try:
+            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
+            return logits[:b].clone(), ids
+        finally:
+            fm.set_decode_attn("default")
+            fm.set_kernels("torch")
+
+    want, want_ids = run("default")
+    assert seen == [None] * len(fm.layers)  # the default launch: attn_config's table, as before the knob
+    Kw, Vw = fm.K.clone(), fm.V.clone()
+    seen.clear()
+    tuned = kernels.AttnCfg(2, 16, 2, 1, True)
+    monkeypatch.setitem(kernels.ATTN_LOWP, (b, 256), tuned)
+    got, got_ids = run("lowp")
+    assert seen == [tuned] * len(fm.layers)
+    assert close(got, want), (got - want).abs().max()
+    assert all(float(want[i, t]) >= float(want[i].max()) - 2 * tol for i, t in enumerate(got_ids))
+    assert close(fm.K, Kw) and close(fm.V, Vw)
+    monkeypatch.delitem(kernels.ATTN_LOWP, (b, 256))
+    seen.clear()
+    assert close(run("lowp")[0], want) and seen == [kernels.AttnCfg(lowp=True)] * len(fm.layers)  # unlisted bucket
+    short.append(1)
+    assert not close(run("lowp")[0], want)  # both ways: one cache column short is caught

@@ -123,3 +123,21 @@ def test_server_refuses_triton_kernels_without_graphs(argv: list[str]) -> None:
         with pytest.raises(SystemExit, match=f"--kernels {kern} needs --engine fast --cuda-graphs on"):
             parse(["--model", "/m", "--port", "1", "--kernels", kern, *argv])
     assert parse(["--model", "/m", "--port", "1", *argv]).kernels == "torch"
+
+
+def test_decode_attn_knob_exists_only_with_the_triton_kernels() -> None:
+    """--decode-attn (bf16 dots + the H200 launch table) is a knob only where the Triton decode attention
+    runs: CUDA graphs and kernels other than torch; rendered, it parses; asked for without them, refused."""
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    parse = _server_parser()
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "decode_attn": "lowp"}
+    for kern in ("triton", "triton-gemv", "triton-mv", "triton-mm"):
+        knobs = active_only(target, base | {"kernels": kern})
+        assert knobs["decode_attn"] == "lowp"
+        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+        assert (args.kernels, args.decode_attn) == (kern, "lowp")
+    assert "decode_attn" not in active_only(target, base | {"kernels": "torch"})
+    assert "decode_attn" not in active_only(target, base | {"engine": "fast-eager"})
+    assert target.knobs["decode_attn"].default == "default" and "decode_attn" not in target.baseline_knobs()
+    with pytest.raises(SystemExit, match="--decode-attn lowp needs --kernels triton"):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--decode-attn", "lowp"])

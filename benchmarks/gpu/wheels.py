@@ -1,0 +1,76 @@
+"""Download into .whl/ the wheels the GPU machine lacks to run the orchestrator (benchmarks/gpu/*.sh install them).
+
+    python3 benchmarks/gpu/wheels.py [--dest .whl] [--dry-run]
+
+The device image (library device/KINDS.md, "Python packages already there") holds torch, transformers, triton,
+numpy, aiohttp, jinja2, rich, typer...; the orchestrator's own dependencies (pyproject's `dependencies`) and what
+they need are read from this machine's .venv (the versions the tests ran with), and those the image lacks are
+downloaded for CPython 3.12 on manylinux x86_64 (the device README's recipe), one version each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# The image's packages (KINDS.md, read 2026-11-17), normalised names: carried only for another version.
+IMAGE = set("""absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi
+charset-normalizer click cloudpickle colorama contourpy cycler filelock fonttools frozenlist fsspec h11 hf-xet httpcore
+httpx huggingface-hub idna jinja2 kiwisolver markdown-it-py markupsafe matplotlib mdurl multidict numpy packaging pandas
+pillow pip propcache psutil pygments pyparsing python-dateutil pyyaml regex requests rich safetensors setuptools
+shellingham six sympy tokenizers torch tqdm transformers triton typer typing-extensions urllib3 wheel yarl
+zipp""".split())
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure(roots: list[str]) -> dict[str, str]:
+    """name -> installed version for `roots` and everything they require (extras left out)."""
+    seen: dict[str, str] = {}
+    todo = [norm(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        seen[name] = dist.version
+        for req in dist.requires or []:
+            if "extra ==" in req:
+                continue
+            todo.append(norm(re.split(r"[ ;<>=!~\[(]", req, maxsplit=1)[0]))
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dest", default=str(ROOT / ".whl"))
+    ap.add_argument("--dry-run", action="store_true", help="print the NAME==VERSION list only")
+    a = ap.parse_args(argv)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    want = {n: v for n, v in closure([re.split(r"[ <>=!~\[]", d, maxsplit=1)[0] for d in deps]).items() if n not in IMAGE}
+    pins = [f"{n}=={v}" for n, v in sorted(want.items())]
+    print("\n".join(pins))
+    if a.dry_run:
+        return 0
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+           "--implementation", "cp", "-d", a.dest, *[x for p in PLATFORMS for x in ("--platform", p)]]
+    failed = [p for p in pins if subprocess.run([*cmd, p]).returncode != 0]  # one at a time: one miss stops none
+    if failed:
+        print(f"not downloaded (no wheel for CPython 3.12 manylinux x86_64?): {' '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
