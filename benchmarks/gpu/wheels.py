@@ -14,9 +14,10 @@ import argparse
 import re
 import subprocess
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 # The image's packages (KINDS.md, read 2026-11-17), normalised names: carried only for another version.
