@@ -3,7 +3,9 @@
 #   benchmarks/gpu/step10_run.sh LIMIT_S
 # 1. prefill_attn_bench.py (random tensors, no model): per-prompt vs batched prefill attention per backend, and a
 #    batched call's first use at new prompt counts (is cuDNN's per-shape plan why a5c0ae6's batched call served slower?).
-# 2. The 7B forged, then A-D from three servers side by side (overlap on): step9 (--prefill-attn fused), step10
+# 2. The 7B forged, then A-D from four servers side by side (overlap on): step9 (--prefill-attn fused; from .before/
+#    when carried: `mkdir -p .before && git archive 2a13622 examples/hfserve | tar -x -C .before`, the tree before
+#    this session's arrival rule, so step10's figures are against the tree step 9 was measured on), step10
 #    (--prefill-attn fused-batched: a burst's equal prompts in 2**k groups, one SDPA call each) and step10mm (the same
 #    with --kernels triton-mm) and step10lp (step10mm with --decode-attn lowp: bf16 dots, hfkernels.ATTN_LOWP's
 #    launch). Results in $OUT.
@@ -21,7 +23,7 @@ log "model $M; A-D: step9, step10, step10mm, step10lp"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
-  "step9={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
+  "step9={python} $([ -d .before/examples/hfserve ] && echo .before/)examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
   "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
   "step10mm={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched" \
   "step10lp={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp" \

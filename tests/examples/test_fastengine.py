@@ -873,3 +873,62 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     assert close(run("lowp")[0], want) and seen == [kernels.AttnCfg(lowp=True)] * len(fm.layers)  # unlisted bucket
     short.append(1)
     assert not close(run("lowp")[0], want)  # both ways: one cache column short is caught
+
+
+def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_decode_step() -> None:
+    """A burst's first pass takes the prompts there when the worker woke; those that arrive while it runs are
+    prefilled next, before any decode step (once: a third arriving during that second pass waits for one step,
+    so a stream of arrivals cannot hold decoding back). Every request still gets all its tokens."""
+    import asyncio
+    import queue
+    import threading
+
+    import engine as engine_mod
+    import fastengine
+
+    log: list = []
+    eng = _fake_engine(False, log, [])
+    eng.jobs = queue.Queue()
+    eng.fm = type("FM", (), {"move_slot": lambda *a: None, "device": torch.device("cpu")})()
+    eng._step_log_path = eng._profile_path = None
+    loop = asyncio.new_event_loop()
+    reqs = [engine_mod.GenRequest(prompt_ids=[5], max_tokens=4, temperature=0.0, top_p=1.0, seed=None,
+                                  ignore_eos=True, logprobs=None, loop=loop) for _ in range(3)]
+
+    def prefill_some(s, row, budget):
+        i = reqs.index(s.req)
+        log.append(("prefill", i))
+        if i + 1 < len(reqs):
+            eng.submit(reqs[i + 1])  # the next prompt arrives while this one's pass runs
+        s.pos, eng._pending_logits = 1, None
+        return True, 1
+
+    def first_token(s, row, notify=True):
+        s.req.push("token", 101)
+        s.last, s.req.n_generated = 101, 1
+        if notify:
+            fastengine.wake([s.req])
+        return False
+
+    eng._first_token, eng._prefill_some = first_token, prefill_some
+
+    async def handler(r) -> list:
+        got = []
+        while True:
+            for kind, payload in await r.events.get_batch():
+                got.append(payload)
+                if kind == "done":
+                    return got
+
+    threading.Thread(target=eng._loop, daemon=True).start()
+    eng.submit(reqs[0])
+
+    async def main() -> list:
+        return await asyncio.wait_for(asyncio.gather(*(handler(r) for r in reqs)), 10)
+
+    outs = loop.run_until_complete(main())
+    loop.close()
+    assert all(len(o) == 5 and o[-1] == "length" for o in outs), outs
+    launches = [e for e in log if e[0] == "launch"]
+    assert log[:3] == [("prefill", 0), ("prefill", 1), launches[0]] and launches[0][2] == 2
+    assert log.index(("prefill", 2)) == 3 and launches[1][2] == 3  # the third waited for one step, no longer
