@@ -60,15 +60,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("model")
     ap.add_argument("--out", default="")
     ap.add_argument("--dropped-only", action="store_true", help="skip the honest server (the loop's trials show it)")
+    ap.add_argument("--honest-only", action="store_true", help="skip the dropped layer (shown failing by another run)")
     ap.add_argument("--flags", default="", help="more server flags for both servers (one string)")
     args = ap.parse_args(argv)
+    if args.dropped_only and args.honest_only:
+        ap.error("--dropped-only and --honest-only leave nothing to run")
     model = Path(args.model)
     flags = tuple(shlex.split(args.flags))
     state = Path(tempfile.mkdtemp(prefix="gate-demo-"))
     res: dict = {"flags": list(KNOBS) + list(flags)}
     if not args.dropped_only:
         res["honest_fast_bf16"] = gate(model, model, state, flags)
-    res["dropped_last_layer"] = gate(dropped_layer_copy(model, state / "dropped"), model, state, flags)
+    if not args.honest_only:
+        res["dropped_last_layer"] = gate(dropped_layer_copy(model, state / "dropped"), model, state, flags)
     print(json.dumps(res, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")

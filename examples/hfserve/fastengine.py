@@ -71,6 +71,10 @@ from loading import Phases, init_device, load_model
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 
 
+KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}
+"""--kv-cache-dtype's choices: the pool in the model's dtype, or in float8 e4m3 with scale 1 (vLLM's default
+for ``--kv-cache-dtype fp8`` without calibrated scales): values rounded to nearest, saturating at +-448."""
+
 PREFILL_ATTN = ("torch", "fused", "fused-batched")
 """--prefill-attn's choices (FastModel.set_prefill_attn)."""
 
@@ -94,8 +98,11 @@ class FastModel:
     decode_attn = "default"  # set_decode_attn
 
     def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto",
-                 kernels: str = "torch", prefill_attn: str = "torch", decode_attn: str = "default") -> None:
+                 kernels: str = "torch", prefill_attn: str = "torch", decode_attn: str = "default",
+                 kv_cache_dtype: str = "auto") -> None:
         cfg = hf_model.config
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown KV cache dtype {kv_cache_dtype!r}; choose from {list(KV_CACHE_DTYPES)}")
         if getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False):
             raise ValueError("the fast engine supports Llama/Mistral-style models without biases")
         if getattr(cfg, "rope_scaling", None) and (cfg.rope_scaling or {}).get("rope_type", "default") != "default":
@@ -128,8 +135,11 @@ class FastModel:
         self.capacity = _round_up(capacity + 1, 256)  # +1: the scratch position padded rows write to
         self.scratch_pos = self.capacity - 1
         shape = (len(self.layers), slots, self.nkv, self.capacity, self.hd)
-        self.K = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.V = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # --kv-cache-dtype fp8: the pool in float8 e4m3 (half the bytes every decode step's attention reads);
+        # written by the Triton RoPE + store kernels, widened to the model's dtype wherever it is read.
+        kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype] or self.dtype
+        self.K = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+        self.V = torch.zeros(shape, dtype=kv_dtype, device=self.device)
         theta = float(getattr(cfg, "rope_theta", None) or (getattr(cfg, "rope_parameters", None) or {}).get(
             "rope_theta", 10000.0))
         # HF's default RoPE: float32 angles, cos/sin cast to the activation dtype.
@@ -170,6 +180,11 @@ class FastModel:
     def _attn_kw(self, B: int, ctx: int) -> dict[str, Any]:
         """decode_attn's launch for this (batch, context) bucket under --decode-attn (host ints: one plan per graph)."""
         return {} if self.decode_attn == "default" else {"cfg": kernels_mod.decode_attn_config(self.decode_attn, B, ctx)}
+
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the KV pool is float8 (--kv-cache-dtype fp8)."""
+        return self.K.dtype != self.dtype
 
     def set_kernels(self, kernels: str) -> None:
         """``"torch"`` (the plain code), ``"triton"`` (hfkernels.py), ``"triton-gemv"`` (the same, and at
@@ -275,6 +290,8 @@ class FastModel:
             if fused:
                 q = qr[r0:r1].view(n, c, self.nh, self.hd).transpose(1, 2)
                 kc, vc = self.K[li, slot:slot + n, :, :end], self.V[li, slot:slot + n, :, :end]
+                if self.kv_fp8:  # SDPA takes no fp8: the parts' cache widened (a copy; in place otherwise)
+                    kc, vc = kc.to(self.dtype), vc.to(self.dtype)
                 with self._sdpa_ctx():
                     o = (F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
                          if n == 1 else  # n > 1: whole prompts (start 0), where causal is the mask
@@ -298,8 +315,8 @@ class FastModel:
         k = (k * cos + self._rot(k) * sin).transpose(1, 2)
         self.K[li, slot, :, start:end] = k[0]
         self.V[li, slot, :, start:end] = v.view(c, self.nkv, self.hd).transpose(0, 1)
-        kc = self.K[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
-        vc = self.V[li, slot:slot + 1, :, :end].repeat_interleave(g, dim=1)
+        kc = self.K[li, slot:slot + 1, :, :end].to(self.dtype).repeat_interleave(g, dim=1)
+        vc = self.V[li, slot:slot + 1, :, :end].to(self.dtype).repeat_interleave(g, dim=1)
         with self._sdpa_ctx():
             return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale)
 
@@ -333,6 +350,8 @@ class FastModel:
             return self._decode_gemv(tokens, pos, ctx)
         if self.kernels != "torch":
             return self._decode_fused(tokens, pos, ctx)
+        if self.kv_fp8:
+            raise ValueError("--kv-cache-dtype fp8 needs the Triton kernels (--kernels triton*): they store and read it")
         B = tokens.shape[0]
         g = self.nh // self.nkv
         rows = torch.arange(B, device=tokens.device)
@@ -618,8 +637,8 @@ class FastEngine:
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
-                 prefill_attn: str = "torch", decode_attn: str = "default", overlap_schedule: bool = False,
-                 phases: Phases | None = None) -> None:
+                 prefill_attn: str = "torch", decode_attn: str = "default", kv_cache_dtype: str = "auto",
+                 overlap_schedule: bool = False, phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
         # `phases`: where the start-up's seconds go (server.py prints them as one line).
@@ -636,7 +655,10 @@ class FastEngine:
         # Slots: the decode batch, one staging slot for chunked prefill, one for scoring.
         self.stage_slot, self.score_slot = self.max_batch, self.max_batch + 1
         with torch.inference_mode():
-            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels="torch")
+            if kv_cache_dtype != "auto" and kernels == "torch":
+                raise ValueError(f"--kv-cache-dtype {kv_cache_dtype} needs the Triton kernels (--kernels triton*)")
+            self.fm = FastModel(hf, slots=self.max_batch + 2, capacity=self.max_len, sdpa=sdpa, kernels="torch",
+                                kv_cache_dtype=kv_cache_dtype)
         if self.fm.device.type == "cuda":
             torch.cuda.synchronize()
         phases.mark("build")  # fused weights (concatenated QKV, gate/up), the KV pool, RoPE tables

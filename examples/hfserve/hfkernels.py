@@ -207,8 +207,8 @@ def rope_store_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos:
     q = q * c + _rot(q) * s
     k = k * c + _rot(k) * s
     rows = torch.arange(B, device=qkv.device) if slots is None else slots
-    K[layer, rows, :, pos] = k
-    V[layer, rows, :, pos] = v.reshape(B, nkv, hd)
+    K[layer, rows, :, pos] = k.to(K.dtype)  # an fp8 pool (--kv-cache-dtype fp8): rounded to nearest, scale 1
+    V[layer, rows, :, pos] = v.reshape(B, nkv, hd).to(V.dtype)
     return _into(q_out, q)
 
 
@@ -219,7 +219,7 @@ def decode_attn_ref(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: in
     g = nh // nkv
     keep = torch.arange(ctx, device=q.device)[None, :] <= pos[:, None]
     bias = torch.zeros(B, ctx, device=q.device, dtype=torch.float32).masked_fill(~keep, float("-inf"))
-    kc, vc = K[layer, :B, :, :ctx], V[layer, :B, :, :ctx]
+    kc, vc = K[layer, :B, :, :ctx].to(q.dtype), V[layer, :B, :, :ctx].to(q.dtype)  # an fp8 pool: widened
     s = torch.matmul(q.view(B, nkv, g, hd), kc.transpose(-1, -2)).float() * scale
     p = torch.softmax(s + bias[:, None, None, :], dim=-1).to(q.dtype)
     return _into(out, torch.matmul(p, vc).reshape(B, nh * hd))
@@ -271,9 +271,26 @@ if HAVE_TRITON:
         tl.store(OUT + row * so + offs, (a * u).to(dt), mask=m)
 
     @triton.jit
+    def _kv_cast(x, DST: tl.constexpr, KV_EMU: tl.constexpr):
+        # A value for the KV pool (dtype DST): bf16 as is; fp8 e4m3 (scale 1) rounded to nearest even and
+        # saturated at +-448. KV_EMU (the CPU interpreter only): the rounding done here in float32 first, since
+        # the interpreter's own float -> fp8 conversion rounds wrongly (half up, and -0.486 to -0.25: no carry
+        # into the exponent); it converts exact e4m3 values exactly. On the GPU the hardware conversion does it.
+        x = x.to(tl.float32)
+        if KV_EMU:
+            a = tl.minimum(tl.abs(x), 448.0)
+            e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)  # below 2**-6: subnormal steps 2**-9
+            ulp = tl.exp2(e - 3.0)
+            v = a / ulp
+            r = tl.floor(v + 0.5)
+            r = tl.where(((r - v) == 0.5) & ((r - 2.0 * tl.floor(r * 0.5)) == 1.0), r - 1.0, r)  # ties to even
+            x = tl.where(x < 0, -r * ulp, r * ulp)
+        return x.to(DST)
+
+    @triton.jit
     def _rope_store_kernel(QKV, COS, SIN, POS, SLOT, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-                           HAS_SLOT: tl.constexpr):
+                           HAS_SLOT: tl.constexpr, KV_EMU: tl.constexpr = False):
         # One program per (row, head) over the nh q heads and then the nkv k heads; a k program
         # also copies its v head, so the whole step's RoPE and KV store is this one launch.
         b = tl.program_id(0).to(tl.int64)
@@ -300,14 +317,14 @@ if HAVE_TRITON:
             if HAS_SLOT:  # a prefill row: its sequence's slot; a decode row b is slot b
                 sl = tl.load(SLOT + b).to(tl.int64)
             off = sl * s_kb + kh * s_kh + p * s_kp + d
-            tl.store(KL + off, y, mask=dm)
+            tl.store(KL + off, _kv_cast(y, KL.dtype.element_ty, KV_EMU), mask=dm)  # the pool's dtype: bf16 or fp8
             v = tl.load(QKV + b * s_qkv + (NH + NKV + kh) * HD + d, mask=dm, other=0.0)
-            tl.store(VL + off, v, mask=dm)
+            tl.store(VL + off, _kv_cast(v, VL.dtype.element_ty, KV_EMU), mask=dm)
 
     @triton.jit
     def _rope_store_rows_kernel(QKV, COS, SIN, POS, SLOT, QO, KL, VL, B, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
                                 NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-                                ROWS: tl.constexpr):
+                                ROWS: tl.constexpr, KV_EMU: tl.constexpr = False):
         # _rope_store_kernel's arithmetic, element for element, over ROWS rows of one head per program
         # (prefill: thousands of rows, each stored at its own (slot, pos)). One (row, head) per program
         # is 256 bytes of q in a one-warp program: 164k of them at 4096 rows, ~1 TB/s on the H200.
@@ -334,12 +351,12 @@ if HAVE_TRITON:
             kh = h - NH
             sl = tl.load(SLOT + r, mask=rm, other=0).to(tl.int64)
             off = sl[:, None] * s_kb + kh * s_kh + p[:, None] * s_kp + d[None, :]
-            tl.store(KL + off, y, mask=m2)
+            tl.store(KL + off, _kv_cast(y, KL.dtype.element_ty, KV_EMU), mask=m2)
             v = tl.load(QKV + r[:, None] * s_qkv + (NH + NKV + kh) * HD + d[None, :], mask=m2, other=0.0)
-            tl.store(VL + off, v, mask=m2)
+            tl.store(VL + off, _kv_cast(v, VL.dtype.element_ty, KV_EMU), mask=m2)
 
     @triton.jit
-    def _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    def _attn_span(q, QP, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # The online softmax both decode kernels share: the G query heads ``q`` of one (row, kv head)
         # over cache columns [lo, hi), scores in log2 units (qk_scale includes log2(e)). Returns the
@@ -348,8 +365,11 @@ if HAVE_TRITON:
         # tf32/ieee dots. LOWP 1: the dots in the cache's dtype (bf16 MMA, float32 accumulation; products
         # exact) with the probabilities rounded to it for P @ V, as decode_attn_ref rounds them. LOWP 2:
         # LOWP 1's arithmetic with float32 dots (the CPU interpreter, which has no bf16 dot).
+        # "The cache's dtype" is the activations' (QP's, bf16): an fp8 pool's K and V are widened to it first
+        # (exact: e4m3 values are bf16 values), so LOWP 1 stays a bf16 MMA and LOWP 0 a tf32 one.
+        cdt = QP.dtype.element_ty
         if LOWP == 1:
-            q = q.to(kbase.dtype.element_ty)
+            q = q.to(cdt)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.full([BLOCK_G], 0.0, tl.float32)
         acc = tl.full([BLOCK_G, BLOCK_D], 0.0, tl.float32)
@@ -359,7 +379,7 @@ if HAVE_TRITON:
             kvm = cm[:, None] & dm[None, :]
             k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
             if LOWP == 1:
-                s = tl.dot(q, tl.trans(k)) * qk_scale
+                s = tl.dot(q, tl.trans(k.to(cdt))) * qk_scale
             else:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * qk_scale
             s = tl.where(cm[None, :], s, float("-inf"))
@@ -369,9 +389,9 @@ if HAVE_TRITON:
             l_i = l_i * alpha + tl.reduce(pe, 1, _add)
             v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
             if LOWP == 1:
-                pv = tl.dot(pe.to(v.dtype), v)
+                pv = tl.dot(pe.to(cdt), v.to(cdt))
             elif LOWP == 2:
-                pv = tl.dot(pe.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+                pv = tl.dot(pe.to(cdt).to(tl.float32), v.to(tl.float32), input_precision="ieee")
             else:
                 pv = tl.dot(pe, v.to(tl.float32), input_precision=PREC)
             acc = acc * alpha[:, None] + pv
@@ -399,7 +419,7 @@ if HAVE_TRITON:
                     other=0.0).to(tl.float32)
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
-        m_i, l_i, acc = _attn_span(q, kbase, vbase, 0, n, s_kp, qk_scale, d, dm,
+        m_i, l_i, acc = _attn_span(q, Q, kbase, vbase, 0, n, s_kp, qk_scale, d, dm,
                                    BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         o = acc / l_i[:, None]
         tl.store(OUT + b * s_ob + heads[:, None] * HD + d[None, :], o.to(dt), mask=gm[:, None] & dm[None, :])
@@ -433,7 +453,7 @@ if HAVE_TRITON:
                     other=0.0).to(tl.float32)
         kbase = KL + b * s_kb + kh * s_kh
         vbase = VL + b * s_kb + kh * s_kh
-        m_i, l_i, acc = _attn_span(q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm,
+        m_i, l_i, acc = _attn_span(q, Q, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm,
                                    BLOCK_G, BLOCK_D, BLOCK_N, PREC, LOWP)
         row = (b * NH + heads) * S + sp  # partials laid out [B, nh, S] and [B, nh, S, hd]
         tl.store(M + row, m_i, mask=gm)
@@ -467,7 +487,7 @@ if HAVE_TRITON:
                            s_x, s_d, s_r, s_o, s_oh, s_cos, s_kb, s_kh, s_kp,
                            HALF: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HAS_DELTA: tl.constexpr,
                            EPI: tl.constexpr, F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr):
+                           BLOCK_K: tl.constexpr, KV_EMU: tl.constexpr = False):
         # A decode-step GEMV (M <= BLOCK_M rows) with the norm before it and the elementwise work after
         # it fused in, so one launch replaces three:
         #   prologue: r = x + d (rounded; program 0 stores it), a = rmsnorm(r) * lnw (each program
@@ -568,11 +588,12 @@ if HAVE_TRITON:
             kh = tl.where(is_k, h64 - NH, h64 - NH - NKV)
             koff = rm64[:, None] * s_kb + kh[None, :] * s_kh + p[:, None] * s_kp + d[None, :]
             km2 = om & is_k[None, :]
-            tl.store(KL + koff, ya, mask=km2)
-            tl.store(KL + koff + HALF, yb, mask=km2)
+            kdt = KL.dtype.element_ty  # the pool's dtype: bf16, or fp8 (scale 1; _kv_cast)
+            tl.store(KL + koff, _kv_cast(ya, kdt, KV_EMU), mask=km2)
+            tl.store(KL + koff + HALF, _kv_cast(yb, kdt, KV_EMU), mask=km2)
             vm = om & is_v[None, :]
-            tl.store(VL + koff, ga.to(dt), mask=vm)
-            tl.store(VL + koff + HALF, gb.to(dt), mask=vm)
+            tl.store(VL + koff, _kv_cast(ga.to(dt), kdt, KV_EMU), mask=vm)
+            tl.store(VL + koff + HALF, _kv_cast(gb.to(dt), kdt, KV_EMU), mask=vm)
 
     # On the GPU the tile sizes are picked per (N2, K) by timing these at the first call (a warm-up
     # before any graph capture: FastEngine's start-up, GraphDecoder's two eager steps); each program
@@ -816,17 +837,22 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
         _rope_store_rows_kernel[(triton.cdiv(B, rows), nh + nkv)](
             qkv, cos, sin, pos, slots, q, KL, VL, B, qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1),
             KL.stride(0), KL.stride(1), KL.stride(2), NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd),
-            ROWS=rows, num_warps=4)
+            ROWS=rows, KV_EMU=_kv_emu(K), num_warps=4)
         return q
     _rope_store_kernel[(B, nh + nkv)](qkv, cos, sin, pos, pos if slots is None else slots, q, KL, VL,
                                       qkv.stride(0), cos.stride(0),
                                       q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
                                       NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1,
-                                      HAS_SLOT=slots is not None)
+                                      HAS_SLOT=slots is not None, KV_EMU=_kv_emu(K))
     return q
 
 
 GEMV_MAX_ROWS = 16  # the fused GEMVs pad the batch to one 16-row MMA tile: batch buckets up to 16
+
+
+def _kv_emu(K: torch.Tensor) -> bool:
+    """_kv_cast's KV_EMU: an fp8 pool off the GPU (the interpreter), where the rounding is done by hand."""
+    return K.dtype == torch.float8_e4m3fn and not K.is_cuda
 
 
 def _autotuned(device: torch.device) -> bool:
@@ -878,7 +904,8 @@ def _norm_gemv2(x: torch.Tensor, delta: torch.Tensor | None, lnw: torch.Tensor, 
         half = hd // 2
     args = (x, d_, lnw, r, w, out, cos, sin, pos, KL, VL, M, Kd, n2, float(eps),
             x.stride(0), d_.stride(0), r.stride(0), out.stride(0), s_oh, s_cos, s_kb, s_kh, s_kp)
-    meta = dict(HALF=half, NH=nh, NKV=nkv, HAS_DELTA=delta is not None, EPI=epi, BLOCK_M=GEMV_MAX_ROWS)
+    meta = dict(HALF=half, NH=nh, NKV=nkv, HAS_DELTA=delta is not None, EPI=epi, BLOCK_M=GEMV_MAX_ROWS,
+                KV_EMU=rope is not None and _kv_emu(KL))
     if _autotuned(x.device):
         meta["F32"] = x.dtype == torch.float32 or x.device.type != "cuda"
         _norm_gemv2_tuned[lambda m: (triton.cdiv(n2, m["BLOCK_N"]),)](*args, **meta)

@@ -497,6 +497,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine with --kernels triton*: the Triton decode attention's dots; lowp: q and the"
                          " bf16 cache multiplied in bf16 MMA (not widened to tf32), with the launch tuned on the H200"
                          " (hfkernels.ATTN_LOWP): fewer bytes in registers, other rounding (the gates judge it)")
+    ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
+                    help="fast engine with --kernels triton*: the KV pool's dtype; fp8: float8 e4m3 with scale 1"
+                         " (vLLM's --kv-cache-dtype fp8 without calibrated scales), half the bytes each decode step's"
+                         " attention reads; values rounded (the gates judge it)")
     ap.add_argument("--overlap-schedule", choices=["off", "on"], default="off",
                     help="fast engine: launch each greedy decode step from the last step's ids on the device"
                          " before the host reads them, so the host's per-step work (ids, events, streaming)"
@@ -526,6 +530,9 @@ def check_fast_args(args: argparse.Namespace) -> None:
     if args.kernels != "torch" and (args.engine != "fast" or args.cuda_graphs != "on"):
         raise SystemExit(f"hfserve: --kernels {args.kernels} needs --engine fast --cuda-graphs on "
                          "(launched eagerly, Triton kernels cost more than they save)")
+    if args.kv_cache_dtype != "auto" and args.kernels == "torch":
+        raise SystemExit(f"hfserve: --kv-cache-dtype {args.kv_cache_dtype} needs --kernels triton (or triton-gemv/-mv/-mm): "
+                         "the Triton kernels store and read it")
     if args.decode_attn != "default" and args.kernels == "torch":
         raise SystemExit(f"hfserve: --decode-attn {args.decode_attn} needs --kernels triton (or triton-gemv/-mv/-mm): "
                          "it picks the Triton decode attention's launch")
@@ -544,7 +551,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           max_model_len=args.max_model_len, prefill_chunk=args.prefill_chunk,
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
-                          decode_attn=args.decode_attn,
+                          decode_attn=args.decode_attn, kv_cache_dtype=args.kv_cache_dtype,
                           overlap_schedule=args.overlap_schedule == "on", phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,

@@ -932,3 +932,79 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
     launches = [e for e in log if e[0] == "launch"]
     assert log[:3] == [("prefill", 0), ("prefill", 1), launches[0]] and launches[0][2] == 2
     assert log.index(("prefill", 2)) == 3 and launches[1][2] == 3  # the third waited for one step, no longer
+
+
+@torch.inference_mode()
+def test_fp8_kv_cache_matches_its_torch_reference(interpreted, monkeypatch) -> None:
+    """kv_cache_dtype="fp8": the pool is float8 e4m3. Prefill (Triton RoPE + store over the packed rows, SDPA
+    over the pool widened) equals the torch path over an fp8 pool (torch RoPE, slice stores that round to e4m3,
+    SDPA over the widened copy) within twice the step tolerance (the two RoPEs differ by a bf16 ulp here and
+    there, which moves a value across an e4m3 rounding boundary: 2**-3 apart); a decode step (split-KV
+    attention reading fp8, both dot modes) equals decode_attn_ref over the widened pool within the step
+    tolerance. Both stores (prefill's rows kernel, the step's per-row kernel) hold exactly the bf16 pool's
+    first-layer keys and values rounded to e4m3. One cache column short is caught; the torch decode path
+    refuses the fp8 pool."""
+    import hfkernels as kernels
+
+    dtype = torch.bfloat16
+    tol = STEP_TOL[dtype]
+
+    def close(a, b):
+        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+    def model(kv: str, kern: str, attn: str) -> FastModel:
+        return FastModel(_random_llama(dtype), slots=4, capacity=300, kernels=kern, prefill_attn=attn,
+                         kv_cache_dtype=kv)
+
+    fp8, ref, wide = model("fp8", "triton", "fused"), model("fp8", "triton", "torch"), model("auto", "triton", "fused")
+    assert fp8.K.dtype == fp8.V.dtype == torch.float8_e4m3fn and fp8.kv_fp8 and not wide.kv_fp8
+    prompts = [torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(s)) for n, s in PROMPTS]
+    for slot, p in enumerate(prompts):
+        got, want = fp8.prefill(p[:-1], slot, 0, True), ref.prefill(p[:-1], slot, 0, True)
+        assert torch.allclose(got.float(), want.float(), rtol=2 * tol, atol=2 * tol), (got - want).abs().max()
+        wide.prefill(p[:-1], slot, 0)
+    # (values, not bytes: the interpreter's conversion drops the sign of a zero)
+    assert torch.equal(fp8.K[0].float(), wide.K[0].to(torch.float8_e4m3fn).float())
+    assert torch.equal(fp8.V[0].float(), wide.V[0].to(torch.float8_e4m3fn).float())
+    ref.K.copy_(fp8.K)  # the decode step from the same pool
+    ref.V.copy_(fp8.V)
+    ref.set_kernels("torch")
+    with pytest.raises(ValueError, match="fp8 needs the Triton kernels"):
+        ref.decode(torch.tensor([1]), torch.tensor([4]), 256)
+    short: list[int] = []
+    real = kernels.decode_attn
+
+    def attn(q, K, V, layer, B, pos, ctx, scale, out=None, splits=None, cfg=None):
+        return real(q, K, V, layer, B, pos - len(short), ctx, scale, out, splits, cfg)
+
+    monkeypatch.setitem(kernels._OPS, "triton", dataclasses.replace(kernels._OPS["triton"], decode_attn=attn))
+    monkeypatch.setitem(kernels._OPS, "torchref", dataclasses.replace(kernels._OPS["triton"],
+                                                                     decode_attn=kernels.decode_attn_ref))
+    b = len(prompts)
+    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
+    K0, V0 = fp8.K.clone(), fp8.V.clone()
+
+    def step(fm: FastModel, ops: str, how: str = "default") -> torch.Tensor:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels("triton")
+        fm.ops = kernels._OPS[ops]
+        fm.set_decode_attn(how)
+        logits, _ = GraphDecoder(fm, max_batch=b, use_graphs=False).step(toks, pos)
+        return logits[:b].clone()
+
+    want = step(ref, "torchref")
+    Kw, Vw = ref.K.clone(), ref.V.clone()
+    for how in ("default", "lowp"):
+        got = step(fp8, "triton", how)
+        assert close(got, want), (how, (got - want).abs().max())
+        # (layer 0 only: above it the two attentions' last-bit differences move values across e4m3 steps)
+        assert torch.equal(fp8.K[0].float(), Kw[0].float()) and torch.equal(fp8.V[0].float(), Vw[0].float())
+    # The step's store (one program per row and head) rounds as torch does: layer 0's new keys and values
+    # are the bf16 pool's (same token, same position) rounded to e4m3.
+    GraphDecoder(wide, max_batch=b, use_graphs=False).step(toks, pos)
+    rows, cols = torch.arange(b), torch.tensor(pos)
+    for new, ref16 in ((fp8.K, wide.K), (fp8.V, wide.V)):
+        assert torch.equal(new[0, rows, :, cols].float(), ref16[0, rows, :, cols].to(torch.float8_e4m3fn).float())
+    short.append(1)
+    assert not close(step(fp8, "triton"), want)  # both ways: one cache column short is caught

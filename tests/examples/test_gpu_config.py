@@ -125,19 +125,22 @@ def test_server_refuses_triton_kernels_without_graphs(argv: list[str]) -> None:
     assert parse(["--model", "/m", "--port", "1", *argv]).kernels == "torch"
 
 
-def test_decode_attn_knob_exists_only_with_the_triton_kernels() -> None:
-    """--decode-attn (bf16 dots + the H200 launch table) is a knob only where the Triton decode attention
-    runs: CUDA graphs and kernels other than torch; rendered, it parses; asked for without them, refused."""
+@pytest.mark.parametrize(("knob", "value", "default"), [("decode_attn", "lowp", "default"), ("kv_cache_dtype", "fp8", "auto")])
+def test_triton_only_knobs_exist_only_with_the_triton_kernels(knob: str, value: str, default: str) -> None:
+    """--decode-attn (bf16 dots + the H200 launch table) and --kv-cache-dtype (an fp8 pool) are knobs only where
+    the Triton kernels run: CUDA graphs and kernels other than torch; rendered, they parse; asked for without
+    them, refused."""
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     parse = _server_parser()
-    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "decode_attn": "lowp"}
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, knob: value}
     for kern in ("triton", "triton-gemv", "triton-mv", "triton-mm"):
         knobs = active_only(target, base | {"kernels": kern})
-        assert knobs["decode_attn"] == "lowp"
+        assert knobs[knob] == value
         args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
-        assert (args.kernels, args.decode_attn) == (kern, "lowp")
-    assert "decode_attn" not in active_only(target, base | {"kernels": "torch"})
-    assert "decode_attn" not in active_only(target, base | {"engine": "fast-eager"})
-    assert target.knobs["decode_attn"].default == "default" and "decode_attn" not in target.baseline_knobs()
-    with pytest.raises(SystemExit, match="--decode-attn lowp needs --kernels triton"):
-        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--decode-attn", "lowp"])
+        assert (args.kernels, getattr(args, knob)) == (kern, value)
+    assert knob not in active_only(target, base | {"kernels": "torch"})
+    assert knob not in active_only(target, base | {"engine": "fast-eager"})
+    assert target.knobs[knob].default == default and knob not in target.baseline_knobs()
+    flag = "--" + knob.replace("_", "-")
+    with pytest.raises(SystemExit, match=f"{flag} {value} needs --kernels triton"):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", flag, value])
