@@ -167,17 +167,29 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
             if part:
                 kernels._splitk_reduce_kernel.warmup(f32, bf, n, 4, bm * n, n, n, grid=(1,),
                                                      BLOCK=kernels.MM_RED_BLOCK, num_warps=4)
-        elif job[0] == "attn":
-            _, split, bn, w, st, lowp = job
+        elif job[0] == "attn":  # ("attn", split, block_n, warps, stages, lowp[, fp8 KV pool])
+            _, split, bn, w, st, lowp, *kv8 = job
+            kv = torch.float8_e4m3fn if kv8 and kv8[0] else bf
             s_kb, s_kh = NKV * ATTN_CTX * HD, ATTN_CTX * HD
             meta = dict(G=NH // NKV, HD=HD, BLOCK_G=16, BLOCK_D=HD, BLOCK_N=bn, PREC="tf32", LOWP=lowp, num_warps=w,
                         num_stages=st, grid=(1,))
             if split:
-                kernels._decode_attn_split_kernel.warmup(bf, bf, bf, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
+                kernels._decode_attn_split_kernel.warmup(bf, kv, kv, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
                                                          0.1, NH * HD, HD, s_kb, s_kh, HD, NH=NH, **meta)
             else:
-                kernels._decode_attn_kernel.warmup(bf, bf, bf, torch.int64, bf, ATTN_CTX, 0.1, NH * HD, HD, s_kb,
+                kernels._decode_attn_kernel.warmup(bf, kv, kv, torch.int64, bf, ATTN_CTX, 0.1, NH * HD, HD, s_kb,
                                                    s_kh, HD, NH * HD, **meta)
+        elif job[0] == "rope":  # ("rope", rows per program (1: the decode step's kernel), fp8 KV pool)
+            _, rows, kv8 = job
+            kv, i64 = (torch.float8_e4m3fn if kv8 else bf), torch.int64
+            s_qkv, s_kb, s_kh = (NH + 2 * NKV) * HD, NKV * ATTN_CTX * HD, ATTN_CTX * HD
+            common = dict(NH=NH, NKV=NKV, HD=HD, BLOCK_D=HD, grid=(1,))
+            if rows == 1:
+                kernels._rope_store_kernel.warmup(bf, bf, bf, i64, i64, bf, kv, kv, s_qkv, HD, NH * HD, HD, s_kb, s_kh,
+                                                  HD, HAS_SLOT=False, num_warps=1, **common)
+            else:
+                kernels._rope_store_rows_kernel.warmup(bf, bf, bf, i64, i64, bf, kv, kv, 4096, s_qkv, HD, NH * HD, HD,
+                                                       s_kb, s_kh, HD, ROWS=rows, num_warps=4, **common)
         else:
             kernels._attn_reduce_kernel.warmup(f32, f32, f32, bf, NH * HD, 2, NH=NH, HD=HD, BLOCK_S=job[1],
                                                BLOCK_D=HD, num_warps=1, grid=(1,))
