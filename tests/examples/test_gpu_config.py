@@ -144,3 +144,19 @@ def test_triton_only_knobs_exist_only_with_the_triton_kernels(knob: str, value: 
     flag = "--" + knob.replace("_", "-")
     with pytest.raises(SystemExit, match=f"{flag} {value} needs --kernels triton"):
         parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", flag, value])
+
+
+def test_wheels_for_the_gpu_machine_are_the_orchestrators_closure_minus_the_image(capsys) -> None:
+    """benchmarks/gpu/wheels.py --dry-run: the pinned list holds the orchestrator's own dependencies the H200 image
+    lacks (and what they need), at this venv's versions, and none of the image's packages."""
+    import importlib.util
+    from importlib import metadata
+
+    spec = importlib.util.spec_from_file_location("gpu_wheels", GPU / "wheels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--dry-run"]) == 0
+    pins = dict(line.split("==") for line in capsys.readouterr().out.split())
+    for name in ("anthropic", "gitpython", "paramiko", "pydantic", "sqlalchemy", "tenacity", "optuna", "pydantic-core"):
+        assert pins[name] == metadata.version(name)
+    assert not set(pins) & mod.IMAGE and "torch" not in pins and "jinja2" not in pins
