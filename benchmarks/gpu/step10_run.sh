@@ -8,7 +8,8 @@
 #    this session's arrival rule, so step10's figures are against the tree step 9 was measured on), step10
 #    (--prefill-attn fused-batched: a burst's equal prompts in 2**k groups, one SDPA call each), step10lp (the same
 #    with --kernels triton-mm and --decode-attn lowp: bf16 dots, hfkernels.ATTN_LOWP's launch) and step10kv
-#    (step10lp with --kv-cache-dtype fp8: the KV pool in float8 e4m3). Results in $OUT.
+#    (step10lp with --kv-cache-dtype fp8: the KV pool in float8 e4m3). Results in $OUT; step10's and step10kv's
+#    decode steps logged (HFSERVE_STEP_LOG: the passes of C's burst, the arrival rule's effect; step_gaps.py reads them).
 # GATE=1: then the accuracy gate on the GPU for step10kv's and step10lp's flags (both change rounding). With too
 # little of LIMIT left, run it on the warm machine (the 7B stays forged there): GATE_ONLY=1 ... step10_run.sh LIMIT.
 set -u
@@ -24,9 +25,9 @@ FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
   "step9={python} $([ -d .before/examples/hfserve ] && echo .before/)examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \
-  "step10={python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
+  "step10=env HFSERVE_STEP_LOG=$OUT/steps_step10.log {python} examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused-batched" \
   "step10lp={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp" \
-  "step10kv={python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp --kv-cache-dtype fp8" \
+  "step10kv=env HFSERVE_STEP_LOG=$OUT/steps_step10kv.log {python} examples/hfserve/server.py $ARGS --kernels triton-mm --prefill-attn fused-batched --decode-attn lowp --kv-cache-dtype fp8" \
   2>&1 | grep -E "ready|prefill:|decode:|throughput:|general:|rror" | tail -20
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_ab.json"
 fi
