@@ -10,6 +10,7 @@
 #    with --kernels triton-mm and --decode-attn lowp: bf16 dots, hfkernels.ATTN_LOWP's launch) and step10kv
 #    (step10lp with --kv-cache-dtype fp8: the KV pool in float8 e4m3). Results in $OUT; step10's and step10kv's
 #    decode steps logged (HFSERVE_STEP_LOG: the passes of C's burst, the arrival rule's effect; step_gaps.py reads them).
+# PATTN=0 leaves out step 1.
 # GATE=1: then the accuracy gate on the GPU for step10kv's and step10lp's flags (both change rounding). With too
 # little of LIMIT left, run it on the warm machine (the 7B stays forged there): GATE_ONLY=1 ... step10_run.sh LIMIT.
 set -u
@@ -18,8 +19,8 @@ LIMIT=${1:-560}
 . benchmarks/gpu/device_env.sh
 M=$(forge_7b)
 if [ -z "${GATE_ONLY:-}" ]; then
-log "prefill attention bench"
-timeout 90 python3 benchmarks/gpu/prefill_attn_bench.py --reps 5 --out "$OUT/pattn.json" 2>/dev/null | tail -22
+[ "${PATTN:-1}" = 0 ] || { log "prefill attention bench"
+timeout 90 python3 benchmarks/gpu/prefill_attn_bench.py --reps 5 --out "$OUT/pattn.json" 2>/dev/null | tail -22; }
 log "model $M; A-D: step9, step10, step10lp, step10kv"
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"

@@ -215,13 +215,13 @@ class FastModel:
         k_end = q_end + self.nkv * self.hd
         return qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
 
-    def _sdpa_ctx(self) -> Any:
-        name = _SDPA[self.sdpa]
-        if name is None:
+    def _sdpa_ctx(self, batched: bool = False) -> Any:
+        names = sdpa_backends(self.sdpa, batched, self.device.type)
+        if names is None:
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        return sdpa_kernel(getattr(SDPBackend, name))
+        return sdpa_kernel([getattr(SDPBackend, n) for n in names])
 
     # -- prefill -----------------------------------------------------------------------
 
@@ -292,7 +292,7 @@ class FastModel:
                 kc, vc = self.K[li, slot:slot + n, :, :end], self.V[li, slot:slot + n, :, :end]
                 if self.kv_fp8:  # SDPA takes no fp8: the parts' cache widened (a copy; in place otherwise)
                     kc, vc = kc.to(self.dtype), vc.to(self.dtype)
-                with self._sdpa_ctx():
+                with self._sdpa_ctx(batched=n > 1):
                     o = (F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, scale=self.scale, enable_gqa=True)
                          if n == 1 else  # n > 1: whole prompts (start 0), where causal is the mask
                          F.scaled_dot_product_attention(q, kc, vc, is_causal=True, scale=self.scale, enable_gqa=True))
@@ -434,6 +434,22 @@ class FastModel:
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
+
+
+def sdpa_backends(sdpa: str, batched: bool, device_type: str) -> list[str] | None:
+    """The SDPA backends a prefill attention call may use (None: torch's own choice, all of them).
+
+    ``--sdpa auto`` leaves the choice to torch, except for ``--prefill-attn fused-batched``'s calls over
+    several prompts on a GPU: there cuDNN, which torch prefers on Hopper, builds a plan per new shape on its
+    first call (~78 ms on the H200 at 9-63 prompts of 512 tokens, against 0.3-0.8 ms once built:
+    prefill_attn_bench.py, 2026-12-04) and a burst meets up to 7 new batch sizes per prompt length, so
+    those calls leave cuDNN out (flash: 0.70 ms at 64 prompts, no plan)."""
+    name = _SDPA[sdpa]
+    if name is not None:
+        return [name]
+    if batched and device_type == "cuda":
+        return ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"]
+    return None
 
 
 def _attn_groups(rows: list[tuple]) -> list[tuple]:

@@ -816,6 +816,20 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     assert [g[3] for g in fastengine._attn_groups(rows)] == [2, 2, 1, 1, 1, 1]
 
 
+def test_batched_prefill_calls_leave_cudnn_out_on_the_gpu_under_sdpa_auto() -> None:
+    """--sdpa auto: fused-batched's calls over several prompts on a GPU may use flash, efficient or math but not
+    cuDNN (a plan built per new batch size, ~78 ms each on the H200); one prompt's call, the CPU and an
+    explicit --sdpa keep their backends."""
+    import fastengine
+
+    assert "CUDNN_ATTENTION" not in fastengine.sdpa_backends("auto", True, "cuda")
+    assert fastengine.sdpa_backends("auto", True, "cuda")[0] == "FLASH_ATTENTION"
+    assert fastengine.sdpa_backends("auto", False, "cuda") is None
+    assert fastengine.sdpa_backends("auto", True, "cpu") is None
+    assert fastengine.sdpa_backends("math", True, "cuda") == ["MATH"]
+    assert fastengine.sdpa_backends("flash", False, "cpu") == ["FLASH_ATTENTION"]
+
+
 @torch.inference_mode()
 def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     """decode_attn="lowp": every layer's decode attention is launched with kernels.decode_attn_config's
