@@ -505,6 +505,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine: launch each greedy decode step from the last step's ids on the device"
                          " before the host reads them, so the host's per-step work (ids, events, streaming)"
                          " overlaps the device step (SGLang's overlap scheduler, vLLM's async scheduling)")
+    ap.add_argument("--prefill-rounds", type=int, choices=[1, 2], default=1,
+                    help="fast engine: prefill passes in a row before a decode step when prompts arrive during a"
+                         " pass; 2: those prompts are prefilled at once (a burst decodes together, sooner),"
+                         " 1: after one decode step of the rows there (arrivals spread out: lower TTFT)")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
@@ -552,7 +556,8 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           cuda_graphs=args.cuda_graphs == "on", sdpa=args.sdpa, kernels=args.kernels,
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
                           decode_attn=args.decode_attn, kv_cache_dtype=args.kv_cache_dtype,
-                          overlap_schedule=args.overlap_schedule == "on", phases=phases)
+                          overlap_schedule=args.overlap_schedule == "on", prefill_rounds=args.prefill_rounds,
+                          phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device, load=args.load, phases=phases)

@@ -889,10 +889,12 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     assert not close(run("lowp")[0], want)  # both ways: one cache column short is caught
 
 
-def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_decode_step() -> None:
-    """A burst's first pass takes the prompts there when the worker woke; those that arrive while it runs are
-    prefilled next, before any decode step (once: a third arriving during that second pass waits for one step,
-    so a stream of arrivals cannot hold decoding back). Every request still gets all its tokens."""
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_decode_step(rounds) -> None:
+    """prefill_rounds=2: a burst's first pass takes the prompts there when the worker woke; those that arrive
+    while it runs are prefilled next, before any decode step (once: a third arriving during that second pass
+    waits for one step, so a stream of arrivals cannot hold decoding back). prefill_rounds=1 (the default):
+    each pass is followed by a decode step of the rows there. Every request still gets all its tokens."""
     import asyncio
     import queue
     import threading
@@ -902,6 +904,7 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
 
     log: list = []
     eng = _fake_engine(False, log, [])
+    eng.prefill_rounds = rounds
     eng.jobs = queue.Queue()
     eng.fm = type("FM", (), {"move_slot": lambda *a: None, "device": torch.device("cpu")})()
     eng._step_log_path = eng._profile_path = None
@@ -944,8 +947,12 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
     loop.close()
     assert all(len(o) == 5 and o[-1] == "length" for o in outs), outs
     launches = [e for e in log if e[0] == "launch"]
-    assert log[:3] == [("prefill", 0), ("prefill", 1), launches[0]] and launches[0][2] == 2
-    assert log.index(("prefill", 2)) == 3 and launches[1][2] == 3  # the third waited for one step, no longer
+    if rounds == 2:
+        assert log[:3] == [("prefill", 0), ("prefill", 1), launches[0]] and launches[0][2] == 2
+        assert log.index(("prefill", 2)) == 3 and launches[1][2] == 3  # the third waited for one step, no longer
+    else:
+        assert log[:4] == [("prefill", 0), launches[0], ("prefill", 1), launches[1]]
+        assert [e[2] for e in launches[:3]] == [1, 2, 3] and log.index(("prefill", 2)) == 4
 
 
 @torch.inference_mode()
