@@ -3,6 +3,7 @@
     python benchmarks/gpu/mm_bench.py [--out mm.json] [--budget-s 110]       # on the H200 (one command)
     python benchmarks/gpu/mm_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
     python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
+    python benchmarks/gpu/mm_bench.py --attn-only --kv bf16,fp8 [--out a.json] # attention over both pools (H200)
 
 Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
 the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
@@ -83,6 +84,7 @@ BUGS = ("", "skip_k_tile", "attn_short")
 # attention: the served C shape
 NH, NKV, HD, ATTN_CTX, ATTN_LAYERS, ATTN_BS = 32, 8, 128, 1024, 16, (64, 4)
 POS_LO, POS_HI = 511, 639
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}  # the pool's dtypes (--kv-cache-dtype auto / fp8)
 SMOKE_SHAPES = {"even": (64, 256, (16, 64)), "ragged": (40, 320, (20,))}  # (N, K, Ms): N, K short of tiles
 SMOKE_CFGS = (MmCfg(16, 64, 4, 2), MmCfg(32, 32, 4, 3, 2, True), MmCfg(16, 32, 4, 1, 4, False, ""))
 SMOKE_ATTN = (AttnCfg(), AttnCfg(1, 16, 2, 1), AttnCfg(3, 16, 4, 3), AttnCfg(2, 32, 8, 2, True), AttnCfg(1, 16, 4, 2, True))
@@ -131,14 +133,15 @@ def attn_splits(c: AttnCfg, B: int) -> int:
     return c.splits or kernels.split_count(B, NKV, ATTN_CTX, 132)
 
 
-def attn_variants(B: int) -> set[tuple]:
-    """("attn", split?, BLOCK_N, warps, stages, LOWP) per config, ("attn_red", BLOCK_S) per split count."""
+def attn_variants(B: int, fp8: bool = False) -> set[tuple]:
+    """("attn", split?, BLOCK_N, warps, stages, LOWP[, True: an fp8 pool]) per config, ("attn_red", BLOCK_S) per
+    split count."""
     out = set()
     for c in attn_space(B):
         s = attn_splits(c, B)
         per = triton.cdiv(ATTN_CTX, s)
         bn = c.block_n or (min(64, max(16, triton.next_power_of_2(per))) if s > 1 else 64)
-        out.add(("attn", s > 1, bn, c.warps, c.stages, int(c.lowp)))
+        out.add(("attn", s > 1, bn, c.warps, c.stages, int(c.lowp), *((True,) if fp8 else ())))
         if s > 1:
             out.add(("attn_red", max(8, triton.next_power_of_2(s))))
     return out
@@ -272,10 +275,11 @@ class AttnCase(G.Case):
     """decode_attn at batch B as a gemv_bench Case: its "weights" are the ATTN_LAYERS layers of a K/V pool
     (a graph's calls take them in turn), its reference decode_attn_ref in float64 on layer 0."""
 
-    def __init__(self, B: int, device: str, gen: torch.Generator) -> None:
-        self.name, self.n, self.k, self.m, self.ws = f"attn B={B}", B, ATTN_CTX, B, list(range(ATTN_LAYERS))
+    def __init__(self, B: int, device: str, gen: torch.Generator, kv: str = "bf16") -> None:
+        self.name, self.n, self.k, self.m, self.ws = f"attn B={B} {kv}", B, ATTN_CTX, B, list(range(ATTN_LAYERS))
         shape = (ATTN_LAYERS, B, NKV, ATTN_CTX, HD)
-        self.Kp, self.Vp = (torch.randn(shape, device=device, generator=gen).to(torch.bfloat16) for _ in range(2))
+        dt = KV_DTYPES[kv]
+        self.Kp, self.Vp = (torch.randn(shape, device=device, generator=gen).to(torch.bfloat16).to(dt) for _ in range(2))
         self.x = torch.randn(B, NH, HD, device=device, generator=gen).to(torch.bfloat16)  # q
         self.pos = torch.randint(POS_LO, POS_HI + 1, (B,), device=device, generator=gen)
         self.scale = HD ** -0.5
@@ -283,18 +287,18 @@ class AttnCase(G.Case):
                                            self.pos, ATTN_CTX, self.scale)
         got = kernels.decode_attn_ref(self.x, self.Kp, self.Vp, 0, B, self.pos, ATTN_CTX, self.scale)
         self.err_cublas = (got.double() - self.ref).abs().max().item()  # torch's own error plays cuBLAS's
-        self.kv_bytes = int((self.pos + 1).sum().item()) * NKV * HD * 2 * 2
+        self.kv_bytes = int((self.pos + 1).sum().item()) * NKV * HD * 2 * self.Kp.element_size()
         self.timed, self.failed, self.planned = {}, [], 0
 
     def launch(self, q: torch.Tensor, layer: int, c: AttnCfg) -> torch.Tensor:
         return kernels.decode_attn(q, self.Kp, self.Vp, layer, self.n, self.pos, ATTN_CTX, self.scale, cfg=c)
 
 
-def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generator, log) -> dict:
-    """Every attn_space config at batch B (graphs of CALLS calls over the layers in turn), each checked
-    against decode_attn_ref first; today's launch first, then the rest until ``until``, the best 3 and
-    today's timed again at full length."""
-    cs = AttnCase(B, device, gen)
+def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generator, log, kv: str = "bf16") -> dict:
+    """Every attn_space config at batch B (graphs of CALLS calls over the layers in turn) over a ``kv`` pool,
+    each checked against decode_attn_ref first; today's launch first, then the rest until ``until``, the best
+    3 and today's timed again at full length."""
+    cs = AttnCase(B, device, gen, kv)
     today = AttnCfg()
     cs.time_cfg(today, 3)
     space_b = attn_space(B)
@@ -303,7 +307,7 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
     best = min(fin, key=fin.get)
     timed, failed, kv_bytes = cs.timed, cs.failed, cs.kv_bytes
     pos = cs.pos
-    row = {"B": B, "ctx": ATTN_CTX, "pos_mean": float(pos.double().mean()), "kv_mb": kv_bytes / 1e6,
+    row = {"B": B, "kv": kv, "ctx": ATTN_CTX, "pos_mean": float(pos.double().mean()), "kv_mb": kv_bytes / 1e6,
            "timed": len(timed), "planned": len(space_b), "n_failed": len(failed), "failed": failed[:5],
            "today_splits": attn_splits(today, B), "today_us": fin[today], "best_label": best.label(),
            "best_cfg": list(astuple(best)), "best_splits": attn_splits(best, B), "best_us": fin[best],
@@ -313,7 +317,7 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
         row[f"{k}_pct"] = 100.0 * row[f"{k}_gbs"] / CEILING_GBS
     row["speedup"] = row["today_us"] / row["best_us"]
     row["step_gain_ms"] = (row["today_us"] - row["best_us"]) * LAYERS / 1e3
-    log(f"attention B={B}: today ({today.label()}, {row['today_splits']} splits) {row['today_us']:.1f} us "
+    log(f"attention B={B} {kv}: today ({today.label()}, {row['today_splits']} splits) {row['today_us']:.1f} us "
         f"{row['today_gbs']:.0f} GB/s; best {best.label()} {row['best_us']:.1f} us {row['best_gbs']:.0f} GB/s "
         f"({row['timed']}/{row['planned']} timed, {row['n_failed']} failed)")
     return row
@@ -321,10 +325,12 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
 
 # -- the GPU run ---------------------------------------------------------------------------------------------
 
-def stage1_jobs(shapes: dict, attn_bs=ATTN_BS) -> list[tuple]:
-    """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch)."""
+def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",)) -> list[tuple]:
+    """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch
+    and KV pool dtype); no GEMM's with ``shapes`` empty (--attn-only)."""
     jobs = sorted({variant(c, m) for m in MS for n, k in shapes.values() for c in space(n, k, m)}, key=str)
-    return jobs + sorted(set().union(*(attn_variants(B) for B in attn_bs)) if attn_bs else set(), key=str)
+    attn = set().union(*(attn_variants(B, kv == "fp8") for B in attn_bs for kv in kvs)) if attn_bs else set()
+    return jobs + sorted(attn, key=str)
 
 
 def compile_only(args) -> int:
@@ -346,7 +352,9 @@ def compile_only(args) -> int:
 def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LAYERS, attn_bs=ATTN_BS) -> dict:
     """The H200 run (``device``, ``shapes``, ``layers`` and ``attn_bs`` are for the CPU test of this flow)."""
     t0 = time.perf_counter()
-    shapes = shapes or SHAPES
+    attn_only = getattr(args, "attn_only", False)
+    kvs = tuple(getattr(args, "kv", None) or ("bf16",))
+    shapes = {} if attn_only else shapes or SHAPES
     budget = args.budget_s
 
     def log(msg: str) -> None:
@@ -355,7 +363,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     res: dict = {"meta": {"triton": triton.__version__, "torch": torch.__version__, "calls_per_graph": CALLS,
                           "reps": args.reps, "budget_s": budget, "ceiling_gbs": CEILING_GBS, "margin": args.margin},
                  "pool": {}, "cases": [], "attention": []}
-    jobs1 = stage1_jobs(shapes, attn_bs)
+    jobs1 = stage1_jobs(shapes, attn_bs, kvs)
     pool, futs = G.precompile(jobs1, 4096, 4096, 90, args.jobs, job_fn=_compile) if device == "cuda" else (None, [])
     gen = torch.Generator(device=device).manual_seed(0)
     if device == "cuda":
@@ -370,6 +378,10 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
                              "s": round(time.perf_counter() - t0, 1)}
     log(f"stage 1: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
 
+    if attn_only:  # the whole budget to the attention sweeps
+        if pool is not None:
+            pool.shutdown()
+        return attn_part(res, args, attn_bs, kvs, device, gen, log, t0, budget)
     G._tune(cases, {id(cs): space(cs.n, cs.k, cs.m) for cs in cases}, t0 + 0.45 * budget)
     for cs in cases:
         cs.planned = len(space(cs.n, cs.k, cs.m))
@@ -395,10 +407,15 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
             f"{row.get('triton_graph_us', math.inf):.1f} us ({row.get('triton_pct', 0):.0f}%, {row['best_label']})")
     res["mm_configs"], res["mm_configs_py"] = mm_table(res["cases"])
     res["step"] = step_gain(res["cases"], layers)
-    # the attention sweep: the rest of the budget, split evenly over the batches
-    for i, B in enumerate(attn_bs):
-        until = time.perf_counter() + max(t0 + 0.92 * budget - time.perf_counter(), 2.0) / (len(attn_bs) - i)
-        res["attention"].append(attn_sweep(B, until, args.reps, device, gen, log))
+    return attn_part(res, args, attn_bs, kvs, device, gen, log, t0, budget)
+
+
+def attn_part(res: dict, args, attn_bs, kvs, device: str, gen, log, t0: float, budget: float) -> dict:
+    """The attention sweeps: the rest of the budget, split evenly over the (batch, KV dtype) pairs."""
+    pairs = [(B, kv) for B in attn_bs for kv in kvs]
+    for i, (B, kv) in enumerate(pairs):
+        until = time.perf_counter() + max(t0 + 0.92 * budget - time.perf_counter(), 2.0) / (len(pairs) - i)
+        res["attention"].append(attn_sweep(B, until, args.reps, device, gen, log, kv))
     res["attn_configs_py"] = attn_table(res["attention"], args.margin)
     res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
     return res
@@ -409,8 +426,8 @@ def attn_table(rows: list[dict], margin: float) -> str:
     for r in rows:
         if r["speedup"] > 1.0 + margin:
             s, bn, w, st, lp = r["best_cfg"]
-            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}),  # {r['best_us']:.1f} vs "
-                         f"{r['today_us']:.1f} us")
+            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}),  # {r.get('kv', 'bf16')} pool: "
+                         f"{r['best_us']:.1f} vs {r['today_us']:.1f} us")
     return "\n".join(lines + ["}"])
 
 
@@ -430,7 +447,7 @@ def table(res: dict) -> str:
         lines.append(f"M={m}: projections per decode step (32 layers + lm_head) cuBLAS {s['cublas_ms']:.3f} ms, "
                      f"with the winners {s['best_of_ms']:.3f} ms: gain {s['gain_ms']:.3f} ms")
     for r in res.get("attention", []):
-        lines.append(f"attention B={r['B']} ctx {r['ctx']} (pos mean {r['pos_mean']:.0f}, {r['kv_mb']:.0f} MB K/V): "
+        lines.append(f"attention B={r['B']} {r.get('kv', 'bf16')} ctx {r['ctx']} (pos mean {r['pos_mean']:.0f}, {r['kv_mb']:.0f} MB K/V): "
                      f"today {r['today_us']:.1f} us {r['today_gbs']:.0f} GB/s ({r['today_pct']:.0f}%), best "
                      f"{r['best_label']} ({r['best_splits']} splits) {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s "
                      f"({r['best_pct']:.0f}%): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
@@ -478,7 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
     ap.add_argument("--compile-only", action="store_true", help="compile stage 1's variants for sm_90, no GPU")
+    ap.add_argument("--attn-only", action="store_true", help="GPU: the attention sweeps only (the whole budget)")
+    ap.add_argument("--kv", default="bf16", help="GPU: the attention sweeps' KV pool dtypes, comma-separated: bf16, fp8")
     args = ap.parse_args(argv)
+    args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]
+    if bad := [k for k in args.kv if k not in KV_DTYPES]:
+        ap.error(f"--kv {','.join(bad)}: choose from {', '.join(KV_DTYPES)}")
     if args.compile_only:
         return compile_only(args)
     if args.device == "cpu":

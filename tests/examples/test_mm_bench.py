@@ -112,6 +112,34 @@ def test_gpu_flow_on_the_cpu(monkeypatch) -> None:
     assert att["timed"] == 3 and "attention B=4" in text
 
 
+def test_attention_only_flow_over_bf16_and_fp8_pools(monkeypatch) -> None:
+    """``--attn-only --kv bf16,fp8``: no GEMM case, one attention sweep per (batch, pool dtype); the fp8 pool's
+    case reads half the bytes and is checked against the float64 reference over the e4m3 values; an fp8 launch
+    one position short is failed there too. The CLI refuses an unknown pool dtype in one line."""
+    rng = random.Random(1)
+    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
+    monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
+    abad = M.AttnCfg(2, 16, 4, 2, True)
+    monkeypatch.setattr(M, "attn_space", lambda B: [M.AttnCfg(1, 16, 2, 1, True), abad, M.AttnCfg()])
+    real_attn = M.kernels.decode_attn
+    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
+                        real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
+    for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
+                      ("POS_HI", 60)):
+        monkeypatch.setattr(M, name, val)
+    assert {j[-1] for j in M.stage1_jobs({}, (4,), ("fp8",)) if j[0] == "attn"} == {True}
+    args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01, attn_only=True, kv=["bf16", "fp8"])
+    res = M.gpu(args, device="cpu", shapes={"qkv": (48, 128)}, layers=2, attn_bs=(4,))
+    assert res["cases"] == [] and [(a["B"], a["kv"]) for a in res["attention"]] == [(4, "bf16"), (4, "fp8")]
+    bf, f8 = res["attention"]
+    assert f8["kv_mb"] == pytest.approx(bf["kv_mb"] / 2, rel=0.3)  # positions drawn per case
+    for a in (bf, f8):
+        assert a["n_failed"] == 1 and a["failed"][0].startswith(abad.label()) and a["timed"] == 3
+    assert "attention B=4 fp8" in M.table(res)
+    with pytest.raises(SystemExit):
+        M.main(["--attn-only", "--kv", "fp4"])
+
+
 def test_heaviest_variants_compile_for_the_h200() -> None:
     """The heaviest GEMM variants (BLOCK_M 64 x BLOCK_N 256 accumulators, 5 stages of tiles, split-K's
     reduction) and attention variants compile for sm_90 through the bench's ahead-of-time path
