@@ -108,6 +108,7 @@ def _profile_step(fm: FastModel, rec: dict, step: dict, ref, ref_dec, long, prom
     k = step["knobs"]
     fm.set_kernels(k.get("kernels", "torch"))
     fm.set_prefill_attn(k.get("prefill_attn", "torch"))
+    fm.set_decode_attn(k.get("decode_attn", "default"))
     batch = min(burst, int(k.get("max_batch_size", 8)) if k.get("batching") == "on" else 1)
     pack = int(k.get("prefill_pack", 0))
     wave = prompts[:batch]

@@ -102,18 +102,22 @@ def test_kernels_knob_and_engine_steps() -> None:
     steps = json.loads((GPU / "engine_steps.json").read_text())
     full = [target.validate_knobs(s["knobs"]) for s in steps]
     assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton", "triton-gemv", "triton-mv",
-                                                "triton-mv"]
+                                                "triton-mv", "triton-mm"]
     assert [(k["max_batch_size"], k["prefill_pack"], k["prefill_attn"]) for k in full] == [
         (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused"), (64, 32768, "fused"),
-        (64, 32768, "fused"), (64, 32768, "fused")]
-    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"]  # step 8: the overlap schedule
+        (64, 32768, "fused"), (64, 32768, "fused"), (64, 32768, "fused-batched")]
+    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"] * 2  # step 8: the overlap schedule
+    assert [k.get("decode_attn") for k in full[4:]] == ["default"] * 3 + ["lowp"]  # step 10
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
-    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(full[-2], port=8000, model="/m", source="/s")[2:])
     assert (args.kernels, args.cuda_graphs, args.engine) == ("triton-mv", "on", "fast")
     assert (args.max_batch_size, args.prefill_pack, args.prefill_attn) == (64, 32768, "fused")
-    assert args.overlap_schedule == "on" and parse(target.render(full[-2], port=8000, model="/m",
+    assert args.overlap_schedule == "on" and parse(target.render(full[-3], port=8000, model="/m",
                                                                  source="/s")[2:]).overlap_schedule == "off"
+    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    assert (args.kernels, args.prefill_attn, args.decode_attn, args.prefill_rounds) == (
+        "triton-mm", "fused-batched", "lowp", 1)
 
 
 @pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])

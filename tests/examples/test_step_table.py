@@ -114,7 +114,7 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
     assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
     assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
-    assert fm.kernels == "triton-mv" and fm.prefill_attn == "fused"  # the last step's settings
+    assert (fm.kernels, fm.prefill_attn, fm.decode_attn) == ("triton-mm", "fused-batched", "lowp")  # the last step's settings
     # The graph step's logits against the first step's: the Triton GEMVs (B decode at batch 1) agree.
     assert out[0]["decode_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True,
                                       "greedy16_same_as_first": 16}
