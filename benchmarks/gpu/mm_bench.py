@@ -120,13 +120,15 @@ def variant(c: MmCfg, m: int) -> tuple:
     return ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1)
 
 
-def attn_space(B: int) -> list[AttnCfg]:
+def attn_space(B: int, fp8: bool = False) -> list[AttnCfg]:
     """splits (today's rule, 1, 2, 3, 4 at batch >= 32; 8, 16 below) x BLOCK_N 16..128 x warps 2/4/8 x stages
-    1..4 (BLOCK_N 128: 8 warps only) x float32 or bf16 dots, and today's launch."""
+    1..4 (BLOCK_N 128: 8 warps only) x float32 or bf16 dots, and today's launch; over an fp8 pool the bf16-dot
+    ones also with the tiles widened in registers before shared memory (``reg=True``, the kernels' LOWP 3)."""
     splits = (0, 1, 2, 3, 4) if B >= 32 else (0, 1, 2, 4, 8, 16)
     cands = [AttnCfg(s, bn, w, st, lp) for s, bn, w, st, lp in
              itertools.product(splits, (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (False, True))]
-    return [c for c in cands if c.block_n < 128 or c.warps == 8] + [AttnCfg()]
+    cands = [c for c in cands if c.block_n < 128 or c.warps == 8]
+    return cands + ([replace(c, reg=True) for c in cands if c.lowp] if fp8 else []) + [AttnCfg()]
 
 
 def attn_splits(c: AttnCfg, B: int) -> int:
@@ -137,11 +139,12 @@ def attn_variants(B: int, fp8: bool = False) -> set[tuple]:
     """("attn", split?, BLOCK_N, warps, stages, LOWP[, True: an fp8 pool]) per config, ("attn_red", BLOCK_S) per
     split count."""
     out = set()
-    for c in attn_space(B):
+    for c in attn_space(B, fp8):
         s = attn_splits(c, B)
         per = triton.cdiv(ATTN_CTX, s)
         bn = c.block_n or (min(64, max(16, triton.next_power_of_2(per))) if s > 1 else 64)
-        out.add(("attn", s > 1, bn, c.warps, c.stages, int(c.lowp), *((True,) if fp8 else ())))
+        lowp = (3 if fp8 and c.reg else 1) if c.lowp else 0  # the kernels' LOWP (AttnCfg.lowp_mode on the GPU)
+        out.add(("attn", s > 1, bn, c.warps, c.stages, lowp, *((True,) if fp8 else ())))
         if s > 1:
             out.add(("attn_red", max(8, triton.next_power_of_2(s))))
     return out
@@ -170,18 +173,21 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
             if part:
                 kernels._splitk_reduce_kernel.warmup(f32, bf, n, 4, bm * n, n, n, grid=(1,),
                                                      BLOCK=kernels.MM_RED_BLOCK, num_warps=4)
-        elif job[0] == "attn":  # ("attn", split, block_n, warps, stages, lowp[, fp8 KV pool])
+        elif job[0] == "attn":  # ("attn", split, block_n, warps, stages, LOWP[, fp8 KV pool])
             _, split, bn, w, st, lowp, *kv8 = job
             kv = torch.float8_e4m3fn if kv8 and kv8[0] else bf
             s_kb, s_kh = NKV * ATTN_CTX * HD, ATTN_CTX * HD
             meta = dict(G=NH // NKV, HD=HD, BLOCK_G=16, BLOCK_D=HD, BLOCK_N=bn, PREC="tf32", LOWP=lowp, num_warps=w,
                         num_stages=st, grid=(1,))
             if split:
-                kernels._decode_attn_split_kernel.warmup(bf, kv, kv, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
-                                                         0.1, NH * HD, HD, s_kb, s_kh, HD, NH=NH, **meta)
+                ck = kernels._decode_attn_split_kernel.warmup(bf, kv, kv, torch.int64, f32, f32, f32, ATTN_CTX, 2, 512,
+                                                              0.1, NH * HD, HD, s_kb, s_kh, HD, NH=NH, **meta)
             else:
-                kernels._decode_attn_kernel.warmup(bf, kv, kv, torch.int64, bf, ATTN_CTX, 0.1, NH * HD, HD, s_kb,
-                                                   s_kh, HD, NH * HD, **meta)
+                ck = kernels._decode_attn_kernel.warmup(bf, kv, kv, torch.int64, bf, ATTN_CTX, 0.1, NH * HD, HD, s_kb,
+                                                        s_kh, HD, NH * HD, **meta)
+            if inspect:  # byte-wide reads from shared memory: an fp8 operand gathered along the context
+                rec["byte_loads"] = ck.asm["ptx"].count("ld.shared.b8")
+                rec["ldmatrix"] = ck.asm["ptx"].count("ldmatrix")
         elif job[0] == "rope":  # ("rope", rows per program (1: the decode step's kernel), fp8 KV pool)
             _, rows, kv8 = job
             kv, i64 = (torch.float8_e4m3fn if kv8 else bf), torch.int64
@@ -197,7 +203,7 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
             kernels._attn_reduce_kernel.warmup(f32, f32, f32, bf, NH * HD, 2, NH=NH, HD=HD, BLOCK_S=job[1],
                                                BLOCK_D=HD, num_warps=1, grid=(1,))
     except Exception as exc:
-        rec["error"] = repr(exc)[:400]
+        rec["error"] = repr(exc)[-1500:]
         return rec
     rec["s"] = round(time.perf_counter() - t, 3)
     return rec
@@ -301,7 +307,7 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
     cs = AttnCase(B, device, gen, kv)
     today = AttnCfg()
     cs.time_cfg(today, 3)
-    space_b = attn_space(B)
+    space_b = attn_space(B, kv == "fp8")
     G._tune([cs], {id(cs): [c for c in space_b if c != today]}, until)
     fin = {c: cs.time_cfg(c, reps) for c in dict.fromkeys([today, *cs.best(3)])}
     best = min(fin, key=fin.get)
@@ -425,8 +431,8 @@ def attn_table(rows: list[dict], margin: float) -> str:
     lines = ["ATTN_CONFIGS = {"]
     for r in rows:
         if r["speedup"] > 1.0 + margin:
-            s, bn, w, st, lp = r["best_cfg"]
-            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}),  # {r.get('kv', 'bf16')} pool: "
+            s, bn, w, st, lp, reg = r["best_cfg"]
+            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}{', reg=True' if reg else ''}),  # {r.get('kv', 'bf16')} pool: "
                          f"{r['best_us']:.1f} vs {r['today_us']:.1f} us")
     return "\n".join(lines + ["}"])
 

@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -367,8 +367,13 @@ if HAVE_TRITON:
         # LOWP 1's arithmetic with float32 dots (the CPU interpreter, which has no bf16 dot).
         # "The cache's dtype" is the activations' (QP's, bf16): an fp8 pool's K and V are widened to it first
         # (exact: e4m3 values are bf16 values), so LOWP 1 stays a bf16 MMA and LOWP 0 a tf32 one.
+        # LOWP 3: LOWP 1 over an fp8 pool widened in registers right after each load, behind an identity
+        # marked impure (inline PTX, compiled kernels only), which the compiler neither moves nor removes: so
+        # the tiles reach the MMA through shared memory as bf16 (ldmatrix); under LOWP 1 the compiler sinks
+        # the conversion past shared memory and P @ V's operand, gathered along the context, is read back
+        # from it a byte at a time (sm_90).
         cdt = QP.dtype.element_ty
-        if LOWP == 1:
+        if LOWP == 1 or LOWP == 3:
             q = q.to(cdt)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.full([BLOCK_G], 0.0, tl.float32)
@@ -378,7 +383,9 @@ if HAVE_TRITON:
             cm = cols < hi
             kvm = cm[:, None] & dm[None, :]
             k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
-            if LOWP == 1:
+            if LOWP == 3:
+                k = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [k.to(cdt)], dtype=cdt, is_pure=False, pack=2)
+            if LOWP == 1 or LOWP == 3:
                 s = tl.dot(q, tl.trans(k.to(cdt))) * qk_scale
             else:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * qk_scale
@@ -388,7 +395,9 @@ if HAVE_TRITON:
             pe = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(pe, 1, _add)
             v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
-            if LOWP == 1:
+            if LOWP == 3:
+                v = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v.to(cdt)], dtype=cdt, is_pure=False, pack=2)
+            if LOWP == 1 or LOWP == 3:
                 pv = tl.dot(pe.to(cdt), v.to(cdt))
             elif LOWP == 2:
                 pv = tl.dot(pe.to(cdt).to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -946,15 +955,21 @@ class AttnCfg:
     warps: int = 4
     stages: int = 2
     lowp: bool = False  # dots in the cache's dtype (bf16 MMA) instead of K/V widened to float32 (tf32)
+    reg: bool = False  # lowp over an fp8 pool: K/V widened in registers before shared memory (LOWP 3), not
+    # after (the compiler's placement: byte loads from shared memory on sm_90). Off until the H200 has timed it.
 
     def label(self) -> str:
-        return f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}{'b' if self.lowp else ''}"
+        return (f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}{'b' if self.lowp else ''}"
+                f"{'r' if self.reg else ''}")
 
-    def lowp_mode(self, q: torch.Tensor) -> int:
-        """The kernels' LOWP: 0 (float32 dots), 1 (bf16/fp16 MMA, CUDA), 2 (the same arithmetic interpreted)."""
+    def lowp_mode(self, q: torch.Tensor, K: torch.Tensor | None = None) -> int:
+        """The kernels' LOWP: 0 (float32 dots), 1 (bf16/fp16 MMA, CUDA), 2 (the same arithmetic interpreted),
+        3 (1 over an fp8 pool ``K``, widened in registers: ``reg``)."""
         if not self.lowp or q.dtype == torch.float32:
             return 0
-        return 1 if q.is_cuda else 2
+        if not q.is_cuda:
+            return 2
+        return 3 if self.reg and K is not None and K.dtype == torch.float8_e4m3fn else 1
 
 
 # Per (batch bucket, context bucket): to be filled from benchmarks/gpu/mm_bench.py's attention sweep on the
@@ -977,14 +992,16 @@ ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {
     (4, 1024): AttnCfg(8, 32, 2, 3, True),  # 7.6 vs 11.9 us
 }
 ATTN_LOWP_DEFAULT = AttnCfg(lowp=True)
-DECODE_ATTN = ("default", "lowp")
-"""--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch) or ``lowp``."""
+DECODE_ATTN = ("default", "lowp", "lowp-reg")
+"""--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch), ``lowp``, or ``lowp-reg``
+(``lowp`` with an fp8 pool's tiles widened in registers, AttnCfg.reg; the same as ``lowp`` over a bf16 pool)."""
 
 
 def decode_attn_config(how: str, B: int, ctx: int) -> AttnCfg:
     """The AttnCfg the engine launches decode attention with under ``--decode-attn how``."""
-    if how == "lowp":
-        return ATTN_LOWP.get((B, ctx), ATTN_LOWP_DEFAULT)
+    if how in ("lowp", "lowp-reg"):
+        cfg = ATTN_LOWP.get((B, ctx), ATTN_LOWP_DEFAULT)
+        return replace(cfg, reg=True) if how == "lowp-reg" else cfg
     if how == "default":
         return attn_config(B, ctx)
     raise ValueError(f"unknown decode attention {how!r}; choose from {list(DECODE_ATTN)}")
@@ -1034,7 +1051,7 @@ def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, laye
         q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
         NH=nh, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q), num_warps=cfg.warps,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q, K), num_warps=cfg.warps,
         num_stages=cfg.stages)
     return m, lsum, acc
 
@@ -1084,7 +1101,7 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
                                   q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2), o.stride(0),
                                   G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
                                   BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=cfg.block_n or 64,
-                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q),
+                                  PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q, K),
                                   num_warps=cfg.warps, num_stages=cfg.stages)
     return o
 

@@ -493,10 +493,12 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                          " reading the KV pool in place (GQA, no repeated copy); fused-batched: fused, and a burst's"
                          " whole prompts of one length in consecutive slots attend in one SDPA call per 2**k of them;"
                          " torch: rotate-half and copies")
-    ap.add_argument("--decode-attn", choices=["default", "lowp"], default="default",
+    ap.add_argument("--decode-attn", choices=["default", "lowp", "lowp-reg"], default="default",
                     help="fast engine with --kernels triton*: the Triton decode attention's dots; lowp: q and the"
                          " bf16 cache multiplied in bf16 MMA (not widened to tf32), with the launch tuned on the H200"
-                         " (hfkernels.ATTN_LOWP): fewer bytes in registers, other rounding (the gates judge it)")
+                         " (hfkernels.ATTN_LOWP): fewer bytes in registers, other rounding (the gates judge it);"
+                         " lowp-reg: lowp, with an fp8 KV pool's tiles widened to bf16 in registers (not read back"
+                         " from shared memory a byte at a time)")
     ap.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto",
                     help="fast engine with --kernels triton*: the KV pool's dtype; fp8: float8 e4m3 with scale 1"
                          " (vLLM's --kv-cache-dtype fp8 without calibrated scales), half the bytes each decode step's"

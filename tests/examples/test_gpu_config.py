@@ -129,7 +129,8 @@ def test_server_refuses_triton_kernels_without_graphs(argv: list[str]) -> None:
     assert parse(["--model", "/m", "--port", "1", *argv]).kernels == "torch"
 
 
-@pytest.mark.parametrize(("knob", "value", "default"), [("decode_attn", "lowp", "default"), ("kv_cache_dtype", "fp8", "auto")])
+@pytest.mark.parametrize(("knob", "value", "default"), [
+    ("decode_attn", "lowp", "default"), ("decode_attn", "lowp-reg", "default"), ("kv_cache_dtype", "fp8", "auto")])
 def test_triton_only_knobs_exist_only_with_the_triton_kernels(knob: str, value: str, default: str) -> None:
     """--decode-attn (bf16 dots + the H200 launch table) and --kv-cache-dtype (an fp8 pool) are knobs only where
     the Triton kernels run: CUDA graphs and kernels other than torch; rendered, they parse; asked for without

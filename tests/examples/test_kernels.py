@@ -651,3 +651,20 @@ def test_decode_attn_launch_config(cfg, monkeypatch) -> None:
     monkeypatch.setitem(K.ATTN_CONFIGS, (B, CTX), cfg)
     assert close(K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale), want, dtype)
     assert seen == ([] if cfg.splits == 1 else [(cfg.splits, cfg)])
+
+
+def test_attention_launch_modes_per_device_and_pool() -> None:
+    """AttnCfg.lowp_mode: float32 dots without lowp or for float32 q; bf16 MMA (1) on the GPU, its interpreted
+    twin (2) on the CPU; over an fp8 pool on the GPU, LOWP 3 (tiles widened in registers) only with reg=True."""
+    from types import SimpleNamespace as NS
+
+    cuda_q, cpu_q = NS(dtype=torch.bfloat16, is_cuda=True), NS(dtype=torch.bfloat16, is_cuda=False)
+    fp8, bf16 = NS(dtype=torch.float8_e4m3fn), NS(dtype=torch.bfloat16)
+    lp, reg = K.AttnCfg(lowp=True), K.AttnCfg(lowp=True, reg=True)
+    assert K.AttnCfg().lowp_mode(cuda_q, fp8) == 0 and lp.lowp_mode(NS(dtype=torch.float32, is_cuda=True)) == 0
+    assert lp.lowp_mode(cuda_q, fp8) == lp.lowp_mode(cuda_q, bf16) == reg.lowp_mode(cuda_q, bf16) == 1
+    assert reg.lowp_mode(cuda_q, fp8) == 3 and reg.lowp_mode(cpu_q, fp8) == 2 and reg.label().endswith("br")
+    # --decode-attn lowp-reg: lowp's launch (the table's, else the default) with reg on; lowp's without it
+    for B, ctx in [(64, 1024), (4, 1024), (2, 512)]:
+        lo, lr = K.decode_attn_config("lowp", B, ctx), K.decode_attn_config("lowp-reg", B, ctx)
+        assert lo.lowp and not lo.reg and lr == K.replace(lo, reg=True)

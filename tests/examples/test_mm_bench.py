@@ -90,7 +90,7 @@ def test_gpu_flow_on_the_cpu(monkeypatch) -> None:
     monkeypatch.setattr(M.MmCase, "launch", lambda self, x, w, c: launch(self, x, w, c) if c != bad else
                         M.kernels.mm_gemm(x, w, c, nt_short=1))
     abad = M.AttnCfg(2, 16, 4, 2)
-    monkeypatch.setattr(M, "attn_space", lambda B: [M.AttnCfg(1, 16, 2, 1), abad, M.AttnCfg()])
+    monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: [M.AttnCfg(1, 16, 2, 1), abad, M.AttnCfg()])
     real_attn = M.kernels.decode_attn
     monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
                         real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
@@ -120,7 +120,7 @@ def test_attention_only_flow_over_bf16_and_fp8_pools(monkeypatch) -> None:
     monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
     monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
     abad = M.AttnCfg(2, 16, 4, 2, True)
-    monkeypatch.setattr(M, "attn_space", lambda B: [M.AttnCfg(1, 16, 2, 1, True), abad, M.AttnCfg()])
+    monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: [M.AttnCfg(1, 16, 2, 1, True), abad, M.AttnCfg()])
     real_attn = M.kernels.decode_attn
     monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
                         real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
@@ -144,7 +144,9 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     """The heaviest GEMM variants (BLOCK_M 64 x BLOCK_N 256 accumulators, 5 stages of tiles, split-K's
     reduction) and attention variants compile for sm_90 through the bench's ahead-of-time path
     (``_compile`` with gemv_bench's ``_AOTDriver``), wgmma (warp_group_dot) where the dot's M side is 64+; the
-    decode attention and the RoPE + KV store kernels over an fp8 pool (--kv-cache-dtype fp8) too.
+    decode attention and the RoPE + KV store kernels over an fp8 pool (--kv-cache-dtype fp8) too. Over an fp8
+    pool, bf16 dots (LOWP 1) read P @ V's operand from shared memory a byte at a time; with the tiles widened
+    in registers first (LOWP 3, AttnCfg.reg) no byte is read alone and the tiles go through ldmatrix, as bf16's do.
     Compiled, not interpreted: a subprocess."""
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
@@ -154,8 +156,10 @@ import mm_bench as M
 jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
         ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2, 1), ("attn", False, 128, 8, 4, 0),
         ("attn_red", 16), ("attn", True, 32, 2, 3, 1, True), ("attn", False, 64, 4, 2, 0, True), ("rope", 1, True),
-        ("rope", 16, True), ("rope", 16, False)]
+        ("rope", 16, True), ("rope", 16, False), ("attn", True, 32, 2, 3, 3, True), ("attn", False, 32, 2, 3, 3, True),
+        ("attn", False, 32, 2, 3, 1, True), ("attn", False, 32, 2, 3, 1)]
 recs = [M._compile(j, 4096, 4096, 90, True) for j in jobs]
+print("bytes", [r.get("byte_loads") for r in recs[-4:]], "ldmatrix", [r.get("ldmatrix") for r in recs[-4:]])
 bad = [r for r in recs if "error" in r]
 print("errors", bad)
 print("wgmma", [r.get("wgmma") for r in recs[:3]])
@@ -164,5 +168,9 @@ print("compiled", len(recs) - len(bad))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    assert "compiled 11" in res.stdout, res.stdout[-2000:]
+    assert "compiled 15" in res.stdout, res.stdout[-2000:]
+    nbytes, nld = (json.loads(x) for x in res.stdout.split("bytes ")[1].split("\n")[0].split(" ldmatrix "))
+    # fp8 LOWP 3 split and unsplit: no byte loads; fp8 LOWP 1: byte loads; bf16 LOWP 1: none
+    assert nbytes[0] == nbytes[1] == nbytes[3] == 0 < nbytes[2], res.stdout[-2000:]
+    assert nld[1] == nld[3] > nld[2], res.stdout[-2000:]  # the widened fp8 tiles take bf16's ldmatrix path
     assert "wgmma [True, True, True]" in res.stdout, res.stdout[-2000:]  # SWAP: wgmma at 16 rows too
