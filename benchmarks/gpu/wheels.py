@@ -11,6 +11,7 @@ downloaded for CPython 3.12 on manylinux x86_64 (the device README's recipe), on
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -55,6 +56,10 @@ def closure(roots: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    venv = ROOT / ".venv" / "bin" / "python"
+    if venv.exists() and Path(sys.prefix).resolve() != venv.parent.parent.resolve():
+        # Another interpreter (python3 on PATH) would read its own packages' versions, not the tests' ones.
+        os.execv(venv, [str(venv), __file__, *(sys.argv[1:] if argv is None else argv)])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dest", default=str(ROOT / ".whl"))
     ap.add_argument("--dry-run", action="store_true", help="print the NAME==VERSION list only")
