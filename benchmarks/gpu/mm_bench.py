@@ -27,8 +27,9 @@ Attention. ``decode_attn`` (hfkernels.py: ``_decode_attn_kernel`` unsplit, ``_de
 511..639 (C's served range; context bucket 1024), graphs of 20 calls over 16 layers' KV (4.3 GB, never in
 L2): every splits x BLOCK_N x warps x stages x bf16-or-float32 dots (``attn_space()``) against today's launch
 (``AttnCfg()``: K/V widened to float32, tf32 dots),
-GB/s of K/V actually read (sum over rows of (pos + 1) x 8 heads x 128 x 2 bytes x 2). It prints the
-``ATTN_CONFIGS`` entries that beat today's by more than the margin.
+GB/s of K/V actually read (sum over rows of (pos + 1) x 8 heads x 128 x 2 bytes x 2; x 1 byte over an fp8 pool).
+It prints the ``ATTN_CONFIGS`` entries that beat today's by more than the margin, and with ``--kv fp8`` the
+``ATTN_LOWP_FP8`` ones (bf16-dot winners over the fp8 pool, with or without ``reg``).
 
 GPU command (one ``nvidia-h200`` call, from the repository root; ~130 s: ~15 s of parallel compiles, the
 budget's tuning, finals and the attention sweep)::
@@ -428,12 +429,23 @@ def attn_part(res: dict, args, attn_bs, kvs, device: str, gen, log, t0: float, b
 
 
 def attn_table(rows: list[dict], margin: float) -> str:
-    lines = ["ATTN_CONFIGS = {"]
+    """hfkernels' table entries of the winners by more than ``margin``: ATTN_CONFIGS (a bf16 pool) and
+    ATTN_LOWP_FP8 (an fp8 pool's, when swept)."""
+    out = []
+    for kv, name in (("bf16", "ATTN_CONFIGS"), ("fp8", "ATTN_LOWP_FP8")):
+        part = [r for r in rows if r.get("kv", "bf16") == kv]
+        if part or kv == "bf16":
+            out.append(_attn_entries(part, margin, name))
+    return "\n".join(out)
+
+
+def _attn_entries(rows: list[dict], margin: float, name: str) -> str:
+    lines = [f"{name} = {{"]
     for r in rows:
-        if r["speedup"] > 1.0 + margin:
-            s, bn, w, st, lp, reg = r["best_cfg"]
-            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}{', reg=True' if reg else ''}),  # {r.get('kv', 'bf16')} pool: "
-                         f"{r['best_us']:.1f} vs {r['today_us']:.1f} us")
+        s, bn, w, st, lp, reg = r["best_cfg"]
+        if r["speedup"] > 1.0 + margin and (lp or name == "ATTN_CONFIGS"):  # ATTN_LOWP_FP8 serves --decode-attn lowp*
+            lines.append(f"    ({r['B']}, {r['ctx']}): AttnCfg({s}, {bn}, {w}, {st}, {lp}{', reg=True' if reg else ''}),"
+                         f"  # {r.get('kv', 'bf16')} pool: {r['best_us']:.1f} vs {r['today_us']:.1f} us")
     return "\n".join(lines + ["}"])
 
 

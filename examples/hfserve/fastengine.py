@@ -179,7 +179,9 @@ class FastModel:
 
     def _attn_kw(self, B: int, ctx: int) -> dict[str, Any]:
         """decode_attn's launch for this (batch, context) bucket under --decode-attn (host ints: one plan per graph)."""
-        return {} if self.decode_attn == "default" else {"cfg": kernels_mod.decode_attn_config(self.decode_attn, B, ctx)}
+        if self.decode_attn == "default":
+            return {}
+        return {"cfg": kernels_mod.decode_attn_config(self.decode_attn, B, ctx, self.kv_fp8)}
 
     @property
     def kv_fp8(self) -> bool:

@@ -992,15 +992,19 @@ ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {
     (4, 1024): AttnCfg(8, 32, 2, 3, True),  # 7.6 vs 11.9 us
 }
 ATTN_LOWP_DEFAULT = AttnCfg(lowp=True)
+# The same over an fp8 pool (--kv-cache-dtype fp8), where mm_bench.py --attn-only --kv fp8 measured the bucket
+# (it prints these entries); an unlisted bucket takes ATTN_LOWP's launch. Empty: no fp8 sweep on the H200 yet.
+ATTN_LOWP_FP8: dict[tuple[int, int], AttnCfg] = {}
 DECODE_ATTN = ("default", "lowp", "lowp-reg")
 """--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch), ``lowp``, or ``lowp-reg``
 (``lowp`` with an fp8 pool's tiles widened in registers, AttnCfg.reg; the same as ``lowp`` over a bf16 pool)."""
 
 
-def decode_attn_config(how: str, B: int, ctx: int) -> AttnCfg:
-    """The AttnCfg the engine launches decode attention with under ``--decode-attn how``."""
+def decode_attn_config(how: str, B: int, ctx: int, kv_fp8: bool = False) -> AttnCfg:
+    """The AttnCfg the engine launches decode attention with under ``--decode-attn how`` (over an fp8 pool:
+    ``kv_fp8``, ATTN_LOWP_FP8's launch where it lists the bucket)."""
     if how in ("lowp", "lowp-reg"):
-        cfg = ATTN_LOWP.get((B, ctx), ATTN_LOWP_DEFAULT)
+        cfg = (kv_fp8 and ATTN_LOWP_FP8.get((B, ctx))) or ATTN_LOWP.get((B, ctx), ATTN_LOWP_DEFAULT)
         return replace(cfg, reg=True) if how == "lowp-reg" else cfg
     if how == "default":
         return attn_config(B, ctx)

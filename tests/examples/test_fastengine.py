@@ -889,6 +889,24 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     assert not close(run("lowp")[0], want)  # both ways: one cache column short is caught
 
 
+@torch.inference_mode()
+def test_the_engine_asks_for_its_pools_launch(interpreted, monkeypatch) -> None:
+    """The engine's decode attention launch comes from decode_attn_config with its own pool's dtype: an fp8
+    pool takes ATTN_LOWP_FP8's entry, a bf16 pool ATTN_LOWP's; --decode-attn default passes none."""
+    import hfkernels as kernels
+
+    fp8cfg = kernels.AttnCfg(1, 64, 4, 1, True, True)
+    monkeypatch.setitem(kernels.ATTN_LOWP_FP8, (4, 1024), fp8cfg)
+    got = {}
+    for kv in ("auto", "fp8"):
+        fm = FastModel(_random_llama(torch.bfloat16), slots=4, capacity=64, kv_cache_dtype=kv)
+        fm.set_kernels("triton")
+        assert fm._attn_kw(4, 1024) == {}
+        fm.set_decode_attn("lowp")
+        got[kv] = fm._attn_kw(4, 1024)["cfg"]
+    assert got == {"auto": kernels.ATTN_LOWP[(4, 1024)], "fp8": fp8cfg}
+
+
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_decode_step(rounds) -> None:
     """prefill_rounds=2: a burst's first pass takes the prompts there when the worker woke; those that arrive

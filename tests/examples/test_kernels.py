@@ -668,3 +668,16 @@ def test_attention_launch_modes_per_device_and_pool() -> None:
     for B, ctx in [(64, 1024), (4, 1024), (2, 512)]:
         lo, lr = K.decode_attn_config("lowp", B, ctx), K.decode_attn_config("lowp-reg", B, ctx)
         assert lo.lowp and not lo.reg and lr == K.replace(lo, reg=True)
+        assert K.decode_attn_config("lowp", B, ctx, kv_fp8=True) == lo  # ATTN_LOWP_FP8 empty: lowp's launch
+
+
+def test_an_fp8_pool_takes_its_own_launch_table(monkeypatch) -> None:
+    """ATTN_LOWP_FP8 lists an fp8 pool's launch per bucket: --decode-attn lowp/lowp-reg over an fp8 pool take it
+    there, a bf16 pool and other buckets keep ATTN_LOWP's."""
+    fp8cfg = K.AttnCfg(1, 64, 4, 1, True, True)
+    monkeypatch.setitem(K.ATTN_LOWP_FP8, (64, 1024), fp8cfg)
+    assert K.decode_attn_config("lowp", 64, 1024, kv_fp8=True) == fp8cfg
+    assert K.decode_attn_config("lowp-reg", 64, 1024, kv_fp8=True) == fp8cfg
+    assert K.decode_attn_config("lowp", 64, 1024) == K.ATTN_LOWP[(64, 1024)]
+    assert K.decode_attn_config("lowp", 4, 1024, kv_fp8=True) == K.ATTN_LOWP[(4, 1024)]
+    assert K.decode_attn_config("default", 64, 1024, kv_fp8=True) == K.attn_config(64, 1024)

@@ -136,6 +136,7 @@ def test_attention_only_flow_over_bf16_and_fp8_pools(monkeypatch) -> None:
     for a in (bf, f8):
         assert a["n_failed"] == 1 and a["failed"][0].startswith(abad.label()) and a["timed"] == 3
     assert "attention B=4 fp8" in M.table(res)
+    assert res["attn_configs_py"].startswith("ATTN_CONFIGS = {") and "\nATTN_LOWP_FP8 = {" in res["attn_configs_py"]
     with pytest.raises(SystemExit):
         M.main(["--attn-only", "--kv", "fp4"])
 
