@@ -75,28 +75,33 @@ def test_smoke_catches_a_wrong_kernel(bug) -> None:
     assert M.main(["--device", "cpu", "--bug", bug]) == 1
 
 
+def _tiny_attention(monkeypatch, rng: random.Random, cfgs: list, bad) -> None:
+    """gpu()'s attention sweep on the CPU: seeded random times, ``cfgs`` as the space, ``bad`` made wrong (one
+    position short), the shapes shrunk to 4 q / 2 kv heads of 16 over a 64-column bucket."""
+    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
+    monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
+    monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: cfgs)
+    real_attn = M.kernels.decode_attn
+    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
+                        real_attn(q, K_, V_, li, B, pos - int(cfg == bad), ctx, scale, cfg=cfg))
+    for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
+                      ("POS_HI", 60)):
+        monkeypatch.setattr(M, name, val)
+
+
 def test_gpu_flow_on_the_cpu(monkeypatch) -> None:
     """``gpu()`` end to end on tiny shapes, interpreted, timing stubbed (seeded random times): stage 1 and 2
     (3 configs, then 2 evict variants), finals, the MM_CONFIGS table (one entry per Triton winner), the step
     estimate and the attention sweep.
     A GEMM config made wrong (one K tile short) and an attention config made wrong are failed, never chosen."""
-    rng = random.Random(0)
-    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
-    monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
+    abad = M.AttnCfg(2, 16, 4, 2)
+    _tiny_attention(monkeypatch, random.Random(0), [M.AttnCfg(1, 16, 2, 1), abad, M.AttnCfg()], abad)
     bad, good = M.MmCfg(16, 64, 4, 1), [M.MmCfg(16, 64, 4, 2), M.MmCfg(32, 32, 4, 1, 2, True)]
     monkeypatch.setattr(M, "space", lambda n, k, m, stage=1, around=None: [bad, *good] if stage == 1 else
                         [M.replace(c, evict="") for c in around or []])
     launch = M.MmCase.launch
     monkeypatch.setattr(M.MmCase, "launch", lambda self, x, w, c: launch(self, x, w, c) if c != bad else
                         M.kernels.mm_gemm(x, w, c, nt_short=1))
-    abad = M.AttnCfg(2, 16, 4, 2)
-    monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: [M.AttnCfg(1, 16, 2, 1), abad, M.AttnCfg()])
-    real_attn = M.kernels.decode_attn
-    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
-                        real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
-    for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
-                      ("POS_HI", 60)):
-        monkeypatch.setattr(M, name, val)
     shapes = {"qkv": (48, 128), "o": (32, 64), "gate_up": (64, 64), "down": (32, 128), "lm_head": (40, 64)}
     args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01)
     res = M.gpu(args, device="cpu", shapes=shapes, layers=2, attn_bs=(4,))
@@ -116,17 +121,8 @@ def test_attention_only_flow_over_bf16_and_fp8_pools(monkeypatch) -> None:
     """``--attn-only --kv bf16,fp8``: no GEMM case, one attention sweep per (batch, pool dtype); the fp8 pool's
     case reads half the bytes and is checked against the float64 reference over the e4m3 values; an fp8 launch
     one position short is failed there too. The CLI refuses an unknown pool dtype in one line."""
-    rng = random.Random(1)
-    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
-    monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
     abad = M.AttnCfg(2, 16, 4, 2, True)
-    monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: [M.AttnCfg(1, 16, 2, 1, True), abad, M.AttnCfg()])
-    real_attn = M.kernels.decode_attn
-    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
-                        real_attn(q, K_, V_, li, B, pos - int(cfg == abad), ctx, scale, cfg=cfg))
-    for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
-                      ("POS_HI", 60)):
-        monkeypatch.setattr(M, name, val)
+    _tiny_attention(monkeypatch, random.Random(1), [M.AttnCfg(1, 16, 2, 1, True), abad, M.AttnCfg()], abad)
     assert {j[-1] for j in M.stage1_jobs({}, (4,), ("fp8",)) if j[0] == "attn"} == {True}
     args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01, attn_only=True, kv=["bf16", "fp8"])
     res = M.gpu(args, device="cpu", shapes={"qkv": (48, 128)}, layers=2, attn_bs=(4,))
