@@ -356,6 +356,12 @@ if HAVE_TRITON:
             tl.store(VL + off, _kv_cast(v, VL.dtype.element_ty, KV_EMU), mask=m2)
 
     @triton.jit
+    def _widen_reg(x, QP):
+        # LOWP 3's widening of an fp8 tile to QP's dtype, behind an identity marked impure (see _attn_span)
+        cdt = QP.dtype.element_ty
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x.to(cdt)], dtype=cdt, is_pure=False, pack=2)
+
+    @triton.jit
     def _attn_span(q, QP, kbase, vbase, lo, hi, s_kp, qk_scale, d, dm, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
         # The online softmax both decode kernels share: the G query heads ``q`` of one (row, kv head)
@@ -384,7 +390,7 @@ if HAVE_TRITON:
             kvm = cm[:, None] & dm[None, :]
             k = tl.load(kbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
             if LOWP == 3:
-                k = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [k.to(cdt)], dtype=cdt, is_pure=False, pack=2)
+                k = _widen_reg(k, QP)
             if LOWP == 1 or LOWP == 3:
                 s = tl.dot(q, tl.trans(k.to(cdt))) * qk_scale
             else:
@@ -396,7 +402,7 @@ if HAVE_TRITON:
             l_i = l_i * alpha + tl.reduce(pe, 1, _add)
             v = tl.load(vbase + cols[:, None] * s_kp + d[None, :], mask=kvm, other=0.0)
             if LOWP == 3:
-                v = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v.to(cdt)], dtype=cdt, is_pure=False, pack=2)
+                v = _widen_reg(v, QP)
             if LOWP == 1 or LOWP == 3:
                 pv = tl.dot(pe.to(cdt), v.to(cdt))
             elif LOWP == 2:
