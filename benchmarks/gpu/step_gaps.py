@@ -7,6 +7,9 @@ the device times with CUDA graphs) and
 ``end`` whenever the batch emptied (a burst over).
 Per burst: steps, the steps at the burst's largest batch, and the median / mean gap between consecutive steps
 at that batch (ms): what the device did per step plus any time it waited for the host.
+With ``STEP_LOG.timeline`` beside it (the same engine's job arrivals ``J time`` and packed prefill passes
+``P prompts tokens start end device_ms``, flushed with the same bursts) each burst also gets its timeline from
+its first arrival: the arrivals' spread, every prefill pass (wall and device ms), the first and the last step.
 """
 
 from __future__ import annotations
@@ -54,14 +57,48 @@ def summary(burst: list[tuple]) -> dict:
     return out
 
 
+def timelines(text: str) -> list[dict]:
+    """The timeline file's bursts: arrivals (``J``) and packed prefill passes (``P``), one dict per ``end``."""
+    out, cur = [], {"jobs": [], "passes": []}
+    for line in text.splitlines():
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "end":
+            out.append(cur)
+            cur = {"jobs": [], "passes": []}
+        elif f[0] == "J":
+            cur["jobs"].append(float(f[1]))
+        elif f[0] == "P":
+            cur["passes"].append((int(f[1]), int(f[2]), float(f[3]), float(f[4]), float(f[5])))
+    return out
+
+
+def timeline(burst: list[tuple], tl: dict) -> dict:
+    """Where a burst's time went, ms from its first arrival: the arrivals' spread, each prefill pass (prompts,
+    tokens, start, wall and device ms; device -1 off the GPU), the first step's start and the last one's."""
+    t0 = min(tl["jobs"] + [p[2] for p in tl["passes"]] + [burst[0][1]])
+    ms = lambda t: round((t - t0) * 1000, 2)  # noqa: E731
+    return {"jobs": len(tl["jobs"]), "last_job_ms": ms(max(tl["jobs"])) if tl["jobs"] else None,
+            "passes": [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2),
+                        "device_ms": d} for n, k, a, b, d in tl["passes"]],
+            "prefill_wall_ms": round(sum(b - a for _, _, a, b, _ in tl["passes"]) * 1000, 2),
+            "first_step_ms": ms(burst[0][1]), "last_step_ms": ms(burst[-1][1])}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("log")
     ap.add_argument("--min-batch", type=int, default=1, help="only bursts whose largest batch is at least this")
     a = ap.parse_args(argv)
-    for b in bursts(Path(a.log).read_text()):
+    tl_path = Path(f"{a.log}.timeline")
+    tls = timelines(tl_path.read_text()) if tl_path.exists() else []
+    bs = bursts(Path(a.log).read_text())
+    for i, b in enumerate(bs):
         s = summary(b)
         if s["batch"] >= a.min_batch:
+            if len(tls) == len(bs):  # flushed together: the i-th of each is the same burst
+                s["timeline"] = timeline(b, tls[i])
             print(json.dumps(s))
 
 

@@ -652,6 +652,7 @@ class FastEngine:
     _ahead: _Ahead | None = None
     _step_log_path: str | None = None
     _profile_path: str | None = None
+    _timeline: deque | None = None
 
     def __init__(self, model_dir: str, *, dtype: str = "bfloat16", device: str = "cuda", max_batch_size: int = 8,
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
@@ -698,6 +699,9 @@ class FastEngine:
         # (the served step time, to set beside the client's inter-token latency; benchmarks/gpu/step_gaps.py).
         self._step_log_path = os.environ.get("HFSERVE_STEP_LOG") or None
         self._step_marks: list[tuple[int, float, float]] = []
+        # ... and beside it, FILE.timeline: each job's arrival (``J time``) and each packed prefill pass
+        # (``P prompts tokens start end device_ms``), same clock: where a burst's time goes before its first step.
+        self._timeline: deque | None = deque() if self._step_log_path else None
         self.overlap = bool(overlap_schedule)
         if self._step_log_path and self.decoder.use_graphs:
             self.decoder.timing = []
@@ -733,6 +737,8 @@ class FastEngine:
 
     def submit(self, job: Any) -> None:
         """Queue a job for the worker thread."""
+        if self._timeline is not None:
+            self._timeline.append(f"J {time.perf_counter():.6f}")
         self.jobs.put(job)
 
     # -- worker ------------------------------------------------------------------------
@@ -865,6 +871,14 @@ class FastEngine:
                 f.write(f"{PROFILE_STEPS} decode steps from the {PROFILE_SKIP}-th of a batch >= 32\n"
                         f"{self._profile_table(prof)}\n")
 
+    def _device_event(self) -> Any:
+        """A CUDA event recorded now on the current stream (None off the GPU): the timeline's device clock."""
+        if self.fm.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     def _flush_step_log(self) -> None:
         """Append the burst's steps: ``batch wall_time thread_cpu_time`` per step (the engine thread's CPU
         clock), and with CUDA graphs ``busy_ms idle_ms``: the graph's own time on the device and the device's
@@ -880,6 +894,12 @@ class FastEngine:
             f.write("".join(f"{n} {t:.6f} {c:.6f}{d}\n" for (n, t, c), d in zip(self._step_marks, dev, strict=True))
                     + "end\n")
         self._step_marks.clear()
+        if self._timeline is not None:
+            lines = []
+            while self._timeline:  # the event loop's thread appends arrivals meanwhile: popped one by one
+                lines.append(self._timeline.popleft())
+            with open(f"{self._step_log_path}.timeline", "a") as f:
+                f.write("".join(f"{x}\n" for x in lines) + "end\n")
         if self.decoder.timing is not None:
             self.decoder.timing = []
 
@@ -938,6 +958,8 @@ class FastEngine:
         rows = range(len(active), len(active) + len(group))
         parts = [(torch.tensor(s.req.prompt_ids, device=self.fm.device), row, 0) for s, row in zip(group, rows,
                                                                                                       strict=True)]
+        mark = self._timeline is not None
+        t0, ev0 = (time.perf_counter(), self._device_event()) if mark else (0.0, None)
         try:
             if self._profile_path and not self._prefill_profiled and used >= PROFILE_PREFILL_TOKENS:
                 logits = self._profile_prefill(parts, used)
@@ -948,7 +970,14 @@ class FastEngine:
             for s in group:
                 s.req.emit("error", str(exc))
             return used
+        ev1 = self._device_event() if mark else None
         firsts = self._greedy_firsts(group, logits)
+        if mark:
+            dev = -1.0
+            if ev0 is not None and ev1 is not None:
+                ev1.synchronize()
+                dev = ev0.elapsed_time(ev1)
+            self._timeline.append(f"P {len(group)} {used} {t0:.6f} {time.perf_counter():.6f} {dev:.3f}")
         # Sequences that finish at once leave holes: the next admitted one moves into the first hole.
         for s, row, lg, ev in zip(group, rows, logits, firsts, strict=True):
             s.pos, s.last, s.done_prompt = len(s.req.prompt_ids), -1, len(s.req.prompt_ids)

@@ -47,6 +47,14 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     assert [r[0] for r in burst] == [3, 3, 3, 2, 2, 1, 1, 1]
     assert (s["batch"], s["steps"], s["steps_at_batch"]) == (3, 8, 3) and s["gap_ms_p50"] > 0
     assert 0 < s["engine_cpu_ms_p50"] and "busy_ms_p50" not in s  # CPU: no graphs, no device times
+    # FILE.timeline, flushed with the same burst: the packed passes that took all 4 prompts, each before the
+    # first decode step (device ms -1: no GPU); no arrivals, as the harness queues its burst without submit().
+    [tl] = step_gaps.timelines(Path(f"{log}.timeline").read_text())
+    t = step_gaps.timeline(burst, tl)
+    assert t["jobs"] == 0 and sum(p["prompts"] for p in t["passes"]) == 4
+    assert sum(p["tokens"] for p in t["passes"]) == 16 and all(p["device_ms"] == -1 for p in t["passes"])
+    assert all(0 <= p["start_ms"] and p["start_ms"] + p["wall_ms"] <= t["first_step_ms"] for p in t["passes"])
+    assert t["first_step_ms"] < t["last_step_ms"]
 
 
 def test_step_gaps_reads_device_times() -> None:
@@ -60,6 +68,11 @@ def test_step_gaps_reads_device_times() -> None:
     s = step_gaps.summary(b)
     assert (s["batch"], s["steps_at_batch"], s["gap_ms_p50"], s["engine_cpu_ms_p50"]) == (64, 5, 8.6, 0.4)
     assert (s["busy_ms_p50"], s["idle_ms_p50"]) == (5.9, 2.7)
+    # The timeline beside it: 3 arrivals over 30 ms, one pass of 2 prompts at 10 ms, one of 1 after the first step.
+    [tl] = step_gaps.timelines("J 0.480\nJ 0.490\nP 2 1024 0.490 0.520 29.5\nJ 0.510\nP 1 512 0.5045 0.52 14.0\nend\n")
+    t = step_gaps.timeline(b, tl)
+    assert (t["jobs"], t["last_job_ms"], t["prefill_wall_ms"], t["first_step_ms"]) == (3, 30.0, 45.5, 20.0)
+    assert t["passes"][0] == {"prompts": 2, "tokens": 1024, "start_ms": 10.0, "wall_ms": 30.0, "device_ms": 29.5}
 
 
 def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
