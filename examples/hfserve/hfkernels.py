@@ -999,8 +999,11 @@ ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {
 }
 ATTN_LOWP_DEFAULT = AttnCfg(lowp=True)
 # The same over an fp8 pool (--kv-cache-dtype fp8), where mm_bench.py --attn-only --kv fp8 measured the bucket
-# (it prints these entries); an unlisted bucket takes ATTN_LOWP's launch. Empty: no fp8 sweep on the H200 yet.
-ATTN_LOWP_FP8: dict[tuple[int, int], AttnCfg] = {}
+# (it prints these entries; results/mm_attn_fp8_2026-12-04d.json); an unlisted bucket takes ATTN_LOWP's launch.
+# At batch 64 the fastest fp8 launch had float32 dots (34.2 vs 35.9 us), so no lowp entry; no `reg` launch was a finalist.
+ATTN_LOWP_FP8: dict[tuple[int, int], AttnCfg] = {
+    (4, 1024): AttnCfg(16, 64, 4, 2, True),  # fp8 pool: 7.7 vs 11.0 us
+}
 DECODE_ATTN = ("default", "lowp", "lowp-reg")
 """--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch), ``lowp``, or ``lowp-reg``
 (``lowp`` with an fp8 pool's tiles widened in registers, AttnCfg.reg; the same as ``lowp`` over a bf16 pool)."""

@@ -668,7 +668,8 @@ def test_attention_launch_modes_per_device_and_pool() -> None:
     for B, ctx in [(64, 1024), (4, 1024), (2, 512)]:
         lo, lr = K.decode_attn_config("lowp", B, ctx), K.decode_attn_config("lowp-reg", B, ctx)
         assert lo.lowp and not lo.reg and lr == K.replace(lo, reg=True)
-        assert K.decode_attn_config("lowp", B, ctx, kv_fp8=True) == lo  # ATTN_LOWP_FP8 empty: lowp's launch
+        # over an fp8 pool: ATTN_LOWP_FP8's launch where it lists the bucket, lowp's elsewhere
+        assert K.decode_attn_config("lowp", B, ctx, kv_fp8=True) == K.ATTN_LOWP_FP8.get((B, ctx), lo)
 
 
 def test_an_fp8_pool_takes_its_own_launch_table(monkeypatch) -> None:
@@ -679,5 +680,6 @@ def test_an_fp8_pool_takes_its_own_launch_table(monkeypatch) -> None:
     assert K.decode_attn_config("lowp", 64, 1024, kv_fp8=True) == fp8cfg
     assert K.decode_attn_config("lowp-reg", 64, 1024, kv_fp8=True) == fp8cfg
     assert K.decode_attn_config("lowp", 64, 1024) == K.ATTN_LOWP[(64, 1024)]
-    assert K.decode_attn_config("lowp", 4, 1024, kv_fp8=True) == K.ATTN_LOWP[(4, 1024)]
+    assert (2, 512) not in K.ATTN_LOWP_FP8 and K.decode_attn_config("lowp", 2, 512, kv_fp8=True) == K.ATTN_LOWP_DEFAULT
+    assert K.decode_attn_config("lowp", 4, 1024) == K.ATTN_LOWP[(4, 1024)] != K.ATTN_LOWP_FP8[(4, 1024)]
     assert K.decode_attn_config("default", 64, 1024, kv_fp8=True) == K.attn_config(64, 1024)
