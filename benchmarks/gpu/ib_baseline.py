@@ -187,6 +187,16 @@ def request_cis(requests: list[Any]) -> dict[str, Any]:
     return {"ttft_ms": ci95(ttft), "tpot_ms": ci95(tpot), "request_throughput": rps, "tpot_from": tpot_from}
 
 
+def request_clock(requests: list[Any], origin_ns: int) -> dict[str, Any]:
+    """Each request's send, first-token and last-token times, ms after the bench's start (``origin_s``, the client's
+    ``perf_counter``: CLOCK_MONOTONIC on Linux, the clock a server's HFSERVE_STEP_LOG on this host writes), in
+    request order; None where it never came. benchmarks/gpu/step_gaps.py --client sets them beside the server's log."""
+    rs = sorted(requests, key=lambda r: r.index)
+    ms = lambda t: None if not t else round((t - origin_ns) / 1e6, 2)  # noqa: E731
+    return {"origin_s": origin_ns / 1e9, "sent_ms": [ms(r.t_sent_ns) for r in rs],
+            "first_ms": [ms(r.t_first_token_ns) for r in rs], "last_ms": [ms(r.t_last_token_ns) for r in rs]}
+
+
 def parse_server(text: str) -> tuple[str, str]:
     """``label=command template`` (placeholders {python} {model} {port} {device} {name})."""
     label, sep, cmd = text.partition("=")
@@ -244,6 +254,8 @@ def measure_server(label: str, argv: list[str], scenarios: dict[str, Scenario], 
             entry["scenarios"][sname] = s = summary(res)
             s["wall_s"] = round(time.monotonic() - t1, 1)
             s["ci95"] = request_cis(res.requests)
+            if "origin_ns" in res.meta:
+                s["clock"] = request_clock(res.requests, res.meta["origin_ns"])
             m = s["metrics"]
             print(f"[{label}] {sname}: {sc.num_requests} req {sc.prompt_tokens}/{sc.output_tokens} c{sc.concurrency}"
                   f" ok={res.ok} ttft_p50={m.get('ttft_ms_p50', 0):.1f}ms tpot_p50={m.get('tpot_ms_p50', 0):.2f}ms"

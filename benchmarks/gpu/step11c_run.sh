@@ -4,7 +4,8 @@
 # (scenarios_c.toml: the launch spread side by side), from step10lp's flags with --prefill-rounds 1 and 2, each
 # server logging its decode steps and (HFSERVE_STEP_LOG's FILE.timeline) each job's arrival and each packed prefill
 # pass with its wall and device time; then a third server with step10lp's flags under HFSERVE_PROFILE (the kernel
-# tables of the burst's packed prefill pass and of 10 batch-64 steps).
+# tables of the burst's packed prefill pass and of 10 batch-64 steps). step_gaps.py --client sets each burst's
+# engine log beside the client's requests (ib_baseline.py's per-request clock): send, arrival, passes, steps, tokens.
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
@@ -23,7 +24,8 @@ timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json
   --server "lpprof=env HFSERVE_PROFILE=$OUT/profile_lp.txt {python} examples/hfserve/server.py $ARGS $LP" \
   2>&1 | grep -E "ready|throughput|rror" | tail -12
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
-for v in lp1 lp2; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
+for v in lp1 lp2; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32
+  python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --client "$OUT/ib_c.json:$v"; done
 head -24 "$OUT/profile_lp.txt.prefill" 2>/dev/null | cut -c1-60,100-200
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
 log done

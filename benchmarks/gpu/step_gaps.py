@@ -10,6 +10,8 @@ at that batch (ms): what the device did per step plus any time it waited for the
 With ``STEP_LOG.timeline`` beside it (the same engine's job arrivals ``J time`` and packed prefill passes
 ``P prompts tokens start end device_ms``, flushed with the same bursts) each burst also gets its timeline from
 its first arrival: the arrivals' spread, every prefill pass (wall and device ms), the first and the last step.
+``--client IB_JSON:LABEL`` sets each scenario of that ib_baseline.py report's server LABEL (its requests' clock)
+beside the burst it made: from the client's first send to its last token, on the one clock of the host.
 """
 
 from __future__ import annotations
@@ -86,14 +88,66 @@ def timeline(burst: list[tuple], tl: dict) -> dict:
             "first_step_ms": ms(burst[0][1]), "last_step_ms": ms(burst[-1][1])}
 
 
+def joint(burst: list[tuple], tl: dict, clock: dict) -> dict:
+    """A burst from both ends, ms after the client's start (ib_baseline.py's ``clock``; one host, one monotonic
+    clock): the requests' sends, their arrivals at the engine, the prefill passes, the first step, the first step
+    at the burst's largest batch, the last step, and the client's first tokens (first, median, last) and last token."""
+    o = clock["origin_s"]
+    ms = lambda t: round((t - o) * 1000, 2)  # noqa: E731
+    got = lambda k: sorted(x for x in clock[k] if x is not None)  # noqa: E731
+    sent, first, last = got("sent_ms"), got("first_ms"), got("last_ms")
+    top = max(r[0] for r in burst)
+    return {"sent_ms": [sent[0], sent[-1]] if sent else None,
+            "arrived_ms": [ms(min(tl["jobs"])), ms(max(tl["jobs"]))] if tl["jobs"] else None,
+            "passes": [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2),
+                        "device_ms": d} for n, k, a, b, d in tl["passes"]],
+            "first_step_ms": ms(burst[0][1]), "top_batch": top,
+            "top_first_step_ms": ms(next(r[1] for r in burst if r[0] == top)), "last_step_ms": ms(burst[-1][1]),
+            "first_token_ms": [first[0], first[len(first) // 2], first[-1]] if first else None,
+            "last_token_ms": last[-1] if last else None}
+
+
+def client_bursts(bs: list[list[tuple]], tls: list[dict], scenarios: dict) -> list[dict]:
+    """Each scenario of one server in an ib_baseline.py report that has a ``clock``, with the burst of the step log
+    whose first step falls within its run (and its timeline): :func:`joint`. Scenarios without a burst are left out."""
+    out = []
+    for name, sc in scenarios.items():
+        c = sc.get("clock") if isinstance(sc, dict) else None
+        ends = [x for x in (c or {}).get("last_ms", []) if x is not None]
+        if not c or not ends:
+            continue
+        lo, hi = c["origin_s"], c["origin_s"] + max(ends) / 1000
+        for i, b in enumerate(bs):
+            if lo <= b[0][1] <= hi and len(tls) == len(bs):
+                out.append({"scenario": name, **joint(b, tls[i], c)})
+                break
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("log")
     ap.add_argument("--min-batch", type=int, default=1, help="only bursts whose largest batch is at least this")
+    ap.add_argument("--client", metavar="IB_JSON:LABEL", help="also each scenario of server LABEL in that "
+                    "ib_baseline.py report, from the client's start to its last token beside the engine's log")
     a = ap.parse_args(argv)
     tl_path = Path(f"{a.log}.timeline")
     tls = timelines(tl_path.read_text()) if tl_path.exists() else []
+    if not Path(a.log).is_file():
+        ap.error(f"no step log at {a.log} (the server's HFSERVE_STEP_LOG file)")
     bs = bursts(Path(a.log).read_text())
+    if a.client:
+        path, _, label = a.client.rpartition(":")
+        try:
+            report = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            ap.error(f"--client {a.client}: cannot read {path!r} as an ib_baseline.py report ({exc.__class__.__name__})")
+        scen = (report.get("servers", {}).get(label) or {}).get("scenarios") if isinstance(report, dict) else None
+        if not isinstance(scen, dict):
+            ap.error(f"--client {a.client}: no server {label!r} in that report")
+        for row in client_bursts(bs, tls, scen):
+            print(json.dumps(row))
+        return
     for i, b in enumerate(bs):
         s = summary(b)
         if s["batch"] >= a.min_batch:

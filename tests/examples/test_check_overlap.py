@@ -73,6 +73,14 @@ def test_step_gaps_reads_device_times() -> None:
     t = step_gaps.timeline(b, tl)
     assert (t["jobs"], t["last_job_ms"], t["prefill_wall_ms"], t["first_step_ms"]) == (3, 30.0, 45.5, 20.0)
     assert t["passes"][0] == {"prompts": 2, "tokens": 1024, "start_ms": 10.0, "wall_ms": 30.0, "device_ms": 29.5}
+    # --client: ib_baseline.py's request clock (client start 0.470 on the same clock) beside it; a scenario whose
+    # run holds no burst (a second one, later) is left out.
+    clock = {"origin_s": 0.47, "sent_ms": [0.5, 1.0, 2.0], "first_ms": [52.0, 60.0, None], "last_ms": [80.0, 75.0, None]}
+    late = {**clock, "origin_s": 9.0}
+    [j] = step_gaps.client_bursts([b], [tl], {"c": {"clock": clock}, "c2": {"clock": late}, "x": {"skipped": "deadline"}})
+    assert j["scenario"] == "c" and j["sent_ms"] == [0.5, 2.0] and j["arrived_ms"] == [10.0, 40.0]
+    assert (j["first_step_ms"], j["top_batch"], j["top_first_step_ms"]) == (30.0, 64, 530.0)
+    assert j["passes"][1]["start_ms"] == 34.5 and j["first_token_ms"] == [52.0, 60.0, 60.0] and j["last_token_ms"] == 80.0
 
 
 def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:

@@ -146,6 +146,18 @@ def test_request_cis() -> None:
     assert rps["mean"] == pytest.approx(1.0, rel=1e-6) and rps["n"] == 3
 
 
+def test_request_clock_keeps_each_request_on_the_clients_clock() -> None:
+    """Per request (in index order), sent / first / last token ms after the bench's start; a failed request's
+    missing times stay None."""
+    from orchestrator.bench.records import RequestRecord
+
+    a, b = _rec(1, 2.0, 50.0, [5.0, 5.0]), _rec(0, 1.0, 40.0, [5.0])
+    failed = RequestRecord(index=2, prompt_tokens=8, output_tokens=4, t_sent_ns=3_000_000)
+    c = ib_baseline.request_clock([a, b, failed], origin_ns=500_000)
+    assert c == {"origin_s": 0.0005, "sent_ms": [0.5, 1.5, 2.5], "first_ms": [39.5, 49.5, None],
+                 "last_ms": [44.5, 59.5, None]}
+
+
 def test_headline_states_naive_counts_and_intervals(tmp_path: Path) -> None:
     r = _report()
     for name, sc in r["servers"]["ib_naive"]["scenarios"].items():
