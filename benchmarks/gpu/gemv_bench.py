@@ -272,15 +272,20 @@ def _compile_job(job: tuple, n: int, k: int, arch: int, inspect: bool) -> dict:
         rec["shared"] = ck.metadata.shared
         rec["cp_async"] = ck.asm["ptx"].count("cp.async.cg") + ck.asm["ptx"].count("cp.async.ca")
         rec["ld_v4"] = len(re.findall(r"ld\.global[.\w:]*\.v4\.b32", ck.asm["ptx"]))
-        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(ck.asm["cubin"])
-            f.flush()
-            res = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
-        mm = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
-        if mm:
-            rec["regs"], rec["stack"], rec["local"] = (int(g) for g in mm.groups())
+        rec.update(res_usage(ck.asm["cubin"]))
     return rec
+
+
+def res_usage(cubin: bytes) -> dict[str, int]:
+    """A compiled kernel's registers per thread and its spills (``stack``, ``local`` bytes), from Triton's own
+    cuobjdump; empty where it says nothing."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+    mm = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
+    return dict(zip(("regs", "stack", "local"), (int(g) for g in mm.groups()), strict=True)) if mm else {}
 
 
 def precompile(jobs: list[tuple], n: int, k: int, arch: int = 90, procs: int = 0,

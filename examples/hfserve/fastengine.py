@@ -28,7 +28,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   ``--kernels triton-mv`` is ``triton`` with, at decode batch 1, the QKV, O, gate/up, down and lm_head
   projections as a plain Triton GEMV tuned per shape (kernels.mv_linear; faster than cuBLAS at M=1).
   ``--kernels triton-mm`` is ``triton-mv`` with, at decode batch 2..64, the projections as a skinny Triton
-  GEMM where kernels.MM_CONFIGS lists the shape (kernels.mm_linear; else cuBLAS).
+  GEMM where kernels.MM_CONFIGS lists the shape (kernels.mm_linear; else cuBLAS); with ``--mm-glu on`` the
+  gate/up GEMM and SwiGLU there are one launch where kernels.MM_GLU_CONFIGS lists the shape (kernels.mm_glu_linear).
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -96,6 +97,7 @@ class FastModel:
     """Llama-family forward passes over a static KV pool (weights taken from a HF model)."""
 
     decode_attn = "default"  # set_decode_attn
+    mm_glu = False  # set_mm_glu
 
     def __init__(self, hf_model: Any, *, slots: int, capacity: int, sdpa: str = "auto",
                  kernels: str = "torch", prefill_attn: str = "torch", decode_attn: str = "default",
@@ -176,6 +178,13 @@ class FastModel:
         if how != "default" and self.kernels == "torch":
             raise ValueError(f"--decode-attn {how} needs the Triton kernels: add --kernels triton (or triton-mv/-mm)")
         self.decode_attn = how
+
+    def set_mm_glu(self, on: bool) -> None:
+        """``--mm-glu on`` (with ``--kernels triton-mm``): the decode step's gate/up GEMM and SwiGLU in one skinny-GEMM
+        launch at batch 2..64 where kernels.MM_GLU_CONFIGS lists the shape (:func:`kernels.mm_glu_linear`)."""
+        if on and self.kernels != "triton-mm":
+            raise ValueError(f"--mm-glu on needs --kernels triton-mm, not {self.kernels}")
+        self.mm_glu = bool(on)
 
     def _attn_kw(self, B: int, ctx: int) -> dict[str, Any]:
         """decode_attn's launch for this (batch, context) bucket under --decode-attn (host ints: one plan per graph)."""
@@ -398,7 +407,10 @@ class FastModel:
             q = ops.rope_store(lin(h, L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
             o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale, **attn_kw)
             x, h = ops.add_rmsnorm(x, lin(o, L["o"]), L["ln2"], self.eps)
-            d = lin(ops.silu_mul(lin(h, L["gu"]), self.inter), L["down"])
+            act = kernels_mod.mm_glu_linear(h, L["gu"], self.inter) if self.mm_glu else None  # --mm-glu on
+            if act is None:
+                act = ops.silu_mul(lin(h, L["gu"]), self.inter)
+            d = lin(act, L["down"])
             x, h = ops.add_rmsnorm(x, d, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm, self.eps)
         logits = lin(h, self.lm_head).float()
         return logits, torch.argmax(logits, dim=-1)
@@ -658,7 +670,8 @@ class FastEngine:
                  max_model_len: int = 4608, prefill_chunk: int = 0, cuda_graphs: bool = True,
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
                  prefill_attn: str = "torch", decode_attn: str = "default", kv_cache_dtype: str = "auto",
-                 overlap_schedule: bool = False, prefill_rounds: int = 1, phases: Phases | None = None) -> None:
+                 overlap_schedule: bool = False, prefill_rounds: int = 1, mm_glu: bool = False,
+                 phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
         # `phases`: where the start-up's seconds go (server.py prints them as one line).
@@ -685,6 +698,7 @@ class FastEngine:
         self.fm.set_kernels(kernels)
         self.fm.set_prefill_attn(prefill_attn)
         self.fm.set_decode_attn(decode_attn)
+        self.fm.set_mm_glu(mm_glu)
         phases.mark("kernels")  # Triton's import and checks, where asked for
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf

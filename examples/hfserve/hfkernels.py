@@ -718,13 +718,45 @@ if HAVE_TRITON:
     # GEMV's: float32 partials [SPLIT_K, M, N] summed in a fixed order by _splitk_reduce_kernel. F32 (the
     # CPU interpreter, float32 models) multiplies in float32 (the interpreter has no bf16 dot).
 
+    @triton.jit
+    def _mm_w_tile(wp, nm, km, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, EVICT: tl.constexpr):
+        # One [BLOCK_N, BLOCK_K] tile of W (rows masked by nm where N is ragged, columns by km where K is).
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(wp, eviction_policy=EVICT)
+            else:
+                w = tl.load(wp, mask=nm[:, None], other=0.0, eviction_policy=EVICT)
+        else:
+            w = tl.load(wp, mask=nm[:, None] & km[None, :], other=0.0, eviction_policy=EVICT)
+        return w
+
+    @triton.jit
+    def _mm_dot(x, w, acc, SWAP: tl.constexpr, F32: tl.constexpr):
+        # acc += x @ w.T ([BLOCK_M, BLOCK_N]), or its transpose w @ x.T under SWAP; float32 products under F32.
+        if F32:
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+            if SWAP:
+                acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        elif SWAP:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        return acc
+
     @triton.jit(do_not_specialize=["M", "NT"])
-    def _mm_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm,
+    def _mm_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm, INTER,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                    EVEN_K: tl.constexpr, SWAP: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
-                   F32: tl.constexpr):
+                   F32: tl.constexpr, GLU: tl.constexpr = False):
         # P[pid_k, m, n] = sum over this program's NT tiles of BLOCK_K (from pid_k * NT * BLOCK_K) of
         # x[m, k] * W[n, k], for its BLOCK_N rows n and all M <= BLOCK_M rows m.
+        # GLU (one split; W = [gate; up], its up half from row INTER; N = INTER): P[m, n] = SwiGLU of the
+        # two dots, rounded as silu_mul rounds the GEMM's output (each dot to P's dtype, silu to it, the
+        # product to it): the gate/up GEMM and _silu_mul_kernel in one launch, the [M, 2 x INTER] tensor
+        # between them never written.
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -737,32 +769,27 @@ if HAVE_TRITON:
         xp = X + rm.to(tl.int64)[:, None] * s_xm + (k_lo + rk)[None, :]
         if SWAP:
             acc = tl.full([BLOCK_N, BLOCK_M], 0.0, tl.float32)
+            acc_u = tl.full([BLOCK_N, BLOCK_M], 0.0, tl.float32)  # GLU's up half (unused otherwise)
         else:
             acc = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+            acc_u = tl.full([BLOCK_M, BLOCK_N], 0.0, tl.float32)
+        up = W + (INTER + rn).to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
         for t in tl.range(0, NT, num_stages=STAGES):
+            km = (k_lo + t * BLOCK_K + rk) < K
             if EVEN_K:
                 x = tl.load(xp, mask=mm[:, None], other=0.0)
-                if EVEN_N:
-                    w = tl.load(wp, eviction_policy=EVICT)
-                else:
-                    w = tl.load(wp, mask=nm[:, None], other=0.0, eviction_policy=EVICT)
             else:
-                km = (k_lo + t * BLOCK_K + rk) < K
                 x = tl.load(xp, mask=mm[:, None] & km[None, :], other=0.0)
-                w = tl.load(wp, mask=nm[:, None] & km[None, :], other=0.0, eviction_policy=EVICT)
-            if F32:
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-                if SWAP:
-                    acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-            elif SWAP:
-                acc = tl.dot(w, tl.trans(x), acc)
-            else:
-                acc = tl.dot(x, tl.trans(w), acc)
+            acc = _mm_dot(x, _mm_w_tile(wp, nm, km, EVEN_N, EVEN_K, EVICT), acc, SWAP, F32)
+            if GLU:
+                acc_u = _mm_dot(x, _mm_w_tile(up, nm, km, EVEN_N, EVEN_K, EVICT), acc_u, SWAP, F32)
+                up += BLOCK_K
             wp += BLOCK_K
             xp += BLOCK_K
+        if GLU:
+            dt = P.dtype.element_ty
+            g = acc.to(dt).to(tl.float32)
+            acc = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * acc_u.to(dt).to(tl.float32)
         P += pid_k * s_pk
         if SWAP:
             tl.store(P + rm[None, :] * s_pm + rn[:, None], acc.to(P.dtype.element_ty), mask=mm[None, :] & nm[:, None])
@@ -1253,15 +1280,17 @@ def mm_rows(m: int) -> int:
     return next((b for b in MM_ROWS if m <= b), 0) if m >= 1 else 0
 
 
-def mm_gemm(x: torch.Tensor, w: torch.Tensor, cfg: MmCfg, nt_short: int = 0) -> torch.Tensor:
+def mm_gemm(x: torch.Tensor, w: torch.Tensor, cfg: MmCfg, nt_short: int = 0, glu: int = 0) -> torch.Tensor:
     """x [M <= 64, K] @ w [N, K].T -> [M, N] in x's dtype by ``_mm_kernel`` with ``cfg`` (and, at split_k
     > 1, ``_splitk_reduce_kernel``). ``nt_short`` runs each program that many K tiles short (the tests'
-    and the bench's deliberately wrong kernel)."""
+    and the bench's deliberately wrong kernel). ``glu`` (= INTER, w the fused [gate; up] of 2 x INTER rows,
+    one split): ``silu_mul(x @ w.t(), glu)`` [M, INTER] in the same launch, the same rounding."""
     _need_triton()
     M, K = x.shape
-    N = w.shape[0]
+    N = glu or w.shape[0]
     bm = mm_rows(M)
     assert bm and x.stride(1) == 1 and w.stride(1) == 1 and w.shape[1] == K
+    assert not glu or (w.shape[0] == 2 * glu and cfg.split_k == 1), "GLU: w is [gate; up], one split"
     split = cfg.split_k
     nt = triton.cdiv(triton.cdiv(K, split), cfg.block_k)
     alloc = torch.zeros if nt_short else torch.empty  # a skipped tile must not find the answer left over
@@ -1271,10 +1300,11 @@ def mm_gemm(x: torch.Tensor, w: torch.Tensor, cfg: MmCfg, nt_short: int = 0) -> 
     else:
         p, s_pk, s_pm = alloc((split, M, N), dtype=torch.float32, device=x.device), M * N, N
     _mm_kernel[(triton.cdiv(N, cfg.block_n), split)](
-        x, w, p, M, N, K, nt - nt_short, x.stride(0), w.stride(0), s_pk, s_pm,
+        x, w, p, M, N, K, nt - nt_short, x.stride(0), w.stride(0), s_pk, s_pm, glu,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_N=N % cfg.block_n == 0,
         EVEN_K=K == split * nt * cfg.block_k, SWAP=cfg.swap, EVICT=cfg.evict, STAGES=cfg.stages,
-        F32=x.dtype == torch.float32 or x.device.type != "cuda", num_warps=cfg.warps, num_stages=cfg.stages)
+        F32=x.dtype == torch.float32 or x.device.type != "cuda", GLU=bool(glu), num_warps=cfg.warps,
+        num_stages=cfg.stages)
     if split > 1:
         _splitk_reduce_kernel[(triton.cdiv(N, MM_RED_BLOCK), M)](p, y, N, split, s_pk, s_pm, y.stride(0),
                                                                  BLOCK=MM_RED_BLOCK, num_warps=4)
@@ -1302,6 +1332,30 @@ def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if cfg is not None:
             return mm_gemm(x, w, cfg)
     return x @ w.t()
+
+
+# --mm-glu on: the decode step's gate/up GEMM and SwiGLU as one _mm_kernel launch (GLU) per (row bucket, 2 x INTER,
+# K) listed here; other shapes keep the two launches. Not yet timed on the H200 (benchmarks/gpu/glu_bench.py
+# prints this table from its sweep): each entry is the gate_up launch of MM_CONFIGS (or at 16 rows, 32's) with
+# half its BLOCK_N, i.e. the same W bytes per program (a GLU program reads a gate and an up tile per K step).
+MM_GLU_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
+    (16, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),
+    (32, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),
+    (64, 28672, 4096): MmCfg(64, 64, 8, 3, 1, False, 'evict_first'),
+}
+
+
+def mm_glu_linear(x: torch.Tensor, w: torch.Tensor, inter: int) -> torch.Tensor | None:
+    """``silu_mul(x @ w.t(), inter)`` (w the fused [gate; up]) in one skinny-GEMM launch, for 2..64 rows where
+    :data:`MM_GLU_CONFIGS` lists the shape and x, w are contiguous, of one dtype, on CUDA (or under the CPU
+    interpreter); else None (the caller runs its two launches). Capturable in a CUDA graph."""
+    if (HAVE_TRITON and x.dim() == 2 and MV_MAX_ROWS < x.shape[0] <= MM_ROWS[-1] and x.dtype == w.dtype
+            and x.dtype in _MV_DTYPES and x.is_contiguous() and w.is_contiguous() and x.shape[1] == w.shape[1]
+            and w.shape[0] == 2 * inter and (x.is_cuda or _interpreting())):
+        cfg = MM_GLU_CONFIGS.get((mm_rows(x.shape[0]), w.shape[0], w.shape[1]))
+        if cfg is not None:
+            return mm_gemm(x, w, cfg, glu=inter)
+    return None
 
 
 # -- selector -----------------------------------------------------------------------------------

@@ -511,6 +511,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine: prefill passes in a row before a decode step when prompts arrive during a"
                          " pass; 2: those prompts are prefilled at once (a burst decodes together, sooner),"
                          " 1: after one decode step of the rows there (arrivals spread out: lower TTFT)")
+    ap.add_argument("--mm-glu", choices=["off", "on"], default="off",
+                    help="fast engine with --kernels triton-mm: at decode batch 2..64 the gate/up GEMM and SwiGLU in"
+                         " one skinny-GEMM launch where hfkernels.MM_GLU_CONFIGS lists the shape (same rounding as"
+                         " the two launches; the [batch, 2 x intermediate] tensor between them never written)")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
@@ -539,6 +543,9 @@ def check_fast_args(args: argparse.Namespace) -> None:
     if args.kv_cache_dtype != "auto" and args.kernels == "torch":
         raise SystemExit(f"hfserve: --kv-cache-dtype {args.kv_cache_dtype} needs --kernels triton (or triton-gemv/-mv/-mm): "
                          "the Triton kernels store and read it")
+    if args.mm_glu == "on" and args.kernels != "triton-mm":
+        raise SystemExit(f"hfserve: --mm-glu on needs --kernels triton-mm, not {args.kernels}: it fuses that skinny GEMM's "
+                         "gate/up launch with SwiGLU")
     if args.decode_attn != "default" and args.kernels == "torch":
         raise SystemExit(f"hfserve: --decode-attn {args.decode_attn} needs --kernels triton (or triton-gemv/-mv/-mm): "
                          "it picks the Triton decode attention's launch")
@@ -559,7 +566,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
                           decode_attn=args.decode_attn, kv_cache_dtype=args.kv_cache_dtype,
                           overlap_schedule=args.overlap_schedule == "on", prefill_rounds=args.prefill_rounds,
-                          phases=phases)
+                          mm_glu=args.mm_glu == "on", phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device, load=args.load, phases=phases)

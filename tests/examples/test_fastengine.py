@@ -771,6 +771,52 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
 
 
 @torch.inference_mode()
+def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
+    """--mm-glu on (kernels="triton-mm"): a batch-3 decode step runs gate/up + SwiGLU as one mm_gemm launch with
+    glu (the listed config) per layer and equals the two launches bit for bit (logits, ids, KV pool); the GLU
+    launch one K tile short is caught; unlisted, the step is the two launches'. Refused without triton-mm."""
+    import hfkernels as kernels
+
+    fm, prompts = _prefilled(torch.float32)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    b = len(prompts)
+    cfg = kernels.MmCfg(32, 32, 4, 2)
+    L0 = fm.layers[0]
+    shapes = {tuple(t.shape) for t in (L0["qkv"], L0["o"], L0["gu"], L0["down"], fm.lm_head)}
+    monkeypatch.setattr(kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
+    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+
+    def run(glu: bool) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        fm.K.copy_(K0)
+        fm.V.copy_(V0)
+        fm.set_kernels("triton-mm")
+        fm.set_mm_glu(glu)
+        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
+        try:
+            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
+            return logits[:b].clone(), ids, fm.K.clone()
+        finally:
+            fm.set_mm_glu(False)
+            fm.set_kernels("torch")
+
+    want, want_ids, want_k = run(False)
+    seen, real = [], kernels.mm_gemm
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
+    got, got_ids, got_k = run(True)
+    assert seen.count(fm.inter) == len(fm.layers) and len(seen) == 4 * len(fm.layers) + 1  # gate/up + SwiGLU: 1 launch
+    assert torch.equal(got, want) and got_ids == want_ids and torch.equal(got_k, want_k)
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=int(bool(kw.get("glu"))), **kw))
+    assert not torch.allclose(run(True)[0], want, atol=1e-3)  # both ways: the GLU launch one K tile short is caught
+    monkeypatch.setattr(kernels, "mm_gemm", real)
+    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {})
+    assert torch.equal(run(True)[0], want)  # nothing listed: the two launches
+    fm.set_kernels("triton")
+    with pytest.raises(ValueError, match="--mm-glu on needs --kernels triton-mm"):
+        fm.set_mm_glu(True)
+    fm.set_kernels("torch")
+
+
+@torch.inference_mode()
 def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -> None:
     """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA

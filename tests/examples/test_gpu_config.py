@@ -165,3 +165,22 @@ def test_wheels_for_the_gpu_machine_are_the_orchestrators_closure_minus_the_imag
     for name in ("anthropic", "gitpython", "paramiko", "pydantic", "sqlalchemy", "tenacity", "optuna", "pydantic-core"):
         assert pins[name] == metadata.version(name)
     assert not set(pins) & mod.IMAGE and "torch" not in pins and "jinja2" not in pins
+
+
+def test_mm_glu_is_a_knob_of_the_skinny_gemm_only() -> None:
+    """--mm-glu (gate/up + SwiGLU in one skinny-GEMM launch) is a knob only with --kernels triton-mm under CUDA
+    graphs: rendered, it parses; with any other kernels it is not in the knob set, and the server refuses it in
+    one line."""
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    parse = _server_parser()
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_glu": "on"}
+    knobs = active_only(target, base | {"kernels": "triton-mm"})
+    assert knobs["mm_glu"] == "on"
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+    assert (args.kernels, args.mm_glu) == ("triton-mm", "on")
+    for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
+        assert "mm_glu" not in active_only(target, base | {"kernels": kern})
+    assert target.knobs["mm_glu"].default == "off" and "mm_glu" not in target.baseline_knobs()
+    with pytest.raises(SystemExit, match="--mm-glu on needs --kernels triton-mm, not triton-mv"):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", "triton-mv",
+               "--mm-glu", "on"])

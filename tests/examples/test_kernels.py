@@ -604,6 +604,34 @@ def test_mm_gemm_equals_matmul(dtype) -> None:
             assert not close(K.mm_gemm(x, w, cfg, nt_short=1), want, dtype), (m, cfg.label())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_gemm_glu_is_gemm_then_silu_mul(dtype) -> None:
+    """GLU: the gate/up GEMM with SwiGLU in its epilogue, at a ragged INTER (40) and K (320), 20 and 64 rows,
+    both dot orientations, equals mm_gemm then silu_mul bit for bit (the same rounding points) and the exact
+    (float64) SwiGLU within the tolerance; both ways: one K tile short is caught. mm_glu_linear launches it only for a
+    listed shape of 2..64 rows (None otherwise: the caller's two launches)."""
+    inter = 40
+    for m in (20, 64):
+        x, w = _mv_case(dtype, 2 * inter, 320, m=m, seed=61)
+        gu = x.double() @ w.double().t()  # exact: torch's bf16 CPU GEMM and silu round elsewhere than the kernels
+        want = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(dtype)
+        for cfg in (K.MmCfg(16, 64, 4, 2), K.MmCfg(32, 32, 4, 3, 1, True, ""), K.MmCfg(16, 32, 8, 1)):
+            got = K.mm_gemm(x, w, cfg, glu=inter)
+            assert got.shape == (m, inter) and got.dtype == dtype
+            assert torch.equal(got, K.silu_mul(K.mm_gemm(x, w, cfg), inter)), (m, cfg.label())
+            assert close(got, want, dtype), (m, cfg.label(), (got.float() - want.float()).abs().max())
+            assert not close(K.mm_gemm(x, w, cfg, glu=inter, nt_short=1), want, dtype), (m, cfg.label())
+    cfg = K.MmCfg(16, 64, 4, 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "MM_GLU_CONFIGS", {(64, 2 * inter, 320): cfg})
+        assert torch.equal(K.mm_glu_linear(x, w, inter), K.mm_gemm(x, w, cfg, glu=inter))
+        assert K.mm_glu_linear(x[:20], w, inter) is None  # the 32-row bucket is not listed
+        assert K.mm_glu_linear(x[:1], w, inter) is None  # one row: the GEMV's
+        assert K.mm_glu_linear(x, w[:-1], inter) is None  # not [gate; up] of 2 x INTER rows
+    with pytest.raises(AssertionError, match="GLU"):
+        K.mm_gemm(x, w, K.MmCfg(16, 64, 4, 2, 2), glu=inter)  # split-K has no SwiGLU epilogue
+
+
 def test_mm_linear_falls_back_unless_listed() -> None:
     """mm_linear is exactly x @ w.t(), without a launch, for an empty MM_CONFIGS, an
     unlisted shape or row bucket, and more rows than 64; a listed (row bucket, N, K) launches mm_gemm

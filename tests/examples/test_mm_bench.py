@@ -150,6 +150,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     code = f"""
 import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})
 import mm_bench as M
+import json
 jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
         ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2, 1), ("attn", False, 128, 8, 4, 0),
         ("attn_red", 16), ("attn", True, 32, 2, 3, 1, True), ("attn", False, 64, 4, 2, 0, True), ("rope", 1, True),
@@ -157,7 +158,11 @@ jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 12
         ("attn", False, 32, 2, 3, 1, True), ("attn", False, 32, 2, 3, 1)]
 recs = [M._compile(j, 4096, 4096, 90, True) for j in jobs]
 print("bytes", [r.get("byte_loads") for r in recs[-4:]], "ldmatrix", [r.get("ldmatrix") for r in recs[-4:]])
-bad = [r for r in recs if "error" in r]
+# --mm-glu's launches (hfkernels.MM_GLU_CONFIGS: gate/up + SwiGLU) at the 7B's gate/up shape
+glu = [M._compile(("mm", b, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, False, True),
+                  28672, 4096, 90, True) for (b, _, _), c in sorted(M.kernels.MM_GLU_CONFIGS.items())]
+print("glu", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in glu]))
+bad = [r for r in recs + glu if "error" in r]
 print("errors", bad)
 print("wgmma", [r.get("wgmma") for r in recs[:3]])
 print("compiled", len(recs) - len(bad))
@@ -171,3 +176,5 @@ print("compiled", len(recs) - len(bad))
     assert nbytes[0] == nbytes[1] == nbytes[3] == 0 < nbytes[2], res.stdout[-2000:]
     assert nld[1] == nld[3] > nld[2], res.stdout[-2000:]  # the widened fp8 tiles take bf16's ldmatrix path
     assert "wgmma [True, True, True]" in res.stdout, res.stdout[-2000:]  # SWAP: wgmma at 16 rows too
+    glu = json.loads(res.stdout.split("glu ")[1].split("\n")[0])
+    assert len(glu) == 3 and all(g["wgmma"] and g["local"] == g["stack"] == 0 for g in glu), glu  # no spills
