@@ -4,6 +4,7 @@
     python benchmarks/gpu/mm_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
     python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
     python benchmarks/gpu/mm_bench.py --attn-only --kv bf16,fp8 [--out a.json] # attention over both pools (H200)
+    python benchmarks/gpu/mm_bench.py --glu-only [--out g.json]              # gate/up + SwiGLU in one launch (H200)
 
 Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
 the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
@@ -30,6 +31,17 @@ L2): every splits x BLOCK_N x warps x stages x bf16-or-float32 dots (``attn_spac
 GB/s of K/V actually read (sum over rows of (pos + 1) x 8 heads x 128 x 2 bytes x 2; x 1 byte over an fp8 pool).
 It prints the ``ATTN_CONFIGS`` entries that beat today's by more than the margin, and with ``--kv fp8`` the
 ``ATTN_LOWP_FP8`` ones (bf16-dot winners over the fp8 pool, with or without ``reg``).
+
+GLU (``--glu-only``, ``--mm-glu``'s launch). The gate/up GEMM with SwiGLU in its epilogue (``mm_gemm(..., glu=
+INTER)``: a gate and an up tile of W per K step, two accumulators, the output [M, INTER] rounded as silu_mul
+rounds the GEMM's) over ``glu_space()`` at each M, against today's two launches (``mm_linear`` + ``silu_mul``:
+what the engine runs without ``--mm-glu``); the reference is SwiGLU of the float64 GEMM. It prints the
+``MM_GLU_CONFIGS`` entries that beat today's by more than the margin and the step gain (32 layers).
+Prediction (2026-12-04, before any GPU number): at M=64 the GLU launch reads the same 235 MB at the same
+~91% of the ceiling as the tuned gate/up launch (60 us) and saves silu_mul's launch (~2 us, its 3.7 MB in and
+1.8 MB out), the GEMM's own write of those 3.7 MB (~1 us) and the launch gap (~1-1.5 us in a graph): 62-64 ->
+60-61 us, -0.09..-0.13 ms per batch-64 step, C's burst -11..-17 ms (~0.3-0.4 points of its floor); at M=16/32
+~3 us per layer.
 
 GPU command (one ``nvidia-h200`` call, from the repository root; ~130 s: ~15 s of parallel compiles, the
 budget's tuning, finals and the attention sweep)::
@@ -116,9 +128,26 @@ def space(n: int, k: int, m: int, stage: int = 1, around: list[MmCfg] | None = N
     return sorted({c for c in cands if ok(c)}, key=astuple)
 
 
-def variant(c: MmCfg, m: int) -> tuple:
-    """What a compile depends on: ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, float32 P)."""
-    return ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1)
+def variant(c: MmCfg, m: int, glu: bool = False) -> tuple:
+    """What a compile depends on: ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, float32 P), and
+    True last for a GLU launch (gate/up + SwiGLU: --mm-glu)."""
+    return ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1,
+            *((True,) if glu else ()))
+
+
+def glu_space(n: int, k: int, m: int) -> list[MmCfg]:
+    """The GLU launch's space (W = [gate; up] of n rows, one split): BLOCK_N (output columns: a gate and an up tile
+    each) x BLOCK_K x warps x STAGES 3-5 x SWAP, evict_first; kept where both tiles' stages fit SMEM_BUDGET and
+    the two accumulators <= 128 registers per thread."""
+    bm = kernels.mm_rows(m)
+
+    def ok(c: MmCfg) -> bool:
+        return (k % c.block_k == 0 and c.stages * (2 * c.block_n + bm) * c.block_k * 2 <= SMEM_BUDGET
+                and 2 * c.block_n * bm <= 128 * 32 * c.warps and triton.cdiv(n // 2, c.block_n) <= 2048)
+
+    cands = [MmCfg(bn, bk, w, st, 1, sw) for bn, bk, w, st, sw in
+             itertools.product((32, 64, 128), (64, 128), (4, 8), (3, 4, 5), (False, True))]
+    return sorted({c for c in cands if ok(c)}, key=astuple)
 
 
 def attn_space(B: int, fp8: bool = False) -> list[AttnCfg]:
@@ -263,6 +292,71 @@ def mm_table(rows: list[dict]) -> tuple[dict, str]:
     return cfgs, "\n".join(lines)
 
 
+class GluCase(MmCase):
+    """gate/up + SwiGLU (--mm-glu): ``launch`` is the one GLU launch; ``today`` the two launches the engine runs
+    without it (kernels.mm_linear: MM_CONFIGS' skinny GEMM or cuBLAS, then silu_mul); the reference is SwiGLU of
+    the float64 GEMM, and the tolerance comes from today's own error against it."""
+
+    def __init__(self, name: str, n: int, k: int, m: int, ws: list[torch.Tensor], gen: torch.Generator) -> None:
+        super().__init__(name, n, k, m, ws, gen)
+        self.inter = n // 2
+        self.ref = F.silu(self.ref[:, :self.inter]) * self.ref[:, self.inter:]
+        self.err_cublas = (self.today(self.x, ws[0]).double() - self.ref).abs().max().item()
+
+    def today(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_mul(kernels.mm_linear(x, w), self.inter)
+
+    def launch(self, x: torch.Tensor, w: torch.Tensor, c: MmCfg) -> torch.Tensor:
+        return kernels.mm_gemm(x, w, c, nt_short=int(self.bug == "skip_k_tile"), glu=self.inter)
+
+
+def glu_row(cs: GluCase, reps: int, margin: float) -> dict:
+    """Finals of one GLU case: its best 3 at full length against today's two launches, in graphs (L2 cold)."""
+    fin = {c: cs.time_cfg(c, reps) for c in cs.best(3)}
+    fin = {c: t for c, t in fin.items() if math.isfinite(t)}
+    best = min(fin, key=fin.get) if fin else None
+    row = {"shape": cs.name, "N": cs.n, "K": cs.k, "M": cs.m, "configs_timed": len(cs.timed), "n_failed": len(cs.failed),
+           "failed": cs.failed[:5], "best_cfg": list(astuple(best)) if best else None,
+           "best_label": best.label() if best else "-", "finalists_us": {c.label(): t for c, t in fin.items()},
+           "today_us": G.graph_us(cs.calls(cs.today), reps)}
+    row["glu_us"] = G.graph_us(cs.calls(lambda x, w, c=best: cs.launch(x, w, c)), reps) if best else math.inf
+    row["speedup"] = row["today_us"] / row["glu_us"]
+    row["winner"] = "glu" if row["speedup"] > 1.0 + margin else "today"
+    row["step_gain_ms"] = (row["today_us"] - row["glu_us"]) * LAYERS / 1e3 if best else 0.0
+    return row
+
+
+def glu_table(rows: list[dict]) -> str:
+    """hfkernels.MM_GLU_CONFIGS of the winners, ready to paste."""
+    lines = ["MM_GLU_CONFIGS = {"]
+    for r in rows:
+        if r["winner"] == "glu":
+            bn, bk, w, st, sk, sw, ev = r["best_cfg"]
+            lines.append(f"    {(kernels.mm_rows(r['M']), r['N'], r['K'])}: MmCfg({bn}, {bk}, {w}, {st}, {sk}, {sw}, "
+                         f"{ev!r}),  # {r['glu_us']:.1f} vs {r['today_us']:.1f} us (gate/up + silu_mul)")
+    return "\n".join(lines + ["}"])
+
+
+def glu_part(res: dict, args, shapes: dict, device: str, gen, log, t0: float, budget: float, pool) -> dict:
+    """--glu-only: the gate/up shape's GLU launch at each M against today's two launches (the budget's 0.85)."""
+    n, k = shapes["gate_up"]
+    w = [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16) for _ in range(LAYERS)]
+    cases = [GluCase("gate_up", n, k, m, w, gen) for m in MS]
+    if pool is not None:
+        pool.shutdown()
+    G._tune(cases, {id(cs): glu_space(n, k, cs.m) for cs in cases}, t0 + 0.85 * budget)
+    res["glu"] = []
+    for cs in cases:
+        row = glu_row(cs, args.reps, args.margin)
+        res["glu"].append(row)
+        log(f"gate/up + SwiGLU M={cs.m}: today {row['today_us']:.1f} us, GLU {row['glu_us']:.1f} us ({row['best_label']}, "
+            f"{row['configs_timed']} timed, {row['n_failed']} failed): x{row['speedup']:.3f}, step gain "
+            f"{row['step_gain_ms']:.3f} ms")
+    res["glu_configs_py"] = glu_table(res["glu"])
+    res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
 def step_gain(rows: list[dict], layers: int = LAYERS) -> dict:
     """Per M: the decode step's projection time (32 layers x 4 shapes + lm_head) by cuBLAS and by each
     shape's winner, from the per-call graph times (each already over rotating weights, L2 cold)."""
@@ -336,9 +430,13 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
 
 # -- the GPU run ---------------------------------------------------------------------------------------------
 
-def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",)) -> list[tuple]:
+def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",), glu: bool = False) -> list[tuple]:
     """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch
-    and KV pool dtype); no GEMM's with ``shapes`` empty (--attn-only)."""
+    and KV pool dtype); no GEMM's with ``shapes`` empty (--attn-only); with ``glu`` (--glu-only) the GLU space's
+    at the gate/up shape instead, and no attention's."""
+    if glu:
+        n, k = shapes["gate_up"]
+        return sorted({variant(c, m, glu=True) for m in MS for c in glu_space(n, k, m)}, key=str)
     jobs = sorted({variant(c, m) for m in MS for n, k in shapes.values() for c in space(n, k, m)}, key=str)
     attn = set().union(*(attn_variants(B, kv == "fp8") for B in attn_bs for kv in kvs)) if attn_bs else set()
     return jobs + sorted(attn, key=str)
@@ -363,7 +461,7 @@ def compile_only(args) -> int:
 def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LAYERS, attn_bs=ATTN_BS) -> dict:
     """The H200 run (``device``, ``shapes``, ``layers`` and ``attn_bs`` are for the CPU test of this flow)."""
     t0 = time.perf_counter()
-    attn_only = getattr(args, "attn_only", False)
+    attn_only, glu_only = getattr(args, "attn_only", False), getattr(args, "glu_only", False)
     kvs = tuple(getattr(args, "kv", None) or ("bf16",))
     shapes = {} if attn_only else shapes or SHAPES
     budget = args.budget_s
@@ -374,12 +472,18 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     res: dict = {"meta": {"triton": triton.__version__, "torch": torch.__version__, "calls_per_graph": CALLS,
                           "reps": args.reps, "budget_s": budget, "ceiling_gbs": CEILING_GBS, "margin": args.margin},
                  "pool": {}, "cases": [], "attention": []}
-    jobs1 = stage1_jobs(shapes, attn_bs, kvs)
+    jobs1 = stage1_jobs(shapes, attn_bs, kvs, glu=glu_only)
     pool, futs = G.precompile(jobs1, 4096, 4096, 90, args.jobs, job_fn=_compile) if device == "cuda" else (None, [])
     gen = torch.Generator(device=device).manual_seed(0)
     if device == "cuda":
         dev = torch.cuda.get_device_properties(0)
         res["meta"].update(device=dev.name, sms=dev.multi_processor_count)
+    if glu_only:
+        recs = G.wait_compiled(None, futs)
+        res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
+                                 "s": round(time.perf_counter() - t0, 1)}
+        log(f"GLU: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
+        return glu_part(res, args, shapes, device, gen, log, t0, budget, pool)
     weights = {name: [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16)
                       for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in shapes.items()}
     cases = [MmCase(name, n, k, m, weights[name], gen) for name, (n, k) in shapes.items() for m in MS]
@@ -473,7 +577,10 @@ def table(res: dict) -> str:
                      f"today {r['today_us']:.1f} us {r['today_gbs']:.0f} GB/s ({r['today_pct']:.0f}%), best "
                      f"{r['best_label']} ({r['best_splits']} splits) {r['best_us']:.1f} us {r['best_gbs']:.0f} GB/s "
                      f"({r['best_pct']:.0f}%): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
-    lines += [res.get("mm_configs_py", ""), res.get("attn_configs_py", "")]
+    for r in res.get("glu", []):
+        lines.append(f"gate/up + SwiGLU M={r['M']}: today (mm_linear + silu_mul) {r['today_us']:.1f} us, one GLU launch "
+                     f"{r['glu_us']:.1f} us ({r['best_label']}): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
+    lines += [res.get("mm_configs_py", ""), res.get("attn_configs_py", ""), res.get("glu_configs_py", "")]
     return "\n".join(lines)
 
 
@@ -518,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
     ap.add_argument("--compile-only", action="store_true", help="compile stage 1's variants for sm_90, no GPU")
     ap.add_argument("--attn-only", action="store_true", help="GPU: the attention sweeps only (the whole budget)")
+    ap.add_argument("--glu-only", action="store_true", help="GPU: gate/up + SwiGLU as one launch (--mm-glu) against "
+                    "today's two, per row bucket (the whole budget); prints MM_GLU_CONFIGS")
     ap.add_argument("--kv", default="bf16", help="GPU: the attention sweeps' KV pool dtypes, comma-separated: bf16, fp8")
     args = ap.parse_args(argv)
     args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]

@@ -178,3 +178,27 @@ print("compiled", len(recs) - len(bad))
     assert "wgmma [True, True, True]" in res.stdout, res.stdout[-2000:]  # SWAP: wgmma at 16 rows too
     glu = json.loads(res.stdout.split("glu ")[1].split("\n")[0])
     assert len(glu) == 3 and all(g["wgmma"] and g["local"] == g["stack"] == 0 for g in glu), glu  # no spills
+
+
+def test_glu_only_flow_on_the_cpu(monkeypatch) -> None:
+    """``--glu-only``: the gate/up shape's GLU launch (gate/up + SwiGLU) at M 16/32/64 against today's two launches,
+    interpreted, timing stubbed; a GLU config made wrong (one K tile short) is failed and never chosen; the
+    MM_GLU_CONFIGS table has one entry per winner; its stage-1 compile jobs are all GLU variants."""
+    rng = random.Random(2)
+    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
+    bad, good = M.MmCfg(16, 64, 4, 1), [M.MmCfg(16, 64, 4, 2), M.MmCfg(32, 32, 4, 1, 1, True)]
+    monkeypatch.setattr(M, "glu_space", lambda n, k, m: [bad, *good])
+    launch = M.GluCase.launch
+    monkeypatch.setattr(M.GluCase, "launch", lambda self, x, w, c: launch(self, x, w, c) if c != bad else
+                        M.kernels.mm_gemm(x, w, c, nt_short=1, glu=self.inter))
+    shapes = {"gate_up": (64, 64)}
+    assert {j[-1] for j in M.stage1_jobs(shapes, glu=True)} == {True}
+    args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01, glu_only=True)
+    res = M.gpu(args, device="cpu", shapes=shapes, layers=2)
+    assert res["cases"] == [] and [r["M"] for r in res["glu"]] == [16, 32, 64]
+    for r in res["glu"]:
+        assert r["n_failed"] == 1 and r["failed"][0].startswith(bad.label()) and r["best_label"] != bad.label()
+        assert r["configs_timed"] == 3 and r["today_us"] > 0 and r["glu_us"] > 0
+    text = M.table(res)
+    assert text.count("MmCfg(") == sum(r["winner"] == "glu" for r in res["glu"]) and "MM_GLU_CONFIGS = {" in text
+    assert "gate/up + SwiGLU M=64" in text
