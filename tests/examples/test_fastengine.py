@@ -190,6 +190,12 @@ def interpreted(monkeypatch):
 STEP_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2.0 ** -6}
 
 
+def _step_close(dtype: torch.dtype):
+    """``close(a, b)``: equal within STEP_TOL[dtype] (relative and absolute), compared in float32."""
+    tol = STEP_TOL[dtype]
+    return lambda a, b: torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
 def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
@@ -198,9 +204,7 @@ def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
     that differ (another token fed). Padded rows: test_kernels' far-position case (the interpreter
     walks a padded row's whole bucket slowly)."""
     tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm, prompts = _prefilled(dtype)
     dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
@@ -239,10 +243,7 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
     the step falls back to the 10-launch path (_decode_fused)."""
     import hfkernels as kernels
 
-    tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm, prompts = _prefilled(dtype)
     dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
@@ -287,10 +288,7 @@ def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
     tile short; at batch 2 (> MV_MAX_ROWS) the step is triton's, bit for bit, without a GEMV launch."""
     import hfkernels as kernels
 
-    tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm, prompts = _prefilled(dtype)
     K0, V0 = fm.K.clone(), fm.V.clone()
@@ -365,10 +363,7 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
     kernel (positions off by one) fails."""
     import hfkernels as kernels
 
-    tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm = FastModel(_random_llama(dtype), slots=4, capacity=300)
     parts = _packed_case(fm)
@@ -731,10 +726,7 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     import hfkernels as kernels
 
     dtype = torch.float32  # (bf16's random tiny model has near-ties: its greedy ids may flip within the tolerance)
-    tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm, prompts = _prefilled(dtype)
     K0, V0 = fm.K.clone(), fm.V.clone()
@@ -886,9 +878,7 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
 
     dtype = torch.bfloat16
     tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     fm, prompts = _prefilled(dtype)
     with pytest.raises(ValueError, match="needs the Triton kernels"):
@@ -1033,9 +1023,7 @@ def test_fp8_kv_cache_matches_its_torch_reference(interpreted, monkeypatch) -> N
 
     dtype = torch.bfloat16
     tol = STEP_TOL[dtype]
-
-    def close(a, b):
-        return torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+    close = _step_close(dtype)
 
     def model(kv: str, kern: str, attn: str) -> FastModel:
         return FastModel(_random_llama(dtype), slots=4, capacity=300, kernels=kern, prefill_attn=attn,
