@@ -989,7 +989,8 @@ class AttnCfg:
     stages: int = 2
     lowp: bool = False  # dots in the cache's dtype (bf16 MMA) instead of K/V widened to float32 (tf32)
     reg: bool = False  # lowp over an fp8 pool: K/V widened in registers before shared memory (LOWP 3), not
-    # after (the compiler's placement: byte loads from shared memory on sm_90). Off until the H200 has timed it.
+    # after (the compiler's placement: byte loads from shared memory on sm_90). Timed on the H200 (2026-12-04,
+    # mm_attn_fp8_2026-12-04d.json): no faster (no reg launch among the finalists; the fp8 kernel is not bytes-bound).
 
     def label(self) -> str:
         return (f"s{self.splits or 'auto'}n{self.block_n or 'auto'}w{self.warps}st{self.stages}{'b' if self.lowp else ''}"
