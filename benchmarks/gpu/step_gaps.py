@@ -97,10 +97,14 @@ def joint(burst: list[tuple], tl: dict, clock: dict) -> dict:
     got = lambda k: sorted(x for x in clock[k] if x is not None)  # noqa: E731
     sent, first, last = got("sent_ms"), got("first_ms"), got("last_ms")
     top = max(r[0] for r in burst)
+    # Jobs that made no decode step (a scoring pass, a one-token request) are flushed with the next burst:
+    # only what came after the client's start is this scenario's.
+    jobs = [t for t in tl["jobs"] if t >= o]
+    passes = [p for p in tl["passes"] if p[2] >= o]
     return {"sent_ms": [sent[0], sent[-1]] if sent else None,
-            "arrived_ms": [ms(min(tl["jobs"])), ms(max(tl["jobs"]))] if tl["jobs"] else None,
+            "arrived_ms": [ms(min(jobs)), ms(max(jobs))] if jobs else None,
             "passes": [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2),
-                        "device_ms": d} for n, k, a, b, d in tl["passes"]],
+                        "device_ms": d} for n, k, a, b, d in passes],
             "first_step_ms": ms(burst[0][1]), "top_batch": top,
             "top_first_step_ms": ms(next(r[1] for r in burst if r[0] == top)), "last_step_ms": ms(burst[-1][1]),
             "first_token_ms": [first[0], first[len(first) // 2], first[-1]] if first else None,

@@ -70,6 +70,7 @@ def test_step_gaps_reads_device_times() -> None:
     assert (s["busy_ms_p50"], s["idle_ms_p50"]) == (5.9, 2.7)
     # The timeline beside it: 3 arrivals over 30 ms, one pass of 2 prompts at 10 ms, one of 1 after the first step.
     [tl] = step_gaps.timelines("J 0.480\nJ 0.490\nP 2 1024 0.490 0.520 29.5\nJ 0.510\nP 1 512 0.5045 0.52 14.0\nend\n")
+    stale = {"jobs": [0.2, *tl["jobs"]], "passes": [(1, 8, 0.2, 0.21, 1.0), *tl["passes"]]}  # a scoring job before
     t = step_gaps.timeline(b, tl)
     assert (t["jobs"], t["last_job_ms"], t["prefill_wall_ms"], t["first_step_ms"]) == (3, 30.0, 45.5, 20.0)
     assert t["passes"][0] == {"prompts": 2, "tokens": 1024, "start_ms": 10.0, "wall_ms": 30.0, "device_ms": 29.5}
@@ -77,10 +78,10 @@ def test_step_gaps_reads_device_times() -> None:
     # run holds no burst (a second one, later) is left out.
     clock = {"origin_s": 0.47, "sent_ms": [0.5, 1.0, 2.0], "first_ms": [52.0, 60.0, None], "last_ms": [80.0, 75.0, None]}
     late = {**clock, "origin_s": 9.0}
-    [j] = step_gaps.client_bursts([b], [tl], {"c": {"clock": clock}, "c2": {"clock": late}, "x": {"skipped": "deadline"}})
+    [j] = step_gaps.client_bursts([b], [stale], {"c": {"clock": clock}, "c2": {"clock": late}, "x": {"skipped": "deadline"}})
     assert j["scenario"] == "c" and j["sent_ms"] == [0.5, 2.0] and j["arrived_ms"] == [10.0, 40.0]
     assert (j["first_step_ms"], j["top_batch"], j["top_first_step_ms"]) == (30.0, 64, 530.0)
-    assert j["passes"][1]["start_ms"] == 34.5 and j["first_token_ms"] == [52.0, 60.0, 60.0] and j["last_token_ms"] == 80.0
+    assert len(j["passes"]) == 2 and j["passes"][1]["start_ms"] == 34.5 and j["first_token_ms"] == [52.0, 60.0, 60.0] and j["last_token_ms"] == 80.0
 
 
 def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
