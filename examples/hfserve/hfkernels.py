@@ -1336,7 +1336,7 @@ def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # --mm-glu on: the decode step's gate/up GEMM and SwiGLU as one _mm_kernel launch (GLU) per (row bucket, 2 x INTER,
-# K) listed here; other shapes keep the two launches. Not yet timed on the H200 (benchmarks/gpu/glu_bench.py
+# K) listed here; other shapes keep the two launches. Not yet timed on the H200 (benchmarks/gpu/mm_bench.py --glu-only
 # prints this table from its sweep): each entry is the gate_up launch of MM_CONFIGS (or at 16 rows, 32's) with
 # half its BLOCK_N, i.e. the same W bytes per program (a GLU program reads a gate and an up tile per K step).
 MM_GLU_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
