@@ -154,7 +154,10 @@ def test_a_slow_candidates_screen_is_stopped_early_and_ends_as_it_would_have(tmp
     # No floors: TPOT is unbounded while unmeasured, so the decode (measured first) carries no rule, runs whole.
     assert all(b[2] is None and not b[4] for b in host.benched if b[1] == "decode@0.25"), host.benched
     assert max(b[3] for b in burst) < min(b[3] for b in uburst) / 5, (burst, uburst)
-    assert cut.timings["screen"] < uncut.timings["screen"] - 0.8, (cut.timings, uncut.timings)
+    # ... and the trial's screen phase is shorter for it. Its wall time also holds the deploy and the decode bench,
+    # which a shared machine stretches (a fresh-clone CI run saw the cut screen at 1.38 s against 1.73 s uncut, the
+    # burst itself cut as above): the ratio is the burst's (b[3]), here only the direction.
+    assert cut.timings["screen"] < uncut.timings["screen"], (cut.timings, uncut.timings)
     # The knowledge base learns from measured scores: the uncut short score is one, the stopped one's bound is not.
     assert is_stopped(cut) and not is_stopped(uncut)
     assert {SLOW} == {o["knobs"]["tpot_ms"] for o in distill(ustore, urun_id).observations}
