@@ -190,6 +190,26 @@ def interpreted(monkeypatch):
 STEP_TOL = {torch.float32: 1e-4, torch.bfloat16: 4 * 2.0 ** -6}
 
 
+def _one_step(fm: FastModel, prompts: list, K0: torch.Tensor, V0: torch.Tensor, kernels: str,
+              **settings: str | bool) -> tuple[torch.Tensor, list[int]]:
+    """One eager decode step of ``prompts``' last tokens from the pool ``K0``/``V0``, under ``kernels`` and the
+    FastModel ``settings`` (decode_attn=..., mm_glu=...: each set_<name>); all put back after. (logits, ids)."""
+    b = len(prompts)
+    fm.K.copy_(K0)
+    fm.V.copy_(V0)
+    fm.set_kernels(kernels)
+    for name, val in settings.items():
+        getattr(fm, f"set_{name}")(val)
+    try:
+        logits, ids = GraphDecoder(fm, max_batch=b, use_graphs=False).step([int(p[-1]) for p in prompts],
+                                                                            [len(p) - 1 for p in prompts])
+        return logits[:b].clone(), ids
+    finally:
+        fm.set_mm_glu(False)
+        fm.set_decode_attn("default")
+        fm.set_kernels("torch")
+
+
 def _step_close(dtype: torch.dtype):
     """``close(a, b)``: equal within STEP_TOL[dtype] (relative and absolute), compared in float32."""
     tol = STEP_TOL[dtype]
@@ -294,15 +314,7 @@ def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
     K0, V0 = fm.K.clone(), fm.V.clone()
 
     def run(kern: str, b: int) -> tuple[torch.Tensor, list[int]]:
-        fm.K.copy_(K0)
-        fm.V.copy_(V0)
-        fm.set_kernels(kern)
-        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
-        try:
-            logits, ids = dec.step([int(p[-1]) for p in prompts[:b]], [len(p) - 1 for p in prompts[:b]])
-            return logits[:b].clone(), ids
-        finally:
-            fm.set_kernels("torch")
+        return _one_step(fm, prompts[:b], K0, V0, kern)
 
     want, want_ids = run("triton", 1)
     Kw, Vw = fm.K.clone(), fm.V.clone()
@@ -734,15 +746,7 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     assert b > kernels.MV_MAX_ROWS
 
     def run(kern: str) -> tuple[torch.Tensor, list[int]]:
-        fm.K.copy_(K0)
-        fm.V.copy_(V0)
-        fm.set_kernels(kern)
-        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
-        try:
-            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
-            return logits[:b].clone(), ids
-        finally:
-            fm.set_kernels("torch")
+        return _one_step(fm, prompts, K0, V0, kern)
 
     want, want_ids = run("triton")
     Kw, Vw = fm.K.clone(), fm.V.clone()
@@ -771,7 +775,6 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
 
     fm, prompts = _prefilled(torch.float32)
     K0, V0 = fm.K.clone(), fm.V.clone()
-    b = len(prompts)
     cfg = kernels.MmCfg(32, 32, 4, 2)
     L0 = fm.layers[0]
     shapes = {tuple(t.shape) for t in (L0["qkv"], L0["o"], L0["gu"], L0["down"], fm.lm_head)}
@@ -779,17 +782,7 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
     monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
 
     def run(glu: bool) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-        fm.K.copy_(K0)
-        fm.V.copy_(V0)
-        fm.set_kernels("triton-mm")
-        fm.set_mm_glu(glu)
-        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
-        try:
-            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
-            return logits[:b].clone(), ids, fm.K.clone()
-        finally:
-            fm.set_mm_glu(False)
-            fm.set_kernels("torch")
+        return (*_one_step(fm, prompts, K0, V0, "triton-mm", mm_glu=glu), fm.K.clone())
 
     want, want_ids, want_k = run(False)
     seen, real = [], kernels.mm_gemm
@@ -895,17 +888,7 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     monkeypatch.setitem(kernels._OPS, "triton", dataclasses.replace(kernels._OPS["triton"], decode_attn=spy))
 
     def run(how: str) -> tuple[torch.Tensor, list[int]]:
-        fm.K.copy_(K0)
-        fm.V.copy_(V0)
-        fm.set_kernels("triton")
-        fm.set_decode_attn(how)
-        dec = GraphDecoder(fm, max_batch=b, use_graphs=False)
-        try:
-            logits, ids = dec.step([int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts])
-            return logits[:b].clone(), ids
-        finally:
-            fm.set_decode_attn("default")
-            fm.set_kernels("torch")
+        return _one_step(fm, prompts, K0, V0, "triton", decode_attn=how)
 
     want, want_ids = run("default")
     assert seen == [None] * len(fm.layers)  # the default launch: attn_config's table, as before the knob
