@@ -310,7 +310,7 @@ class GluCase(MmCase):
         return kernels.mm_gemm(x, w, c, nt_short=int(self.bug == "skip_k_tile"), glu=self.inter)
 
 
-def glu_row(cs: GluCase, reps: int, margin: float) -> dict:
+def glu_row(cs: GluCase, reps: int, margin: float, layers: int = LAYERS) -> dict:
     """Finals of one GLU case: its best 3 at full length against today's two launches, in graphs (L2 cold)."""
     fin = {c: cs.time_cfg(c, reps) for c in cs.best(3)}
     fin = {c: t for c, t in fin.items() if math.isfinite(t)}
@@ -322,7 +322,7 @@ def glu_row(cs: GluCase, reps: int, margin: float) -> dict:
     row["glu_us"] = G.graph_us(cs.calls(lambda x, w, c=best: cs.launch(x, w, c)), reps) if best else math.inf
     row["speedup"] = row["today_us"] / row["glu_us"]
     row["winner"] = "glu" if row["speedup"] > 1.0 + margin else "today"
-    row["step_gain_ms"] = (row["today_us"] - row["glu_us"]) * LAYERS / 1e3 if best else 0.0
+    row["step_gain_ms"] = (row["today_us"] - row["glu_us"]) * layers / 1e3 if best else 0.0
     return row
 
 
@@ -337,17 +337,12 @@ def glu_table(rows: list[dict]) -> str:
     return "\n".join(lines + ["}"])
 
 
-def glu_part(res: dict, args, shapes: dict, device: str, gen, log, t0: float, budget: float, pool) -> dict:
+def glu_part(res: dict, args, cases: list[GluCase], layers: int, log, t0: float, budget: float) -> dict:
     """--glu-only: the gate/up shape's GLU launch at each M against today's two launches (the budget's 0.85)."""
-    n, k = shapes["gate_up"]
-    w = [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16) for _ in range(LAYERS)]
-    cases = [GluCase("gate_up", n, k, m, w, gen) for m in MS]
-    if pool is not None:
-        pool.shutdown()
-    G._tune(cases, {id(cs): glu_space(n, k, cs.m) for cs in cases}, t0 + 0.85 * budget)
+    G._tune(cases, {id(cs): glu_space(cs.n, cs.k, cs.m) for cs in cases}, t0 + 0.85 * budget)
     res["glu"] = []
     for cs in cases:
-        row = glu_row(cs, args.reps, args.margin)
+        row = glu_row(cs, args.reps, args.margin, layers)
         res["glu"].append(row)
         log(f"gate/up + SwiGLU M={cs.m}: today {row['today_us']:.1f} us, GLU {row['glu_us']:.1f} us ({row['best_label']}, "
             f"{row['configs_timed']} timed, {row['n_failed']} failed): x{row['speedup']:.3f}, step gain "
@@ -478,24 +473,22 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     if device == "cuda":
         dev = torch.cuda.get_device_properties(0)
         res["meta"].update(device=dev.name, sms=dev.multi_processor_count)
-    if glu_only:
-        recs = G.wait_compiled(None, futs)
-        res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
-                                 "s": round(time.perf_counter() - t0, 1)}
-        log(f"GLU: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
-        return glu_part(res, args, shapes, device, gen, log, t0, budget, pool)
+    swept = {"gate_up": shapes["gate_up"]} if glu_only else shapes  # --glu-only: gate/up's GLU cases alone
     weights = {name: [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16)
-                      for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in shapes.items()}
-    cases = [MmCase(name, n, k, m, weights[name], gen) for name, (n, k) in shapes.items() for m in MS]
+                      for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in swept.items()}
+    case = GluCase if glu_only else MmCase
+    cases = [case(name, n, k, m, weights[name], gen) for name, (n, k) in swept.items() for m in MS]
     log(f"weights and references ready; waiting for {len(jobs1)} stage-1 compiles (GEMM and attention)")
     recs = G.wait_compiled(None, futs)
     res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
                              "s": round(time.perf_counter() - t0, 1)}
     log(f"stage 1: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
 
-    if attn_only:  # the whole budget to the attention sweeps
+    if attn_only or glu_only:  # the whole budget to the attention sweeps, or to the GLU launch
         if pool is not None:
             pool.shutdown()
+        if glu_only:
+            return glu_part(res, args, cases, layers, log, t0, budget)
         return attn_part(res, args, attn_bs, kvs, device, gen, log, t0, budget)
     G._tune(cases, {id(cs): space(cs.n, cs.k, cs.m) for cs in cases}, t0 + 0.45 * budget)
     for cs in cases:
