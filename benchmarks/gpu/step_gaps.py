@@ -76,14 +76,19 @@ def timelines(text: str) -> list[dict]:
     return out
 
 
+def _pass_rows(passes: list[tuple], ms) -> list[dict]:
+    """The timeline's prefill passes as rows: prompts, tokens, start (``ms(start)``), wall and device ms."""
+    return [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2), "device_ms": d}
+            for n, k, a, b, d in passes]
+
+
 def timeline(burst: list[tuple], tl: dict) -> dict:
     """Where a burst's time went, ms from its first arrival: the arrivals' spread, each prefill pass (prompts,
     tokens, start, wall and device ms; device -1 off the GPU), the first step's start and the last one's."""
     t0 = min(tl["jobs"] + [p[2] for p in tl["passes"]] + [burst[0][1]])
     ms = lambda t: round((t - t0) * 1000, 2)  # noqa: E731
     return {"jobs": len(tl["jobs"]), "last_job_ms": ms(max(tl["jobs"])) if tl["jobs"] else None,
-            "passes": [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2),
-                        "device_ms": d} for n, k, a, b, d in tl["passes"]],
+            "passes": _pass_rows(tl["passes"], ms),
             "prefill_wall_ms": round(sum(b - a for _, _, a, b, _ in tl["passes"]) * 1000, 2),
             "first_step_ms": ms(burst[0][1]), "last_step_ms": ms(burst[-1][1])}
 
@@ -103,8 +108,7 @@ def joint(burst: list[tuple], tl: dict, clock: dict) -> dict:
     passes = [p for p in tl["passes"] if p[2] >= o]
     return {"sent_ms": [sent[0], sent[-1]] if sent else None,
             "arrived_ms": [ms(min(jobs)), ms(max(jobs))] if jobs else None,
-            "passes": [{"prompts": n, "tokens": k, "start_ms": ms(a), "wall_ms": round((b - a) * 1000, 2),
-                        "device_ms": d} for n, k, a, b, d in passes],
+            "passes": _pass_rows(passes, ms),
             "first_step_ms": ms(burst[0][1]), "top_batch": top,
             "top_first_step_ms": ms(next(r[1] for r in burst if r[0] == top)), "last_step_ms": ms(burst[-1][1]),
             "first_token_ms": [first[0], first[len(first) // 2], first[-1]] if first else None,
