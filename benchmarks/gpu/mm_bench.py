@@ -192,13 +192,14 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
     t = time.perf_counter()
     bf, f32 = torch.bfloat16, torch.float32
     try:
-        if job[0] == "mm":  # ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, split-K partials[, GLU])
-            _, bm, bn, bk, w, st, sw, ev, part, *glu = job
-            glu = bool(glu and glu[0])
+        if job[0] == "mm":  # ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, split-K partials[, GLU[, NORM, RES]])
+            _, bm, bn, bk, w, st, sw, ev, part, *fuse = job
+            glu, norm, res = (bool(f) for f in (*fuse, False, False, False)[:3])
             out_n = n // 2 if glu else n  # GLU: W is [gate; up], the output half as wide
             ck = kernels._mm_kernel.warmup(bf, bf, f32 if part else bf, bm, out_n, k, 4, k, k, bm * n if part else 0,
-                                           out_n, out_n if glu else 0, grid=(1,), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                                           EVEN_N=True, EVEN_K=True, SWAP=sw, EVICT=ev, STAGES=st, F32=False, GLU=glu,
+                                           out_n, out_n if glu else 0, bf, bf, out_n, 1e-5, grid=(1,), BLOCK_M=bm,
+                                           BLOCK_N=bn, BLOCK_K=bk, EVEN_N=True, EVEN_K=True, SWAP=sw, EVICT=ev,
+                                           STAGES=st, F32=False, GLU=glu, NORM=norm, RES=res and not part,
                                            num_warps=w, num_stages=st)
             if inspect:  # Hopper's wgmma, the shared memory the pipeline takes, registers and spills
                 rec["wgmma"] = "warp_group_dot" in ck.asm["ttgir"]
@@ -206,7 +207,7 @@ def _compile(job: tuple, n: int, k: int, arch: int, inspect: bool = False) -> di
                 rec.update(G.res_usage(ck.asm["cubin"]))
             if part:
                 kernels._splitk_reduce_kernel.warmup(f32, bf, n, 4, bm * n, n, n, grid=(1,),
-                                                     BLOCK=kernels.MM_RED_BLOCK, num_warps=4)
+                                                     BLOCK=kernels.MM_RED_BLOCK, RES=res, num_warps=4)
         elif job[0] == "attn":  # ("attn", split, block_n, warps, stages, LOWP[, fp8 KV pool])
             _, split, bn, w, st, lowp, *kv8 = job
             kv = torch.float8_e4m3fn if kv8 and kv8[0] else bf

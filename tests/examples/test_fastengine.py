@@ -206,6 +206,7 @@ def _one_step(fm: FastModel, prompts: list, K0: torch.Tensor, V0: torch.Tensor, 
         return logits[:b].clone(), ids
     finally:
         fm.set_mm_glu(False)
+        fm.set_mm_norm(False)
         fm.set_decode_attn("default")
         fm.set_kernels("torch")
 
@@ -798,6 +799,73 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
     fm.set_kernels("triton")
     with pytest.raises(ValueError, match="--mm-glu on needs --kernels triton-mm"):
         fm.set_mm_glu(True)
+    fm.set_kernels("torch")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch) -> None:
+    """--mm-norm on (kernels="triton-mm"): a batch-3 decode step runs no norm launch: each norm is a GEMM's prologue
+    (QKV, gate/up, lm_head; with --mm-glu the GLU launch's), each residual add a GEMM's epilogue (O; down through
+    split-K's reduction); logits within the step tolerance of the unfused step, the same ids and KV pool (K, V come
+    from the first norm's GEMM: equal within the tolerance). Both ways: the norm GEMMs one K tile short, or the
+    residual adds one tile short, are caught. Unlisted shapes: the norm and add launches (the unfused step's
+    arithmetic: bit for bit in float32). Refused without triton-mm."""
+    import hfkernels as kernels
+
+    close = _step_close(dtype)
+    fm, prompts = _prefilled(dtype)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    L0 = fm.layers[0]
+    cfgs = {(16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["o"], L0["gu"], fm.lm_head)}
+    monkeypatch.setattr(kernels, "MM_CONFIGS", cfgs)
+    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    fuse = {("norm", 16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["gu"], fm.lm_head)}
+    fuse |= {("res", 16, *L0["o"].shape): kernels.MmCfg(16, 32, 4, 2, 1, True),
+             ("res", 16, *L0["down"].shape): kernels.MmCfg(32, 32, 4, 2, 2),  # split-K: the add in the reduction
+             ("glu_norm", 16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)}
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+
+    def run(**kw: bool) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+        return (*_one_step(fm, prompts, K0, V0, "triton-mm", **kw), fm.K.clone())
+
+    want, want_ids, want_k = run()
+    seen, real = [], kernels.mm_gemm
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(
+        ("n" if kw.get("norm") else "") + ("r" if kw.get("res") is not None else "") + ("g" if kw.get("glu") else ""))
+        or real(x, w, c, **kw))
+    norms, ops = [], kernels._OPS["triton-mm"]  # the step's norm launches, counted where FastModel takes them
+    monkeypatch.setitem(kernels._OPS, "triton-mm", dataclasses.replace(ops, **{
+        name: lambda *a, _f=getattr(ops, name), **k: norms.append(1) or _f(*a, **k) for name in ("rmsnorm", "add_rmsnorm")}))
+    n = len(fm.layers)
+    run()
+    assert len(norms) == 2 * n + 1  # unfused: layer 0's norm, then an add + norm after O and after down
+    norms.clear()
+    for glu in (False, True):
+        seen.clear()
+        got, got_ids, got_k = run(mm_norm=True, mm_glu=glu)
+        assert seen.count("r") == 2 * n and seen.count("n") == n + 1 + (0 if glu else n), seen  # QKV, lm_head (gate/up)
+        assert seen.count("ng") == (n if glu else 0) and len(seen) == 4 * n + 1, seen
+        assert not norms  # no norm launch left in the step
+        assert close(got, want) and got_ids == want_ids and close(got_k, want_k), (got - want).abs().max()
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "glu_norm"
+                                                     and k[2:] != tuple(L0["gu"].shape)})
+    seen.clear()
+    got = run(mm_norm=True, mm_glu=True)[0]  # gate/up's fused launches not listed: ln2's norm launch, the GLU launch
+    assert seen.count("g") == n and seen.count("ng") == 0 and len(norms) == n and close(got, want), seen
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+    short = {"n": lambda kw: bool(kw.get("norm")), "r": lambda kw: kw.get("res") is not None}
+    for which in ("n", "r"):  # both ways: a short norm GEMM, or a short residual add, is caught
+        monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, _s=short[which], **kw: real(x, w, c, nt_short=int(_s(kw)), **kw))
+        assert not close(run(mm_norm=True)[0], want), which
+    monkeypatch.setattr(kernels, "mm_gemm", real)
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {})
+    fb, plain = run(mm_norm=True)[0], want  # nothing listed: the norm and add launches, the unfused step's arithmetic
+    assert torch.equal(fb, plain) if dtype == torch.float32 else close(fb, plain)  # (the interpreter's bf16 add rounds
+    # its own way, torch's CPU add another)
+    fm.set_kernels("triton-mv")
+    with pytest.raises(ValueError, match="--mm-norm on needs --kernels triton-mm"):
+        fm.set_mm_norm(True)
     fm.set_kernels("torch")
 
 

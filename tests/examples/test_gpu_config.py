@@ -184,3 +184,22 @@ def test_mm_glu_is_a_knob_of_the_skinny_gemm_only() -> None:
     with pytest.raises(SystemExit, match="--mm-glu on needs --kernels triton-mm, not triton-mv"):
         parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", "triton-mv",
                "--mm-glu", "on"])
+
+
+def test_mm_norm_is_a_knob_of_the_skinny_gemm_only() -> None:
+    """--mm-norm (the norms folded into the skinny GEMMs) is a knob only with --kernels triton-mm under CUDA graphs:
+    rendered, it parses (with --mm-glu beside it); with any other kernels it is not in the knob set, and the server
+    refuses it in one line."""
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    parse = _server_parser()
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_norm": "on", "mm_glu": "on"}
+    knobs = active_only(target, base | {"kernels": "triton-mm"})
+    assert knobs["mm_norm"] == "on"
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+    assert (args.kernels, args.mm_norm, args.mm_glu) == ("triton-mm", "on", "on")
+    for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
+        assert "mm_norm" not in active_only(target, base | {"kernels": kern})
+    assert target.knobs["mm_norm"].default == "off" and "mm_norm" not in target.baseline_knobs()
+    with pytest.raises(SystemExit, match="--mm-norm on needs --kernels triton-mm, not triton"):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", "triton",
+               "--mm-norm", "on"])

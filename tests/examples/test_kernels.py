@@ -632,6 +632,76 @@ def test_mm_gemm_glu_is_gemm_then_silu_mul(dtype) -> None:
         K.mm_gemm(x, w, K.MmCfg(16, 64, 4, 2, 2), glu=inter)  # split-K has no SwiGLU epilogue
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_gemm_norm_is_rmsnorm_then_gemm(dtype) -> None:
+    """NORM (--mm-norm): the GEMM of the residual stream x with RMSNorm(x) * ln in its prologue, at a ragged N (40)
+    and K (320), 20 and 64 rows, both dot orientations, with and without GLU: the exact (float64) rmsnorm-then-GEMM
+    within the tolerance, and the two launches (rmsnorm, mm_gemm) within one rounding of the output (with GLU: no
+    further from the exact SwiGLU than they are); both ways: one K tile short, or the
+    norm's weight or its scale left out, is caught. Split-K has no NORM."""
+    n, k, eps, inter = 40, 320, 1e-5, 40
+    ln = (1.0 + 0.5 * torch.randn(k, generator=torch.Generator().manual_seed(7))).to(dtype)
+    for m in (20, 64):
+        x, w = _mv_case(dtype, 2 * n, k, m=m, seed=71)
+        x = x * 3.0  # rows whose rms is far from 1: a missing scale shows
+        xd = x.double()
+        h = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * ln.double()
+        want = (h @ w.double().t()).to(dtype)
+        gu = h @ w.double().t()
+        want_glu = torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]
+        for cfg in (K.MmCfg(16, 64, 4, 2), K.MmCfg(32, 32, 4, 3, 1, True, ""), K.MmCfg(16, 32, 8, 1)):
+            got = K.mm_gemm(x, w, cfg, norm=(ln, eps))
+            assert got.shape == (m, 2 * n) and got.dtype == dtype
+            assert close(got, want, dtype), (m, cfg.label(), (got.float() - want.float()).abs().max())
+            two = K.mm_gemm(K.rmsnorm(x, ln, eps), w, cfg)
+            assert close(got, two, dtype), (m, cfg.label())
+            # with GLU (SwiGLU's three roundings magnify a one-ulp difference): no further from the exact SwiGLU than
+            # the two launches (rmsnorm, then the GLU launch) are
+            err = (K.mm_gemm(x, w, cfg, glu=inter, norm=(ln, eps)).double() - want_glu).abs().max()
+            two_err = (K.mm_gemm(K.rmsnorm(x, ln, eps), w, cfg, glu=inter).double() - want_glu).abs().max()
+            assert err <= 1.25 * two_err + TOL[dtype] ** 2, (m, cfg.label(), err, two_err)
+            assert not close(K.mm_gemm(x, w, cfg, norm=(ln, eps), nt_short=1), want, dtype), (m, cfg.label())
+            assert not close(K.mm_gemm(x, w, cfg, norm=(torch.ones_like(ln), eps)), want, dtype)  # ln left out
+            assert not close(K.mm_gemm(x, w, cfg), want, dtype)  # the scale left out
+    with pytest.raises(AssertionError, match="NORM"):
+        K.mm_gemm(x, w, K.MmCfg(16, 64, 4, 2, 2), norm=(ln, eps))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_gemm_res_is_the_residual_add(dtype) -> None:
+    """RES (--mm-norm): ``res + x @ w.T`` written into res, in the epilogue (one split) or in split-K's reduction,
+    both orientations, 20 and 64 rows: bit for bit add_rmsnorm's residual (today's add of mm_gemm's rounded output),
+    in place; both ways: one
+    K tile short is caught. mm_res_linear (mm_norm_linear) launches it only where MM_FUSE_CONFIGS lists ("res" or
+    "norm", the shape), a split one never for "norm" (None otherwise, res untouched)."""
+    for m in (20, 64):
+        x, w = _mv_case(dtype, 40, 320, m=m, seed=81)
+        r0 = _rand(m, 40, dtype=dtype, seed=83)
+        ones = torch.ones(40, dtype=dtype)
+        for cfg in MM_CFGS:
+            want = K.add_rmsnorm(r0, K.mm_gemm(x, w, cfg), ones, 1e-5)[0]  # today's residual add (its own launch)
+            r = r0.clone()
+            got = K.mm_gemm(x, w, cfg, res=r)
+            assert got.data_ptr() == r.data_ptr() and torch.equal(r, want), (m, cfg.label())
+            assert not close(K.mm_gemm(x, w, cfg, res=r0.clone(), nt_short=1), want, dtype), (m, cfg.label())
+    cfg = K.MmCfg(16, 64, 4, 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(K, "MM_FUSE_CONFIGS", {("res", 64, 40, 320): cfg, ("res", 32, 40, 320): K.MmCfg(32, 32, 4, 3, 2),
+                                          ("norm", 64, 40, 320): cfg, ("norm", 32, 40, 320): K.MmCfg(32, 32, 4, 3, 2)})
+        r = r0.clone()
+        assert torch.equal(K.mm_res_linear(x, w, r), K.mm_gemm(x, w, cfg, res=r0.clone()))
+        r = r0[:20].clone()
+        assert torch.equal(K.mm_res_linear(x[:20], w, r), K.mm_gemm(x[:20], w, K.MmCfg(32, 32, 4, 3, 2), res=r0[:20].clone()))
+        r = r0[:1].clone()
+        assert K.mm_res_linear(x[:1], w, r) is None and torch.equal(r, r0[:1])  # one row: the GEMV's
+        ln = torch.ones(320, dtype=dtype)
+        assert torch.equal(K.mm_norm_linear(x, ln, 1e-5, w), K.mm_gemm(x, w, cfg, norm=(ln, 1e-5)))
+        assert K.mm_norm_linear(x[:20], ln, 1e-5, w) is None  # the 32-row launch is split: no NORM
+        assert K.mm_norm_linear(x, ln, 1e-5, w[:, :-1]) is None  # an unlisted shape
+        assert K.mm_norm_linear(x[:16], ln, 1e-5, w) is None  # an unlisted row bucket
+        assert K.mm_glu_linear(x, w, 20, norm=(ln, 1e-5)) is None  # no ("glu_norm", ...) entry
+
+
 def test_mm_linear_falls_back_unless_listed() -> None:
     """mm_linear is exactly x @ w.t(), without a launch, for an empty MM_CONFIGS, an
     unlisted shape or row bucket, and more rows than 64; a listed (row bucket, N, K) launches mm_gemm

@@ -144,6 +144,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     decode attention and the RoPE + KV store kernels over an fp8 pool (--kv-cache-dtype fp8) too. Over an fp8
     pool, bf16 dots (LOWP 1) read P @ V's operand from shared memory a byte at a time; with the tiles widened
     in registers first (LOWP 3, AttnCfg.reg) no byte is read alone and the tiles go through ldmatrix, as bf16's do.
+    --mm-glu's and --mm-norm's launches (their tables' configs at 64 rows): wgmma, no spills.
     Compiled, not interpreted: a subprocess."""
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
@@ -162,7 +163,19 @@ print("bytes", [r.get("byte_loads") for r in recs[-4:]], "ldmatrix", [r.get("ldm
 glu = [M._compile(("mm", b, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, False, True),
                   28672, 4096, 90, True) for (b, _, _), c in sorted(M.kernels.MM_GLU_CONFIGS.items())]
 print("glu", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in glu]))
-bad = [r for r in recs + glu if "error" in r]
+# --mm-norm's launches at 64 rows: the norm in the prologue (QKV, gate/up with GLU, lm_head) and the residual add in the
+# epilogue (O) or in split-K's reduction (down), each with its table's config
+K_ = M.kernels
+F_ = K_.MM_FUSE_CONFIGS
+fz = [(F_["norm", 64, 6144, 4096], 6144, 4096, False, True, False),
+      (F_["glu_norm", 64, 28672, 4096], 28672, 4096, True, True, False),
+      (F_["norm", 64, 32000, 4096], 32000, 4096, False, True, False),
+      (F_["res", 64, 4096, 4096], 4096, 4096, False, False, True),
+      (F_["res", 64, 4096, 14336], 4096, 14336, False, False, True)]
+fz = [M._compile(("mm", 64, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1, g, nm, rs), n, k, 90, True)
+      for c, n, k, g, nm, rs in fz]
+print("fuse", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in fz]))
+bad = [r for r in recs + glu + fz if "error" in r]
 print("errors", bad)
 print("wgmma", [r.get("wgmma") for r in recs[:3]])
 print("compiled", len(recs) - len(bad))
@@ -178,6 +191,8 @@ print("compiled", len(recs) - len(bad))
     assert "wgmma [True, True, True]" in res.stdout, res.stdout[-2000:]  # SWAP: wgmma at 16 rows too
     glu = json.loads(res.stdout.split("glu ")[1].split("\n")[0])
     assert len(glu) == 3 and all(g["wgmma"] and g["local"] == g["stack"] == 0 for g in glu), glu  # no spills
+    fuse = json.loads(res.stdout.split("fuse ")[1].split("\n")[0])
+    assert len(fuse) == 5 and all(f["wgmma"] and f["local"] == f["stack"] == 0 for f in fuse), fuse  # --mm-norm's too
 
 
 def test_glu_only_flow_on_the_cpu(monkeypatch) -> None:
