@@ -5,6 +5,7 @@
     python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
     python benchmarks/gpu/mm_bench.py --attn-only --kv bf16,fp8 [--out a.json] # attention over both pools (H200)
     python benchmarks/gpu/mm_bench.py --glu-only [--out g.json]              # gate/up + SwiGLU in one launch (H200)
+    python benchmarks/gpu/mm_bench.py --fuse-only [--out f.json]             # --mm-norm's launches (H200)
 
 Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
 the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
@@ -42,6 +43,20 @@ Prediction (2026-12-04, before any GPU number): at M=64 the GLU launch reads the
 1.8 MB out), the GEMM's own write of those 3.7 MB (~1 us) and the launch gap (~1-1.5 us in a graph): 62-64 ->
 60-61 us, -0.09..-0.13 ms per batch-64 step, C's burst -11..-17 ms (~0.3-0.4 points of its floor); at M=16/32
 ~3 us per layer.
+
+Fused (``--fuse-only``, ``--mm-norm``'s launches, at 16 and 64 rows). "norm": the GEMM of the residual stream x with
+RMSNorm(x) * ln in its prologue (each x tile times ln's slice, rounded, into the dot; the rows' sums of squares in the
+same K loop; the scale on the accumulator), against today's GEMM over the normed x; "glu_norm" the same in the GLU
+launch (against --mm-glu's); "res": the GEMM with the residual add in its epilogue (split-K: in the reduction),
+against today's GEMM then add_rmsnorm (the add and the next norm: the launch --mm-norm removes). Spaces: the GEMM's
+(one split for norm), the GLU launch's. It prints ``MM_FUSE_CONFIGS`` (winners only) and per M the step's gain with
+--mm-norm, alone and with --mm-glu. Prediction (2026-12-05, before any GPU number): at 64 rows each add_rmsnorm is
+~2.3 us of kernel + ~0.7 us of gap (profile_c_served_step9: 65 calls, 0.148 ms a step); RES adds one read of a
+[64, 4096] tile (~0.2 us); NORM costs the x tile a pass through registers each K step: with SWAP (qkv's launch) the
+tile goes back to shared memory for the dot (135 registers against 64, a fence a step), without it the dot takes it
+from registers: +0..2 us on qkv, +0..1 us on gate/up and lm_head. Per layer -2.5..-5.5 us, **-0.08..-0.18 ms a
+batch-64 step (C's burst -10..-23 ms)**; at 16 rows (D's batch 4) about the same per layer. A NORM launch may lose
+to today's at SWAP (qkv): the sweep then lists only the ones that win, and the step keeps the others' norm launches.
 
 GPU command (one ``nvidia-h200`` call, from the repository root; ~130 s: ~15 s of parallel compiles, the
 budget's tuning, finals and the attention sweep)::
@@ -91,6 +106,10 @@ kernels = G.kernels
 MmCfg, AttnCfg = kernels.MmCfg, kernels.AttnCfg
 SHAPES, LAYER_SHAPES, LAYERS, CALLS = G.SHAPES, G.LAYER_SHAPES, G.LAYERS, G.CALLS
 MS = (16, 32, 64)
+FUSE_MS = (16, 64)  # --fuse-only's row buckets: D's batch 4 (16) and C's 64
+FUSE_SHAPES = (("norm", "qkv"), ("norm", "gate_up"), ("norm", "lm_head"), ("glu_norm", "gate_up"), ("res", "o"),
+               ("res", "down"))
+EPS = 1e-5  # the 7B's rms_norm_eps
 CEILING_GBS = 4270.0  # the H200's measured copy ceiling (docs/benchmarks.md, sol.json)
 SMEM_BUDGET = 220 * 1024  # of the SM's 227 KB: STAGES x (BLOCK_N + BLOCK_M) x BLOCK_K x 2 bytes of tiles
 BUGS = ("", "skip_k_tile", "attn_short")
@@ -128,11 +147,22 @@ def space(n: int, k: int, m: int, stage: int = 1, around: list[MmCfg] | None = N
     return sorted({c for c in cands if ok(c)}, key=astuple)
 
 
-def variant(c: MmCfg, m: int, glu: bool = False) -> tuple:
+def variant(c: MmCfg, m: int, glu: bool = False, kind: str = "") -> tuple:
     """What a compile depends on: ("mm", BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, SWAP, EVICT, float32 P), and
-    True last for a GLU launch (gate/up + SwiGLU: --mm-glu)."""
-    return ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1,
-            *((True,) if glu else ()))
+    True last for a GLU launch (gate/up + SwiGLU: --mm-glu); a --mm-norm launch (``kind`` "norm", "glu_norm" or
+    "res") appends (GLU, NORM, RES)."""
+    base = ("mm", kernels.mm_rows(m), c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1)
+    if kind:
+        return (*base, kind == "glu_norm", kind != "res", kind == "res")
+    return (*base, *((True,) if glu else ()))
+
+
+def fuse_space(kind: str, n: int, k: int, m: int) -> list[MmCfg]:
+    """A --mm-norm launch's space: "res" the GEMM's (split-K adds in its reduction), "norm" the GEMM's with one split
+    (the sums of squares need the whole row), "glu_norm" the GLU launch's."""
+    if kind == "glu_norm":
+        return glu_space(n, k, m)
+    return [c for c in space(n, k, m) if kind == "res" or c.split_k == 1]
 
 
 def glu_space(n: int, k: int, m: int) -> list[MmCfg]:
@@ -353,6 +383,114 @@ def glu_part(res: dict, args, cases: list[GluCase], layers: int, log, t0: float,
     return res
 
 
+class FuseCase(MmCase):
+    """A --mm-norm launch (``kind``): "norm" / "glu_norm", x the residual stream and RMSNorm(x) * ln the GEMM's input
+    (in its prologue; glu_norm: the GLU launch's), or "res", ``res + x @ W.T`` written into a residual by the epilogue
+    (or split-K's reduction). ``today`` is what the engine runs without --mm-norm: the GEMM (kernels.mm_linear;
+    glu_norm: --mm-glu's launch, mm_glu_linear) over the normed x, or the GEMM, then add_rmsnorm (the residual add
+    and the next norm in one launch: what a RES launch and the next GEMM's NORM take over between them). The
+    reference is float64; the tolerance comes from today's own error against it. A step's norm launches are counted
+    once, in the "res" cases (each add_rmsnorm is the residual add and the next GEMM's norm): a "norm" case's today is
+    the GEMM alone over x already normed (layer 0's lone rmsnorm, ~2 us a step, is left out)."""
+
+    def __init__(self, kind: str, name: str, n: int, k: int, m: int, ws: list[torch.Tensor], gen: torch.Generator) -> None:
+        super().__init__(name, n, k, m, ws, gen)
+        self.kind, self.inter = kind, n // 2
+        dev = ws[0].device
+        self.ln = (1.0 + 0.3 * torch.randn(k, device=dev, generator=gen)).to(torch.bfloat16)
+        self.ln_n = (1.0 + 0.3 * torch.randn(n, device=dev, generator=gen)).to(torch.bfloat16)  # res: the next norm's
+        if kind == "res":
+            self.r = torch.randn(m, n, device=dev, generator=gen).to(torch.bfloat16)
+            self.rbuf = self.r.clone()
+            self.ref = self.r.double() + self.ref
+        else:
+            self.h = kernels.rmsnorm(self.x, self.ln, EPS)  # today's GEMM input: the norm launch is the res cases'
+            xd = self.x.double()
+            h = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + EPS) * self.ln.double()
+            self.ref = h @ ws[0].double().t()
+            if kind == "glu_norm":
+                self.ref = F.silu(self.ref[:, :self.inter]) * self.ref[:, self.inter:]
+        self.err_cublas = (self.today(self.x, ws[0]).double() - self.ref).abs().max().item()
+
+    def today(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.kind == "res":
+            return kernels.add_rmsnorm(self.r, kernels.mm_linear(x, w), self.ln_n, EPS)[0]
+        h = self.h
+        if self.kind == "glu_norm":
+            y = kernels.mm_glu_linear(h, w, self.inter)
+            return y if y is not None else kernels.silu_mul(kernels.mm_linear(h, w), self.inter)
+        return kernels.mm_linear(h, w)
+
+    def launch(self, x: torch.Tensor, w: torch.Tensor, c: MmCfg) -> torch.Tensor:
+        short = int(self.bug == "skip_k_tile")
+        if self.kind == "res":
+            return kernels.mm_gemm(x, w, c, nt_short=short, res=self.rbuf)
+        return kernels.mm_gemm(x, w, c, nt_short=short, norm=(self.ln, EPS), glu=self.inter if self.kind == "glu_norm" else 0)
+
+    def time_cfg(self, c: MmCfg, reps: int) -> float:
+        if self.kind == "res" and c not in self.timed:
+            self.rbuf.copy_(self.r)  # the checked first launch adds into the residual it was built from
+        return super().time_cfg(c, reps)
+
+
+def fuse_row(cs: MmCase, reps: int, margin: float, layers: int = LAYERS) -> dict:
+    """Finals of one GLU or --mm-norm case: its best 3 at full length against ``today`` (the launches the fused one
+    replaces), in graphs (L2 cold); the step gain counts ``layers`` calls a step (the lm_head's: one)."""
+    fin = {c: cs.time_cfg(c, reps) for c in cs.best(3)}
+    fin = {c: t for c, t in fin.items() if math.isfinite(t)}
+    best = min(fin, key=fin.get) if fin else None
+    row = {"shape": cs.name, "kind": getattr(cs, "kind", "glu"), "N": cs.n, "K": cs.k, "M": cs.m,
+           "configs_timed": len(cs.timed), "n_failed": len(cs.failed), "failed": cs.failed[:5],
+           "best_cfg": list(astuple(best)) if best else None, "best_label": best.label() if best else "-",
+           "finalists_us": {c.label(): t for c, t in fin.items()}, "today_us": G.graph_us(cs.calls(cs.today), reps)}
+    row["fused_us"] = G.graph_us(cs.calls(lambda x, w, c=best: cs.launch(x, w, c)), reps) if best else math.inf
+    row["speedup"] = row["today_us"] / row["fused_us"]
+    row["winner"] = "fused" if row["speedup"] > 1.0 + margin else "today"
+    calls = layers if cs.name in LAYER_SHAPES else 1
+    row["step_gain_ms"] = (row["today_us"] - row["fused_us"]) * calls / 1e3 if best else 0.0
+    return row
+
+
+def fuse_table(rows: list[dict]) -> str:
+    """hfkernels.MM_FUSE_CONFIGS of the winners, ready to paste."""
+    lines = ["MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {"]
+    for r in sorted(rows, key=lambda r: (r["kind"], r["shape"], r["M"])):
+        if r["winner"] == "fused":
+            bn, bk, w, st, sk, sw, ev = r["best_cfg"]
+            lines.append(f"    {(r['kind'], kernels.mm_rows(r['M']), r['N'], r['K'])}: MmCfg({bn}, {bk}, {w}, {st}, {sk}, "
+                         f"{sw}, {ev!r}),  # {r['shape']} {r['fused_us']:.1f} vs {r['today_us']:.1f} us")
+    return "\n".join(lines + ["}"])
+
+
+def fuse_steps(rows: list[dict]) -> dict:
+    """Per M: the step's gain under --mm-norm (norm: qkv, gate_up, lm_head; res: o, down) and under --mm-norm with
+    --mm-glu (gate/up's glu_norm instead), each launch counted only where it won (a loser stays today's)."""
+    out = {}
+    for m in sorted({r["M"] for r in rows}):
+        g = {(r["kind"], r["shape"]): max(r["step_gain_ms"], 0.0) if r["winner"] == "fused" else 0.0
+             for r in rows if r["M"] == m}
+        common = sum(v for (kind, shape), v in g.items() if kind == "res" or (kind == "norm" and shape != "gate_up"))
+        out[str(m)] = {"mm_norm_ms": common + g.get(("norm", "gate_up"), 0.0),
+                       "mm_norm_glu_ms": common + g.get(("glu_norm", "gate_up"), 0.0)}
+    return out
+
+
+def fuse_part(res: dict, args, cases: list[FuseCase], layers: int, log, t0: float, budget: float) -> dict:
+    """--fuse-only: each --mm-norm launch against today's launches (the budget's 0.85)."""
+    G._tune(cases, {id(cs): fuse_space(cs.kind, cs.n, cs.k, cs.m) for cs in cases}, t0 + 0.85 * budget)
+    res["fuse"] = []
+    for cs in cases:
+        row = fuse_row(cs, args.reps, args.margin, layers)
+        res["fuse"].append(row)
+        log(f"{cs.kind} {cs.name} M={cs.m}: today {row['today_us']:.1f} us, fused {row['fused_us']:.1f} us "
+            f"({row['best_label']}, {row['configs_timed']} timed, {row['n_failed']} failed): x{row['speedup']:.3f}, "
+            f"step gain {row['step_gain_ms']:.3f} ms")
+    res["fuse_step"] = fuse_steps(res["fuse"])
+    res["fuse_configs_py"] = fuse_table(res["fuse"])
+    res["meta"]["wall_s"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
 def step_gain(rows: list[dict], layers: int = LAYERS) -> dict:
     """Per M: the decode step's projection time (32 layers x 4 shapes + lm_head) by cuBLAS and by each
     shape's winner, from the per-call graph times (each already over rotating weights, L2 cold)."""
@@ -426,10 +564,13 @@ def attn_sweep(B: int, until: float, reps: int, device: str, gen: torch.Generato
 
 # -- the GPU run ---------------------------------------------------------------------------------------------
 
-def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",), glu: bool = False) -> list[tuple]:
+def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",), glu: bool = False, fuse: bool = False) -> list[tuple]:
     """Every variant stage 1 and the attention sweep launch (the GEMM's for each M, the attention's per batch
     and KV pool dtype); no GEMM's with ``shapes`` empty (--attn-only); with ``glu`` (--glu-only) the GLU space's
-    at the gate/up shape instead, and no attention's."""
+    at the gate/up shape instead, and no attention's; with ``fuse`` (--fuse-only) the --mm-norm launches' spaces."""
+    if fuse:
+        return sorted({variant(c, m, kind=kind) for m in FUSE_MS for kind, name in FUSE_SHAPES
+                       for c in fuse_space(kind, *shapes[name], m)}, key=str)
     if glu:
         n, k = shapes["gate_up"]
         return sorted({variant(c, m, glu=True) for m in MS for c in glu_space(n, k, m)}, key=str)
@@ -458,6 +599,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     """The H200 run (``device``, ``shapes``, ``layers`` and ``attn_bs`` are for the CPU test of this flow)."""
     t0 = time.perf_counter()
     attn_only, glu_only = getattr(args, "attn_only", False), getattr(args, "glu_only", False)
+    fuse_only = getattr(args, "fuse_only", False)
     kvs = tuple(getattr(args, "kv", None) or ("bf16",))
     shapes = {} if attn_only else shapes or SHAPES
     budget = args.budget_s
@@ -468,7 +610,7 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     res: dict = {"meta": {"triton": triton.__version__, "torch": torch.__version__, "calls_per_graph": CALLS,
                           "reps": args.reps, "budget_s": budget, "ceiling_gbs": CEILING_GBS, "margin": args.margin},
                  "pool": {}, "cases": [], "attention": []}
-    jobs1 = stage1_jobs(shapes, attn_bs, kvs, glu=glu_only)
+    jobs1 = stage1_jobs(shapes, attn_bs, kvs, glu=glu_only, fuse=fuse_only)
     pool, futs = G.precompile(jobs1, 4096, 4096, 90, args.jobs, job_fn=_compile) if device == "cuda" else (None, [])
     gen = torch.Generator(device=device).manual_seed(0)
     if device == "cuda":
@@ -477,17 +619,22 @@ def gpu(args, device: str = "cuda", shapes: dict | None = None, layers: int = LA
     swept = {"gate_up": shapes["gate_up"]} if glu_only else shapes  # --glu-only: gate/up's GLU cases alone
     weights = {name: [(torch.randn(n, k, device=device, generator=gen) * k ** -0.5).to(torch.bfloat16)
                       for _ in range(layers if name in LAYER_SHAPES else 2)] for name, (n, k) in swept.items()}
-    case = GluCase if glu_only else MmCase
-    cases = [case(name, n, k, m, weights[name], gen) for name, (n, k) in swept.items() for m in MS]
+    if fuse_only:  # the --mm-norm launches: each kind at its shapes, at FUSE_MS
+        cases = [FuseCase(kind, name, *shapes[name], m, weights[name], gen) for m in FUSE_MS for kind, name in FUSE_SHAPES]
+    else:
+        case = GluCase if glu_only else MmCase
+        cases = [case(name, n, k, m, weights[name], gen) for name, (n, k) in swept.items() for m in MS]
     log(f"weights and references ready; waiting for {len(jobs1)} stage-1 compiles (GEMM and attention)")
     recs = G.wait_compiled(None, futs)
     res["pool"]["stage1"] = {"variants": len(jobs1), "errors": [r for r in recs if "error" in r][:5],
                              "s": round(time.perf_counter() - t0, 1)}
     log(f"stage 1: {len(jobs1)} variants compiled, {len(res['pool']['stage1']['errors'])} errors")
 
-    if attn_only or glu_only:  # the whole budget to the attention sweeps, or to the GLU launch
+    if attn_only or glu_only or fuse_only:  # the whole budget to the attention sweeps, the GLU or the fused launches
         if pool is not None:
             pool.shutdown()
+        if fuse_only:
+            return fuse_part(res, args, cases, layers, log, t0, budget)
         if glu_only:
             return glu_part(res, args, cases, layers, log, t0, budget)
         return attn_part(res, args, attn_bs, kvs, device, gen, log, t0, budget)
@@ -574,7 +721,14 @@ def table(res: dict) -> str:
     for r in res.get("glu", []):
         lines.append(f"gate/up + SwiGLU M={r['M']}: today (mm_linear + silu_mul) {r['today_us']:.1f} us, one GLU launch "
                      f"{r['glu_us']:.1f} us ({r['best_label']}): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
-    lines += [res.get("mm_configs_py", ""), res.get("attn_configs_py", ""), res.get("glu_configs_py", "")]
+    for r in res.get("fuse", []):
+        lines.append(f"--mm-norm {r['kind']} {r['shape']} M={r['M']}: today {r['today_us']:.1f} us, fused {r['fused_us']:.1f} "
+                     f"us ({r['best_label']}): x{r['speedup']:.3f}, step gain {r['step_gain_ms']:.3f} ms")
+    for m, st in res.get("fuse_step", {}).items():
+        lines.append(f"M={m}: --mm-norm saves {st['mm_norm_ms']:.3f} ms a step (the winners), with --mm-glu "
+                     f"{st['mm_norm_glu_ms']:.3f} ms against --mm-glu alone")
+    lines += [res.get("mm_configs_py", ""), res.get("attn_configs_py", ""), res.get("glu_configs_py", ""),
+              res.get("fuse_configs_py", "")]
     return "\n".join(lines)
 
 
@@ -621,6 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attn-only", action="store_true", help="GPU: the attention sweeps only (the whole budget)")
     ap.add_argument("--glu-only", action="store_true", help="GPU: gate/up + SwiGLU as one launch (--mm-glu) against "
                     "today's two, per row bucket (the whole budget); prints MM_GLU_CONFIGS")
+    ap.add_argument("--fuse-only", action="store_true", help="GPU: --mm-norm's launches (the norm in the GEMM's "
+                    "prologue, the residual add in its epilogue) against today's, at 16 and 64 rows; prints MM_FUSE_CONFIGS")
     ap.add_argument("--kv", default="bf16", help="GPU: the attention sweeps' KV pool dtypes, comma-separated: bf16, fp8")
     args = ap.parse_args(argv)
     args.kv = [k.strip() for k in args.kv.split(",") if k.strip()]

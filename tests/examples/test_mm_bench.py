@@ -217,3 +217,47 @@ def test_glu_only_flow_on_the_cpu(monkeypatch) -> None:
     text = M.table(res)
     assert text.count("MmCfg(") == sum(r["winner"] == "glu" for r in res["glu"]) and "MM_GLU_CONFIGS = {" in text
     assert "gate/up + SwiGLU M=64" in text
+
+
+def test_fuse_only_flow_on_the_cpu(monkeypatch) -> None:
+    """``--fuse-only``: --mm-norm's launches (norm and glu_norm in the prologue, res in the epilogue or split-K's
+    reduction) against today's launches, interpreted, timing stubbed; a config made wrong (one K tile short) is
+    failed and never chosen, for every kind; MM_FUSE_CONFIGS has one entry per winner, keyed by kind; the stage-1
+    compile jobs carry the (GLU, NORM, RES) flags of each kind; the step sums count winners only."""
+    rng = random.Random(3)
+    monkeypatch.setattr(M.G, "graph_us", lambda calls, reps: rng.uniform(5, 10))
+    monkeypatch.setattr(M, "FUSE_MS", (16,))
+    bad, good = M.MmCfg(16, 64, 4, 1), [M.MmCfg(16, 64, 4, 2), M.MmCfg(32, 32, 4, 1, 1, True)]
+    split = M.MmCfg(16, 32, 4, 1, 2)
+    monkeypatch.setattr(M, "space", lambda n, k, m, *a, **kw: [bad, *good, split])
+    monkeypatch.setattr(M, "glu_space", lambda n, k, m: [bad, *good])
+    launch = M.FuseCase.launch
+
+    def broken(self, x, w, c):
+        if c != bad:
+            return launch(self, x, w, c)
+        self.bug = "skip_k_tile"
+        try:
+            return launch(self, x, w, c)
+        finally:
+            self.bug = ""
+
+    monkeypatch.setattr(M.FuseCase, "launch", broken)
+    shapes = {"qkv": (48, 64), "gate_up": (64, 64), "lm_head": (40, 64), "o": (64, 64), "down": (64, 128)}
+    jobs = M.stage1_jobs(shapes, fuse=True)
+    assert {j[-3:] for j in jobs} == {(False, True, False), (True, True, False), (False, False, True)}
+    assert not [j for j in jobs if j[-2] and j[8]]  # a NORM launch is never split
+    args = argparse.Namespace(reps=3, budget_s=1e6, jobs=1, margin=0.01, fuse_only=True)
+    res = M.gpu(args, device="cpu", shapes=shapes, layers=2)
+    assert [(r["kind"], r["shape"]) for r in res["fuse"]] == list(M.FUSE_SHAPES)
+    for r in res["fuse"]:
+        assert r["n_failed"] == 1 and r["failed"][0].startswith(bad.label()) and r["best_label"] != bad.label(), r
+        assert r["configs_timed"] == (4 if r["kind"] == "res" else 3) and r["today_us"] > 0 and r["fused_us"] > 0
+    text = M.table(res)
+    won = [r for r in res["fuse"] if r["winner"] == "fused"]
+    assert text.count("MmCfg(") == len(won) and "MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {" in text
+    for r in won:
+        assert f"{(r['kind'], 16, r['N'], r['K'])}: MmCfg(" in text
+    gain = {(r["kind"], r["shape"]): r["step_gain_ms"] for r in won}
+    want = sum(v for (kind, shape), v in gain.items() if kind == "res" or (kind == "norm" and shape != "gate_up"))
+    assert res["fuse_step"]["16"]["mm_norm_glu_ms"] == pytest.approx(want + gain.get(("glu_norm", "gate_up"), 0.0))
