@@ -1,0 +1,30 @@
+#!/bin/bash
+# Issue 24's Show run on the H200, after step12_run.sh on the same warm machine (the 7B cached, hfkernels.py as it
+# pasted the measured tables), from the repository root:
+#   benchmarks/gpu/step12_show.sh LIMIT_S "EXTRA SERVER FLAGS"     e.g. "--mm-glu on --mm-norm on" (what won)
+# 1. The accuracy gate on the GPU for step10lp's flags plus EXTRA (gate_demo.py --honest-only: its generation check
+#    decodes at batch > 1, where --mm-glu and --mm-norm act). 2. A-D side by side (scenarios_show.toml: A and C three
+#    launches each, in a row) on step10lp's flags (lp) and with EXTRA (s12); ab_summary per scenario, headline.py's
+#    figures for s12 (A over its three launches: the median of the three p50s is the one to quote).
+set -u
+START=$SECONDS
+LIMIT=${1:-560}
+EXTRA=${2:-}
+. benchmarks/gpu/device_env.sh
+M=$(forge_7b)
+FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
+LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
+G="--max-batch-size 64 --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP $EXTRA"
+log "model $M; accuracy gate, step10lp's flags + '$EXTRA'"
+timeout 150 python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only --flags "$G" 2>&1 | tail -12
+ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
+left=$((LIMIT - (SECONDS - START) - 10))
+log "A-D (A, C x3): lp, s12"
+timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_show.json" --no-naive \
+  --scenarios benchmarks/gpu/scenarios_show.toml --deadline-s $((left - 25)) --ours-min-s 90 \
+  --server "lp=env HFSERVE_STEP_LOG=$OUT/steps_show_lp.log {python} examples/hfserve/server.py $ARGS $LP" \
+  --server "s12=env HFSERVE_STEP_LOG=$OUT/steps_show_s12.log {python} examples/hfserve/server.py $ARGS $LP $EXTRA" \
+  2>&1 | grep -E "ready|prefill|decode:|throughput|general:|rror" | tail -20
+cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+python3 benchmarks/gpu/ab_summary.py "$OUT/ib_show.json"
+log done
