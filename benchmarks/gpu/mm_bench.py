@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/mm_bench.py [--out mm.json] [--budget-s 110]       # on the H200 (one command)
     python benchmarks/gpu/mm_bench.py --device cpu [--bug skip_k_tile]       # smoke: interpreter, tiny shapes
-    python benchmarks/gpu/mm_bench.py --compile-only [--jobs N]              # every stage-1 variant for sm_90
+    python benchmarks/gpu/mm_bench.py --compile-only [--jobs N] [--glu-only|--fuse-only]  # stage 1's variants, sm_90
     python benchmarks/gpu/mm_bench.py --attn-only --kv bf16,fp8 [--out a.json] # attention over both pools (H200)
     python benchmarks/gpu/mm_bench.py --glu-only [--out g.json]              # gate/up + SwiGLU in one launch (H200)
     python benchmarks/gpu/mm_bench.py --fuse-only [--out f.json]             # --mm-norm's launches (H200)
@@ -581,8 +581,9 @@ def stage1_jobs(shapes: dict, attn_bs=ATTN_BS, kvs=("bf16",), glu: bool = False,
 
 def compile_only(args) -> int:
     """Compile stage 1's variants for sm_90 in ``--jobs`` processes (the GPU run's pool), no GPU needed:
-    a compile error, or more shared memory than an SM has, is a problem."""
-    jobs = stage1_jobs(SHAPES)
+    a compile error, or more shared memory than an SM has, is a problem. With --glu-only or --fuse-only, that
+    sweep's variants."""
+    jobs = stage1_jobs(SHAPES, glu=getattr(args, "glu_only", False), fuse=getattr(args, "fuse_only", False))
     t = time.perf_counter()
     recs = G.wait_compiled(*G.precompile(jobs, 4096, 4096, 90, args.jobs, inspect=True, job_fn=_compile))
     bad = [r for r in recs if "error" in r or r.get("shared", 0) > G.SMEM_MAX]
