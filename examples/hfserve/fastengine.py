@@ -952,16 +952,16 @@ class FastEngine:
             for i, (a, b) in enumerate(ev):
                 idle = ev[i - 1][1].elapsed_time(a) if i else 0.0
                 dev[i] = f" {a.elapsed_time(b):.4f} {idle:.4f}"
-        with open(self._step_log_path, "a") as f:
-            f.write("".join(f"{n} {t:.6f} {c:.6f}{d}\n" for (n, t, c), d in zip(self._step_marks, dev, strict=True))
-                    + "end\n")
-        self._step_marks.clear()
-        if self._timeline is not None:
+        if self._timeline is not None:  # first: a reader that sees the step log's "end" finds the timeline's too
             lines = []
             while self._timeline:  # the event loop's thread appends arrivals meanwhile: popped one by one
                 lines.append(self._timeline.popleft())
             with open(f"{self._step_log_path}.timeline", "a") as f:
                 f.write("".join(f"{x}\n" for x in lines) + "end\n")
+        with open(self._step_log_path, "a") as f:
+            f.write("".join(f"{n} {t:.6f} {c:.6f}{d}\n" for (n, t, c), d in zip(self._step_marks, dev, strict=True))
+                    + "end\n")
+        self._step_marks.clear()
         if self.decoder.timing is not None:
             self.decoder.timing = []
 

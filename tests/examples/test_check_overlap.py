@@ -38,9 +38,12 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     monkeypatch.setenv("HFSERVE_STEP_LOG", str(log))
     prompts = [[5, 6, 7, 8]] * 4
     _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64)
-    # The worker writes the burst's lines after its last step, maybe after the handlers got their last token.
+    # The worker writes the burst's lines after its last step, maybe after the handlers got their last token
+    # (the timeline first, then the step log: a CI run once read the timeline between the two).
     deadline = time.monotonic() + 10
-    while not (log.exists() and "end" in log.read_text()) and time.monotonic() < deadline:
+    tl_path = Path(f"{log}.timeline")
+    while not (log.exists() and "end" in log.read_text() and tl_path.exists() and "end" in tl_path.read_text()) \
+            and time.monotonic() < deadline:
         time.sleep(0.02)
     [burst] = step_gaps.bursts(log.read_text())
     s = step_gaps.summary(burst)
