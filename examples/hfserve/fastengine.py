@@ -413,7 +413,7 @@ class FastModel:
         # kernels.MM_CONFIGS lists the shape: tuned on the H200 for the 7B; else cuBLAS).
         lin = {"triton-mv": kernels_mod.mv_linear, "triton-mm": kernels_mod.mmv_linear}.get(self.kernels, _linear)
         attn_kw = self._attn_kw(B, ctx)
-        if self.mm_norm and B > kernels_mod.MV_MAX_ROWS:
+        if self.mm_norm and self.kernels == "triton-mm" and B > kernels_mod.MV_MAX_ROWS:
             return self._decode_mm_norm(tokens, pos, ctx, lin, attn_kw)
         x = self.embed[tokens]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
@@ -436,8 +436,8 @@ class FastModel:
         with --mm-glu, gate/up's GLU launch) and each residual add into the GEMM before it (kernels.mm_res_linear, in
         place: O, down), so no norm launch is left where kernels.MM_FUSE_CONFIGS lists the shapes (per layer 8
         launches -> 6; 5 with --mm-glu). Where a shape is not listed, that norm or add runs as its own launch (the
-        same arithmetic as :meth:`_decode_fused`'s). The norm's scale is applied to the dot, not to x before it: rounded once where the
-        norm launch rounds twice, so the accuracy gate judges it. Graph-capturable."""
+        same arithmetic as :meth:`_decode_fused`'s). The norm's scale is applied to the dot, not to x before it:
+        rounded once where the norm launch rounds twice, so the accuracy gate judges it. Graph-capturable."""
         ops, eps, B = self.ops, self.eps, tokens.shape[0]
 
         def normed(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
