@@ -342,18 +342,12 @@ class GluCase(MmCase):
 
 
 def glu_row(cs: GluCase, reps: int, margin: float, layers: int = LAYERS) -> dict:
-    """Finals of one GLU case: its best 3 at full length against today's two launches, in graphs (L2 cold)."""
-    fin = {c: cs.time_cfg(c, reps) for c in cs.best(3)}
-    fin = {c: t for c, t in fin.items() if math.isfinite(t)}
-    best = min(fin, key=fin.get) if fin else None
-    row = {"shape": cs.name, "N": cs.n, "K": cs.k, "M": cs.m, "configs_timed": len(cs.timed), "n_failed": len(cs.failed),
-           "failed": cs.failed[:5], "best_cfg": list(astuple(best)) if best else None,
-           "best_label": best.label() if best else "-", "finalists_us": {c.label(): t for c, t in fin.items()},
-           "today_us": G.graph_us(cs.calls(cs.today), reps)}
-    row["glu_us"] = G.graph_us(cs.calls(lambda x, w, c=best: cs.launch(x, w, c)), reps) if best else math.inf
-    row["speedup"] = row["today_us"] / row["glu_us"]
-    row["winner"] = "glu" if row["speedup"] > 1.0 + margin else "today"
-    row["step_gain_ms"] = (row["today_us"] - row["glu_us"]) * layers / 1e3 if best else 0.0
+    """Finals of one GLU case: its best 3 at full length against today's two launches, in graphs (L2 cold):
+    :func:`fuse_row`'s, its fused time and winner named for the GLU launch."""
+    row = fuse_row(cs, reps, margin, layers)
+    row.pop("kind")
+    row["glu_us"] = row.pop("fused_us")
+    row["winner"] = "glu" if row["winner"] == "fused" else "today"
     return row
 
 
