@@ -415,13 +415,14 @@ class FastModel:
         attn_kw = self._attn_kw(B, ctx)
         if self.mm_norm and self.kernels == "triton-mm" and B > kernels_mod.MV_MAX_ROWS:
             return self._decode_mm_norm(tokens, pos, ctx, lin, attn_kw)
+        glu = self.mm_glu and self.kernels == "triton-mm"  # (a later set_kernels leaves mm_glu set: unfused then)
         x = self.embed[tokens]
         h = ops.rmsnorm(x, self.layers[0]["ln1"], self.eps)
         for li, L in enumerate(self.layers):
             q = ops.rope_store(lin(h, L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
             o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale, **attn_kw)
             x, h = ops.add_rmsnorm(x, lin(o, L["o"]), L["ln2"], self.eps)
-            act = kernels_mod.mm_glu_linear(h, L["gu"], self.inter) if self.mm_glu else None  # --mm-glu on
+            act = kernels_mod.mm_glu_linear(h, L["gu"], self.inter) if glu else None  # --mm-glu on
             if act is None:
                 act = ops.silu_mul(lin(h, L["gu"]), self.inter)
             d = lin(act, L["down"])

@@ -796,6 +796,13 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
     monkeypatch.setattr(kernels, "mm_gemm", real)
     monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {})
     assert torch.equal(run(True)[0], want)  # nothing listed: the two launches
+    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    fm.set_kernels("triton-mm")
+    fm.set_mm_glu(True)
+    seen.clear()
+    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
+    _one_step(fm, prompts, K0, V0, "triton")  # a later set_kernels away from triton-mm: no GLU launch is left
+    assert not seen
     fm.set_kernels("triton")
     with pytest.raises(ValueError, match="--mm-glu on needs --kernels triton-mm"):
         fm.set_mm_glu(True)
