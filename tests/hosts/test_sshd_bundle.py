@@ -2,6 +2,7 @@
 on its own loader and libraries with an empty environment, and the workspace it registers reaches
 it as an SSH host whose Python has the command's environment."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -54,6 +55,6 @@ echo "PID=$SSHD_PID"
         mark, path, leases = out.split()
         assert mark == "yes" and path == "/opt/wheels-site" and leases == f"{tmp_path}/sshd-run/leases"
     finally:
-        for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
-            os.kill(int(child), signal.SIGTERM)
-        os.kill(pid, signal.SIGTERM)
+        for p in [*subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split(), pid]:
+            with contextlib.suppress(ProcessLookupError):  # a session's child may end between pgrep and kill
+                os.kill(int(p), signal.SIGTERM)
