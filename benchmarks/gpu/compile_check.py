@@ -28,7 +28,10 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not the interpreter's
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
@@ -114,12 +117,128 @@ def compile_mv(arch: int = 90) -> list[dict]:
     return out
 
 
+# Memory instructions a kernel launched with launch_pdl must not issue before griddepcontrol.wait (the kernel
+# before it may still be writing what they read, or reading what they write); prefetch.global.L2 of the weights is
+# the one exception (no kernel of the decode step writes them).
+_MEM_OP = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.|red\.|cp\.reduce|st\.async|"
+                     r"ld\.volatile\.global|ld\.relaxed|multimem)")
+
+
+def pdl_order(ptx: str) -> dict:
+    """Where a compiled kernel's PTX waits: ``wait`` / ``dependents`` (griddepcontrol.wait / .launch_dependents
+    present), ``before_wait`` (global loads, stores, async copies or atomics before the first wait: a race under
+    programmatic dependent launch), ``prefetch`` (prefetch.global.L2 before the wait)."""
+    lines = ptx.splitlines()
+    wait = next((i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln), None)
+    head = lines if wait is None else lines[:wait]
+    return {"wait": wait is not None, "dependents": any("griddepcontrol.launch_dependents" in ln for ln in lines),
+            "before_wait": sum(bool(_MEM_OP.match(ln)) for ln in head),
+            "prefetch": sum("prefetch.global.L2" in ln for ln in head)}
+
+
+def compile_pdl(arch: int = 90) -> list[dict]:
+    """Every kernel ``--pdl on`` launches with programmatic dependent launch, compiled for sm_<arch> through the JIT's
+    warm-up path (gemv_bench's ``_AOTDriver``) with PDL and launch_pdl as the engine launches them, at the 7B's shapes
+    in the launch tables' configs (64 rows; the GEMV at one row): the norm, SwiGLU, RoPE + KV store, decode
+    attention (unsplit, split, the reduction; lowp), split-K's reduction, the GEMV and the skinny GEMM (plain, NORM,
+    GLU with NORM, RES). Each record: :func:`pdl_order` of its PTX and the compiled launch_pdl flag."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gemv_bench
+    from triton.runtime.driver import driver
+
+    K = gemv_bench.kernels
+    driver.set_active(gemv_bench._AOTDriver(arch))
+    bf, f32, i64 = torch.bfloat16, torch.float32, torch.int64
+    nh, nkv, hd, ctx, d = 32, 8, 128, 1024, 4096
+    pdl = dict(PDL=True, launch_pdl=True, grid=(1,))
+    pf = dict(PF=K.PDL_PREFETCH)
+    s_kb, s_kh = nkv * ctx * hd, ctx * hd
+    attn = dict(G=nh // nkv, HD=hd, BLOCK_G=16, BLOCK_D=hd, BLOCK_N=32, PREC="tf32", LOWP=1, num_warps=2, num_stages=3)
+    jobs: list[tuple[str, Callable]] = [
+        ("rmsnorm", lambda: K._rmsnorm_kernel.warmup(bf, bf, bf, bf, bf, d, d, d, d, d, 1e-5, HAS_DELTA=True,
+                                                      BLOCK=d, num_warps=4, **pdl)),
+        ("silu_mul", lambda: K._silu_mul_kernel.warmup(bf, bf, 28672, 14336, 14336, BLOCK=1024, num_warps=4, **pdl)),
+        ("rope_store", lambda: K._rope_store_kernel.warmup(bf, bf, bf, i64, i64, bf, bf, bf, (nh + 2 * nkv) * hd, hd,
+                                                           nh * hd, hd, s_kb, s_kh, hd, NH=nh, NKV=nkv, HD=hd,
+                                                           BLOCK_D=hd, HAS_SLOT=False, num_warps=1, **pdl)),
+        ("decode_attn", lambda: K._decode_attn_kernel.warmup(bf, bf, bf, i64, bf, ctx, 0.1, nh * hd, hd, s_kb, s_kh,
+                                                             hd, nh * hd, **attn, **pdl)),
+        ("decode_attn_split", lambda: K._decode_attn_split_kernel.warmup(bf, bf, bf, i64, f32, f32, f32, ctx, 2, 512,
+                                                                         0.1, nh * hd, hd, s_kb, s_kh, hd, NH=nh,
+                                                                         **attn, **pdl)),
+        ("attn_reduce", lambda: K._attn_reduce_kernel.warmup(f32, f32, f32, bf, nh * hd, 2, NH=nh, HD=hd, BLOCK_S=8,
+                                                             BLOCK_D=hd, num_warps=1, **pdl)),
+        ("splitk_reduce", lambda: K._splitk_reduce_kernel.warmup(f32, bf, d, 2, 64 * d, d, d, BLOCK=K.MM_RED_BLOCK,
+                                                                 RES=True, num_warps=4, **pdl)),
+    ]
+    for (n, k), c in sorted(K.MV_CONFIGS.items()):
+        jobs.append((f"gemv {n}x{k}", lambda n=n, k=k, c=c: K._gemv_kernel.warmup(
+            bf, bf, bf, 1, n, k, 4, k, k, 0, n, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=True,
+            EVEN_K=True, REDUCE_EACH=c.reduce_each, EVICT=c.evict, STAGES=c.stages, num_warps=c.warps,
+            num_stages=c.stages, PF_LINES=max(1, c.block_k // 64), **pf, **pdl)))
+    mm = [("mm qkv", K.MM_FUSE_CONFIGS["norm", 64, 6144, 4096], 6144, 4096, {}),
+          ("mm qkv NORM", K.MM_FUSE_CONFIGS["norm", 64, 6144, 4096], 6144, 4096, {"NORM": True}),
+          ("mm gate_up GLU NORM", K.MM_FUSE_CONFIGS["glu_norm", 64, 28672, 4096], 14336, 4096,
+           {"GLU": True, "NORM": True}),
+          ("mm o RES", K.MM_FUSE_CONFIGS["res", 64, 4096, 4096], 4096, 4096, {"RES": True}),
+          ("mm down split", K.MM_CONFIGS[64, 4096, 14336], 4096, 14336, {})]
+    for name, c, n, k, fuse in mm:
+        part = c.split_k > 1
+        jobs.append((name, lambda c=c, n=n, k=k, fuse=fuse, part=part: K._mm_kernel.warmup(
+            bf, bf, f32 if part else bf, 64, n, k, 4, k, k, 64 * n if part else 0, n, n if fuse.get("GLU") else 0,
+            bf, bf, n, 1e-5, BLOCK_M=64, BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=True, EVEN_K=True, SWAP=c.swap,
+            EVICT=c.evict, STAGES=c.stages, F32=False, num_warps=c.warps, num_stages=c.stages,
+            PF_LINES=max(1, c.block_k // 64), **fuse, **pf, **pdl)))
+    out = []
+    for name, job in jobs:
+        rec: dict = {"kernel": name}
+        try:
+            ck = job()
+        except Exception as exc:  # the point of the check: say which kernel and why
+            rec["error"] = repr(exc)[:400]
+        else:
+            rec.update(pdl_order(ck.asm["ptx"]), launch_pdl=bool(getattr(ck.metadata, "launch_pdl", False)))
+        out.append(rec)
+    return out
+
+
+def pdl_problems(recs: list[dict]) -> list[str]:
+    """What would make --pdl on unsafe or pointless: a compile error, a kernel that does not wait, or touches memory
+    before its wait, or is not compiled for a programmatic launch; a GEMM or GEMV that prefetches nothing."""
+    bad = []
+    for r in recs:
+        tag = r["kernel"]
+        if "error" in r:
+            bad.append(f"{tag}: {r['error']}")
+        elif not (r["wait"] and r["dependents"] and r["launch_pdl"]):
+            bad.append(f"{tag}: wait {r['wait']}, launch_dependents {r['dependents']}, launch_pdl {r['launch_pdl']}")
+        elif r["before_wait"]:
+            bad.append(f"{tag}: {r['before_wait']} memory instruction(s) before griddepcontrol.wait")
+        elif tag.startswith(("mm", "gemv")) and not r["prefetch"]:
+            bad.append(f"{tag}: no weight prefetch before the wait")
+    return bad
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--json", default="")
     ap.add_argument("--mv", action="store_true", help="the triton-mv GEMV's configs instead (kernels.MV_CONFIGS)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="the kernels --pdl on launches with programmatic dependent launch: each waits before it "
+                         "touches memory (compile_pdl)")
     args = ap.parse_args(argv)
+    if args.pdl:
+        recs = compile_pdl(args.arch)
+        for r in recs:
+            print(json.dumps(r))
+        if args.json:
+            Path(args.json).write_text(json.dumps(recs, indent=2) + "\n")
+        bad = pdl_problems(recs)
+        for b in bad:
+            print("PROBLEM", b)
+        print(f"{len(recs) - len(bad)} of {len(recs)} --pdl kernels wait before they touch memory (sm_{args.arch})")
+        return 1 if bad else 0
     if args.mv:
         import gemv_bench  # compile_mv put it on the path
 

@@ -1,11 +1,13 @@
 #!/bin/bash
-# Engine steps 11 and 12 measured and gated in ONE command on the H200 (issue 24), for a session whose device
-# starts are scarce: step12_run.sh's sweeps with shorter budgets, C three times in a row on step10lp's flags (lp1),
-# with --mm-glu on --mm-norm on (lpn) and with --mm-glu on (lpg) — in that order, so a cut loses the step-11-only
-# server first — then the accuracy gate on lpn's flags with the time left. From the repository root:
+# Engine steps 11, 12 and 13 measured and gated in ONE command on the H200 (issue 24), for a session whose device
+# starts are scarce: step12_run.sh's sweeps with shorter budgets (steps 11 and 12 launch by launch), C three times in a
+# row on step10lp's flags (lp1), with --mm-glu on --mm-norm on (lpn) and with --pdl on besides (lpnp, step 13) -- in
+# that order, so a cut loses step 13 first -- then the accuracy gate on lpnp's flags (--pdl changes no arithmetic: a
+# race would show there) with the time left, on lpn's if lpnp's server did not start. From the repository root:
 #   benchmarks/gpu/step12_one.sh LIMIT_S        (carry .whl: benchmarks/gpu/wheels.py)
 # The sweeps' winners are pasted into this machine's hfkernels.py (paste them here from the JSONs with
-# paste_tables.py). A-D with the winning flags: step12_show.sh (a second command).
+# paste_tables.py). A-D with the winning flags: step12_show.sh (a second command). Each server's first line (its
+# readiness, "[lpnp] ready in ...") is kept in $OUT/ib_c.ready.
 set -u
 START=$SECONDS
 LIMIT=${1:-560}
@@ -23,20 +25,21 @@ python3 benchmarks/gpu/paste_tables.py "$OUT/fuse.json" | head -1
 M=$(forge_7b)
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 C3=throughput,throughput_2,throughput_3
-log "model $M; C x3: lp1, lpn, lpg (steps and timeline logged)"
+log "model $M; C x3: lp1, lpn, lpnp (steps and timeline logged)"
 left=$((LIMIT - (SECONDS - START) - 75))
 timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json" --no-naive --only "$C3" \
   --scenarios benchmarks/gpu/scenarios_c.toml --deadline-s $((left - 25)) --ours-min-s 45 \
   --server "lp1=env HFSERVE_STEP_LOG=$OUT/steps_lp1.log {python} examples/hfserve/server.py $ARGS $LP" \
   --server "lpn=env HFSERVE_STEP_LOG=$OUT/steps_lpn.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on" \
-  --server "lpg=env HFSERVE_STEP_LOG=$OUT/steps_lpg.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on" \
-  2>&1 | grep -E "ready|throughput|rror" | tail -12
+  --server "lpnp=env HFSERVE_STEP_LOG=$OUT/steps_lpnp.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on --pdl on" \
+  2>&1 | grep -E "ready|throughput|rror" | tee "$OUT/ib_c.ready" | tail -12
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
 cp examples/hfserve/hfkernels.py "$OUT/hfkernels_served.py"
 G="--max-batch-size 64 --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP --mm-glu on --mm-norm on"
+grep -q "lpnp.*ready" "$OUT/ib_c.ready" 2>/dev/null && G="$G --pdl on"
 left=$((LIMIT - (SECONDS - START) - 5))
-log "accuracy gate on lpn's flags (${left}s left)"
+log "accuracy gate on '$G' (${left}s left)"
 timeout "$left" python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only --flags "$G" 2>&1 | tail -12
-for v in lp1 lpn lpg; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
+for v in lp1 lpn lpnp; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
 log done

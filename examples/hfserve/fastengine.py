@@ -32,6 +32,8 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   gate/up GEMM and SwiGLU there are one launch where kernels.MM_GLU_CONFIGS lists the shape (kernels.mm_glu_linear);
   with ``--mm-norm on`` each RMSNorm there is folded into the GEMM after it and each residual add into the GEMM
   before it (kernels.mm_norm_linear, kernels.mm_res_linear: FastModel._decode_mm_norm).
+  ``--pdl on`` (any Triton kernels, Hopper) launches the decode step's Triton kernels with programmatic dependent
+  launch: each placed while the one before it finishes, waiting on it first (kernels.set_pdl).
 
 Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs through this same
 prefill path, chunking included, so the gate measures the code that serves.
@@ -703,6 +705,18 @@ class _FSeq:
         self.req, self.gen, self.last, self.pos, self.done_prompt, self.done = req, gen, 0, 0, 0, False
 
 
+def set_pdl(fm: FastModel, on: bool) -> None:
+    """``--pdl on``: the Triton kernels launched with programmatic dependent launch (kernels.set_pdl; process-wide,
+    set off again by an engine without it). Needs the Triton kernels and, on a GPU, Hopper or newer (sm_90+: the
+    launch attribute and griddepcontrol); on the CPU (the interpreter) the launches stay as they are."""
+    if on and fm.kernels == "torch":
+        raise ValueError("--pdl on needs the Triton kernels: add --kernels triton (or triton-mv/-mm)")
+    if on and fm.device.type == "cuda" and torch.cuda.get_device_capability(fm.device)[0] < 9:
+        cap = torch.cuda.get_device_capability(fm.device)
+        raise ValueError(f"--pdl on needs a Hopper GPU or newer (sm_90+), not sm_{cap[0]}{cap[1]}")
+    kernels_mod.set_pdl(on)
+
+
 class FastEngine:
     """The server's engine interface (``submit``, ``tokenizer``, ``max_len``) over :class:`FastModel`."""
 
@@ -719,7 +733,7 @@ class FastEngine:
                  sdpa: str = "auto", kernels: str = "torch", load: str = "fast", prefill_pack: int = 0,
                  prefill_attn: str = "torch", decode_attn: str = "default", kv_cache_dtype: str = "auto",
                  overlap_schedule: bool = False, prefill_rounds: int = 1, mm_glu: bool = False,
-                 mm_norm: bool = False, phases: Phases | None = None) -> None:
+                 mm_norm: bool = False, pdl: bool = False, phases: Phases | None = None) -> None:
         from transformers import AutoTokenizer
 
         # `phases`: where the start-up's seconds go (server.py prints them as one line).
@@ -748,6 +762,7 @@ class FastEngine:
         self.fm.set_decode_attn(decode_attn)
         self.fm.set_mm_glu(mm_glu)
         self.fm.set_mm_norm(mm_norm)
+        set_pdl(self.fm, pdl)
         phases.mark("kernels")  # Triton's import and checks, where asked for
         self.model = types.SimpleNamespace(config=cfg)  # what the HTTP layer reads (vocab size)
         del hf

@@ -105,6 +105,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -122,7 +123,7 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref",
            "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref", "mmv_linear",
            "MM_GLU_CONFIGS", "mm_glu_linear", "MM_FUSE_CONFIGS", "FUSE_KINDS", "fuse_config", "mm_norm_linear",
-           "mm_res_linear",
+           "mm_res_linear", "set_pdl", "pdl_on", "PDL_PREFETCH",
            "ATTN_CONFIGS", "AttnCfg", "attn_config", "ATTN_LOWP", "DECODE_ATTN", "decode_attn_config"]
 
 HAVE_TRITON = triton is not None
@@ -243,9 +244,38 @@ if HAVE_TRITON:
     def _fmax(a, b):
         return tl.maximum(a, b)
 
+    # --pdl on (engine step 13): a kernel launched with ``launch_pdl`` may be placed on the SMs while the kernel
+    # before it in the stream is still running (Hopper's programmatic dependent launch; in a CUDA graph, a
+    # programmatic edge). Its first act is ``griddepcontrol.wait`` -- until that kernel has finished and its writes
+    # are visible -- so every load and store after it sees the stream's order; then it lets the next kernel be
+    # placed in turn. What it gains is the launch and placement of each kernel hidden behind the one before: the
+    # ~1 us between kernels of the decode graph. Only weights (which no kernel of the step writes) are touched
+    # before the wait: _l2_prefetch's first K tiles of W into L2.
+
+    @triton.jit
+    def _pdl_wait(PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def _l2_prefetch(ptrs):
+        # One ``prefetch.global.L2`` per pointer (the caller passes one per 128-byte line): no register is loaded.
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+    @triton.jit
+    def _prefetch_w(W, rows, N, K, k_lo, s_wn, BLOCK_K: tl.constexpr, PF: tl.constexpr, PF_LINES: tl.constexpr):
+        # The first PF tiles of BLOCK_K columns from k_lo of W's rows ``rows`` (clamped into W), a line apart.
+        rp = W + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * s_wn
+        for t in tl.static_range(PF):
+            c = tl.minimum(k_lo + t * BLOCK_K + tl.arange(0, PF_LINES) * (BLOCK_K // PF_LINES), K - 1)
+            _l2_prefetch(rp + c[None, :])
+
     @triton.jit
     def _rmsnorm_kernel(X, D, W, R, Y, sx, sd, sr, sy, N, eps,
-                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        _pdl_wait(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         m = offs < N
@@ -262,7 +292,8 @@ if HAVE_TRITON:
         tl.store(Y + row * sy + offs, y.to(dt), mask=m)
 
     @triton.jit
-    def _silu_mul_kernel(GU, OUT, sg, so, INTER, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GU, OUT, sg, so, INTER, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+        _pdl_wait(PDL)
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = offs < INTER
@@ -292,9 +323,10 @@ if HAVE_TRITON:
     @triton.jit
     def _rope_store_kernel(QKV, COS, SIN, POS, SLOT, QO, KL, VL, s_qkv, s_cos, s_qb, s_qh, s_kb, s_kh, s_kp,
                            NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, BLOCK_D: tl.constexpr,
-                           HAS_SLOT: tl.constexpr, KV_EMU: tl.constexpr = False):
+                           HAS_SLOT: tl.constexpr, KV_EMU: tl.constexpr = False, PDL: tl.constexpr = False):
         # One program per (row, head) over the nh q heads and then the nkv k heads; a k program
         # also copies its v head, so the whole step's RoPE and KV store is this one launch.
+        _pdl_wait(PDL)
         b = tl.program_id(0).to(tl.int64)
         h = tl.program_id(1)
         p = tl.load(POS + b).to(tl.int64)
@@ -418,8 +450,10 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["CTX"])
     def _decode_attn_kernel(Q, KL, VL, POS, OUT, CTX, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp, s_ob,
                             G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                            BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0):
+                            BLOCK_N: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr = 0,
+                            PDL: tl.constexpr = False):
         # One program per (row, kv head): its G query heads share every key/value load (GQA).
+        _pdl_wait(PDL)
         b = tl.program_id(0).to(tl.int64)
         kh = tl.program_id(1)
         p = tl.load(POS + b).to(tl.int32)
@@ -445,7 +479,8 @@ if HAVE_TRITON:
     def _decode_attn_split_kernel(Q, KL, VL, POS, M, L, ACC, CTX, S, CHUNK, qk_scale, s_qb, s_qh, s_kb, s_kh, s_kp,
                                   NH: tl.constexpr, G: tl.constexpr, HD: tl.constexpr, BLOCK_G: tl.constexpr,
                                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                                  LOWP: tl.constexpr = 0):
+                                  LOWP: tl.constexpr = 0, PDL: tl.constexpr = False):
+        _pdl_wait(PDL)
         # One program per (row, kv head, split): the same online softmax as _decode_attn_kernel over
         # cache columns [split * CHUNK, min((split + 1) * CHUNK, n)), leaving its unnormalised partial
         # (running max m in log2 units, sum l, accumulator acc) in float32 for _attn_reduce_kernel.
@@ -479,7 +514,8 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["S"])
     def _attn_reduce_kernel(M, L, ACC, OUT, s_ob, S, NH: tl.constexpr, HD: tl.constexpr,
-                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                            BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+        _pdl_wait(PDL)
         # One program per (row, q head): rescale each split's partial to the common max and add up.
         # S is a runtime argument (one compile per power-of-two BLOCK_S, not per split count).
         b = tl.program_id(0).to(tl.int64)
@@ -657,7 +693,8 @@ if HAVE_TRITON:
     @triton.jit(do_not_specialize=["NT"])
     def _gemv_kernel(X, W, P, M, N, K, NT, s_xm, s_wn, s_pk, s_pm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                     EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr):
+                     EVEN_K: tl.constexpr, REDUCE_EACH: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
+                     PDL: tl.constexpr = False, PF: tl.constexpr = 0, PF_LINES: tl.constexpr = 1):
         # P[pid_k, m, n] = sum over this program's K range (NT tiles of BLOCK_K from pid_k * NT * BLOCK_K)
         # of x[m, k] * W[n, k], for its BLOCK_N rows n; BLOCK_M in {1, 2, 4} rows of x (M <= BLOCK_M).
         pid_n = tl.program_id(0)
@@ -666,6 +703,9 @@ if HAVE_TRITON:
         rk = tl.arange(0, BLOCK_K)
         nm = rn < N
         k_lo = pid_k * NT * BLOCK_K  # a multiple of BLOCK_K by construction: the W loads stay 16-byte aligned
+        if PDL:
+            _prefetch_w(W, rn, N, K, k_lo, s_wn, BLOCK_K, PF, PF_LINES)
+        _pdl_wait(PDL)
         wp = W + rn.to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
         if REDUCE_EACH:
             a0 = tl.full([BLOCK_N], 0.0, tl.float32)
@@ -700,7 +740,9 @@ if HAVE_TRITON:
             _store_row(P, a3, rn, nm, 3, M, s_pm, REDUCE_EACH)
 
     @triton.jit(do_not_specialize=["SPLIT"])
-    def _splitk_reduce_kernel(P, Y, N, SPLIT, s_pk, s_pm, s_ym, BLOCK: tl.constexpr, RES: tl.constexpr = False):
+    def _splitk_reduce_kernel(P, Y, N, SPLIT, s_pk, s_pm, s_ym, BLOCK: tl.constexpr, RES: tl.constexpr = False,
+                              PDL: tl.constexpr = False):
+        _pdl_wait(PDL)
         # Y[m, n] = sum over s of P[s, m, n], s in order (deterministic), rounded to Y's dtype. RES (--mm-norm):
         # Y[m, n] + that, rounded again (the residual add, in place: _mm_kernel's RES epilogue for split-K).
         rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -756,7 +798,8 @@ if HAVE_TRITON:
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
                    EVEN_K: tl.constexpr, SWAP: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
                    F32: tl.constexpr, GLU: tl.constexpr = False, NORM: tl.constexpr = False,
-                   RES: tl.constexpr = False):
+                   RES: tl.constexpr = False, PDL: tl.constexpr = False, PF: tl.constexpr = 0,
+                   PF_LINES: tl.constexpr = 1):
         # P[pid_k, m, n] = sum over this program's NT tiles of BLOCK_K (from pid_k * NT * BLOCK_K) of
         # x[m, k] * W[n, k], for its BLOCK_N rows n and all M <= BLOCK_M rows m.
         # GLU (one split; W = [gate; up], its up half from row INTER; N = INTER): P[m, n] = SwiGLU of the
@@ -778,6 +821,11 @@ if HAVE_TRITON:
         nm = rn < N
         mm = rm < M
         k_lo = pid_k * NT * BLOCK_K
+        if PDL:  # W's first tiles (and GLU's up rows') into L2 while the kernel before runs: weights, not its output
+            _prefetch_w(W, rn, N, K, k_lo, s_wn, BLOCK_K, PF, PF_LINES)
+            if GLU:
+                _prefetch_w(W, INTER + rn, 2 * INTER, K, k_lo, s_wn, BLOCK_K, PF, PF_LINES)
+        _pdl_wait(PDL)
         wp = W + rn.to(tl.int64)[:, None] * s_wn + (k_lo + rk)[None, :]
         xp = X + rm.to(tl.int64)[:, None] * s_xm + (k_lo + rk)[None, :]
         if SWAP:
@@ -830,6 +878,34 @@ if HAVE_TRITON:
             tl.store(P + rm[:, None] * s_pm + rn[None, :], acc.to(P.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
 
+PDL_PREFETCH = 4  # --pdl on: the K tiles of W a GEMM/GEMV program prefetches into L2 before its wait
+_PDL = {"on": False}
+
+
+def set_pdl(on: bool) -> None:
+    """``--pdl on``: launch the decode step's Triton kernels (the norms, RoPE + KV store, decode attention and its
+    reduction, SwiGLU, the GEMVs and skinny GEMMs with split-K's reduction) with programmatic dependent launch (Hopper,
+    sm_90+), each waiting for the kernel before it first (``_pdl_wait``). Process-wide, as the launch tables are."""
+    _PDL["on"] = bool(on)
+
+
+def pdl_on() -> bool:
+    """Whether :func:`set_pdl` turned programmatic dependent launch on."""
+    return _PDL["on"]
+
+
+def _pdl(t: torch.Tensor, block_k: int = 0) -> dict[str, Any]:
+    """The launch keywords of --pdl on for a kernel over ``t``'s device: none when off or not on CUDA (the CPU
+    interpreter runs today's launches), else PDL and ``launch_pdl``; ``block_k`` (a GEMM/GEMV's W tile width) adds
+    the L2 prefetch of its first PDL_PREFETCH tiles, one address per 128-byte line."""
+    if not (_PDL["on"] and t.is_cuda):
+        return {}
+    kw: dict[str, Any] = {"PDL": True, "launch_pdl": True}
+    if block_k:
+        kw.update(PF=PDL_PREFETCH, PF_LINES=max(1, block_k * t.element_size() // 128))
+    return kw
+
+
 def _need_triton() -> None:
     if not HAVE_TRITON:
         raise RuntimeError("the triton kernels need the triton package (pip install triton)")
@@ -855,7 +931,7 @@ def _norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor, eps: flo
         r2 = r.view(-1, N)
     _rmsnorm_kernel[(x2.shape[0],)](x2, d2, w, r2, y2, x2.stride(0), d2.stride(0), r2.stride(0), y2.stride(0),
                                     N, float(eps), HAS_DELTA=delta is not None,
-                                    BLOCK=triton.next_power_of_2(N), num_warps=4 if N <= 4096 else 8)
+                                    BLOCK=triton.next_power_of_2(N), num_warps=4 if N <= 4096 else 8, **_pdl(x2))
     return r, y
 
 
@@ -880,7 +956,7 @@ def silu_mul(gu: torch.Tensor, inter: int, out: torch.Tensor | None = None) -> t
     o2 = o.view(-1, inter)
     block = min(1024, triton.next_power_of_2(inter))
     _silu_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](g2, o2, g2.stride(0), o2.stride(0), inter,
-                                                              BLOCK=block, num_warps=4)
+                                                              BLOCK=block, num_warps=4, **_pdl(g2))
     return o
 
 
@@ -918,7 +994,7 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: tor
                                       qkv.stride(0), cos.stride(0),
                                       q.stride(0), q.stride(1), KL.stride(0), KL.stride(1), KL.stride(2),
                                       NH=nh, NKV=nkv, HD=hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1,
-                                      HAS_SLOT=slots is not None, KV_EMU=_kv_emu(K))
+                                      HAS_SLOT=slots is not None, KV_EMU=_kv_emu(K), **_pdl(qkv))
     return q
 
 
@@ -1126,7 +1202,7 @@ def decode_attn_partials(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, laye
         NH=nh, G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
         BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=block_n,
         PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q, K), num_warps=cfg.warps,
-        num_stages=cfg.stages)
+        num_stages=cfg.stages, **_pdl(q))
     return m, lsum, acc
 
 
@@ -1144,7 +1220,7 @@ def combine_splits(m: torch.Tensor, lsum: torch.Tensor, acc: torch.Tensor, dtype
     o = out if out is not None else torch.empty(B, nh * hd, dtype=dtype, device=acc.device)
     _attn_reduce_kernel[(B, nh)](m, lsum, acc, o, o.stride(0), S, NH=nh, HD=hd,
                                  BLOCK_S=max(8, triton.next_power_of_2(S)),  # 8, 16, 32...: few compiles
-                                 BLOCK_D=max(16, triton.next_power_of_2(hd)), num_warps=1)
+                                 BLOCK_D=max(16, triton.next_power_of_2(hd)), num_warps=1, **_pdl(acc))
     return o
 
 
@@ -1176,7 +1252,7 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
                                   G=g, HD=hd, BLOCK_G=max(16, triton.next_power_of_2(g)),
                                   BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=cfg.block_n or 64,
                                   PREC="ieee" if q.dtype == torch.float32 else "tf32", LOWP=cfg.lowp_mode(q, K),
-                                  num_warps=cfg.warps, num_stages=cfg.stages)
+                                  num_warps=cfg.warps, num_stages=cfg.stages, **_pdl(q))
     return o
 
 
@@ -1249,7 +1325,7 @@ def mv_gemv(x: torch.Tensor, w: torch.Tensor, cfg: MvCfg, nt_short: int = 0) -> 
         x, w, y, M, N, K, nt - nt_short, x.stride(0), w.stride(0), 0, y.stride(0),
         BLOCK_M=1 if M == 1 else 2 if M == 2 else 4, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVEN_N=N % cfg.block_n == 0, EVEN_K=K == nt * cfg.block_k, REDUCE_EACH=cfg.reduce_each,
-        EVICT=cfg.evict, STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages)
+        EVICT=cfg.evict, STAGES=cfg.stages, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl(x, cfg.block_k))
     return y
 
 
@@ -1349,10 +1425,11 @@ def mm_gemm(x: torch.Tensor, w: torch.Tensor, cfg: MmCfg, nt_short: int = 0, glu
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_N=N % cfg.block_n == 0,
         EVEN_K=K == split * nt * cfg.block_k, SWAP=cfg.swap, EVICT=cfg.evict, STAGES=cfg.stages,
         F32=x.dtype == torch.float32 or x.device.type != "cuda", GLU=bool(glu), NORM=norm is not None,
-        RES=res is not None and split == 1, num_warps=cfg.warps, num_stages=cfg.stages)
+        RES=res is not None and split == 1, num_warps=cfg.warps, num_stages=cfg.stages, **_pdl(x, cfg.block_k))
     if split > 1:
         _splitk_reduce_kernel[(triton.cdiv(N, MM_RED_BLOCK), M)](p, y, N, split, s_pk, s_pm, y.stride(0),
-                                                                 BLOCK=MM_RED_BLOCK, RES=res is not None, num_warps=4)
+                                                                 BLOCK=MM_RED_BLOCK, RES=res is not None, num_warps=4,
+                                                                 **_pdl(p))
     return y
 
 

@@ -520,6 +520,10 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                          " skinny GEMM after it (QKV, gate/up, lm_head: the norm's scale applied to the dot) and each"
                          " residual add into the GEMM before it (O, down), where hfkernels' launch tables list the shape:"
                          " no norm launch left; rounded once where the norm rounds twice (the accuracy gate judges it)")
+    ap.add_argument("--pdl", choices=["off", "on"], default="off",
+                    help="fast engine with the Triton kernels, Hopper (sm_90+): launch the decode step's Triton"
+                         " kernels with programmatic dependent launch: each is placed while the kernel before it"
+                         " finishes and waits on it first (the GEMMs prefetch their first weight tiles into L2 meanwhile)")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
@@ -554,6 +558,8 @@ def check_fast_args(args: argparse.Namespace) -> None:
     if args.mm_norm == "on" and args.kernels != "triton-mm":
         raise SystemExit(f"hfserve: --mm-norm on needs --kernels triton-mm, not {args.kernels}: it folds the norms into"
                          " that skinny GEMM's launches")
+    if args.pdl == "on" and args.kernels == "torch":
+        raise SystemExit("hfserve: --pdl on needs --kernels triton (or triton-gemv/-mv/-mm): it launches those kernels")
     if args.decode_attn != "default" and args.kernels == "torch":
         raise SystemExit(f"hfserve: --decode-attn {args.decode_attn} needs --kernels triton (or triton-gemv/-mv/-mm): "
                          "it picks the Triton decode attention's launch")
@@ -574,7 +580,8 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
                           load=args.load, prefill_pack=args.prefill_pack, prefill_attn=args.prefill_attn,
                           decode_attn=args.decode_attn, kv_cache_dtype=args.kv_cache_dtype,
                           overlap_schedule=args.overlap_schedule == "on", prefill_rounds=args.prefill_rounds,
-                          mm_glu=args.mm_glu == "on", mm_norm=args.mm_norm == "on", phases=phases)
+                          mm_glu=args.mm_glu == "on", mm_norm=args.mm_norm == "on", pdl=args.pdl == "on",
+                          phases=phases)
     return Engine(args.model, dtype=args.dtype, decode_loop=args.decode_loop, batching=args.batching,
                   max_batch_size=args.max_batch_size, kv_cache=args.kv_cache, attn=args.attn,
                   threads=args.threads, device=args.device, load=args.load, phases=phases)

@@ -877,6 +877,66 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
 
 
 @torch.inference_mode()
+def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeypatch) -> None:
+    """--pdl on (kernels.set_pdl): every Triton kernel a decode step launches -- batch 3 under triton-mm with and
+    without --mm-norm/--mm-glu (norms, SwiGLU, RoPE + store, split attention and its reduction, the skinny GEMM and
+    split-K's reduction), batch 1 under triton-mv (the GEMV) -- gets _pdl's launch keywords, the GEMMs and GEMVs
+    with the weight prefetch's; a launch site that forgot them would show here. Off (and on the CPU, where the
+    interpreter cannot run griddepcontrol) the keywords are none. Refused with the torch kernels. Whether each
+    kernel waits before it touches memory is compile_check.py --pdl's (test_kernels)."""
+    import types
+
+    import hfkernels as kernels
+    from fastengine import set_pdl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fm, prompts = _prefilled(torch.float32)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    L0 = fm.layers[0]
+    cfgs = {(16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["o"], L0["gu"], fm.lm_head)}
+    cfgs[(16, *L0["down"].shape)] = kernels.MmCfg(32, 32, 4, 2, 2)  # split-K: its reduction launch too
+    monkeypatch.setattr(kernels, "MM_CONFIGS", cfgs)
+    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    fuse = {("norm", 16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["gu"], fm.lm_head)}
+    fuse |= {("res", 16, *L0["o"].shape): kernels.MmCfg(16, 32, 4, 2, 1, True),
+             ("res", 16, *L0["down"].shape): kernels.MmCfg(32, 32, 4, 2, 2)}
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+    want = _one_step(fm, prompts, K0, V0, "triton-mm")
+    launches = []
+    run = InterpretedFunction.run
+    monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **kw: launches.append(
+        (self.fn.__name__, {k for k in kw if k in ("PDL", "launch_pdl", "PF", "PF_LINES")})) or run(self, *a, **kw))
+    pdl = kernels._pdl
+    # the interpreter runs the keywords' off path (PDL False): what is checked is that every launch passes them
+    monkeypatch.setattr(kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} | (
+        {"PF": 0, "PF_LINES": 1} if block_k else {}))
+    got = _one_step(fm, prompts, K0, V0, "triton-mm")
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+    _one_step(fm, prompts, K0, V0, "triton-mm", mm_norm=True, mm_glu=True)
+    _one_step(fm, prompts[:1], K0, V0, "triton-mv")
+    names = {n for n, _ in launches}
+    assert {"_rmsnorm_kernel", "_silu_mul_kernel", "_rope_store_kernel", "_decode_attn_split_kernel",
+            "_attn_reduce_kernel", "_mm_kernel", "_splitk_reduce_kernel", "_gemv_kernel"} <= names, names
+    assert all({"PDL", "launch_pdl"} <= kw for _, kw in launches), [n for n, kw in launches if "PDL" not in kw]
+    assert all({"PF", "PF_LINES"} <= kw for n, kw in launches if n in ("_mm_kernel", "_gemv_kernel"))
+    monkeypatch.setattr(kernels, "_pdl", pdl)
+    try:
+        fm.set_kernels("triton")
+        set_pdl(fm, True)  # on: CPU tensors launch as before (no keywords); a CUDA one gets them
+        assert kernels.pdl_on() and kernels._pdl(fm.K) == {}
+        cuda = types.SimpleNamespace(is_cuda=True, element_size=lambda: 2)
+        assert kernels._pdl(cuda) == {"PDL": True, "launch_pdl": True}
+        assert kernels._pdl(cuda, 128) == {"PDL": True, "launch_pdl": True, "PF": kernels.PDL_PREFETCH, "PF_LINES": 2}
+        set_pdl(fm, False)
+        assert kernels._pdl(cuda, 128) == {}
+        fm.set_kernels("torch")
+        with pytest.raises(ValueError, match="--pdl on needs the Triton kernels"):
+            set_pdl(fm, True)
+    finally:
+        kernels.set_pdl(False)
+
+
+@torch.inference_mode()
 def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -> None:
     """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA

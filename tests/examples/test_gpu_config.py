@@ -186,6 +186,23 @@ def test_mm_glu_is_a_knob_of_the_skinny_gemm_only() -> None:
                "--mm-glu", "on"])
 
 
+def test_pdl_is_a_knob_of_the_triton_kernels() -> None:
+    """--pdl (programmatic dependent launch of the Triton kernels) is a knob with any Triton kernels under CUDA graphs:
+    rendered, it parses; with the torch kernels it is not in the knob set, and the server refuses it in one line."""
+    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
+    parse = _server_parser()
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "pdl": "on"}
+    for kern in ("triton", "triton-gemv", "triton-mv", "triton-mm"):
+        knobs = active_only(target, base | {"kernels": kern})
+        assert knobs["pdl"] == "on"
+        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+        assert (args.kernels, args.pdl) == (kern, "on")
+    assert "pdl" not in active_only(target, base | {"kernels": "torch"})
+    assert target.knobs["pdl"].default == "off" and "pdl" not in target.baseline_knobs()
+    with pytest.raises(SystemExit, match="--pdl on needs --kernels triton"):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--pdl", "on"])
+
+
 def test_mm_norm_is_a_knob_of_the_skinny_gemm_only() -> None:
     """--mm-norm (the norms folded into the skinny GEMMs) is a knob only with --kernels triton-mm under CUDA graphs:
     rendered, it parses (with --mm-glu beside it); with any other kernels it is not in the knob set, and the server

@@ -15,6 +15,7 @@ bf16 in torch but kept in float32 here. The wrong variants miss by 3x (bf16 eps)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -584,6 +585,53 @@ def test_mv_configs_compile_for_the_h200() -> None:
     assert "6 of 6 triton-mv configs compile for sm_90 cleanly" in res.stdout
 
 
+PDL_TOY = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def racy(X, Y, PDL: tl.constexpr):  # reads X before it waits: what compile_check.py --pdl must catch
+    x = tl.load(X + tl.arange(0, 128))
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    tl.store(Y + tl.arange(0, 128), x)
+"""
+
+
+def test_pdl_kernels_wait_before_they_touch_memory(tmp_path) -> None:
+    """benchmarks/gpu/compile_check.py --pdl: every kernel --pdl on launches, compiled for sm_90 as launched (PDL,
+    launch_pdl; the tables' 64-row configs, the GEMV's at one row), waits (griddepcontrol.wait) before any global
+    load, store or async copy, lets the next kernel launch (launch_dependents), and the GEMMs and GEMVs prefetch
+    weights into L2 before the wait. Both ways: a kernel that loads before its wait is caught by the same check
+    (pdl_order). Compiled, not interpreted: subprocesses."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
+    if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("triton without its NVIDIA backend's ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, str(script), "--pdl"], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "17 of 17 --pdl kernels wait before they touch memory (sm_90)" in res.stdout, res.stdout[-2000:]
+    (tmp_path / "pdl_toy.py").write_text(PDL_TOY)
+    code = f"""
+import sys, json; sys.path[:0] = [{str(tmp_path)!r}, {str(script.parent)!r}]
+import torch, compile_check as C, gemv_bench as G, pdl_toy
+from triton.runtime.driver import driver
+driver.set_active(G._AOTDriver(90))
+ck = pdl_toy.racy.warmup(torch.float32, torch.float32, PDL=True, launch_pdl=True, grid=(1,))
+r = dict(C.pdl_order(ck.asm["ptx"]), kernel="racy", launch_pdl=True)
+print("racy", json.dumps(r), C.pdl_problems([r]))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "memory instruction(s) before griddepcontrol.wait" in res.stdout, res.stdout[-2000:]
+    assert '"before_wait": 0' not in res.stdout and '"wait": true' in res.stdout, res.stdout[-2000:]
+
+
+# -- batch 16..64: the skinny GEMM (mm_gemm / mm_linear) and decode attention's launch table ----------------
 # -- batch 16..64: the skinny GEMM (mm_gemm / mm_linear) and decode attention's launch table ----------------
 
 MM_CFGS = (K.MmCfg(16, 64, 4, 2), K.MmCfg(32, 32, 4, 3, 4, True, ""), K.MmCfg(16, 32, 8, 1, 2, False))
