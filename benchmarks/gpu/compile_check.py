@@ -151,7 +151,6 @@ def compile_pdl(arch: int = 90) -> list[dict]:
     bf, f32, i64 = torch.bfloat16, torch.float32, torch.int64
     nh, nkv, hd, ctx, d = 32, 8, 128, 1024, 4096
     pdl = dict(PDL=True, launch_pdl=True, grid=(1,))
-    pf = dict(PF=K.PDL_PREFETCH)
     s_kb, s_kh = nkv * ctx * hd, ctx * hd
     attn = dict(G=nh // nkv, HD=hd, BLOCK_G=16, BLOCK_D=hd, BLOCK_N=32, PREC="tf32", LOWP=1, num_warps=2, num_stages=3)
     jobs: list[tuple[str, Callable]] = [
@@ -175,7 +174,7 @@ def compile_pdl(arch: int = 90) -> list[dict]:
         jobs.append((f"gemv {n}x{k}", lambda n=n, k=k, c=c: K._gemv_kernel.warmup(
             bf, bf, bf, 1, n, k, 4, k, k, 0, n, BLOCK_M=1, BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=True,
             EVEN_K=True, REDUCE_EACH=c.reduce_each, EVICT=c.evict, STAGES=c.stages, num_warps=c.warps,
-            num_stages=c.stages, PF_LINES=max(1, c.block_k // 64), **pf, **pdl)))
+            num_stages=c.stages, **K.pdl_prefetch_kw(c.block_k, 2), **pdl)))
     mm = [("mm qkv", K.MM_FUSE_CONFIGS["norm", 64, 6144, 4096], 6144, 4096, {}),
           ("mm qkv NORM", K.MM_FUSE_CONFIGS["norm", 64, 6144, 4096], 6144, 4096, {"NORM": True}),
           ("mm gate_up GLU NORM", K.MM_FUSE_CONFIGS["glu_norm", 64, 28672, 4096], 14336, 4096,
@@ -188,7 +187,7 @@ def compile_pdl(arch: int = 90) -> list[dict]:
             bf, bf, f32 if part else bf, 64, n, k, 4, k, k, 64 * n if part else 0, n, n if fuse.get("GLU") else 0,
             bf, bf, n, 1e-5, BLOCK_M=64, BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=True, EVEN_K=True, SWAP=c.swap,
             EVICT=c.evict, STAGES=c.stages, F32=False, num_warps=c.warps, num_stages=c.stages,
-            PF_LINES=max(1, c.block_k // 64), **fuse, **pf, **pdl)))
+            **K.pdl_prefetch_kw(c.block_k, 2), **fuse, **pdl)))
     out = []
     for name, job in jobs:
         rec: dict = {"kernel": name}
@@ -219,6 +218,19 @@ def pdl_problems(recs: list[dict]) -> list[str]:
     return bad
 
 
+def _report(recs: list[dict], bad: list[str], summary: str, json_path: str) -> int:
+    """Print each record and each problem, write the records to ``json_path`` (if given), print ``summary``;
+    the exit status: 1 on any problem."""
+    for r in recs:
+        print(json.dumps(r))
+    if json_path:
+        Path(json_path).write_text(json.dumps(recs, indent=2) + "\n")
+    for b in bad:
+        print("PROBLEM", b)
+    print(summary)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
@@ -230,39 +242,20 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pdl:
         recs = compile_pdl(args.arch)
-        for r in recs:
-            print(json.dumps(r))
-        if args.json:
-            Path(args.json).write_text(json.dumps(recs, indent=2) + "\n")
         bad = pdl_problems(recs)
-        for b in bad:
-            print("PROBLEM", b)
-        print(f"{len(recs) - len(bad)} of {len(recs)} --pdl kernels wait before they touch memory (sm_{args.arch})")
-        return 1 if bad else 0
+        return _report(recs, bad, f"{len(recs) - len(bad)} of {len(recs)} --pdl kernels wait before they touch memory "
+                       f"(sm_{args.arch})", args.json)
     if args.mv:
         import gemv_bench  # compile_mv put it on the path
 
         recs = compile_mv(args.arch)
-        for r in recs:
-            print(json.dumps(r))
-        if args.json:
-            Path(args.json).write_text(json.dumps(recs, indent=2) + "\n")
         bad = gemv_bench.aot_problems(recs)
-        for b in bad:
-            print("PROBLEM", b)
-        print(f"{len(recs) - len(bad)} of {len(recs)} triton-mv configs compile for sm_{args.arch} cleanly")
-        return 1 if bad else 0
+        return _report(recs, bad, f"{len(recs) - len(bad)} of {len(recs)} triton-mv configs compile for "
+                       f"sm_{args.arch} cleanly", args.json)
     recs = compile_all(args.arch)
-    for r in recs:
-        print(json.dumps(r))
-    if args.json:
-        Path(args.json).write_text(json.dumps(recs, indent=2) + "\n")
     bad = problems(recs)
-    for b in bad:
-        print("PROBLEM", b)
-    print(f"{len(recs) - len(bad)} of {len(recs)} configs compile for sm_{args.arch} cleanly")
-    return 1 if bad else 0
-
+    return _report(recs, bad, f"{len(recs) - len(bad)} of {len(recs)} configs compile for sm_{args.arch} cleanly",
+                   args.json)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -711,8 +711,8 @@ def set_pdl(fm: FastModel, on: bool) -> None:
     launch attribute and griddepcontrol); on the CPU (the interpreter) the launches stay as they are."""
     if on and fm.kernels == "torch":
         raise ValueError("--pdl on needs the Triton kernels: add --kernels triton (or triton-mv/-mm)")
-    if on and fm.device.type == "cuda" and torch.cuda.get_device_capability(fm.device)[0] < 9:
-        cap = torch.cuda.get_device_capability(fm.device)
+    cap = torch.cuda.get_device_capability(fm.device) if on and fm.device.type == "cuda" else (9, 0)
+    if cap[0] < 9:
         raise ValueError(f"--pdl on needs a Hopper GPU or newer (sm_90+), not sm_{cap[0]}{cap[1]}")
     kernels_mod.set_pdl(on)
 

@@ -123,7 +123,7 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "MV_MAX_ROWS", "MV_CONFIGS", "MV_DEFAULT", "MvCfg", "mv_config", "mv_gemv", "mv_linear", "mv_linear_ref",
            "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref", "mmv_linear",
            "MM_GLU_CONFIGS", "mm_glu_linear", "MM_FUSE_CONFIGS", "FUSE_KINDS", "fuse_config", "mm_norm_linear",
-           "mm_res_linear", "set_pdl", "pdl_on", "PDL_PREFETCH",
+           "mm_res_linear", "set_pdl", "pdl_on", "PDL_PREFETCH", "pdl_prefetch_kw",
            "ATTN_CONFIGS", "AttnCfg", "attn_config", "ATTN_LOWP", "DECODE_ATTN", "decode_attn_config"]
 
 HAVE_TRITON = triton is not None
@@ -900,10 +900,13 @@ def _pdl(t: torch.Tensor, block_k: int = 0) -> dict[str, Any]:
     the L2 prefetch of its first PDL_PREFETCH tiles, one address per 128-byte line."""
     if not (_PDL["on"] and t.is_cuda):
         return {}
-    kw: dict[str, Any] = {"PDL": True, "launch_pdl": True}
-    if block_k:
-        kw.update(PF=PDL_PREFETCH, PF_LINES=max(1, block_k * t.element_size() // 128))
-    return kw
+    return {"PDL": True, "launch_pdl": True, **(pdl_prefetch_kw(block_k, t.element_size()) if block_k else {})}
+
+
+def pdl_prefetch_kw(block_k: int, element_size: int) -> dict[str, int]:
+    """A GEMM/GEMV launch's L2-prefetch keywords under --pdl on: its first PDL_PREFETCH tiles of W (``block_k``
+    elements of ``element_size`` bytes wide), one address per 128-byte line."""
+    return {"PF": PDL_PREFETCH, "PF_LINES": max(1, block_k * element_size // 128)}
 
 
 def _need_triton() -> None:
