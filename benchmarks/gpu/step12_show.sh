@@ -14,9 +14,12 @@ EXTRA=${2:-}
 M=$(forge_7b)
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
-G="--max-batch-size 64 --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP $EXTRA"
+# An 80 GB card (H100) cannot hold the float32 reference (28 GB) beside a batch-64 server (54 GB): gate at batch 32.
+MB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+GB=64; [ "${MB:-0}" -lt 100000 ] && GB=32
+G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP $EXTRA"
 log "model $M; accuracy gate, step10lp's flags + '$EXTRA'"
-timeout 150 python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only --flags "$G" 2>&1 | tail -12
+timeout 200 python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only --flags "$G" 2>&1 | tail -12
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 left=$((LIMIT - (SECONDS - START) - 10))
 log "A-D (A, C x3): lp, s12"

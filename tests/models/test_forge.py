@@ -82,3 +82,22 @@ def test_default_model_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_unknown_preset_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         forge.make_model(tmp_path, preset="nope")
+
+
+def test_low_memory_training_is_the_same_arithmetic() -> None:
+    """The 80 GB cards train the 7B with activation checkpointing (forge.LOW_MEMORY_BYTES): recomputing the layers in
+    the backward pass must give the same model as keeping their activations (an H100-forged 7B is the H200's)."""
+    p = dataclasses.replace(forge.PRESETS["tiny"], seq_len=32, batch_size=4)  # the recipe; the shape is below
+    ids = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(1))
+    results = []
+    for low in (False, True):
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(cfg)
+        loss = forge._train(model, ids, p, steps=6, seed=0, low_memory=low)
+        assert not model.is_gradient_checkpointing  # switched off again for serving
+        results.append((loss, torch.cat([w.detach().flatten() for w in model.parameters()])))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
+    assert not torch.equal(results[1][1], torch.zeros_like(results[1][1]))
