@@ -442,30 +442,70 @@ def fuse_row(cs: MmCase, reps: int, margin: float, layers: int = LAYERS) -> dict
     row["winner"] = "fused" if row["speedup"] > 1.0 + margin else "today"
     calls = layers if cs.name in LAYER_SHAPES else 1
     row["step_gain_ms"] = (row["today_us"] - row["fused_us"]) * calls / 1e3 if best else 0.0
+    row["calls"] = calls
+    if getattr(cs, "kind", "") == "res":  # what a RES launch leaves when the next GEMM's norm is not fused: a norm launch
+        row["norm_us"] = G.graph_us(cs.calls(lambda x, w: kernels.rmsnorm(cs.r, cs.ln_n, EPS)), reps)
     return row
+
+
+# The norm each residual add is paired with (the engine's _decode_mm_norm): O's add and ln2 (gate/up's norm, or with
+# --mm-glu the GLU launch's), down's add and the next layer's ln1 (QKV's norm; the last layer's: the lm_head's).
+# A RES launch without its norm fused leaves that norm as a launch of its own; an unlisted RES launch is today's
+# GEMM + add_rmsnorm, the next GEMM over its normed rows (its NORM launch unused).
+RES_PAIRS = {"o": (("norm", "gate_up"), ("glu_norm", "gate_up")), "down": (("norm", "qkv"), ("norm", "qkv"))}
+
+
+def pair_gain(res_row: dict | None, norm_row: dict | None) -> tuple[float, bool]:
+    """(the step's gain in ms, whether to list the RES launch) for a residual add and its norm: 0 (today's) if the RES
+    launch lost; both fused if both won; else the RES launch with the norm launch it leaves, listed only if that
+    still gains."""
+    if not res_row or res_row["winner"] != "fused":
+        return 0.0, False
+    if norm_row and norm_row["winner"] == "fused":
+        return res_row["step_gain_ms"] + max(norm_row["step_gain_ms"], 0.0), True
+    alone = res_row["step_gain_ms"] - res_row.get("norm_us", 0.0) * res_row["calls"] / 1e3
+    return max(alone, 0.0), alone > 0.0
+
+
+def fuse_listed(rows: list[dict]) -> list[dict]:
+    """The rows MM_FUSE_CONFIGS lists: the NORM/GLU winners, and the RES winners whose pair gains (O's paired with the
+    GLU launch's norm where the sweep timed it: what the step scripts serve, --mm-glu on)."""
+    by = {(r["kind"], r["shape"], r["M"]): r for r in rows}
+    out = []
+    for r in rows:
+        if r["winner"] != "fused":
+            continue
+        if r["kind"] == "res":
+            plain, glu = RES_PAIRS[r["shape"]]
+            pair = glu if (*glu, r["M"]) in by else plain
+            if not pair_gain(r, by.get((*pair, r["M"])))[1]:
+                continue
+        out.append(r)
+    return out
 
 
 def fuse_table(rows: list[dict]) -> str:
     """hfkernels.MM_FUSE_CONFIGS of the winners, ready to paste."""
     lines = ["MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {"]
-    for r in sorted(rows, key=lambda r: (r["kind"], r["shape"], r["M"])):
-        if r["winner"] == "fused":
-            bn, bk, w, st, sk, sw, ev = r["best_cfg"]
-            lines.append(f"    {(r['kind'], kernels.mm_rows(r['M']), r['N'], r['K'])}: MmCfg({bn}, {bk}, {w}, {st}, {sk}, "
-                         f"{sw}, {ev!r}),  # {r['shape']} {r['fused_us']:.1f} vs {r['today_us']:.1f} us")
+    for r in sorted(fuse_listed(rows), key=lambda r: (r["kind"], r["shape"], r["M"])):
+        bn, bk, w, st, sk, sw, ev = r["best_cfg"]
+        lines.append(f"    {(r['kind'], kernels.mm_rows(r['M']), r['N'], r['K'])}: MmCfg({bn}, {bk}, {w}, {st}, {sk}, "
+                     f"{sw}, {ev!r}),  # {r['shape']} {r['fused_us']:.1f} vs {r['today_us']:.1f} us")
     return "\n".join(lines + ["}"])
 
 
 def fuse_steps(rows: list[dict]) -> dict:
     """Per M: the step's gain under --mm-norm (norm: qkv, gate_up, lm_head; res: o, down) and under --mm-norm with
-    --mm-glu (gate/up's glu_norm instead), each launch counted only where it won (a loser stays today's)."""
+    --mm-glu (gate/up's glu_norm instead), pair by pair (pair_gain: a RES launch counts the norm launch it leaves when
+    its norm lost; a loser stays today's); the lm_head's norm counts where down's add is listed."""
     out = {}
     for m in sorted({r["M"] for r in rows}):
-        g = {(r["kind"], r["shape"]): max(r["step_gain_ms"], 0.0) if r["winner"] == "fused" else 0.0
-             for r in rows if r["M"] == m}
-        common = sum(v for (kind, shape), v in g.items() if kind == "res" or (kind == "norm" and shape != "gate_up"))
-        out[str(m)] = {"mm_norm_ms": common + g.get(("norm", "gate_up"), 0.0),
-                       "mm_norm_glu_ms": common + g.get(("glu_norm", "gate_up"), 0.0)}
+        by = {(r["kind"], r["shape"]): r for r in rows if r["M"] == m}
+        down, down_listed = pair_gain(by.get(("res", "down")), by.get(("norm", "qkv")))
+        head = by.get(("norm", "lm_head"))
+        common = down + (max(head["step_gain_ms"], 0.0) if down_listed and head and head["winner"] == "fused" else 0.0)
+        out[str(m)] = {"mm_norm_ms": common + pair_gain(by.get(("res", "o")), by.get(("norm", "gate_up")))[0],
+                       "mm_norm_glu_ms": common + pair_gain(by.get(("res", "o")), by.get(("glu_norm", "gate_up")))[0]}
     return out
 
 

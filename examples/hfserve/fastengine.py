@@ -438,31 +438,42 @@ class FastModel:
         read and write; each norm is folded into the GEMM after it (kernels.mm_norm_linear: QKV, gate/up, lm_head;
         with --mm-glu, gate/up's GLU launch) and each residual add into the GEMM before it (kernels.mm_res_linear, in
         place: O, down), so no norm launch is left where kernels.MM_FUSE_CONFIGS lists the shapes (per layer 8
-        launches -> 6; 5 with --mm-glu). Where a shape is not listed, that norm or add runs as its own launch (the
-        same arithmetic as :meth:`_decode_fused`'s). The norm's scale is applied to the dot, not to x before it:
+        launches -> 6; 5 with --mm-glu). Where a norm's GEMM is not listed, the norm runs as its own launch; where a
+        residual add's GEMM is not listed, the add and the next norm run as one add_rmsnorm launch (what
+        :meth:`_decode_fused` runs; the next GEMM then takes the normed rows, fused or not: a residual add alone in a
+        launch would cost a launch more than today's step). The norm's scale is applied to the dot, not to x before it:
         rounded once where the norm launch rounds twice, so the accuracy gate judges it. Graph-capturable."""
         ops, eps, B = self.ops, self.eps, tokens.shape[0]
 
-        def normed(x: torch.Tensor, ln: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        def normed(x: torch.Tensor, h: torch.Tensor | None, ln: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            if h is not None:  # the add before could not fuse: add_rmsnorm normed x already
+                return lin(h, w)
             y = kernels_mod.mm_norm_linear(x, ln, eps, w)
             return y if y is not None else lin(ops.rmsnorm(x, ln, eps), w)
 
-        def added(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        def added(a: torch.Tensor, w: torch.Tensor, x: torch.Tensor,
+                  ln: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            """The residual add after a's GEMM: in its epilogue where listed (x updated in place; h None), else
+            the GEMM, then the add and the next norm (``ln``) in one add_rmsnorm launch, as without --mm-norm."""
             y = kernels_mod.mm_res_linear(a, w, x)
-            return y if y is not None else x + lin(a, w)
+            return (y, None) if y is not None else ops.add_rmsnorm(x, lin(a, w), ln, eps)
 
-        x = self.embed[tokens]  # a fresh tensor: the residual stream, updated in place
+        x, h, n = self.embed[tokens], None, len(self.layers)  # x a fresh tensor: the residual stream, updated in place
         for li, L in enumerate(self.layers):
-            q = ops.rope_store(normed(x, L["ln1"], L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
+            q = ops.rope_store(normed(x, h, L["ln1"], L["qkv"]), self.cos, self.sin, pos, self.K, self.V, li)
             o = ops.decode_attn(q, self.K, self.V, li, B, pos, ctx, self.scale, **attn_kw)
-            x = added(o, L["o"], x)
-            act = kernels_mod.mm_glu_linear(x, L["gu"], self.inter, norm=(L["ln2"], eps)) if self.mm_glu else None
-            if act is None and self.mm_glu and kernels_mod.fuse_config("norm", B, *L["gu"].shape) is None:
-                act = kernels_mod.mm_glu_linear(ops.rmsnorm(x, L["ln2"], eps), L["gu"], self.inter)  # --mm-glu alone
+            x, h = added(o, L["o"], x, L["ln2"])
+            act = None
+            if h is not None:  # ln2 normed by add_rmsnorm: --mm-glu's launch (or the GEMM) over h
+                act = kernels_mod.mm_glu_linear(h, L["gu"], self.inter) if self.mm_glu else None
+            elif self.mm_glu:
+                act = kernels_mod.mm_glu_linear(x, L["gu"], self.inter, norm=(L["ln2"], eps))
+                if act is None and kernels_mod.fuse_config("norm", B, *L["gu"].shape) is None:
+                    act = kernels_mod.mm_glu_linear(ops.rmsnorm(x, L["ln2"], eps), L["gu"], self.inter)  # --mm-glu alone
             if act is None:
-                act = ops.silu_mul(normed(x, L["ln2"], L["gu"]), self.inter)
-            x = added(act, L["down"], x)
-        logits = normed(x, self.norm, self.lm_head).float()
+                act = ops.silu_mul(normed(x, h, L["ln2"], L["gu"]), self.inter)
+            x, h = added(act, L["down"], x, self.layers[li + 1]["ln1"] if li + 1 < n else self.norm)
+        logits = normed(x, h, self.norm, self.lm_head).float()
         return logits, torch.argmax(logits, dim=-1)
 
     def _decode_gemv(self, tokens: torch.Tensor, pos: torch.Tensor, ctx: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -816,8 +816,8 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     (QKV, gate/up, lm_head; with --mm-glu the GLU launch's), each residual add a GEMM's epilogue (O; down through
     split-K's reduction); logits within the step tolerance of the unfused step, the same ids and KV pool (K, V come
     from the first norm's GEMM: equal within the tolerance). Both ways: the norm GEMMs one K tile short, or the
-    residual adds one tile short, are caught. Unlisted shapes: the norm and add launches (the unfused step's
-    arithmetic: bit for bit in float32). Refused without triton-mm."""
+    residual adds one tile short, are caught. Unlisted shapes: the norm launch, or the GEMM then add_rmsnorm where a
+    residual add is unlisted (the unfused step's launches: bit for bit). Refused without triton-mm."""
     import hfkernels as kernels
 
     close = _step_close(dtype)
@@ -860,6 +860,12 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     seen.clear()
     got = run(mm_norm=True, mm_glu=True)[0]  # gate/up's fused launches not listed: ln2's norm launch, the GLU launch
     assert seen.count("g") == n and seen.count("ng") == 0 and len(norms) == n and close(got, want), seen
+    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "res"})
+    seen.clear()
+    norms.clear()
+    got = run(mm_norm=True)[0]  # no residual add listed: GEMM + add_rmsnorm (today's two launches, not three), the
+    assert seen.count("n") == 1 and "r" not in seen and len(norms) == 2 * n and close(got, want), seen  # next GEMM
+    # over its rows (layer 0's fused)
     monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
     short = {"n": lambda kw: bool(kw.get("norm")), "r": lambda kw: kw.get("res") is not None}
     for which in ("n", "r"):  # both ways: a short norm GEMM, or a short residual add, is caught
@@ -867,9 +873,8 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
         assert not close(run(mm_norm=True)[0], want), which
     monkeypatch.setattr(kernels, "mm_gemm", real)
     monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {})
-    fb, plain = run(mm_norm=True)[0], want  # nothing listed: the norm and add launches, the unfused step's arithmetic
-    assert torch.equal(fb, plain) if dtype == torch.float32 else close(fb, plain)  # (the interpreter's bf16 add rounds
-    # its own way, torch's CPU add another)
+    fb = run(mm_norm=True)[0]  # nothing listed: the norm and add_rmsnorm launches, the unfused step bit for bit
+    assert torch.equal(fb, want)
     fm.set_kernels("triton-mv")
     with pytest.raises(ValueError, match="--mm-norm on needs --kernels triton-mm"):
         fm.set_mm_norm(True)
