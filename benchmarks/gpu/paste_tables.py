@@ -52,20 +52,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default=str(ROOT / "examples/hfserve/hfkernels.py"))
     ap.add_argument("--dry-run", action="store_true", help="print the tables, change nothing")
     args = ap.parse_args(argv)
+    lines = []
     try:
         path = Path(args.kernels)
         src = path.read_text()
         for f in args.results:
             for name, entries in tables(json.loads(Path(f).read_text())).items():
                 src = paste(src, name, entries)
-                print(f"{name}: {len(entries)} entries from {f}")
-                for e in entries:
-                    print(e)
+                lines += [f"{name}: {len(entries)} entries from {f}", *entries]
+        if not args.dry_run:
+            path.write_text(src)  # before printing: a reader that stops early (`| head -1`) must not stop the paste
     except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         print(f"paste_tables: {exc}", file=sys.stderr)
         return 2
-    if not args.dry_run:
-        path.write_text(src)
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:
+        sys.stdout = None  # the pasted file is written; nothing more to say
     return 0
 
 

@@ -49,3 +49,22 @@ def test_the_measured_tables_replace_the_entries(tmp_path, capsys) -> None:
     assert P.main([str(tmp_path / "f.json"), "--kernels", str(tmp_path / "nok.py")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("paste_tables: ") for e in err) and "no MM_FUSE_CONFIGS table" in err[2]
+
+
+def test_a_reader_that_stops_early_does_not_stop_the_paste(tmp_path) -> None:
+    """The step scripts print only the first line (`paste_tables.py ... | head -1`): on the H100 (2026-12-05) a reader
+    gone before the third printed line broke the pipe before the file was written, and the gate served unpasted
+    tables. The file is written first; a closed pipe after that is no error."""
+    import subprocess
+
+    k = tmp_path / "hfkernels.py"
+    k.write_text(KERNELS.read_text())
+    entries = "".join(f"    ('res', {m}, 4096, {n}): MmCfg(64, 128, 4, 5, 1, False, ''),  # x\n"
+                      for m in (16, 32, 64) for n in range(4096, 4096 + 64 * 400, 64))
+    (tmp_path / "f.json").write_text(json.dumps(
+        {"fuse_configs_py": "MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {\n" + entries + "}"}))
+    r = subprocess.run(f"{sys.executable} {SCRIPT} {tmp_path / 'f.json'} --kernels {k} | head -c 10; "
+                       "echo \" rc=${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.endswith(" rc=0\n") and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+    assert len(_tables(k.read_text(), "MM_FUSE_CONFIGS")) == 1200
