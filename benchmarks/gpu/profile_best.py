@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_engine import cuda_time  # noqa: E402
-from fastengine import FastModel, GraphDecoder  # noqa: E402
+from fastengine import FastModel, GraphDecoder, set_pdl  # noqa: E402
 
 
 def best_knobs(db: str) -> dict:
@@ -109,6 +109,9 @@ def _profile_step(fm: FastModel, rec: dict, step: dict, ref, ref_dec, long, prom
     fm.set_kernels(k.get("kernels", "torch"))
     fm.set_prefill_attn(k.get("prefill_attn", "torch"))
     fm.set_decode_attn(k.get("decode_attn", "default"))
+    fm.set_mm_glu(k.get("mm_glu") == "on")  # steps 11-13 (off before set_kernels could refuse them: set in order)
+    fm.set_mm_norm(k.get("mm_norm") == "on")
+    set_pdl(fm, k.get("pdl") == "on")
     batch = min(burst, int(k.get("max_batch_size", 8)) if k.get("batching") == "on" else 1)
     pack = int(k.get("prefill_pack", 0))
     wave = prompts[:batch]

@@ -102,22 +102,26 @@ def test_kernels_knob_and_engine_steps() -> None:
     steps = json.loads((GPU / "engine_steps.json").read_text())
     full = [target.validate_knobs(s["knobs"]) for s in steps]
     assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton", "triton-gemv", "triton-mv",
-                                                "triton-mv", "triton-mm"]
+                                                "triton-mv"] + ["triton-mm"] * 4
     assert [(k["max_batch_size"], k["prefill_pack"], k["prefill_attn"]) for k in full] == [
         (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused"), (64, 32768, "fused"),
-        (64, 32768, "fused"), (64, 32768, "fused"), (64, 32768, "fused-batched")]
-    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"] * 2  # step 8: the overlap schedule
-    assert [k.get("decode_attn") for k in full[4:]] == ["default"] * 3 + ["lowp"]  # step 10
+        (64, 32768, "fused"), (64, 32768, "fused")] + [(64, 32768, "fused-batched")] * 4
+    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"] * 5  # step 8: the overlap schedule
+    assert [k.get("decode_attn") for k in full[4:]] == ["default"] * 3 + ["lowp"] * 4  # step 10
+    assert [(k.get("mm_glu"), k.get("mm_norm"), k.get("pdl")) for k in full[7:]] == [  # steps 11, 12, 13
+        ("off", "off", "off"), ("on", "off", "off"), ("on", "on", "off"), ("on", "on", "on")]
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
-    args = parse(target.render(full[-2], port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(full[6], port=8000, model="/m", source="/s")[2:])
     assert (args.kernels, args.cuda_graphs, args.engine) == ("triton-mv", "on", "fast")
     assert (args.max_batch_size, args.prefill_pack, args.prefill_attn) == (64, 32768, "fused")
-    assert args.overlap_schedule == "on" and parse(target.render(full[-3], port=8000, model="/m",
+    assert args.overlap_schedule == "on" and parse(target.render(full[5], port=8000, model="/m",
                                                                  source="/s")[2:]).overlap_schedule == "off"
-    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(full[7], port=8000, model="/m", source="/s")[2:])
     assert (args.kernels, args.prefill_attn, args.decode_attn, args.prefill_rounds) == (
         "triton-mm", "fused-batched", "lowp", 1)
+    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    assert (args.kernels, args.mm_glu, args.mm_norm, args.pdl) == ("triton-mm", "on", "on", "on")  # the server takes step 13
 
 
 @pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])

@@ -115,6 +115,8 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
     assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
     assert (fm.kernels, fm.prefill_attn, fm.decode_attn) == ("triton-mm", "fused-batched", "lowp")  # the last step's settings
+    assert fm.mm_glu and fm.mm_norm and sys.modules["hfkernels"].pdl_on()  # steps 11-13's (PDL: the CPU launches as before)
+    sys.modules["hfkernels"].set_pdl(False)
     # The graph step's logits against the first step's: the Triton GEMVs (B decode at batch 1) agree.
     assert out[0]["decode_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True,
                                       "greedy16_same_as_first": 16}
