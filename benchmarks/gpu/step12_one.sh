@@ -3,7 +3,7 @@
 # starts are scarce: step12_run.sh's sweeps with shorter budgets (steps 11 and 12 launch by launch), C three times in a
 # row on step10lp's flags (lp1), with --mm-glu on --mm-norm on (lpn) and with --pdl on besides (lpnp, step 13) -- in
 # that order, so a cut loses step 13 first -- then the accuracy gate on lpnp's flags (--pdl changes no arithmetic: a
-# race would show there) with the time left, on lpn's if lpnp's server did not start. From the repository root:
+# race would show there), on lpn's if lpnp's server did not start, and on lp1's (the same model) with the time left. From the repository root:
 #   benchmarks/gpu/step12_one.sh LIMIT_S        (carry .whl: benchmarks/gpu/wheels.py)
 # The sweeps' winners are pasted into this machine's hfkernels.py (paste them here from the JSONs with
 # paste_tables.py). A-D with the winning flags: step12_show.sh (a second command). Each server's first line (its
@@ -42,6 +42,18 @@ G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-sche
 grep -q "lpnp.*ready" "$OUT/ib_c.ready" 2>/dev/null && G="$G --pdl on"
 left=$((LIMIT - (SECONDS - START) - 5))
 log "accuracy gate on '$G' (${left}s left)"
-timeout "$left" python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only --flags "$G" 2>&1 | tail -12
+timeout $((left > 240 ? 150 : left)) python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only \
+  --flags "$G" 2>&1 | tail -12
+# Then step 10lp's own flags on the same model, where time is left (~70 s on the H100): the gate's figures of the steps
+# against the step they extend, not against another machine's model.
+left=$((LIMIT - (SECONDS - START) - 5))
+if [ "$left" -gt 90 ]; then
+  log "accuracy gate on step 10lp's flags, the same model (${left}s left)"
+  timeout "$left" python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_lp1.json" --honest-only \
+    --flags "--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP" 2>&1 | tail -3
+  for g in gate_s12 gate_lp1; do python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['honest_fast_bf16']; m=r['metrics'] or {}
+print(sys.argv[2], r['status'], {k: round(m[k], 6) for k in ('kl_mean', 'mean_abs_dlogprob', 'ppl_log_ratio', 'gen_nll_excess') if k in m})" \
+      "$OUT/$g.json" "$g" 2>/dev/null; done
+fi
 for v in lp1 lpn lpnp; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
 log done
