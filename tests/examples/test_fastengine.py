@@ -866,6 +866,10 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     got = run(mm_norm=True)[0]  # no residual add listed: GEMM + add_rmsnorm (today's two launches, not three), the
     assert seen.count("n") == 1 and "r" not in seen and len(norms) == 2 * n and close(got, want), seen  # next GEMM
     # over its rows (layer 0's fused)
+    seen.clear()
+    norms.clear()
+    got = run(mm_norm=True, mm_glu=True)[0]  # with --mm-glu: its GLU launch over add_rmsnorm's rows
+    assert seen.count("g") == n and "r" not in seen and len(norms) == 2 * n and close(got, want), seen
     monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
     short = {"n": lambda kw: bool(kw.get("norm")), "r": lambda kw: kw.get("res") is not None}
     for which in ("n", "r"):  # both ways: a short norm GEMM, or a short residual add, is caught
