@@ -9,7 +9,8 @@ Per burst: steps, the steps at the burst's largest batch, and the median / mean 
 at that batch (ms): what the device did per step plus any time it waited for the host.
 With ``STEP_LOG.timeline`` beside it (the same engine's job arrivals ``J time`` and packed prefill passes
 ``P prompts tokens start end device_ms``, flushed with the same bursts) each burst also gets its timeline from
-its first arrival: the arrivals' spread, every prefill pass (wall and device ms), the first and the last step.
+its first arrival: the arrivals' spread, every prefill pass (wall and device ms), the first and the last step, and
+the garbage collector's passes of 1 ms or more (``G generation start ms``; ``gc_ms``: [generation, start, ms]).
 ``--client IB_JSON:LABEL`` sets each scenario of that ib_baseline.py report's server LABEL (its requests' clock)
 beside the burst it made: from the client's first send to its last token, on the one clock of the host.
 """
@@ -50,6 +51,7 @@ def summary(burst: list[tuple]) -> dict:
     gaps = [(b[1] - a[1]) * 1000 for a, b in pairs]
     out = {"steps": len(burst), "batch": top, "steps_at_batch": len(at), "gap_ms_p50": _p50(gaps),
            "gap_ms_mean": round(sum(gaps) / len(gaps), 3) if gaps else None,
+           "gap_ms_max": round(max(gaps), 3) if gaps else None,
            "span_s": round(burst[-1][1] - burst[0][1], 4)}
     if all(len(r) >= 3 for r in at):
         out["engine_cpu_ms_p50"] = _p50([(b[2] - a[2]) * 1000 for a, b in pairs])
@@ -61,18 +63,20 @@ def summary(burst: list[tuple]) -> dict:
 
 def timelines(text: str) -> list[dict]:
     """The timeline file's bursts: arrivals (``J``) and packed prefill passes (``P``), one dict per ``end``."""
-    out, cur = [], {"jobs": [], "passes": []}
+    out, cur = [], {"jobs": [], "passes": [], "gc": []}
     for line in text.splitlines():
         f = line.split()
         if not f:
             continue
         if f[0] == "end":
             out.append(cur)
-            cur = {"jobs": [], "passes": []}
+            cur = {"jobs": [], "passes": [], "gc": []}
         elif f[0] == "J":
             cur["jobs"].append(float(f[1]))
         elif f[0] == "P":
             cur["passes"].append((int(f[1]), int(f[2]), float(f[3]), float(f[4]), float(f[5])))
+        elif f[0] == "G":  # a garbage collector pass of >= 1 ms: generation, start, ms
+            cur["gc"].append((int(f[1]), float(f[2]), float(f[3])))
     return out
 
 
@@ -90,7 +94,8 @@ def timeline(burst: list[tuple], tl: dict) -> dict:
     return {"jobs": len(tl["jobs"]), "last_job_ms": ms(max(tl["jobs"])) if tl["jobs"] else None,
             "passes": _pass_rows(tl["passes"], ms),
             "prefill_wall_ms": round(sum(b - a for _, _, a, b, _ in tl["passes"]) * 1000, 2),
-            "first_step_ms": ms(burst[0][1]), "last_step_ms": ms(burst[-1][1])}
+            "first_step_ms": ms(burst[0][1]), "last_step_ms": ms(burst[-1][1]),
+            "gc_ms": [[g, ms(a), round(d, 2)] for g, a, d in tl.get("gc", [])]}
 
 
 def joint(burst: list[tuple], tl: dict, clock: dict) -> dict:

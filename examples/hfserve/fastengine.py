@@ -45,12 +45,14 @@ folder, which server.py and the tests put on the import path), so both engines a
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import sys
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -728,6 +730,27 @@ def set_pdl(fm: FastModel, on: bool) -> None:
     kernels_mod.set_pdl(on)
 
 
+_GC_HOOKS: list[tuple[weakref.ref, Callable[[str, dict[str, Any]], None]]] = []
+
+
+def _gc_hook(engine: FastEngine) -> Callable[[str, dict[str, Any]], None]:
+    """A gc.callbacks entry calling ``engine._gc_mark`` while the engine lives (a weak reference: the hook does not
+    keep an engine alive). Hooks of engines gone are taken out of gc.callbacks here, outside any collection."""
+    for ref, dead in [h for h in _GC_HOOKS if h[0]() is None]:
+        _GC_HOOKS.remove((ref, dead))
+        if dead in gc.callbacks:
+            gc.callbacks.remove(dead)
+    ref = weakref.ref(engine)
+
+    def hook(phase: str, info: dict[str, Any]) -> None:
+        e = ref()
+        if e is not None:
+            e._gc_mark(phase, info)
+
+    _GC_HOOKS.append((ref, hook))
+    return hook
+
+
 class FastEngine:
     """The server's engine interface (``submit``, ``tokenizer``, ``max_len``) over :class:`FastModel`."""
 
@@ -791,6 +814,11 @@ class FastEngine:
         # ... and beside it, FILE.timeline: each job's arrival (``J time``) and each packed prefill pass
         # (``P prompts tokens start end device_ms``), same clock: where a burst's time goes before its first step.
         self._timeline: deque | None = deque() if self._step_log_path else None
+        # ... and the cyclic garbage collector's passes of 1 ms or more (``G generation start ms``): a collection
+        # holds the GIL for its whole pass, so a long one stalls the engine thread between two steps (--gc-freeze).
+        self._gc_t0 = 0.0
+        if self._timeline is not None:
+            gc.callbacks.append(_gc_hook(self))
         self.overlap = bool(overlap_schedule)
         if self._step_log_path and self.decoder.use_graphs:
             self.decoder.timing = []
@@ -959,6 +987,14 @@ class FastEngine:
             with open(self._profile_path, "w") as f:
                 f.write(f"{PROFILE_STEPS} decode steps from the {PROFILE_SKIP}-th of a batch >= 32\n"
                         f"{self._profile_table(prof)}\n")
+
+    def _gc_mark(self, phase: str, info: dict[str, Any]) -> None:
+        """gc.callbacks hook (HFSERVE_STEP_LOG): a pass of >= 1 ms into the timeline, in whichever thread ran it."""
+        now = time.perf_counter()
+        if phase == "start":
+            self._gc_t0 = now
+        elif now - self._gc_t0 >= 1e-3 and self._timeline is not None:
+            self._timeline.append(f"G {info.get('generation', -1)} {self._gc_t0:.6f} {(now - self._gc_t0) * 1e3:.3f}")
 
     def _device_event(self) -> Any:
         """A CUDA event recorded now on the current stream (None off the GPU): the timeline's device clock."""

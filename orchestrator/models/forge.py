@@ -186,7 +186,12 @@ def _train(model, ids, p: Preset, steps: int, seed: int, low_memory: bool = Fals
     fused = low_memory and next(model.parameters()).is_cuda
     opt = torch.optim.AdamW(model.parameters(), lr=p.lr, betas=(0.9, 0.95), weight_decay=0.01,
                             **({"fused": True} if fused else {}))
-    if low_memory:
+    # transformers >= 5 names it activation checkpointing (the old names warn); older ones only have the old names.
+    new_api = hasattr(model, "activation_checkpointing_enable")
+    off = model.activation_checkpointing_disable if new_api else model.gradient_checkpointing_disable
+    if low_memory and new_api:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif low_memory:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     warmup = max(1, steps // 15)
 
@@ -216,7 +221,7 @@ def _train(model, ids, p: Preset, steps: int, seed: int, low_memory: bool = Fals
         if step >= steps - max(1, steps // 10):
             tail.append(loss.item())
     if low_memory:
-        model.gradient_checkpointing_disable()
+        off()
     model.eval()
     return sum(tail) / len(tail) if tail else float("nan")
 

@@ -60,6 +60,48 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     assert t["first_step_ms"] < t["last_step_ms"]
 
 
+def test_gc_passes_go_into_the_timeline(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
+    """HFSERVE_STEP_LOG: a garbage-collector pass of >= 1 ms (here a full one over 300k cyclic objects) is a
+    ``G generation start ms`` line of the timeline; step_gaps.py reads it as ``gc_ms``. The hook holds the engine
+    weakly, and an engine gone has its hook taken out of gc.callbacks by the next one's start."""
+    import gc
+    import weakref
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    sys.path.insert(0, str(ROOT / "tests" / "examples"))
+    import fastengine
+    import step_gaps
+
+    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)  # only the parts the hook uses
+    eng._timeline, eng._gc_t0 = fastengine.deque(), 0.0
+    hook = fastengine._gc_hook(eng)
+    gc.callbacks.append(hook)
+    try:
+        junk = [[i] for i in range(300_000)]
+        for x in junk:
+            x.append(x)  # cycles: a full pass has to trace them
+        gc.collect()
+        del junk
+        gc.collect()
+    finally:
+        gc.callbacks.remove(hook)
+    lines = [ln for ln in eng._timeline if ln.startswith("G 2 ")]
+    assert lines and all(float(ln.split()[3]) >= 1.0 for ln in lines), list(eng._timeline)
+    [tl] = step_gaps.timelines("\n".join(["P 1 8 0.0 0.001 -1", *lines, "end"]))
+    t = step_gaps.timeline([(1, 0.002, 0.0)], tl)
+    assert t["gc_ms"] and t["gc_ms"][0][0] == 2 and t["gc_ms"][0][2] >= 1.0
+    ref = weakref.ref(eng)
+    gc.callbacks.append(hook)
+    del eng
+    assert ref() is None
+    other = fastengine.FastEngine.__new__(fastengine.FastEngine)
+    other._timeline, other._gc_t0 = fastengine.deque(), 0.0
+    h2 = fastengine._gc_hook(other)
+    assert hook not in gc.callbacks and h2 not in gc.callbacks  # the dead one pruned; the new one not yet added
+    gc.callbacks.append(h2)
+    gc.callbacks.remove(h2)
+
+
 def test_step_gaps_reads_device_times() -> None:
     """With CUDA graphs the log has each step's device busy and idle ms: a device waiting 2.7 ms per 8.6 ms
     step reads as such (the served C's question: is the step the device's or the host's?)."""

@@ -178,7 +178,7 @@ def test_batched_matches_unbatched(baseline: str, batched: str, model_dir: Path)
 def fast(model_dir: Path) -> Iterator[str]:
     # The fast engine (KV pool, continuous batching, chunked prefill) on the CPU: no CUDA graphs here.
     yield from _start(model_dir, "--engine", "fast", "--batching", "on", "--max-batch-size", "4",
-                      "--prefill-chunk", "8")
+                      "--prefill-chunk", "8", "--gc-freeze", "on")
 
 
 def test_fast_engine_matches_baseline(baseline: str, fast: str, model_dir: Path) -> None:
@@ -220,6 +220,8 @@ def test_engine_startup_breakdown(server: str, request: pytest.FixtureRequest) -
     assert total == pytest.approx(whole["engine"], abs=0.011)
     [loaded] = [ln for ln in log if ln.startswith("hfserve: loaded ")]
     assert parts["load"] >= float(loaded.split(" in ")[1].split("s")[0]) - 0.011
+    frozen = [ln for ln in log if ln.startswith("hfserve: --gc-freeze on: ")]  # the fast server's knob (its outputs:
+    assert [int(ln.split()[3]) > 10_000 for ln in frozen] == ([True] if server == "fast" else [])  # the baseline's)
 
 
 def test_a_deploy_through_the_standby_serves_as_a_cold_one(baseline: str, model_dir: Path, tmp_path: Path) -> None:

@@ -96,7 +96,7 @@ def test_low_memory_training_is_the_same_arithmetic() -> None:
                                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
         model = transformers.LlamaForCausalLM(cfg)
         loss = forge._train(model, ids, p, steps=6, seed=0, low_memory=low)
-        assert not model.is_gradient_checkpointing  # switched off again for serving
+        assert not getattr(model, "is_activation_checkpointing", None) and not model.model.gradient_checkpointing  # off again
         results.append((loss, torch.cat([w.detach().flatten() for w in model.parameters()])))
     assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-5)
