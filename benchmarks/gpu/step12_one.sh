@@ -2,7 +2,8 @@
 # Engine steps 11, 12 and 13 measured and gated in ONE command on the H200 (issue 24), for a session whose device
 # starts are scarce: step12_run.sh's sweeps with shorter budgets (steps 11 and 12 launch by launch), C three times in a
 # row on step10lp's flags (lp1), with --mm-glu on --mm-norm on (lpn) and with --pdl on besides (lpnp, step 13) -- in
-# that order, so a cut loses step 13 first -- then the accuracy gate on lpnp's flags (--pdl changes no arithmetic: a
+# that order, then with --gc-freeze on besides (lpnpg: the collector's stall, docs/benchmarks.md), so a cut loses
+# those first -- then the accuracy gate on lpnp's flags (--pdl changes no arithmetic: a
 # race would show there), on lpn's if lpnp's server did not start, and on lp1's (the same model) with the time left. From the repository root:
 #   benchmarks/gpu/step12_one.sh LIMIT_S        (carry .whl: benchmarks/gpu/wheels.py)
 # The sweeps' winners are pasted into this machine's hfkernels.py (paste them here from the JSONs with
@@ -25,13 +26,14 @@ python3 benchmarks/gpu/paste_tables.py "$OUT/fuse.json" | head -1
 M=$(forge_7b)
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 C3=throughput,throughput_2,throughput_3
-log "model $M; C x3: lp1, lpn, lpnp (steps and timeline logged)"
-left=$((LIMIT - (SECONDS - START) - 75))
+log "model $M; C x3: lp1, lpn, lpnp, lpnpg (steps and timeline logged)"
+left=$((LIMIT - (SECONDS - START) - 100))  # ~90 s kept for the lpnp gate
 timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json" --no-naive --only "$C3" \
   --scenarios benchmarks/gpu/scenarios_c.toml --deadline-s $((left - 25)) --ours-min-s 45 \
   --server "lp1=env HFSERVE_STEP_LOG=$OUT/steps_lp1.log {python} examples/hfserve/server.py $ARGS $LP" \
   --server "lpn=env HFSERVE_STEP_LOG=$OUT/steps_lpn.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on" \
   --server "lpnp=env HFSERVE_STEP_LOG=$OUT/steps_lpnp.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on --pdl on" \
+  --server "lpnpg=env HFSERVE_STEP_LOG=$OUT/steps_lpnpg.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on --pdl on --gc-freeze on" \
   2>&1 | grep -E "ready|throughput|rror" | tee "$OUT/ib_c.ready" | tail -12
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
@@ -55,5 +57,5 @@ if [ "$left" -gt 90 ]; then
 print(sys.argv[2], r['status'], {k: round(m[k], 6) for k in ('kl_mean', 'mean_abs_dlogprob', 'ppl_log_ratio', 'gen_nll_excess') if k in m})" \
       "$OUT/$g.json" "$g" 2>/dev/null; done
 fi
-for v in lp1 lpn lpnp; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
+for v in lp1 lpn lpnp lpnpg; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
 log done
