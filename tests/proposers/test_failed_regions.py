@@ -27,7 +27,7 @@ OOM = ("start-up failure (out_of_memory): torch.OutOfMemoryError: CUDA out of me
 CRASH = "start-up failure (crash): Segmentation fault (core dumped) [ServerCrashed: server exited before it became healthy]"
 # The failing knob set: the fast engine with graphs, batching on, 16 slots, 1024-token chunks.
 K = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 16, "prefill_chunk": 1024, "sdpa": "auto",
-     "kernels": "torch", "prefill_pack": 0, "prefill_attn": "torch", "prefill_rounds": 1, "overlap_schedule": "off"}
+     "kernels": "torch", "prefill_pack": 0, "prefill_attn": "torch", "prefill_rounds": 1, "overlap_schedule": "off", "gc_freeze": "off"}
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def small_target(engine=None):
         update={"type": "categorical", "choices": (2, 4, 8, 16, 32), "low": None, "high": None, "log": False})
     knobs["sdpa"] = knobs["sdpa"].model_copy(update={"choices": ("auto",)})
     knobs["kernels"] = knobs["kernels"].model_copy(update={"choices": ("torch",)})
-    for name in ("prefill_pack", "prefill_attn", "prefill_rounds", "overlap_schedule"):  # pinned to their defaults, like sdpa
+    for name in ("prefill_pack", "prefill_attn", "prefill_rounds", "overlap_schedule", "gc_freeze"):  # pinned, like sdpa
         knobs[name] = knobs[name].model_copy(update={"choices": (knobs[name].default,)})
     if engine:
         knobs["engine"] = knobs["engine"].model_copy(update={"choices": (engine,), "default": engine})
