@@ -20,3 +20,10 @@ ib_servers() {
     --deadline-s $((left - 25)) --ours-min-s "$min_s" "${servers[@]}"
   cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 }
+# gate_batch: the server batch the accuracy gate runs at: 64, or 32 on a card under 100 GB (an H100: the float32
+# reference, 28 GB, does not fit beside a batch-64 server, 54 GB).
+gate_batch() {
+  local mb
+  mb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  if [ "${mb:-0}" -lt 100000 ]; then echo 32; else echo 64; fi
+}

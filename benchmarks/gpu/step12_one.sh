@@ -38,8 +38,7 @@ timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json
 cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
 cp examples/hfserve/hfkernels.py "$OUT/hfkernels_served.py"
-MB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-GB=64; [ "${MB:-0}" -lt 100000 ] && GB=32  # an 80 GB card: the float32 reference (28 GB) beside a batch-32 server
+GB=$(gate_batch)
 G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP --mm-glu on --mm-norm on"
 grep -q "lpnp.*ready" "$OUT/ib_c.ready" 2>/dev/null && G="$G --pdl on"
 left=$((LIMIT - (SECONDS - START) - 5))

@@ -26,9 +26,7 @@ fi
 M=$(forge_7b)
 FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
-# An 80 GB card (H100) cannot hold the float32 reference (28 GB) beside a batch-64 server (54 GB): gate at batch 32.
-MB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-GB=64; [ "${MB:-0}" -lt 100000 ] && GB=32
+GB=$(gate_batch)
 G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP $EXTRA"
 log "model $M; accuracy gate, step10lp's flags + '$EXTRA'"
 [ "$GATE" = 1 ] && timeout 200 python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only \
