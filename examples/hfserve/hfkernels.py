@@ -878,7 +878,9 @@ if HAVE_TRITON:
             tl.store(P + rm[:, None] * s_pm + rn[None, :], acc.to(P.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
 
-PDL_PREFETCH = 4  # --pdl on: the K tiles of W a GEMM/GEMV program prefetches into L2 before its wait
+# --pdl on: the K tiles of W a GEMM/GEMV program prefetches into L2 before its wait (HFSERVE_PDL_PREFETCH: another
+# count, 0 = none; benchmarks/gpu/pdl_b1.sh measures batch 1 with and without it)
+PDL_PREFETCH = int(os.environ.get("HFSERVE_PDL_PREFETCH", "4"))
 _PDL = {"on": False}
 
 

@@ -1,0 +1,24 @@
+#!/bin/bash
+# --pdl on at batch 1 (B, 512/512 c1) on the card lent: step 10lp's flags (lp), with --pdl on (lpp), and with --pdl on
+# but no L2 prefetch of W before the wait (lpp0: HFSERVE_PDL_PREFETCH=0), one ib_baseline run, step logs kept (the
+# graph's device time per step: step_gaps.py). From the repository root (carry .whl):
+#   benchmarks/gpu/pdl_b1.sh LIMIT_S
+set -u
+START=$SECONDS
+LIMIT=${1:-400}
+. benchmarks/gpu/device_env.sh
+M=$(forge_7b)
+FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
+LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
+ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
+left=$((LIMIT - (SECONDS - START) - 10))
+log "model $M; B: lp, lpp, lpp0 (${left}s)"
+timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_b.json" --no-naive --only decode \
+  --deadline-s $((left - 25)) --ours-min-s 30 \
+  --server "lp=env HFSERVE_STEP_LOG=$OUT/steps_lp.log {python} examples/hfserve/server.py $ARGS $LP" \
+  --server "lpp=env HFSERVE_STEP_LOG=$OUT/steps_lpp.log {python} examples/hfserve/server.py $ARGS $LP --pdl on" \
+  --server "lpp0=env HFSERVE_PDL_PREFETCH=0 HFSERVE_STEP_LOG=$OUT/steps_lpp0.log {python} examples/hfserve/server.py $ARGS $LP --pdl on" \
+  2>&1 | grep -E "ready|decode|rror" | tail -8
+python3 benchmarks/gpu/ab_summary.py "$OUT/ib_b.json"
+for v in lp lpp lpp0; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log"; done
+log done
