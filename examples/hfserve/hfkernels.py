@@ -1462,13 +1462,13 @@ def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # --mm-glu on: the decode step's gate/up GEMM and SwiGLU as one _mm_kernel launch (GLU) per (row bucket, 2 x INTER,
-# K) listed here; other shapes keep the two launches. Not yet timed on the H200 (benchmarks/gpu/mm_bench.py --glu-only
-# prints this table from its sweep): each entry is the gate_up launch of MM_CONFIGS (or at 16 rows, 32's) with
-# half its BLOCK_N, i.e. the same W bytes per program (a GLU program reads a gate and an up tile per K step).
+# K) listed here; other shapes keep the two launches. From benchmarks/gpu/mm_bench.py --glu-only's sweep on an H100
+# (results/glu_h100_2026-12-05d.json), the tables the H200 served in C's 40.8% runs (results/ib_c_h200_2026-12-05f.json,
+# ib_show_h200_2026-12-05g.json): the sweep prints this table; benchmarks/gpu/paste_tables.py pastes it.
 MM_GLU_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
-    (16, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),
-    (32, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),
-    (64, 28672, 4096): MmCfg(64, 64, 8, 3, 1, False, 'evict_first'),
+    (16, 28672, 4096): MmCfg(64, 128, 4, 4, 1, True, 'evict_first'),  # 80.7 vs 85.0 us (gate/up + silu_mul)
+    (32, 28672, 4096): MmCfg(64, 128, 4, 4, 1, True, 'evict_first'),  # 81.8 vs 85.3 us (gate/up + silu_mul)
+    (64, 28672, 4096): MmCfg(32, 128, 4, 3, 1, False, 'evict_first'),  # 84.0 vs 88.0 us (gate/up + silu_mul)
 }
 
 
@@ -1499,28 +1499,13 @@ def _mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 # --mm-norm on: the fused launches by (kind, row bucket, N, K), kind "norm" (the RMSNorm before the GEMM in its
 # prologue: QKV, gate/up without --mm-glu, lm_head), "glu_norm" (the same in the GLU launch: gate/up with --mm-glu) or
 # "res" (the residual add after the GEMM in its epilogue, or split-K's reduction: O, down). Only the listed launches are
-# fused; any other keeps its own norm or add launch. Not yet timed on the H200 (benchmarks/gpu/mm_bench.py --fuse-only
-# times each against today's launches and prints this table from its sweep): each entry is the shape's plain launch, as
-# tuned (MM_CONFIGS, MM_GLU_CONFIGS), or, where MM_CONFIGS leaves the shape to cuBLAS because the Triton GEMM only tied
-# it (mm_2026-12-03k.json at 64 rows: qkv 16.2 vs 16.2 us, o 11.6 vs 11.6 us), the sweep's best launch there.
+# fused; any other keeps its own norm or add launch. benchmarks/gpu/mm_bench.py --fuse-only times each against today's
+# launches pair by pair (a RES launch is listed only where it wins with the norm launch it leaves) and prints this
+# table; these winners are an H100's (results/fuse_h100_2026-12-05d.json: only O and down at 64 rows won; every NORM
+# launch lost), the tables the H200 served in C's 40.8% runs (results/ib_c_h200_2026-12-05f.json).
 MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {
-    ("glu_norm", 16, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),  # gate_up
-    ("glu_norm", 32, 28672, 4096): MmCfg(128, 128, 4, 3, 1, True, 'evict_first'),  # gate_up
-    ("glu_norm", 64, 28672, 4096): MmCfg(64, 64, 8, 3, 1, False, 'evict_first'),  # gate_up
-    ("norm", 32, 28672, 4096): MmCfg(256, 128, 4, 3, 1, True, 'evict_first'),  # gate_up
-    ("norm", 64, 28672, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # gate_up
-    ("norm", 16, 32000, 4096): MmCfg(128, 128, 4, 3, 1, True, ''),  # lm_head
-    ("norm", 32, 32000, 4096): MmCfg(256, 128, 4, 3, 1, True, ''),  # lm_head
-    ("norm", 64, 32000, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # lm_head
-    ("norm", 16, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv
-    ("norm", 32, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv
-    ("norm", 64, 6144, 4096): MmCfg(64, 128, 4, 5, 1, True, ''),  # qkv (cuBLAS in MM_CONFIGS: a tie)
-    ("res", 16, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down
-    ("res", 32, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down
-    ("res", 64, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, ''),  # down
-    ("res", 16, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # o
-    ("res", 32, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, ''),  # o
-    ("res", 64, 4096, 4096): MmCfg(32, 128, 4, 6, 1, False, ''),  # o (cuBLAS in MM_CONFIGS: a tie)
+    ('res', 64, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down 46.7 vs 49.4 us
+    ('res', 64, 4096, 4096): MmCfg(32, 128, 4, 5, 1, False, 'evict_first'),  # o 15.5 vs 17.6 us
 }
 FUSE_KINDS = ("norm", "glu_norm", "res")
 

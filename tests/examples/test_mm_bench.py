@@ -164,14 +164,17 @@ glu = [M._compile(("mm", b, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.e
                   28672, 4096, 90, True) for (b, _, _), c in sorted(M.kernels.MM_GLU_CONFIGS.items())]
 print("glu", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in glu]))
 # --mm-norm's launches at 64 rows: the norm in the prologue (QKV, gate/up with GLU, lm_head) and the residual add in the
-# epilogue (O) or in split-K's reduction (down), each with its table's config
+# epilogue (O) or in split-K's reduction (down), each with its table's config where the table lists it (a sweep lists
+# only the winners), else a config of the sweep's space (split-K for down's 14336)
 K_ = M.kernels
-F_ = K_.MM_FUSE_CONFIGS
-fz = [(F_["norm", 64, 6144, 4096], 6144, 4096, False, True, False),
-      (F_["glu_norm", 64, 28672, 4096], 28672, 4096, True, True, False),
-      (F_["norm", 64, 32000, 4096], 32000, 4096, False, True, False),
-      (F_["res", 64, 4096, 4096], 4096, 4096, False, False, True),
-      (F_["res", 64, 4096, 14336], 4096, 14336, False, False, True)]
+DF = {{"norm": K_.MmCfg(64, 128, 4, 5, 1, True, ""), "glu_norm": K_.MmCfg(64, 128, 4, 4, 1, True, "evict_first"),
+      "res": K_.MmCfg(64, 128, 4, 5, 2, True, "")}}
+F_ = lambda kind, n, k: K_.MM_FUSE_CONFIGS.get((kind, 64, n, k), DF[kind])
+fz = [(F_("norm", 6144, 4096), 6144, 4096, False, True, False),
+      (F_("glu_norm", 28672, 4096), 28672, 4096, True, True, False),
+      (F_("norm", 32000, 4096), 32000, 4096, False, True, False),
+      (F_("res", 4096, 4096), 4096, 4096, False, False, True),
+      (F_("res", 4096, 14336), 4096, 14336, False, False, True)]
 fz = [M._compile(("mm", 64, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1, g, nm, rs), n, k, 90, True)
       for c, n, k, g, nm, rs in fz]
 print("fuse", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in fz]))
