@@ -375,8 +375,9 @@ class FastModel:
         """
         if self.kernels == "triton-gemv" and tokens.shape[0] <= kernels_mod.GEMV_MAX_ROWS:
             return self._decode_gemv(tokens, pos, ctx)
-        if self.kernels != "torch":
-            return self._decode_fused(tokens, pos, ctx)
+        if self.kernels != "torch":  # --pdl on: not at batch 1 (the GEMVs' step: slower with it; kernels.pdl_paused)
+            with kernels_mod.pdl_paused(tokens.shape[0] <= kernels_mod.MV_MAX_ROWS):
+                return self._decode_fused(tokens, pos, ctx)
         if self.kv_fp8:
             raise ValueError("--kv-cache-dtype fp8 needs the Triton kernels (--kernels triton*): they store and read it")
         B = tokens.shape[0]

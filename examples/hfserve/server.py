@@ -529,7 +529,8 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--pdl", choices=["off", "on"], default="off",
                     help="fast engine with the Triton kernels, Hopper (sm_90+): launch the decode step's Triton"
                          " kernels with programmatic dependent launch: each is placed while the kernel before it"
-                         " finishes and waits on it first (the GEMMs prefetch their first weight tiles into L2 meanwhile)")
+                         " finishes and waits on it first (the GEMMs prefetch their first weight tiles into L2 meanwhile);"
+                         " not at batch 1, where the H200's step ran slower with it")
     ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
                     help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",

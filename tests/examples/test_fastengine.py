@@ -946,6 +946,37 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
 
 
 @torch.inference_mode()
+def test_pdl_leaves_the_batch_1_step_alone(interpreted, monkeypatch) -> None:
+    """--pdl on launches a batch-1 decode step (the GEMVs') without PDL's keywords -- on the H200 that step's graph ran
+    0.43 ms slower with them -- and a batch-3 step with them; set_pdl's state is as it was after each step."""
+    import hfkernels as kernels
+    from fastengine import set_pdl
+    from triton.runtime.interpreter import InterpretedFunction
+
+    fm, prompts = _prefilled(torch.float32)
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    launches: list[tuple[str, bool]] = []
+    run = InterpretedFunction.run
+    monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **kw: launches.append(
+        (self.fn.__name__, "PDL" in kw)) or run(self, *a, **kw))
+    # _pdl as on a GPU, keyed on set_pdl's state as the real one is (the interpreter runs the keywords' off path)
+    monkeypatch.setattr(kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} if kernels.pdl_on()
+                        else {})
+    try:
+        fm.set_kernels("triton-mm")
+        set_pdl(fm, True)
+        _one_step(fm, prompts[:1], K0, V0, "triton-mm")
+        one, launches[:] = list(launches), []
+        assert kernels.pdl_on()
+        _one_step(fm, prompts, K0, V0, "triton-mm")
+        assert len(prompts) > 1 and kernels.pdl_on()
+        assert one and not any(p for _, p in one), [n for n, p in one if p]
+        assert launches and all(p for _, p in launches), [n for n, p in launches if not p]
+    finally:
+        kernels.set_pdl(False)
+
+
+@torch.inference_mode()
 def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -> None:
     """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA
