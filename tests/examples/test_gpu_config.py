@@ -102,14 +102,15 @@ def test_kernels_knob_and_engine_steps() -> None:
     steps = json.loads((GPU / "engine_steps.json").read_text())
     full = [target.validate_knobs(s["knobs"]) for s in steps]
     assert [k.get("kernels") for k in full] == ["torch", "triton", "triton", "triton", "triton-gemv", "triton-mv",
-                                                "triton-mv"] + ["triton-mm"] * 4
+                                                "triton-mv"] + ["triton-mm"] * 5
     assert [(k["max_batch_size"], k["prefill_pack"], k["prefill_attn"]) for k in full] == [
         (16, 0, "torch"), (16, 0, "torch"), (64, 32768, "torch"), (64, 32768, "fused"), (64, 32768, "fused"),
-        (64, 32768, "fused"), (64, 32768, "fused")] + [(64, 32768, "fused-batched")] * 4
-    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"] * 5  # step 8: the overlap schedule
-    assert [k.get("decode_attn") for k in full[4:]] == ["default"] * 3 + ["lowp"] * 4  # step 10
-    assert [(k.get("mm_glu"), k.get("mm_norm"), k.get("pdl")) for k in full[7:]] == [  # steps 11, 12, 13
-        ("off", "off", "off"), ("on", "off", "off"), ("on", "on", "off"), ("on", "on", "on")]
+        (64, 32768, "fused"), (64, 32768, "fused")] + [(64, 32768, "fused-batched")] * 5
+    assert [k["overlap_schedule"] for k in full] == ["off"] * 6 + ["on"] * 6  # step 8: the overlap schedule
+    assert [k.get("decode_attn") for k in full[4:]] == ["default"] * 3 + ["lowp"] * 5  # step 10
+    assert [(k.get("mm_glu"), k.get("mm_norm"), k.get("pdl")) for k in full[7:]] == [  # steps 11-14
+        ("off", "off", "off"), ("on", "off", "off"), ("on", "on", "off"), ("on", "on", "on"), ("on", "on", "on")]
+    assert [(k.get("gc_freeze"), k.get("prefill_rounds")) for k in full[-2:]] == [("off", 1), ("on", 2)]  # step 14
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
     args = parse(target.render(full[6], port=8000, model="/m", source="/s")[2:])
@@ -121,7 +122,8 @@ def test_kernels_knob_and_engine_steps() -> None:
     assert (args.kernels, args.prefill_attn, args.decode_attn, args.prefill_rounds) == (
         "triton-mm", "fused-batched", "lowp", 1)
     args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
-    assert (args.kernels, args.mm_glu, args.mm_norm, args.pdl) == ("triton-mm", "on", "on", "on")  # the server takes step 13
+    assert (args.kernels, args.mm_glu, args.mm_norm, args.pdl) == ("triton-mm", "on", "on", "on")  # the server takes step 14
+    assert (args.gc_freeze, args.prefill_rounds) == ("on", 2)
 
 
 @pytest.mark.parametrize("argv", [["--engine", "fast"], ["--engine", "hf", "--cuda-graphs", "on"]])
