@@ -1,6 +1,6 @@
 """Where the time goes per engine step: the profile table and the %-of-floor plot (no GPU needed).
 
-    python benchmarks/gpu/step_table.py profile_steps.json [--md steps.md] [--plot steps.svg]
+    python benchmarks/gpu/step_table.py profile_steps.json [more.json ...] [--md steps.md] [--plot steps.svg]
 
 ``profile_best.py --steps`` measures, for each engine step of engine_steps.json, the steps that
 make up scenarios A-C (a 4096-token prefill, a decode step at batch 1, C's burst prefill and its
@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown_table", "write_plot"]
+__all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown_table", "write_plot", "merge"]
 
 KINDS = ("gemm", "fused", "attention", "other", "between")
 _ATTN = ("flash", "fmha", "attention", "softmax", "_decode_attn", "_attn_reduce", "attn_span")
@@ -131,13 +131,29 @@ def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several ``profile_best.py --steps`` JSONs of one GPU (a session's commands each profile some steps: --only) as
+    one: the steps by number, a later file's step replacing an earlier's; model, floors and C's shape from the last.
+    ValueError when they come from different GPUs (their floors and times do not share one table)."""
+    gpus = {d.get("gpu") for d in docs}
+    if len(gpus) > 1:
+        raise ValueError(f"profiles from different GPUs ({', '.join(sorted(map(str, gpus)))}): one table per GPU")
+    steps: dict[int, dict[str, Any]] = {}
+    for d in docs:
+        steps.update({s["step"]: s for s in d["steps"]})
+    return {**docs[-1], "steps": [steps[k] for k in sorted(steps)]}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("profile", help="profile_best.py --steps JSON")
+    ap.add_argument("profile", nargs="+", help="profile_best.py --steps JSON (several: merged by step, one GPU's)")
     ap.add_argument("--md", default="", help="write the markdown table here (default: print it)")
     ap.add_argument("--plot", default="", help="write the plot here (.svg or .png)")
     args = ap.parse_args(argv)
-    doc = json.loads(Path(args.profile).read_text())
+    try:
+        doc = merge([json.loads(Path(p).read_text()) for p in args.profile])
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"step_table: {exc}") from None
     table = markdown_table(doc)
     if args.md:
         Path(args.md).write_text(table)

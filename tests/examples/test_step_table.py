@@ -75,6 +75,25 @@ def test_table_and_plot_written(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_profiles_of_one_gpu_merge_by_step(tmp_path: Path, capsys) -> None:
+    """Two commands' profiles (each --only some steps) make one table; a step in both: the later file's; profiles
+    of two GPUs are refused with one line."""
+    a, b = _doc(), _doc()
+    b["steps"] = [dict(b["steps"][1], step=2, batch=99), dict(b["steps"][1], step=3)]
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    md = tmp_path / "steps.md"
+    step_table.main([str(pa), str(pb), "--md", str(md)])
+    lines = md.read_text().splitlines()
+    assert len(lines) == 2 + 12 and [x.split("|")[1].strip() for x in lines[2::4]] == ["1", "2", "3"]
+    assert [s["batch"] for s in step_table.merge([a, b])["steps"]][1] == 99
+    b["gpu"] = "NVIDIA H100 80GB HBM3"
+    pb.write_text(json.dumps(b))
+    with pytest.raises(SystemExit, match="different GPUs"):
+        step_table.main([str(pa), str(pb)])
+
+
 def test_profile_steps_runs_on_the_cpu() -> None:
     """profile_best.profile_steps over engine steps 1 and 4 on a tiny random Llama (CPU, eager, small
     sizes): every step's four parts measured, packing and the fused prefill switched per step, and
