@@ -7,6 +7,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:$PWD
 log() { echo "[$((SECONDS-START))s] $*"; }
+# The step scripts' servers: the 7B at batch 64 with the overlap schedule (FLAGS) and step 10lp's kernels (LP); each
+# step adds its own flags after them.
+FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
+LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 forge_7b() { python3 -c "from orchestrator.models.forge import cached_model; print(cached_model('7b-peaked'))" \
   2>"$OUT/forge.err" | tail -1; }
 # ib_servers JSON ONLY MIN_S NAME=CMD...: the scenarios ONLY (e.g. prefill,decode,throughput,general) from the

@@ -8,8 +8,6 @@ START=$SECONDS
 LIMIT=${1:-400}
 . benchmarks/gpu/device_env.sh
 M=$(forge_7b)
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 left=$((LIMIT - (SECONDS - START) - 10))
 log "model $M; B: lp, lpp, lpp0 (${left}s)"

@@ -22,7 +22,6 @@ if [ -z "${GATE_ONLY:-}" ]; then
 [ "${PATTN:-1}" = 0 ] || { log "prefill attention bench"
 timeout 90 python3 benchmarks/gpu/prefill_attn_bench.py --reps 5 --out "$OUT/pattn.json" 2>/dev/null | tail -22; }
 log "model $M; A-D: step9, step10, step10lp, step10kv"
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 ib_servers "$OUT/ib_ab.json" "${AB_ONLY:-prefill,decode,throughput,general}" 60 \
   "step9={python} $([ -d .before/examples/hfserve ] && echo .before/)examples/hfserve/server.py $ARGS --kernels triton-mv --prefill-attn fused" \

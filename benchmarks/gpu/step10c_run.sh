@@ -10,9 +10,7 @@ LIMIT=${1:-560}
 . benchmarks/gpu/device_env.sh
 M=$(forge_7b)
 log "model $M; A-D: step10lp, step10lp again, step10f"
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 ib_servers "$OUT/ib_ab.json" "prefill,decode,throughput,general" 60 \
   "step10lp={python} examples/hfserve/server.py $ARGS $LP" \
   "step10lp2=env HFSERVE_STEP_LOG=$OUT/steps_step10lp2.log {python} examples/hfserve/server.py $ARGS $LP" \

@@ -12,8 +12,6 @@ START=$SECONDS
 PART=${1:?PART 1 or 2}
 LIMIT=${2:-560}
 . benchmarks/gpu/device_env.sh
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 KVR="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp-reg --kv-cache-dtype fp8"
 if [ "$PART" = 1 ]; then
   log "decode attention over bf16 and fp8 pools"

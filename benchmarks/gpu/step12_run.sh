@@ -12,8 +12,6 @@ set -u
 START=$SECONDS
 LIMIT=${1:-560}
 . benchmarks/gpu/device_env.sh
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 log "gate/up + SwiGLU: one launch against two"
 timeout 90 python3 benchmarks/gpu/mm_bench.py --glu-only --budget-s 45 --out "$OUT/glu.json" 2>&1 \
   | grep -E "GLU|SwiGLU|MmCfg|MM_GLU|rror" | tail -10

@@ -24,8 +24,6 @@ if [ "$EXTRA" = auto ]; then
   log "auto: EXTRA='$EXTRA', gate $([ $GATE = 1 ] && echo here || echo "was step12_one's")"
 fi
 M=$(forge_7b)
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 GB=$(gate_batch)
 G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP $EXTRA"
 log "model $M; accuracy gate, step10lp's flags + '$EXTRA'"

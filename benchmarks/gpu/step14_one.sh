@@ -4,7 +4,7 @@
 # committed JSONs, so no sweep runs here). From the repository root:
 #   benchmarks/gpu/step14_one.sh LIMIT_S "GLU.json FUSE.json"     (carry .whl: benchmarks/gpu/wheels.py)
 # 1. sol.py: this card's copy bandwidth and bf16 matrix rate ($OUT/sol.json; C's floor re-floored from it by
-#    headline.py / c_floor.py). 2. The tables pasted, the 7B forged. 3. C three times in a row on step 13's flags +
+#    headline.py's ib_floors). 2. The tables pasted, the 7B forged. 3. C three times in a row on step 13's flags +
 #    --gc-freeze on (lpnpg) and with --prefill-rounds 2 besides (lpnpgr), step logs kept. 4. The accuracy gate on step
 #    10lp's flags (lp1) and on step 13's (lpnp: --gc-freeze and --prefill-rounds change no arithmetic), the same
 #    model, one after the other: the drift of the steps against the step they extend.
@@ -18,8 +18,6 @@ timeout 60 python3 benchmarks/gpu/sol.py --scenarios benchmarks/gpu/scenarios_ib
   2>&1 | grep -E "_per_s|gpu|_ms|tok_s|rror" | head -8
 for j in $TABLES; do python3 benchmarks/gpu/paste_tables.py "$j" | head -1; done
 M=$(forge_7b)
-FLAGS="--dtype bfloat16 --engine fast --cuda-graphs on --batching on --max-model-len 4608 --max-batch-size 64 --prefill-pack 32768 --overlap-schedule on"
-LP="--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
 S13="--mm-glu on --mm-norm on --pdl on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 C3=throughput,throughput_2,throughput_3
