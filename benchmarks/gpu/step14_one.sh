@@ -43,5 +43,6 @@ done
 for g in lp1 lpnp; do python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['honest_fast_bf16']; m=r['metrics'] or {}
 print(sys.argv[2], r['status'], {k: round(m[k], 6) for k in ('kl_mean', 'mean_abs_dlogprob', 'ppl_log_ratio', 'gen_nll_excess') if k in m})" \
   "$OUT/gate_$g.json" "$g" 2>/dev/null; done
+python3 benchmarks/gpu/gate_rejudge.py "$OUT/gate_lpnp.json" --baseline "$OUT/gate_lp1.json"  # the loop's verdict
 for v in lpnpg lpnpgr; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log" --min-batch 32; done
 log done
