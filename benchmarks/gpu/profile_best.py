@@ -25,6 +25,7 @@ import json
 import sqlite3
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,13 @@ def kernel_times(fn) -> dict[str, float]:
 
 
 def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: int = 512, long_len: int = 4096,
-                  b_pos: int = 700, ctx: int = 1024, numbers: list[int] | None = None) -> list[dict]:
+                  b_pos: int = 700, ctx: int = 1024, numbers: list[int] | None = None,
+                  on_step: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """The four parts of every engine step (see the module docstring), each {wall_ms, kernels_ms}.
     The sizes are A's, B's and C's; the CPU test passes small ones. ``numbers``: the steps' numbers
     in engine_steps.json (default 1, 2, ...). A step that raises keeps the parts it measured and
-    its error (``"error"``), and the next step still runs."""
+    its error (``"error"``), and the next step still runs. ``on_step(done)`` after each step (main_steps
+    writes the JSON then: a command cut at its time limit keeps the steps it profiled)."""
     out, ref, ref_dec = [], None, None
     dev, vocab = fm.device, fm.embed.shape[0]
     long = torch.randint(4, vocab, (long_len,), device=dev)
@@ -98,6 +101,8 @@ def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: 
             rec["error"] = repr(exc)[:800]
             print(f"step {i}: failed: {exc!r}"[:800], flush=True)
         out.append(rec)
+        if on_step is not None:
+            on_step(out)
     return out
 
 
@@ -240,10 +245,13 @@ def main_steps(args: argparse.Namespace) -> None:
     del hf
     floors = ib_floors(json.loads(Path(args.sol).read_text()), tomllib.loads(Path(args.scenarios).read_text()))
     doc = {"model": args.model, "gpu": torch.cuda.get_device_name(), "floors": floors,
-           "c_shape": {"burst": 64, "prompt_tokens": 512, "output_tokens": 128},
-           "steps": profile_steps(fm, steps, numbers=numbers)}
-    if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+           "c_shape": {"burst": 64, "prompt_tokens": 512, "output_tokens": 128}, "steps": []}
+
+    def save(done: list[dict]) -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps({**doc, "steps": done}, indent=2) + "\n")
+
+    doc["steps"] = profile_steps(fm, steps, numbers=numbers, on_step=save)
     table = markdown_table(doc)
     print(table)
     if args.md:

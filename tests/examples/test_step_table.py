@@ -125,8 +125,10 @@ def test_profile_steps_runs_on_the_cpu() -> None:
             return real(fn) if fm.kernels == "torch" and fm.prefill_attn == "torch" else {"interpreted": 1.0}
 
         mp.setattr(profile_best, "kernel_times", times)
+        saved: list[list[int]] = []  # main_steps writes its JSON after each step (a cut command keeps them)
         out = profile_best.profile_steps(fm, steps, burst=3, prompt=6, long_len=16, b_pos=20, ctx=256,
-                                         numbers=[1, len(every)])
+                                         numbers=[1, len(every)], on_step=lambda done: saved.append([s["step"] for s in done]))
+    assert saved == [[1], [1, len(every)]]
     assert [s["step"] for s in out] == [1, len(every)] and not any("error" in s for s in out)
     assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
     assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
