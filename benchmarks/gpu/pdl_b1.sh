@@ -9,14 +9,9 @@ LIMIT=${1:-400}
 . benchmarks/gpu/device_env.sh
 M=$(forge_7b)
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
-left=$((LIMIT - (SECONDS - START) - 10))
-log "model $M; B: lp, lpp, lpp0 (${left}s)"
-timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_b.json" --no-naive --only decode \
-  --deadline-s $((left - 25)) --ours-min-s 30 \
-  --server "lp=env HFSERVE_STEP_LOG=$OUT/steps_lp.log {python} examples/hfserve/server.py $ARGS $LP" \
-  --server "lpp=env HFSERVE_STEP_LOG=$OUT/steps_lpp.log {python} examples/hfserve/server.py $ARGS $LP --pdl on" \
-  --server "lpp0=env HFSERVE_PDL_PREFETCH=0 HFSERVE_STEP_LOG=$OUT/steps_lpp0.log {python} examples/hfserve/server.py $ARGS $LP --pdl on" \
-  2>&1 | grep -E "ready|decode|rror" | tail -8
+log "model $M; B: lp, lpp, lpp0"
+ib_servers "$OUT/ib_b.json" decode 30 "$(logged lp $LP)" "$(logged lpp $LP --pdl on)" \
+  "$(logged lpp0 HFSERVE_PDL_PREFETCH=0 $LP --pdl on)" 2>&1 | grep -E "ready|decode|rror" | tail -8
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_b.json"
 for v in lp lpp lpp0; do echo "steps $v:"; python3 benchmarks/gpu/step_gaps.py "$OUT/steps_$v.log"; done
 log done

@@ -25,15 +25,10 @@ M=$(forge_7b)
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 C3=throughput,throughput_2,throughput_3
 log "model $M; C x3: lp1, lpn, lpnp, lpnpg (steps and timeline logged)"
-left=$((LIMIT - (SECONDS - START) - 100))  # ~90 s kept for the lpnp gate
-timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json" --no-naive --only "$C3" \
-  --scenarios benchmarks/gpu/scenarios_c.toml --deadline-s $((left - 25)) --ours-min-s 45 \
-  --server "lp1=env HFSERVE_STEP_LOG=$OUT/steps_lp1.log {python} examples/hfserve/server.py $ARGS $LP" \
-  --server "lpn=env HFSERVE_STEP_LOG=$OUT/steps_lpn.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on" \
-  --server "lpnp=env HFSERVE_STEP_LOG=$OUT/steps_lpnp.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on --pdl on" \
-  --server "lpnpg=env HFSERVE_STEP_LOG=$OUT/steps_lpnpg.log {python} examples/hfserve/server.py $ARGS $LP --mm-glu on --mm-norm on --pdl on --gc-freeze on" \
-  2>&1 | grep -E "ready|throughput|rror" | tee "$OUT/ib_c.ready" | tail -12
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+S13="--mm-glu on --mm-norm on --pdl on"  # ~90 s kept after the C runs for the lpnp gate (IB_RESERVE_S)
+IB_SCENARIOS=benchmarks/gpu/scenarios_c.toml IB_RESERVE_S=100 ib_servers "$OUT/ib_c.json" "$C3" 45 \
+  "$(logged lp1 $LP)" "$(logged lpn $LP --mm-glu on --mm-norm on)" "$(logged lpnp $LP $S13)" \
+  "$(logged lpnpg $LP $S13 --gc-freeze on)" 2>&1 | grep -E "ready|throughput|rror" | tee "$OUT/ib_c.ready" | tail -12
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
 cp examples/hfserve/hfkernels.py "$OUT/hfkernels_served.py"
 GB=$(gate_batch)

@@ -30,13 +30,9 @@ log "model $M; accuracy gate, step10lp's flags + '$EXTRA'"
 [ "$GATE" = 1 ] && timeout 200 python3 benchmarks/gpu/gate_demo.py "$M" --out "$OUT/gate_s12.json" --honest-only \
   --flags "$G" 2>&1 | tail -12
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
-left=$((LIMIT - (SECONDS - START) - 10))
 log "A-D (A, C x3): lp, s12"
-timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_show.json" --no-naive \
-  --scenarios benchmarks/gpu/scenarios_show.toml --deadline-s $((left - 25)) --ours-min-s 90 \
-  --server "lp=env HFSERVE_STEP_LOG=$OUT/steps_show_lp.log {python} examples/hfserve/server.py $ARGS $LP" \
-  --server "s12=env HFSERVE_STEP_LOG=$OUT/steps_show_s12.log {python} examples/hfserve/server.py $ARGS $LP $EXTRA" \
-  2>&1 | grep -E "ready|prefill|decode:|throughput|general:|rror" | tail -20
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
+IB_SCENARIOS=benchmarks/gpu/scenarios_show.toml ib_servers "$OUT/ib_show.json" "" 90 \
+  "$(LOG_TAG=show_ logged lp $LP)" "$(LOG_TAG=show_ logged s12 $LP $EXTRA)" 2>&1 \
+  | grep -E "ready|prefill|decode:|throughput|general:|rror" | tail -20
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_show.json"
 log done

@@ -21,14 +21,10 @@ M=$(forge_7b)
 S13="--mm-glu on --mm-norm on --pdl on"
 ARGS="--model {model} --port {port} --device {device} --served-model-name {name} $FLAGS"
 C3=throughput,throughput_2,throughput_3
-left=$((LIMIT - (SECONDS - START) - 130))  # ~120 s kept for the two gates
-log "model $M; C x3: lpnpg, lpnpgr (${left}s)"
-timeout "$left" python3 benchmarks/gpu/ib_baseline.py "$M" --out "$OUT/ib_c.json" --no-naive --only "$C3" \
-  --scenarios benchmarks/gpu/scenarios_c.toml --deadline-s $((left - 25)) --ours-min-s 45 \
-  --server "lpnpg=env HFSERVE_STEP_LOG=$OUT/steps_lpnpg.log {python} examples/hfserve/server.py $ARGS $LP $S13 --gc-freeze on" \
-  --server "lpnpgr=env HFSERVE_STEP_LOG=$OUT/steps_lpnpgr.log {python} examples/hfserve/server.py $ARGS $LP $S13 --gc-freeze on --prefill-rounds 2" \
+log "model $M; C x3: lpnpg, lpnpgr (~120 s kept for the two gates)"
+IB_SCENARIOS=benchmarks/gpu/scenarios_c.toml IB_RESERVE_S=130 ib_servers "$OUT/ib_c.json" "$C3" 45 \
+  "$(logged lpnpg $LP $S13 --gc-freeze on)" "$(logged lpnpgr $LP $S13 --gc-freeze on --prefill-rounds 2)" \
   2>&1 | grep -E "ready|throughput|rror" | tail -8
-cp -r /tmp/ib-baseline-* "$OUT/" 2>/dev/null
 python3 benchmarks/gpu/ab_summary.py "$OUT/ib_c.json"
 GB=$(gate_batch)
 G="--max-batch-size $GB --max-model-len 4608 --prefill-pack 32768 --overlap-schedule on $LP"

@@ -19,3 +19,38 @@ def test_gpu_script_parses(script: Path) -> None:
 
 def test_the_scripts_are_found() -> None:
     assert {"device_env.sh", "step12_one.sh", "step12_show.sh"} <= {s.name for s in SCRIPTS}
+
+
+def test_device_env_builds_the_servers_and_the_ib_run(tmp_path: Path) -> None:
+    """device_env.sh's logged and ib_servers (the step scripts' A/B runs): each server's command with its step log (and
+    extra environment), ib_baseline's argv with the scenarios file and the time kept for what follows; python3 and
+    timeout stubbed (no wheels installed, nothing run)."""
+    root = SCRIPTS[0].parents[2]
+    script = f"""set -u
+OUT={tmp_path}; START=$SECONDS; LIMIT=500
+python3() {{ :; }}
+. benchmarks/gpu/device_env.sh
+unset -f python3
+ARGS="--model {{model}} $FLAGS"
+timeout() {{ echo "limit $1"; shift; printf '%s|' "$@"; echo; }}
+logged lpnpg $LP --gc-freeze on
+logged lpp0 HFSERVE_PDL_PREFETCH=0 $LP --pdl on
+LOG_TAG=show_ logged s12 $LP
+M=/m IB_SCENARIOS=sc.toml IB_RESERVE_S=130 ib_servers "$OUT/x.json" a,b 45 "n=cmd one"
+M=/m ib_servers "$OUT/y.json" "" 90 "n=cmd"
+"""
+    r = subprocess.run(["bash", "-c", script], cwd=root, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    lp = "--kernels triton-mm --prefill-attn fused-batched --decode-attn lowp"
+    srv = "{python} examples/hfserve/server.py --model {model} --dtype bfloat16"
+    assert lines[0].startswith(f"lpnpg=env HFSERVE_STEP_LOG={tmp_path}/steps_lpnpg.log {srv}")
+    assert lines[0].endswith(f"--overlap-schedule on {lp} --gc-freeze on")
+    assert lines[1].startswith(f"lpp0=env HFSERVE_PDL_PREFETCH=0 HFSERVE_STEP_LOG={tmp_path}/steps_lpp0.log {srv}")
+    assert lines[2].startswith(f"s12=env HFSERVE_STEP_LOG={tmp_path}/steps_show_s12.log ")
+    assert lines[3] == "limit 370"  # 500 s less the 130 kept
+    assert lines[4] == (f"python3|benchmarks/gpu/ib_baseline.py|/m|--out|{tmp_path}/x.json|--no-naive|--only|a,b|"
+                        "--scenarios|sc.toml|--deadline-s|345|--ours-min-s|45|--server|n=cmd one|")
+    assert lines[5] == "limit 490"
+    assert lines[6] == (f"python3|benchmarks/gpu/ib_baseline.py|/m|--out|{tmp_path}/y.json|--no-naive|--deadline-s|465|"
+                        "--ours-min-s|90|--server|n=cmd|")
