@@ -18,7 +18,8 @@ manifest's word, from each session's section in docs/benchmarks.md.
 Per step and scenario the launches' figures are pooled (a scenario's repeats ``X_2``, ``X_3`` are launches too):
 the median and the range. A: TTFT p50, B: TPOT p50 (InferenceBench scores both by p50), C: output tok/s of the
 burst, D: TTFT p50 / TPOT p50 / req/s. % of floor (sol.json's measured ceilings, gates.plausible.floors for
-these shapes): A floor/TTFT, B floor/TPOT, C tok/s / ceiling; D has no floor. Entries with ``plot = false``
+these shapes): A floor/TTFT, B floor/TPOT, C tok/s / ceiling; D has no floor. The manifest's ``[bars]`` (the
+goal's lines: ``a_ttft_ms``, ``b_tpot_ms``, ``c_frac_of_floor``) are drawn dotted in the scenario's colour. Entries with ``plot = false``
 (variants served beside a step's own knob set) are in the table, not in the plot.
 """
 
@@ -170,19 +171,20 @@ def build(manifest_path: str | Path, *, parse: Any = None) -> dict[str, Any]:
         report = reports[e["file"]]
         extra = dict(e.get("extra") or {})
         check_entry(e, report, by_no[e["knobs"]]["knobs"] | extra, gpu=gpu, parse=parse, target=target)
-        key = (e["step"], e["knobs"], json.dumps(extra, sort_keys=True))
-        row = rows.setdefault(key, {"step": e["step"], "knobs": e["knobs"], "extra": extra,
+        key = (e["step"], e["knobs"], json.dumps(extra, sort_keys=True), e.get("variant", ""))
+        row = rows.setdefault(key, {"step": e["step"], "knobs": e["knobs"], "extra": extra, "variant": key[3],
                                     "plot": e.get("plot", True), "sources": [], "notes": [],
                                     **{s: [] for s in SCEN}})
         if row["plot"] != e.get("plot", True):
-            raise ManifestError(f"{mpath}: step {e['step']} knob set {e['knobs']} {extra}: plot differs between runs")
+            raise ManifestError(f"{mpath}: step {e['step']} knob set {e['knobs']} {extra} {key[3]!r}: plot differs "
+                                "between runs (name the odd ones' variant)")
         row["sources"].append(f"{e['file']}:{e['server']}")
         if e.get("note"):
             row["notes"].append(e["note"])
         for s, name in SCEN.items():
             row[s] += launches(report, e["server"], name)
     out = []
-    for key in sorted(rows, key=lambda k: (k[0], not rows[k]["plot"], k[1], k[2])):
+    for key in sorted(rows, key=lambda k: (k[0], not rows[k]["plot"], k[1], k[2], k[3])):
         r = rows[key]
         a = _stat([m["ttft_ms_p50"] for m in r["A"] if m.get("ttft_ms_p50")])
         b = _stat([m["tpot_ms_p50"] for m in r["B"] if m.get("tpot_ms_p50")])
@@ -191,14 +193,19 @@ def build(manifest_path: str | Path, *, parse: Any = None) -> dict[str, Any]:
         frac = {"A": fl["prefill_ttft_ms"] / a["median"] if a else None,
                 "B": fl["decode_tpot_ms"] / b["median"] if b else None,
                 "C": c["median"] / fl["throughput_tok_s"] if c else None}
-        out.append({"step": r["step"], "knobs": r["knobs"], "extra": r["extra"], "plot": r["plot"],
+        out.append({"step": r["step"], "knobs": r["knobs"], "extra": r["extra"], "variant": r["variant"], "plot": r["plot"],
                     "A_ttft_ms_p50": a, "B_tpot_ms_p50": b, "C_output_tok_s": c, "D": d, "frac_of_floor": frac,
                     "sources": r["sources"], "notes": r["notes"]})
     plotted: dict[int, tuple] = {}
     for r in out:
-        if r["plot"] and plotted.setdefault(r["step"], (r["knobs"], r["extra"])) != (r["knobs"], r["extra"]):
+        if r["plot"] and plotted.setdefault(r["step"], (r["knobs"], r["extra"], r["variant"])) != (
+                r["knobs"], r["extra"], r["variant"]):
             raise ManifestError(f"{mpath}: step {r['step']} has two knob sets to plot; mark the variants plot = false")
-    return {"gpu": gpu, "manifest": str(manifest_path), "floors": fl, "floor_source": man.get("sol", "results/sol.json"),
+    bars = man.get("bars") or {}
+    bar_frac = {"A": fl["prefill_ttft_ms"] / bars["a_ttft_ms"] if bars.get("a_ttft_ms") else None,
+                "B": fl["decode_tpot_ms"] / bars["b_tpot_ms"] if bars.get("b_tpot_ms") else None,
+                "C": bars.get("c_frac_of_floor")}
+    return {"gpu": gpu, "manifest": str(manifest_path), "bars": bar_frac, "floors": fl, "floor_source": man.get("sol", "results/sol.json"),
             "steps": list(range(1, max(numbers) + 1)), "rows": out,
             "unserved": [n for n in range(1, max(numbers) + 1) if n not in plotted]}
 
@@ -217,7 +224,7 @@ def _pct(x: float | None) -> str:
 
 def _knobs(r: dict[str, Any]) -> str:
     extra = "".join(f" +{k}={v}" for k, v in r["extra"].items())
-    return f"step {r['knobs']}'s{extra}"
+    return f"step {r['knobs']}'s{extra}" + (f" ({r['variant']})" if r["variant"] else "")
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -270,6 +277,11 @@ def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
         for x in xs:
             ax.annotate(f"{pts[x]:.0f}", (x, pts[x]), textcoords="offset points", fontsize=6, ha="center",
                         xytext=(0, -10 if scen == "B" else 5))
+        bar = (doc.get("bars") or {}).get(scen)
+        if bar:  # the goal's line for this scenario, as % of the floor
+            ax.axhline(100 * bar, color=f"C{'ABC'.index(scen)}", lw=0.7, ls=":")
+    if any((doc.get("bars") or {}).values()):
+        ax.plot([], [], color="grey", lw=0.7, ls=":", label="the goal's line (same colour)")
     ax.axhline(100, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("engine step (the engine's code; no point: not served on this card)")
     ax.set_ylabel("% of speed-of-light floor")

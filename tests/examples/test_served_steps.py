@@ -92,6 +92,14 @@ def test_launches_pool_repeats_and_skip_failures(tmp_path: Path) -> None:
     assert row["frac_of_floor"]["A"] == pytest.approx(doc["floors"]["prefill_ttft_ms"] / 92.0)
     assert row["frac_of_floor"]["C"] == pytest.approx(5000.0 / doc["floors"]["throughput_tok_s"])
     assert row["frac_of_floor"]["B"] is None and 14 not in doc["unserved"] and 13 in doc["unserved"]
+    # a variant keeps runs of one knob set apart (a tree before a fix); left in the plot, it is a second set there
+    two = {"s": {"command": _command(NO[14]["knobs"]), "scenarios": sc}}
+    runs = [{"step": 14, "knobs": 14, "server": "s"}, {"step": 14, "knobs": 14, "server": "s", "variant": "old"}]
+    with pytest.raises(served_steps.ManifestError, match="two knob sets to plot"):
+        served_steps.build(_write(tmp_path, two, runs))
+    doc = served_steps.build(_write(tmp_path, two, [runs[0], runs[1] | {"plot": False}]))
+    assert [(r["variant"], r["plot"], r["A_ttft_ms_p50"]["n"]) for r in doc["rows"]] == [("", True, 3), ("old", False, 3)]
+    assert "step 14's (old)" in served_steps.markdown(doc)
     with pytest.raises(served_steps.ManifestError, match="two knob sets to plot"):
         served_steps.build(_write(tmp_path, {"s": {"command": _command(NO[14]["knobs"]), "scenarios": sc},
                                              "t": {"command": _command(NO[10]["knobs"]), "scenarios": sc}},
