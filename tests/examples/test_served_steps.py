@@ -116,6 +116,9 @@ def test_the_kept_h200_manifest_holds_against_its_runs(tmp_path: Path) -> None:
         c += [s["metrics"]["output_throughput"] for n, s in sc.items() if n.startswith("throughput") and s["ok"]]
     row = next(r for r in doc["rows"] if r["step"] == 14 and r["plot"])
     assert len(c) == 6 and row["C_output_tok_s"]["median"] == statistics.median(c)
+    # the issue's lines as % of the same floors: A 95 ms, B 4.3 ms, C 40%
+    assert doc["bars"]["A"] == pytest.approx(doc["floors"]["prefill_ttft_ms"] / 95.0)
+    assert doc["bars"]["B"] == pytest.approx(doc["floors"]["decode_tpot_ms"] / 4.3) and doc["bars"]["C"] == 0.40
     md = served_steps.markdown(doc)
     assert "| **14** | step 14's |" in md and "Not served on the H200: steps 1, 2, 3, 11, 12, 13." in md
     out = served_steps.write_plot(doc, tmp_path / "p.svg")
