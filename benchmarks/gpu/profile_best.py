@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfser
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_engine import cuda_time  # noqa: E402
 from fastengine import FastModel, GraphDecoder, set_pdl  # noqa: E402
+from step_table import select, step_numbers  # noqa: E402
 
 
 def best_knobs(db: str) -> dict:
@@ -84,14 +85,14 @@ def profile_steps(fm: FastModel, steps: list[dict], *, burst: int = 64, prompt: 
                   on_step: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """The four parts of every engine step (see the module docstring), each {wall_ms, kernels_ms}.
     The sizes are A's, B's and C's; the CPU test passes small ones. ``numbers``: the steps' numbers
-    in engine_steps.json (default 1, 2, ...). A step that raises keeps the parts it measured and
+    (default: from their rationales, step_table.step_numbers). A step that raises keeps the parts it measured and
     its error (``"error"``), and the next step still runs. ``on_step(done)`` after each step (main_steps
     writes the JSON then: a command cut at its time limit keeps the steps it profiled)."""
     out, ref, ref_dec = [], None, None
     dev, vocab = fm.device, fm.embed.shape[0]
     long = torch.randint(4, vocab, (long_len,), device=dev)
     prompts = [torch.randint(4, vocab, (prompt,), device=dev) for _ in range(burst)]
-    numbers = numbers or list(range(1, len(steps) + 1))
+    numbers = numbers or step_numbers(steps)
     for i, step in zip(numbers, steps, strict=True):
         rec = {"step": i, "knobs": step["knobs"], "rationale": step.get("rationale", ""), "parts": {}}
         try:
@@ -200,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", default="", help="engine_steps.json: profile every step instead of the best trial")
     ap.add_argument("--sol", default=str(Path(__file__).parent / "results" / "sol.json"))
     ap.add_argument("--scenarios", default=str(Path(__file__).parent / "scenarios_ib.toml"))
-    ap.add_argument("--only", default="", help="with --steps: comma-separated step numbers (1-based), e.g. 4,5")
+    ap.add_argument("--only", default="", help="with --steps: comma-separated engine step numbers (as engine_steps.json's "
+                                               "rationales number them; 6 and 9 have no entry), e.g. 5,7,8")
     ap.add_argument("--md", default="", help="with --steps: the markdown table")
     ap.add_argument("--plot", default="", help="with --steps: the %%-of-floor plot (.svg or .png)")
     args = ap.parse_args(argv)
@@ -234,11 +236,10 @@ def main_steps(args: argparse.Namespace) -> None:
     from step_table import markdown_table, write_plot
     from transformers import AutoModelForCausalLM
 
-    steps = json.loads(Path(args.steps).read_text())
-    numbers = list(range(1, len(steps) + 1))
-    if args.only:
-        numbers = [int(n) for n in args.only.split(",")]
-        steps = [steps[n - 1] for n in numbers]
+    try:  # before the model loads: a wrong --only costs no GPU time
+        numbers, steps = select(json.loads(Path(args.steps).read_text()), args.only)
+    except ValueError as exc:
+        raise SystemExit(f"profile_best: {exc}") from None
     slots = max(int(s["knobs"].get("max_batch_size", 8)) for s in steps) + 2
     hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cuda").eval()
     fm = FastModel(hf, slots=slots, capacity=4608)

@@ -40,9 +40,11 @@ import tomllib
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
 from gates.plausible import floors  # noqa: E402
 from orchestrator.targets.spec import TargetError, load_target  # noqa: E402
+from step_table import step_numbers  # noqa: E402  (beside this file)
 
 TARGET = ROOT / "examples" / "targets" / "hfserve_gpu.toml"
 IGNORED = ("model", "port", "host", "served_model_name")  # where, not how: not compared
@@ -51,17 +53,6 @@ SCEN = {"A": "prefill", "B": "decode", "C": "throughput", "D": "general"}
 
 class ManifestError(ValueError):
     """A manifest entry that does not hold against its run."""
-
-
-def step_numbers(steps: list[dict[str, Any]]) -> list[int]:
-    """engine_steps.json's entries' step numbers, from their rationale ("engine step N: ...")."""
-    out = []
-    for i, s in enumerate(steps):
-        m = re.match(r"engine step (\d+)", s.get("rationale", ""))
-        if not m:
-            raise ManifestError(f"engine_steps.json entry {i + 1} does not start 'engine step N'")
-        out.append(int(m.group(1)))
-    return out
 
 
 def _server_parse() -> Any:
@@ -148,7 +139,10 @@ def build(manifest_path: str | Path, *, parse: Any = None) -> dict[str, Any]:
     if not gpu or not man.get("run"):
         raise ManifestError(f"{mpath}: needs gpu = \"...\" and at least one [[run]]")
     steps = json.loads((HERE / "engine_steps.json").read_text())
-    numbers = step_numbers(steps)
+    try:
+        numbers = step_numbers(steps)
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from exc
     by_no = dict(zip(numbers, steps, strict=True))
     sol = json.loads((base / man.get("sol", "results/sol.json")).read_text())
     scen = tomllib.loads((base / man.get("scenarios", "scenarios_ib.toml")).read_text())

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown_table", "write_plot", "merge"]
+__all__ = ["KINDS", "classify", "split", "c_time_ms", "frac_of_floor", "markdown_table", "write_plot", "merge",
+           "step_numbers", "select"]
 
 KINDS = ("gemm", "fused", "attention", "other", "between")
 _ATTN = ("flash", "fmha", "attention", "softmax", "_decode_attn", "_attn_reduce", "attn_span")
@@ -129,6 +131,37 @@ def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def step_numbers(steps: list[dict[str, Any]]) -> list[int]:
+    """engine_steps.json's entries' engine step numbers, from their rationale ("engine step N: ..."). Not their
+    positions: steps 6 and 9 changed no knob and have no entry, so entry 6 is step 7 and entry 12 step 14.
+    ValueError for an entry whose rationale does not start so."""
+    out = []
+    for i, s in enumerate(steps):
+        m = re.match(r"engine step (\d+)", s.get("rationale", ""))
+        if not m:
+            raise ValueError(f"engine_steps.json entry {i + 1} does not start 'engine step N'")
+        out.append(int(m.group(1)))
+    return out
+
+
+def select(steps: list[dict[str, Any]], only: str = "") -> tuple[list[int], list[dict[str, Any]]]:
+    """The engine step numbers and entries to profile: all, or those of ``only`` ("5,7,8": engine step numbers).
+    ValueError naming the steps that have an entry when ``only`` names one without (6, 9) or none at all."""
+    numbers = step_numbers(steps)
+    if not only.strip():
+        return numbers, list(steps)
+    by_no = dict(zip(numbers, steps, strict=True))
+    try:
+        want = [int(n) for n in only.split(",") if n.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--only {only!r}: comma-separated engine step numbers, e.g. 5,7,8") from exc
+    missing = [n for n in want if n not in by_no]
+    if missing or not want:
+        raise ValueError(f"--only {only!r}: no engine_steps.json entry for step(s) {missing or want} (steps 6 and 9 "
+                         f"changed no knob); the entries are steps {', '.join(map(str, numbers))}")
+    return want, [by_no[n] for n in want]
 
 
 def merge(docs: list[dict[str, Any]]) -> dict[str, Any]:

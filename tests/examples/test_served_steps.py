@@ -20,7 +20,7 @@ import served_steps  # noqa: E402
 from orchestrator.targets.spec import load_target  # noqa: E402
 
 STEPS = json.loads((GPU / "engine_steps.json").read_text())
-NO = dict(zip(served_steps.step_numbers(STEPS), STEPS, strict=True))
+NO = dict(zip(served_steps.step_numbers(STEPS), STEPS, strict=True))  # engine step number -> entry
 
 
 def _command(knobs: dict, *, before: bool = False, env: str = "env HFSERVE_STEP_LOG=/tmp/s.log ") -> str:

@@ -94,6 +94,34 @@ def test_profiles_of_one_gpu_merge_by_step(tmp_path: Path, capsys) -> None:
         step_table.main([str(pa), str(pb)])
 
 
+def test_steps_are_chosen_by_engine_step_number() -> None:
+    """--only names engine steps, not positions in engine_steps.json (entry 6 is step 7: steps 6 and 9 have none);
+    a step without an entry is refused with the ones that have one."""
+    every = json.loads((GPU / "engine_steps.json").read_text())
+    assert step_table.step_numbers(every) == [1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 13, 14]
+    numbers, steps = step_table.select(every, "5,7,8,10")
+    assert numbers == [5, 7, 8, 10]
+    assert [s["rationale"].split(":")[0].split(" (")[0] for s in steps] == [f"engine step {n}" for n in numbers]
+    assert step_table.select(every, "11,12,13,14")[1] == every[-4:]
+    assert step_table.select(every) == (step_table.step_numbers(every), every)
+    for bad, msg in (("5,6,7", r"step\(s\) \[6\]"), ("15", r"\[15\]"), ("a", "comma-separated"), (",", "no engine")):
+        with pytest.raises(ValueError, match=msg):
+            step_table.select(every, bad)
+    with pytest.raises(ValueError, match="entry 1 does not start"):
+        step_table.step_numbers([{"knobs": {}, "rationale": "faster"}])
+
+
+def test_profile_best_refuses_a_step_without_an_entry_before_loading(capsys) -> None:
+    """profile_best.py --steps --only 9: one line naming the steps that exist, before any model is loaded."""
+    pytest.importorskip("torch")
+    import profile_best
+
+    with pytest.raises(SystemExit) as exc:
+        profile_best.main(["/no/such/model", "--steps", str(GPU / "engine_steps.json"), "--only", "9,10"])
+    assert str(exc.value).startswith("profile_best: --only '9,10': no engine_steps.json entry for step(s) [9]")
+    assert "1, 2, 3, 4, 5, 7, 8, 10, 11, 12, 13, 14" in str(exc.value)
+
+
 def test_profile_steps_runs_on_the_cpu() -> None:
     """profile_best.profile_steps over engine steps 1 and 4 on a tiny random Llama (CPU, eager, small
     sizes): every step's four parts measured, packing and the fused prefill switched per step, and
@@ -127,9 +155,10 @@ def test_profile_steps_runs_on_the_cpu() -> None:
         mp.setattr(profile_best, "kernel_times", times)
         saved: list[list[int]] = []  # main_steps writes its JSON after each step (a cut command keeps them)
         out = profile_best.profile_steps(fm, steps, burst=3, prompt=6, long_len=16, b_pos=20, ctx=256,
-                                         numbers=[1, len(every)], on_step=lambda done: saved.append([s["step"] for s in done]))
-    assert saved == [[1], [1, len(every)]]
-    assert [s["step"] for s in out] == [1, len(every)] and not any("error" in s for s in out)
+                                         on_step=lambda done: saved.append([s["step"] for s in done]))
+    # numbered as engine steps by their rationale (the last entry is step 14, the twelfth entry: 6 and 9 have none)
+    assert saved == [[1], [1, 14]] and len(every) == 12
+    assert [s["step"] for s in out] == [1, 14] and not any("error" in s for s in out)
     assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
     assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
     assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
