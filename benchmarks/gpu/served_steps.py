@@ -42,9 +42,10 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+from step_table import step_numbers  # noqa: E402  (beside this file)
+
 from gates.plausible import floors  # noqa: E402
 from orchestrator.targets.spec import TargetError, load_target  # noqa: E402
-from step_table import step_numbers  # noqa: E402  (beside this file)
 
 TARGET = ROOT / "examples" / "targets" / "hfserve_gpu.toml"
 IGNORED = ("model", "port", "host", "served_model_name")  # where, not how: not compared
