@@ -292,8 +292,11 @@ def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("manifest", nargs="?", default=str(HERE / "served_steps_h200.toml"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 epilog="An entry that does not hold against its run (another card, another knob set, "
+                                        "another tree) stops it with one line, exit 2.")
+    ap.add_argument("manifest", nargs="?", default=str(HERE / "served_steps_h200.toml"),
+                    help="which run served which step (default: served_steps_h200.toml beside this file)")
     ap.add_argument("--md", default="", help="write the markdown table here (default: print it)")
     ap.add_argument("--plot", default="", help="write the plot here (.svg or .png)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of the table")
