@@ -54,3 +54,48 @@ M=/m ib_servers "$OUT/y.json" "" 90 "n=cmd"
     assert lines[5] == "limit 490"
     assert lines[6] == (f"python3|benchmarks/gpu/ib_baseline.py|/m|--out|{tmp_path}/y.json|--no-naive|--deadline-s|465|"
                         "--ours-min-s|90|--server|n=cmd|")
+
+
+def test_served_steps_run_serves_exactly_the_engine_steps(tmp_path: Path) -> None:
+    """served_steps_run.sh's five servers (python3 and timeout stubbed: nothing runs) launch exactly engine steps
+    14, 13, 12, 11 and step 10's knob set, as served_steps.py checks a manifest entry against its run: their results
+    go into served_steps_h200.toml as they come back. A flag dropped or added in the script fails here."""
+    pytest.importorskip("torch")  # served_steps parses with the server's own parser
+    import json
+    import os
+    import sys
+
+    root = SCRIPTS[0].parents[2]
+    sys.path.insert(0, str(root / "benchmarks" / "gpu"))
+    import served_steps
+
+    from orchestrator.targets.spec import load_target
+
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "python3").write_text("#!/bin/sh\nexit 0\n")
+    (stubs / "timeout").write_text(f"#!/bin/sh\nshift\nprintf '%s\\n' \"$@\" > {tmp_path}/argv\n")
+    for f in stubs.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "OUT": str(tmp_path)}
+    r = subprocess.run(["bash", "benchmarks/gpu/served_steps_run.sh", "360"], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    servers = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--server")
+    assert list(servers) == ["s14", "s13", "lp", "s12", "s11"]
+    fill = {"{python}": "python3", "{model}": "/m", "{port}": "8000", "{device}": "cuda", "{name}": "model"}
+    report = {"gpu": "NVIDIA H200", "servers": {}}
+    for name, cmd in servers.items():
+        for k, v in fill.items():
+            cmd = cmd.replace(k, v)
+        report["servers"][name] = {"command": cmd}
+    steps = json.loads((root / "benchmarks/gpu/engine_steps.json").read_text())
+    by_no = dict(zip(served_steps.step_numbers(steps), steps, strict=True))
+    parse, target = served_steps._server_parse(), load_target(served_steps.TARGET)
+    for name, step in {"s14": 14, "s13": 13, "s12": 12, "s11": 11, "lp": 10}.items():
+        served_steps.check_entry({"file": "ib_steps.json", "server": name}, report, by_no[step]["knobs"], gpu="H200",
+                                 parse=parse, target=target)
+    with pytest.raises(served_steps.ManifestError, match="pdl"):  # and the check can fail: s13 is not step 12
+        served_steps.check_entry({"file": "ib_steps.json", "server": "s13"}, report, by_no[12]["knobs"], gpu="H200",
+                                 parse=parse, target=target)
