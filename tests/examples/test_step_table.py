@@ -162,8 +162,8 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert [s["batch"] for s in out] == [3, 3]  # min(burst, max_batch_size)
     assert all(set(s["parts"]) == set(step_table.PARTS) for s in out)
     assert all(p["kernels_ms"] for s in out for p in s["parts"].values())
-    assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_step1": 0.0, "top1_same_as_step1": True}
-    assert out[1]["prefill_check"]["top1_same_as_step1"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_step1"] < 1e-3
+    assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True}
+    assert out[1]["prefill_check"]["top1_same_as_first"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_first"] < 1e-3
     assert (fm.kernels, fm.prefill_attn, fm.decode_attn) == ("triton-mm", "fused-batched", "lowp")  # the last step's settings
     assert fm.mm_glu and fm.mm_norm and sys.modules["hfkernels"].pdl_on()  # steps 11-13's (PDL: the CPU launches as before)
     sys.modules["hfkernels"].set_pdl(False)
