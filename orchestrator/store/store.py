@@ -30,6 +30,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from .records import (
     GATE_STATUSES,
@@ -108,6 +109,13 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
         raise ValueError(f"invalid {what} {value!r}; expected one of {', '.join(allowed)}")
 
 
+def _locked(exc: BaseException) -> bool:
+    """A SQLite lock that another connection holds (worth waiting for), not any other failure."""
+    cause = str(getattr(exc, "orig", None) or exc).lower()
+    return isinstance(exc, SQLAlchemyError) and ("database is locked" in cause or "database is busy" in cause
+                                                 or "database table is locked" in cause)
+
+
 def _explain(exc: SQLAlchemyError, action: str, where: str) -> StoreError:
     """Turn a driver error into a StoreError that tells the user what to do next."""
     cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
@@ -155,7 +163,7 @@ class Store:
         self._where = self._engine.url.render_as_string(hide_password=True)
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         try:
-            self._init_schema()
+            self._open_schema(busy_timeout_s)
         except SQLAlchemyError as exc:
             self._engine.dispose()
             raise _explain(exc, "opening the store", self._where) from exc
@@ -227,6 +235,22 @@ class Store:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
+
+    def _open_schema(self, busy_timeout_s: float) -> None:
+        """`_init_schema`, retried while SQLite answers "locked" or "busy", up to the busy timeout.
+
+        SQLite skips its busy handler where waiting could deadlock: connections that each hold a
+        shared lock and want the exclusive one, as when several turn one fresh file into WAL at once
+        (CI saw 1 of 8 processes opening a new database fail in 0.5 s). Each attempt is the whole
+        open on a new connection (create_all and the version stamp are idempotent); any other error
+        is raised at once."""
+        if self._engine.dialect.name != "sqlite":
+            self._init_schema()
+            return
+        for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_delay(busy_timeout_s),
+                                wait=wait_random_exponential(multiplier=0.02, max=0.25), reraise=True):
+            with attempt:
+                self._init_schema()
 
     def _init_schema(self) -> None:
         with self._engine.connect() as conn:

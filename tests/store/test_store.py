@@ -358,7 +358,7 @@ class TestStore:
         finally:
             for p in procs:
                 p.kill()
-        failed = [err.decode()[-600:] for p, (_, err) in zip(procs, results, strict=True) if p.returncode != 0]
+        failed = [err.decode()[-2000:] for p, (_, err) in zip(procs, results, strict=True) if p.returncode != 0]
         assert not failed, failed
         with backend.open() as store:
             assert store.list_runs() == []
@@ -419,6 +419,35 @@ def test_sqlite_locked_database_explains(tmp_path: Path) -> None:
             other.execute("ROLLBACK")
             other.close()
         assert store.set_run_status(run.id, "stopped").status == "stopped"
+
+
+def test_sqlite_open_waits_out_a_lock_that_skips_the_busy_handler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite answers "locked" at once, without its busy handler, where waiting could deadlock (several connections
+    turning one fresh file into WAL): opening the store retries that until the busy timeout, each time on a new
+    connection; any other error is raised at once, and a lock that outlasts the timeout is explained."""
+    real = Store._init_schema
+    calls: list[float] = []
+
+    def flaky(self: Store, fail: int, err: str) -> None:
+        calls.append(time.monotonic())
+        if len(calls) <= fail:
+            raise OperationalError("CREATE TABLE runs", {}, sqlite3.OperationalError(err))
+        real(self)
+
+    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 2, "database is locked"))
+    with Store(f"sqlite:///{tmp_path / 'a.db'}", busy_timeout_s=5) as store:
+        assert store.list_runs() == [] and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 99, "no such table: runs"))
+    with pytest.raises(StoreError, match="no such table"):
+        Store(f"sqlite:///{tmp_path / 'b.db'}", busy_timeout_s=5)
+    assert len(calls) == 1  # not a lock: no retry
+    calls.clear()
+    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 10**6, "database is locked"))
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="(?s)locked.*busy timeout"):
+        Store(f"sqlite:///{tmp_path / 'c.db'}", busy_timeout_s=0.4)
+    assert 0.3 < time.monotonic() - t0 < 3 and len(calls) > 2  # retried until the timeout, then given up
 
 
 @pytest.mark.parametrize(
