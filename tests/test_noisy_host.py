@@ -97,12 +97,15 @@ def quiet(mirror):
     return paired[-1]
 
 
-def _agrees(loaded: dict, quiet: dict) -> bool:
-    """The loaded run's paired ratio matches the quiet one's: within 25%, or within both of their own
-    bootstrap intervals' spread where those are wider (two honest paired estimates of one truth on a
-    shared 2-core host; a ratio skewed by the load lies outside both)."""
+def _not_inflated(loaded: dict, quiet: dict) -> bool:
+    """The loaded run's paired ratio is not above the quiet one's: by at most 25%, or by both of their own bootstrap
+    intervals' spread where those are wider. The load sat on the baseline, so a verdict that used it reads the
+    candidate faster than it is (the burners slow the baseline ~2x); the paired rounds re-measure both sides.
+    Lower is not checked: two quiet paired estimates on a shared 2-core host differ with the others' load there
+    (a fresh-clone CI run: 2.58 [2.41, 2.77] against the quiet 3.45 [3.18, 3.78], no burner running in either:
+    contention cuts the batched candidate's gain more than the baseline's)."""
     spread = lambda p: max(p["hi"] / p["score"], p["score"] / p["lo"]) - 1  # noqa: E731
-    return abs(loaded["score"] / quiet["score"] - 1) < max(0.25, spread(loaded) + spread(quiet))
+    return loaded["score"] / quiet["score"] - 1 < max(0.25, spread(loaded) + spread(quiet))
 
 
 def test_load_during_the_baseline_only_gives_no_false_goal_met(tmp_path, quiet):
@@ -141,7 +144,7 @@ def test_load_during_the_baseline_only_gives_no_false_goal_met(tmp_path, quiet):
         return
     reported = paired[-1]
     assert not reported["met"]
-    assert _agrees(reported, quiet), (reported, quiet)
+    assert _not_inflated(reported, quiet), (reported, quiet)
     assert "paired speedup" in out.stop_reason
 
 
