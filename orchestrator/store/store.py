@@ -241,9 +241,9 @@ class Store:
 
         SQLite skips its busy handler where waiting could deadlock: connections that each hold a
         shared lock and want the exclusive one, as when several turn one fresh file into WAL at once
-        (CI saw 1 of 8 processes opening a new database fail in 0.5 s). Each attempt is the whole
-        open on a new connection (create_all and the version stamp are idempotent); any other error
-        is raised at once."""
+        (CI saw 1 of 8 processes opening a new database fail in 0.5 s). Each attempt runs the whole
+        open again (create_all and the version stamp are idempotent; a connection whose set-up
+        failed is discarded by the pool); any other error is raised at once."""
         if self._engine.dialect.name != "sqlite":
             self._init_schema()
             return
