@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import re
 import shlex
 import statistics
@@ -257,24 +258,15 @@ def write_plot(doc: dict[str, Any], path: str | Path) -> Path:
     for scen, label in (("A", "A 4096/128 c1 (TTFT p50)"), ("B", "B 512/512 c1 (TPOT p50)"),
                         ("C", "C burst 64 x 512/128 (out tok/s)")):
         pts = {r["step"]: 100 * r["frac_of_floor"][scen] for r in rows if r["frac_of_floor"][scen] is not None}
-        xs = [n for n in doc["steps"] if n in pts]
-        # a line only between steps that were both served: a gap where steps in between were not
-        seg: list[int] = []
-        for n in doc["steps"]:
-            if n in pts:
-                seg.append(n)
-            elif seg:
-                ax.plot(seg, [pts[x] for x in seg], marker="o", color=f"C{'ABC'.index(scen)}")
-                seg = []
-        if seg:
-            ax.plot(seg, [pts[x] for x in seg], marker="o", color=f"C{'ABC'.index(scen)}")
-        ax.plot([], [], marker="o", color=f"C{'ABC'.index(scen)}", label=label)
-        for x in xs:
-            ax.annotate(f"{pts[x]:.0f}", (x, pts[x]), textcoords="offset points", fontsize=6, ha="center",
+        color = f"C{'ABC'.index(scen)}"
+        # NaN where a step was not served: the line breaks there instead of bridging the gap
+        ax.plot(doc["steps"], [pts.get(n, math.nan) for n in doc["steps"]], marker="o", color=color, label=label)
+        for x, y in pts.items():
+            ax.annotate(f"{y:.0f}", (x, y), textcoords="offset points", fontsize=6, ha="center",
                         xytext=(0, -10 if scen == "B" else 5))
         bar = (doc.get("bars") or {}).get(scen)
         if bar:  # the goal's line for this scenario, as % of the floor
-            ax.axhline(100 * bar, color=f"C{'ABC'.index(scen)}", lw=0.7, ls=":")
+            ax.axhline(100 * bar, color=color, lw=0.7, ls=":")
     if any((doc.get("bars") or {}).values()):
         ax.plot([], [], color="grey", lw=0.7, ls=":", label="the goal's line (same colour)")
     ax.axhline(100, color="grey", lw=0.8, ls="--")
