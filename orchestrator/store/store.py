@@ -109,18 +109,22 @@ def _check(value: str, allowed: tuple[str, ...], what: str) -> None:
         raise ValueError(f"invalid {what} {value!r}; expected one of {', '.join(allowed)}")
 
 
+def _lock_held(text: str) -> bool:
+    """A driver message saying another connection holds a lock (SQLite's "database is locked", "busy")."""
+    text = text.lower()
+    return "locked" in text or "busy" in text
+
+
 def _locked(exc: BaseException) -> bool:
-    """A SQLite lock that another connection holds (worth waiting for), not any other failure."""
-    cause = str(getattr(exc, "orig", None) or exc).lower()
-    return isinstance(exc, SQLAlchemyError) and ("database is locked" in cause or "database is busy" in cause
-                                                 or "database table is locked" in cause)
+    """A lock that another connection holds (worth waiting for), not any other failure."""
+    return isinstance(exc, SQLAlchemyError) and _lock_held(str(getattr(exc, "orig", None) or exc))
 
 
 def _explain(exc: SQLAlchemyError, action: str, where: str) -> StoreError:
     """Turn a driver error into a StoreError that tells the user what to do next."""
     cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
     text = cause.lower()
-    if "locked" in text or "busy" in text:
+    if _lock_held(text):
         hint = (
             "another process held the SQLite write lock past the busy timeout; wait for it "
             "(another infergoal run on the same database?) and retry, or use PostgreSQL for concurrent runs"
