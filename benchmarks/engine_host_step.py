@@ -1,4 +1,4 @@
-"""Host time per decode step of hfserve's fast engine, before and after a change, in one run (issue 24).
+"""Host time per decode step of hfserve's fast engine, before and after a change, in one run.
 
 On the H200, scenario C decoded at 13.8 ms per token at batch 32 against a ~5.5 ms graph step: the
 rest is host work that grows with the batch (events per token per request, the event loop's
@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "examples" / "hfserve"
-BEFORE = "bd4d84b"  # main before the batched events (issue 24's host-cost change)
+BEFORE = "bd4d84b"  # main before the batched events (the host-cost change)
 
 
 def _free_port() -> int:

@@ -1,6 +1,6 @@
 """Gate time per trial: the integrity + accuracy gates of two source trees, measured interleaved.
 
-    python benchmarks/gate_time.py --before /work/main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
+    python benchmarks/gate_time.py --before ../infergoal-main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
 
 Starts one server of the demo target (examples/hfserve/server.py on the forge's tiny model, the
 baseline knobs unless ``--knobs``), then alternates A B A B: each round runs, in a fresh

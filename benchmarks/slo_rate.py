@@ -12,7 +12,7 @@
    that passes counts the rate as passed and the sweep goes on (`--no-recheck`: stop at the first
    failure, as before).
 
-The claim (issue 25): the two agree within 10%. By default it runs against the load-growing fake
+The claim: the two agree within 10%. By default it runs against the load-growing fake
 server (tests/bench/loadserver.py: `--slots` requests at a time, capacity slots / service time);
 ``--url``/``--model`` point it at any OpenAI-compatible server instead.
 

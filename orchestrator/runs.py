@@ -314,7 +314,7 @@ def _drive(
                     interrupted="the run was interrupted (SIGINT/SIGTERM) before its stop; `infergoal resume` continues it")
         raise
     finally:
-        # Wall time of this session (after the model is ready): the report compares it with the
+        # Wall time of this invocation (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
         for h in hosts:  # SSH hosts: end the measurement worker and the connection

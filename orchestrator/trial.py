@@ -141,7 +141,7 @@ def run_trial(
             env = ctx.target.launch_env(candidate.knobs)
             proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path, preload=engine.preload)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
-            if proc.standby:  # the record says this deploy skipped the imports (issue 23)
+            if proc.standby:  # the record says this deploy skipped the imports
                 ctx.store.add_event(ctx.run_id, "trial.standby",
                                     f"#{trial.number} launched in a standby interpreter (preloaded {' '.join(engine.preload)})",
                                     trial_id=trial.id, data={"pid": proc.pid, "preload": list(engine.preload)})

@@ -1,4 +1,4 @@
-"""Issue 26 item 5: a mistake gives one `error:` line and a non-zero exit; data commands take --json.
+"""A mistake gives one `error:` line and a non-zero exit; data commands take --json.
 
 Each listed defect is checked both ways where it is a check (the mistake refused, the right use
 still working). CliRunner in-process; one real subprocess for the missing workspace.

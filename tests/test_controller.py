@@ -142,7 +142,7 @@ def test_a_winner_whose_screen_stalled_is_confirmed_at_the_stop(tmp_path, tiny_m
     assert marker.exists() and t[1].status == "kept"
     why = [e.message for e in Store(ws.db_url).events(out.run_id, kind="trial.why") if e.trial_id == t[1].id]
     assert "may meet the goal" not in why[0], why  # the screen said no
-    # ... and still says no once the pairs, at the stop, said yes (issue 23: it said both).
+    # ... and still says no once the pairs, at the stop, said yes (it once said both).
     assert len(why) == 2 and "paired A/B" in why[1] and "may meet the goal" not in why[1], why
     assert out.stop_reason.startswith("GoalMet") and "confirmed at the stop (BudgetExhausted" in out.stop_reason, out.stop_reason
     assert Store(ws.db_url).get_run(out.run_id).best_trial_id == t[1].id

@@ -1,4 +1,4 @@
-"""Issue 26 item 1: one measuring run per host (per GPU set), whatever the workspace or user.
+"""One measuring run per host (per GPU set), whatever the workspace or user.
 
 The lease is a lock the host holds (orchestrator/remote/hostlock.py): two workspaces on one
 machine, the second refused with one line naming the first, then let in once the first ends or is

@@ -1,4 +1,4 @@
-"""Issue 23, item 7, "defects seen on the H200 run": one test (or a few) per defect, named after it.
+"""Defects seen on an H200 run: one test (or a few) per defect, named after it.
 
 None needs a server or a GPU: the accuracy gate's judging runs on metrics measured on the H200,
 nvidia-smi is a fake that answers what the H200 did, and the loop's decisions run on a seeded store.

@@ -1,4 +1,4 @@
-"""Issue 9, "a run nobody can corrupt by accident": one test per defect, named after it.
+"""A run nobody can corrupt by accident: one test per defect, named after it.
 
 The cheap ones drive the CLI in-process (typer's CliRunner) and never launch a server; the
 ones that need a real run use the torch-free fake target (tests/fake_target.py) and are `slow`.

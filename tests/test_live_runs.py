@@ -1,6 +1,6 @@
 """Two live runs in one workspace and a `resume`: no server of a live run is touched.
 
-Issue 9, defect 1: `resume 1` while runs 1 and 2 were live killed both runs' servers. Here two
+A defect once seen: `resume 1` while runs 1 and 2 were live killed both runs' servers. Here two
 real CLI processes drive runs on the torch-free fake target (opted in to sharing the host), a
 third run was killed and left an orphan server behind, and then:
 - `resume 1` and `resume 2` are refused (exit 5) and name the owner,

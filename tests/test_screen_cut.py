@@ -1,4 +1,4 @@
-"""A screen's short pass stops as soon as the candidate is certain to be screened out (issue #23 [gpu-time]).
+"""A screen's short pass stops as soon as the candidate is certain to be screened out.
 
 The H200 goal's shape, small: TPOT p50 on a decode scenario, then output throughput on a one-wave burst
 of 16 requests (a slow candidate's burst took most of its 21-23 s screen there). The real path: the fake

@@ -1,4 +1,4 @@
-"""Issue #26 item 3: after a paired A/B, "score X against baseline #N" is still the screening score
+"""After a paired A/B, "score X against baseline #N" is still the screening score
 against #N; the paired ratio is told as paired (the trial's own score becomes the paired one)."""
 
 from types import SimpleNamespace

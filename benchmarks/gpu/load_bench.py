@@ -1,4 +1,4 @@
-"""Weight loading on one device, old reader against new (issue 23: the 7B's 14.5 GB took 3.6-5.3 s per launch).
+"""Weight loading on one device, old reader against new (the 7B's 14.5 GB took 3.6-5.3 s per launch).
 
 In one process, each repeated ``--repeats`` times with the device synchronised around it and everything freed
 between runs (the CUDA caching allocator and the pinned host cache emptied, as in a fresh server process):

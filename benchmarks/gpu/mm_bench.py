@@ -7,7 +7,7 @@
     python benchmarks/gpu/mm_bench.py --glu-only [--out g.json]              # gate/up + SwiGLU in one launch (H200)
     python benchmarks/gpu/mm_bench.py --fuse-only [--out f.json]             # --mm-norm's launches (H200)
 
-Issue #24, scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
+Scenario C: 64 requests decode at batch 64, where one step is 6.63 ms = GEMM 4.10 (cuBLAS, ~81% of
 the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one command:
 
 GEMM. y = x @ W.T in bf16, W [N, K] row-major, x [M, K], M in {16, 32, 64} (the engine's batch buckets), at

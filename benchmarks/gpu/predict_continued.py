@@ -1,4 +1,4 @@
-"""Predict a run's trial times had its full bench continued the short pass (issue 23, multi-fidelity).
+"""Predict a run's trial times had its full bench continued the short pass (multi-fidelity).
 
     python benchmarks/gpu/predict_continued.py benchmarks/gpu/results/h200_ttb_big_7b_2026-12-02c.db \
         --scenarios benchmarks/gpu/scenarios.toml [--json out.json]

@@ -1,4 +1,4 @@
-"""Prefill's rope_store on the GPU, one (row, head) per program against ROPE_ROWS rows per program (issue 24).
+"""Prefill's rope_store on the GPU, one (row, head) per program against ROPE_ROWS rows per program.
 
     python3 benchmarks/gpu/rope_rows.py [--rows 4096 32768] [--out rope_rows.json]
 

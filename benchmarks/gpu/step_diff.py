@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/step_diff.py A_DB B_DB [--run-id-a N] [--run-id-b N] [--json out.json]
 
-Made for issue #23 item 6 (the H200 loop through an SSH host on the GPU machine's loopback, B,
+Made for a run of the H200 loop through an SSH host on the GPU machine's loopback, B,
 against the same goal run on the local host, A): each trial's `timings_json` steps (sync, deploy,
 gates, bench, teardown, trial; `deploy` includes `sync`; a step a trial did not take counts 0), matched by trial number (the
 same goal, seed and proposer give the same sequence until the runs' measurements differ; the

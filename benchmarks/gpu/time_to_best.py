@@ -3,7 +3,7 @@
     python benchmarks/gpu/time_to_best.py RUN_DB [--best-known benchmarks/gpu/best_known.json]
         [--run-id N] [--kind cold|warm] [--out benchmarks/gpu/results/headline.json] [--print-only]
 
-The clock (issue #23) runs from the run's start (`infergoal goal`; the model forge happens before
+The clock runs from the run's start (`infergoal goal`; the model forge happens before
 it and is not counted) and only while a session of the run was live: a run resumed on a fresh
 machine adds its sessions' seconds (`run.start` / `resume` events up to each `session` event), never
 the time the machine was away. Measured to:
@@ -45,7 +45,7 @@ from orchestrator.roles import NOT_SEARCH  # noqa: E402
 
 __all__ = ["analyse", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
 
-WITHIN = 0.05  # "within 5% of the best known setting" (issue #23)
+WITHIN = 0.05  # "within 5% of the best known setting"
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def sessions(events: list[tuple[datetime, str]], last_seen: datetime) -> list[tu
     start: datetime | None = None
     for ts, kind in sorted(events):
         if kind in ("run.start", "resume"):
-            if start is not None:  # the previous session ended without its `session` event
+            if start is not None:  # the previous invocation ended without its `session` event
                 out.append((start, ts))
             start = ts
         elif kind == "session" and start is not None:

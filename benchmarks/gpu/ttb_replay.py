@@ -5,7 +5,7 @@
 A prediction, not a measurement. The real `SearchProposer` (covering start-up, then TPE, seeded as
 `infergoal goal` seeds it: seed 0 for the GPU run, others for the spread) proposes on
 examples/targets/hfserve_gpu.toml; each proposal is scored by a surrogate of what the H200 measured
-for the 7B (docs/benchmarks.md, the H200 sessions' run databases in benchmarks/gpu/results/):
+for the 7B (docs/results.md, the H200 run databases in benchmarks/gpu/results/):
 
 - TPOT ratio against the bf16 `generate()` baseline (23 ms): fast-graphs 4.9 with `--kernels triton`
   (4.54-4.73 ms), 4.8 with triton-gemv, 4.5 with torch kernels (5.04 ms step); fast-eager 0.85
@@ -20,7 +20,7 @@ for the 7B (docs/benchmarks.md, the H200 sessions' run databases in benchmarks/g
   45-53 tok/s between runs).
 - the loop's score is the geometric mean of the two ratios; the best known setting scores 10.26, so
   "within 5%" is a screened score >= 9.75 (benchmarks/gpu/time_to_best.py's rule).
-- GPU-seconds per trial (the sixth session's rows): before the first trial 21 s, the baseline 84 s;
+- GPU-seconds per trial (an H200 run's rows): before the first trial 21 s, the baseline 84 s;
   fast-graphs 30 s (27-38), fast-eager 55 s, hf-* 75 s (a screened-out trial of those: 35 s, at
   screening 0.25: deploy + a quarter bench); a paired round (both halves) 65 s.
 

@@ -65,7 +65,7 @@ Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*
 ~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
 whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
 
-Prefill ``rope_store`` rows (written before measuring; *prediction*): the sixth session's profile of A's
+Prefill ``rope_store`` rows (written before measuring; *prediction*): an H200 profile of A's
 4096-token prefill put ``_rope_store_kernel`` at 3.21 ms (100 us per layer for ~100 MB: qkv read, q and
 the K/V rows written; ~1 TB/s) against ~1 ms at the 3-3.5 TB/s the norms and SwiGLU reach: 164k one-warp
 programs of 256 bytes each. ``_rope_store_rows_kernel`` does the same arithmetic over 16 rows of a head
@@ -83,7 +83,7 @@ At M=2 Triton loses gate_up and at M=4 every shape, so batch >= 2 keeps cuBLAS. 
 step -0.31 ms, served B TPOT 4.59 -> ~4.28 ms; A unchanged (prefill untouched); C unchanged (batch 64
 keeps cuBLAS).
 
-Batch 16..64 (issue #24's C; written before measuring, *prediction*): ``mm_linear`` is a skinny Triton
+Batch 16..64 (scenario C; written before measuring, *prediction*): ``mm_linear`` is a skinny Triton
 GEMM (``_mm_kernel``: all rows of x in one BLOCK_M tile, so each W tile is read once; tl.dot, SWAP for
 wgmma at 16 rows; deterministic split-K) looked up per (row bucket, N, K) in ``MM_CONFIGS``, which
 benchmarks/gpu/mm_bench.py fills on the H200; empty, it is x @ w.t(). Decode attention's launch parameters

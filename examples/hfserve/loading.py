@@ -52,7 +52,7 @@ QKV / gate-up copies would leave the originals' ~2/3 of the weights allocated). 
 
 
 class Phases:
-    """The engine's start-up, split into named consecutive spans (issue 23: the H200's engine part was
+    """The engine's start-up, split into named consecutive spans (on the H200 the engine part was
     9.7-15.6 s while the weights took 3-4.5 s). Each :meth:`mark` closes the span that began at the
     previous mark (or at ``start``), so the spans add up to the time from ``start`` to the last mark."""
 

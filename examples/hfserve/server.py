@@ -49,7 +49,7 @@ def startup_line(t_engine: float, t_listen: float) -> str:
     """Where the server's start-up went, in seconds from this module's first line: the imports (torch,
     transformers, aiohttp), building the engine (weights, KV pool, CUDA graphs, warm-up: the loader's
     own line says the weights' share) and opening the socket. A trial's deploy is this plus the
-    interpreter's start and the launcher's readiness poll (issue 23: ~15 s of the H200's ~20 s deploy
+    interpreter's start and the launcher's readiness poll (~15 s of the H200's ~20 s deploy
     were outside the weights and not yet broken down)."""
     return (f"hfserve: startup imports {_T_IMPORTED - _T_START:.2f}s engine {t_engine - _T_IMPORTED:.2f}s "
             f"listen {t_listen - t_engine:.2f}s total {t_listen - _T_START:.2f}s")

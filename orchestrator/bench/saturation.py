@@ -25,7 +25,7 @@ class SaturationPolicy:
     """Median wake-up delay of the event loop's 10 ms tick. When half the ticks are a whole tick late
     the client is saturated, not merely sharing a busy host (brief scheduling hiccups move the tail,
     not the median; on this project's shared 2-core box the median stayed at 1-6 ms at load 10-15
-    and reached 14-18 ms at load 25, as in the vLLM run of issue 8)."""
+    and reached 14-18 ms at load 25, as in a vLLM run on that box)."""
     max_client_cpu: float = 0.9
     """The client's CPU as a fraction of one core (asyncio uses one)."""
     max_one_burst: float = 0.5

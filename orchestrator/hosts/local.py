@@ -163,7 +163,7 @@ class LocalHost:
         took 7-10 s, the e2e run's gates 6.1-8.8 s instead of 1.1-2.7 s). On a larger host it goes on
         importing on a spare core, so the next launch finds it ready: paused there, the H200's standby
         (~15 s of imports under gVisor) had only each deploy to import in and the next launch waited
-        3-10 s for the rest (tenth H200 session). A launch that comes before it is done waits for the rest."""
+        3-10 s for the rest (measured on the H200). A launch that comes before it is done waits for the rest."""
         sb = self._standby
         paused = False
         if server and _usable_cores() >= QUIET_CORES:

@@ -5,7 +5,7 @@
 
 
 A deploy of a Python server (`python server.py ARGS`) spends seconds importing torch and transformers
-before it does any work of its own (2.6-4.2 s of a 7B deploy on the H200, issue 23). The host starts
+before it does any work of its own (2.6-4.2 s of a 7B deploy on the H200). The host starts
 this program after a server comes up, so the next deploy finds those imports done: the host writes one
 job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "...", "sent": epoch s}`, on the pipe
 `--fd` (LocalHost: a pipe it inherited) or the named pipe `--fifo` (an SSH host, whose standby outlives the

@@ -1,4 +1,4 @@
-"""Issue #26, items 2 and 3: measurements are not trials; `why` is prose and a table; knobs as key=value.
+"""Measurements are not trials; `why` is prose and a table; knobs as key=value.
 
 The run is audit_data's ROWS run plus a sentinel (#10) and one paired round of #7 (#11, #12):
 9 trials of a 12-trial budget, and 4 measurements (#8's legacy confirm among them).
@@ -165,7 +165,7 @@ def test_knobs_print_as_key_value_in_show_trials_the_shell_and_the_final_line(me
 
 def test_a_score_that_is_the_paired_ratio_says_paired_everywhere(measured, capsys, tmp_path):
     """The loop replaces a confirmed candidate's screening score by its paired A/B ratio; a face
-    printing that number bare read as the screening score (issue 26: "6.63x" beside best/baseline).
+    printing that number bare read as the screening score ("6.63x" beside best/baseline).
     Here #7's newest paired outcome is its stored score (2.000): every face marks it `paired`."""
     root, store, rid = measured
     t7 = store.get_trial_by_number(rid, 7)

@@ -138,7 +138,7 @@ def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
 
 
 def test_trials_why_and_a_mistyped_why_then_quit(tmp_path):
-    """Issue 26: /trials marks measurements, /why N answers in prose, `/why abc` is one error line
+    """/trials marks measurements, /why N answers in prose, `/why abc` is one error line
     naming /why (not /show), and /quit ends the shell with exit 0. ~3 s, no server."""
     state = tmp_path / ".infergoal"
     state.mkdir()

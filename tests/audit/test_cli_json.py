@@ -1,4 +1,4 @@
-"""Issue 26: every data command takes --json and prints one JSON document on stdout.
+"""Every data command takes --json and prints one JSON document on stdout.
 
 One test walks the CLI's whole command tree: each command is either a data command (it must take
 --json, and its output must parse) or an action named here, so a new command has to be placed.

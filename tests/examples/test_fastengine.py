@@ -469,7 +469,7 @@ def test_packed_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
 
 
 def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
-    """A decode step's events are woken once the *next* step is queued on the device (issue 24, C's
+    """A decode step's events are woken once the *next* step is queued on the device (C's
     served overhead): the event loop's streaming of step k then overlaps step k+1 instead of taking
     the GIL between step k's sync and step k+1's launch. Without a next step they are woken at once,
     and every event still arrives, in order (no model: a fake decoder records the order of things)."""

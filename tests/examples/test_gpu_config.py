@@ -65,7 +65,7 @@ def test_gpu_goal_and_scenarios_load(tmp_path: Path) -> None:
     ttb = load_goal(GPU / "goal_4x.toml")
     assert ttb.accuracy_mode == "gated" and set(ttb.scenarios) == {"decode", "throughput"}
     assert sorted((o.metric, o.value) for o in ttb.objectives) == [("throughput", 3.0), ("tpot", 0.75)]
-    # The goal only the best region meets (15x throughput): the sixth session's #1 (9.6x) misses it.
+    # The goal only the best region meets (15x throughput): an H200 run's #1 (9.6x) misses it.
     best = load_goal(GPU / "goal_best.toml")
     assert best.accuracy_mode == "gated" and set(best.scenarios) == {"decode", "throughput"}
     assert sorted(o.speedup(o.target_for(1.0), 1.0) for o in best.objectives) == [4.0, 19.0]

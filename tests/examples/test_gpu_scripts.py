@@ -1,5 +1,5 @@
 """The one-command GPU scripts (benchmarks/gpu/*.sh) parse: a syntax error found on the device costs a fresh machine's
-start (minutes of the session's device time) for nothing."""
+start (minutes of GPU time) for nothing."""
 
 from __future__ import annotations
 

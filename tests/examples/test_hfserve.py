@@ -205,7 +205,7 @@ def _startup_parts(line: str, prefix: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("server", ["baseline", "fast"])
 def test_engine_startup_breakdown(server: str, request: pytest.FixtureRequest) -> None:
-    """The start-up log breaks the engine part down (issue 23): one `hfserve: engine` line whose spans
+    """The start-up log breaks the engine part down: one `hfserve: engine` line whose spans
     (tokenizer, CUDA, weights, and for the fast engine its build and graph capture) add up to the engine
     part of the `hfserve: startup` line."""
     url = request.getfixturevalue(server)

@@ -1,4 +1,4 @@
-"""hfserve's streaming hand-over (issue 24): the worker's batched events reach the client as the same
+"""hfserve's streaming hand-over: the worker's batched events reach the client as the same
 bytes as one event per token through the plain code path (json.dumps per event, ``tok.decode``).
 
 Fast: an in-process aiohttp app over a stub engine and the forged tiny model's tokenizer, no model.
@@ -140,7 +140,7 @@ def test_event_stream_batches_and_wakes_once() -> None:
 
 
 def test_prompt_ids_checked_as_before() -> None:
-    """The token-id prompt check (C-level passes since issue 24's A work) accepts and refuses exactly
+    """The token-id prompt check (C-level passes) accepts and refuses exactly
     what the per-element loop did: JSON integers only (no bools, floats, strings), each in [0, vocab)."""
     import types
 

@@ -45,7 +45,7 @@ def _db(tmp_path: Path, *, reach: bool) -> Path:
             (0, "baseline", "kept", 1.0, 10, 40), (1, "search", "kept", 5.0, 41, 90),
             (2, "sentinel", "kept", 1.0, 1110, 1130),
             (3, "search", "kept" if reach else "discarded", 9.9 if reach else 8.0, 1131, 1150)):
-        if n == 2:  # the first session ends; the machine is away 1000 s; the run is resumed
+        if n == 2:  # the first invocation ends; the machine is away 1000 s; the run is resumed
             event("session", 100, {"wall_s": 100})
             event("resume", 1100, {})
         t = store.create_trial(run.id, n, commit="c", knobs={"engine": f"e{n}"}, rationale="", proposer=proposer)

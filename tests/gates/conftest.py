@@ -65,7 +65,7 @@ def model_variants(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def _other_model(root: Path, make_model: Callable[..., Path], info_file: str) -> Path:
     """A different, cheaper model passed off as the declared one (other seed, a fifth of the
-    training), kept in the forge cache so later sessions skip the build."""
+    training), kept in the forge cache so later test runs skip the build."""
     out = root / "gatetest-tiny-seed1-steps60"
     if not (out / info_file).exists():
         make_model(out, preset="tiny", seed=1, train_steps=60)

@@ -1,4 +1,4 @@
-"""Issue #25 item 4: an SLO run's findings say which knob moved the rate under the limits, and a later
+"""An SLO run's findings say which knob moved the rate under the limits, and a later
 SLO goal reuses them first. A real Store on SQLite, stub measurements (no server)."""
 
 import pytest

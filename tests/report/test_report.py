@@ -58,7 +58,7 @@ def test_overhead_uses_session_wall_time_when_recorded():
     store = Store("sqlite://")
     rid = _run(store)
     engine = 4 * (5.0 + 2.0 + 10.0 + 0.5)
-    store.add_event(rid, "session", "first session", data={"wall_s": 50.0})
+    store.add_event(rid, "session", "session ended", data={"wall_s": 50.0})
     store.add_event(rid, "session", "resumed session", data={"wall_s": 30.0})
     d = build_report_data(store, rid)
     assert d.total_s == 80.0

@@ -1,4 +1,4 @@
-"""Issue #26, item 4: the report's plots and tables tell trials from measurements, in the data and in Chromium.
+"""The report's plots and tables tell trials from measurements, in the data and in Chromium.
 
 The run is audit_data's ROWS run plus a sentinel (#10) and a paired round of #7 (#11, #12):
 9 trials and 4 measurements (#8's legacy confirm among them).

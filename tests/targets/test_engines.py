@@ -61,7 +61,7 @@ def test_prefix_goes_before_the_interpreter(tmp_path):
 
 def test_constraints_refuse_what_vllm_would_refuse():
     t = load_target(EX / "vllm.toml")
-    # The combination that cost a trial in issue 12: vLLM exits with "max_num_batched_tokens (512)
+    # The combination that once cost a trial: vLLM exits with "max_num_batched_tokens (512)
     # is smaller than max_model_len (1024)". It is refused before launch now.
     with pytest.raises(ConstraintViolated, match="max_num_batched_tokens=512.*smaller than max_model_len"):
         t.validate_knobs({"max_num_batched_tokens": 512, "enable_chunked_prefill": False})

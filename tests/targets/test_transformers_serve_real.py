@@ -98,7 +98,7 @@ def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
         # float32, not bfloat16: a bfloat16 run's greedy path leaves the reference's, and in text-only
         # mode one such prompt was judged off-top (7 of 32 tokens) though the reference found its text
         # *more* likely than its own greedy text: a re-alignment artefact of the generation check,
-        # open (the closing note of 2026-11-30, third session). This test is about the engine adapter.
+        # still open. This test is about the engine adapter.
         {"knobs": {"continuous_batching": False, "attn_implementation": "eager"}, "rationale": "eager attention"},
     ]
     f = tmp_path / "steps.json"
