@@ -1,7 +1,10 @@
 """``python -m orchestrator.bench --url URL --model NAME --scenario decode`` (also ``infergoal bench``).
 
 ``--slo "maximize throughput with p90 TTFT under 300 ms"`` runs the SLO request-rate search instead
-(`bench/rate.py`) on the scenario's shape (default: the `slo` scenario) and prints every step."""
+(`bench/rate.py`) on the scenario's shape (default: the `slo` scenario) and prints every step.
+
+``--json``: stdout holds exactly one JSON document (the metrics; with ``--slo`` also the steps) and
+nothing else; every line for a person (the steps, the summary, the files written) goes to stderr."""
 
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ("output-tokens", int), ("rate", float), ("burstiness", float),
                  ("warmup-requests", int), ("seed", int), ("prefix-tokens", int)):
         p.add_argument(f"--{f}", type=t, default=None)
+    p.add_argument("--prompt-seed", type=int, default=None,
+                   help="a draw of prompts of its own (same lengths, other tokens); default: the scenario's fixed set")
     p.add_argument("--arrival", choices=("closed", "poisson", "constant", "gamma", "trace"), default=None)
     p.add_argument("--trace", default=None, help="Mooncake-style JSONL trace (implies --arrival trace)")
     p.add_argument("--json", action="store_true", help="print the full metrics dict as JSON")
@@ -64,12 +69,17 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         sc = table[args.scenario]
     upd = {k: getattr(args, k) for k in ("num_requests", "concurrency", "prompt_tokens", "output_tokens",
                                          "rate", "burstiness", "warmup_requests", "seed", "prefix_tokens",
-                                         "arrival") if getattr(args, k) is not None}
+                                         "prompt_seed", "arrival") if getattr(args, k) is not None}
     if args.trace:
         upd.update(trace_path=args.trace, arrival="trace")
         if args.num_requests is None:  # replay the whole trace unless told otherwise
             upd["num_requests"] = len(load_trace(args.trace))
     return sc.model_copy(update=upd) if upd else sc
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A line for a person: stdout, or stderr when stdout is the one JSON document (`--json`)."""
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 def slo_from_args(args: argparse.Namespace) -> int:
@@ -100,17 +110,16 @@ def slo_from_args(args: argparse.Namespace) -> int:
         return run_scenario_sync(args.url, args.model, s, tokenizer=args.tokenizer, api=args.api, timeout_s=args.timeout)
 
     def show(st) -> None:  # noqa: ANN001
-        print(f"  {st.rate:10.3f} req/s  {'pass' if st.passed else 'FAIL'}{'' if st.trusted else ' (untrusted)'}  {st.why}",
-              flush=True)
+        _say(args, f"  {st.rate:10.3f} req/s  {'pass' if st.passed else 'FAIL'}{'' if st.trusted else ' (untrusted)'}  {st.why}")
 
-    print(f"SLO search: {goal.slo.describe()}; ISL {sc.prompt_tokens}, OSL {sc.output_tokens}, from {sc.rate} req/s")
+    _say(args, f"SLO search: {goal.slo.describe()}; ISL {sc.prompt_tokens}, OSL {sc.output_tokens}, from {sc.rate} req/s")
     res = slo_measure(goal.slo, sc, bench_one, policy, on_step=show)
     if args.json:
         print(json.dumps({k: res.metrics[k] for k in sorted(res.metrics)} | {"steps": res.meta["rate_search"]}, indent=2))
     if res.meta.get("slo_error"):
-        print(res.meta["slo_error"])
+        _say(args, res.meta["slo_error"])
         return 1
-    print(f"rate {res.metrics['slo_rate']:.3f} req/s, goodput {res.metrics['slo_goodput']:.3f} req/s, "
+    _say(args, f"rate {res.metrics['slo_rate']:.3f} req/s, goodput {res.metrics['slo_goodput']:.3f} req/s, "
           f"output {res.metrics['output_throughput']:.1f} tok/s"
           + (" (client-bound: a lower bound)" if res.metrics.get("slo_client_bound") else ""))
     return 0
@@ -134,7 +143,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             print("  failures:", res.failures)
     if args.out:
         for name, path in write_exports(res, args.out).items():
-            print(f"  wrote {name}: {path}")
+            _say(args, f"  wrote {name}: {path}")
     return 0 if res.ok else 1
 
 

@@ -31,7 +31,8 @@ def rest_of(scenario: Scenario, done: int) -> Scenario:
 def join(scenario: Scenario, parts: Sequence[ScenarioResult], *, labels: Sequence[str] = (),
          capabilities: dict[str, Any] | None = None) -> ScenarioResult:
     """The result of `scenario` (whole) from the results of its `parts`, in order, which together
-    measured each of its requests once; `labels` name the passes in `meta["passes"]`."""
+    measured each of its requests once, all from one draw of prompts (`Scenario.prompt_seed`, which the
+    joined result's scenario keeps); `labels` name the passes in `meta["passes"]`."""
     parts = [p for p in parts if p.requests or p.scenario.measured_requests]
     if not parts:
         raise ValueError("nothing to join")
@@ -39,6 +40,10 @@ def join(scenario: Scenario, parts: Sequence[ScenarioResult], *, labels: Sequenc
     if seen != list(range(scenario.num_requests)):
         raise ValueError(f"the passes measured requests {seen}, not each of {scenario.name}'s {scenario.num_requests} once")
     first = parts[0]
+    drawn = {p.scenario.prompt_seed for p in parts}
+    if len(drawn) > 1:
+        raise ValueError(f"the passes of {scenario.name} drew their prompts from seeds {sorted(drawn, key=str)}, not one")
+    scenario = scenario.model_copy(update={"prompt_seed": first.scenario.prompt_seed})  # whose prompts they were
     mode = ApiMode.of(capabilities)
     chat = first.meta.get("api") == "chat"
     records = [r for p in parts for r in p.requests]

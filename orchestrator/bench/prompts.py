@@ -4,12 +4,18 @@ With a tokenizer, prompts are random token ids drawn (seeded) from the non-speci
 and sent as id lists to /v1/completions, so the server sees exactly ``prompt_tokens`` tokens.
 Without one, prompts are built from a word list (~1 token per word) and the actual length is
 read back from ``usage.prompt_tokens``.
+
+Every prompt is seeded by the scenario's ``seed`` and, when set, its ``prompt_seed``: the
+measurement's own fresh draw (:func:`fresh_seed`), so a measurement never asks what an earlier
+launch, trial or round was asked. A shared prefix (``prefix_tokens``, a trace's ``hash_ids``
+blocks) is shared by the requests of one measurement, never across measurements.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +33,21 @@ _WORDS = (
     "should because each just those people how too little state good very make world still "
     "own see men work long get here between both life being under never day same another know"
 ).split()
+
+
+_FRESH = 0x5EED
+"""Marks a seed with a `prompt_seed` in it: no fresh draw gives the fixed set's generators."""
+
+
+def fresh_seed() -> int:
+    """A new `Scenario.prompt_seed`: 32 random bits from the OS (a server cannot predict them)."""
+    return secrets.randbits(32)
+
+
+def derived_seed(seed: int, *keys: int) -> int:
+    """Another prompt seed from `seed` and `keys` (a repeat, a redone attempt): the same keys give the
+    same seed, so two measurements handed one seed draw alike on their redos too."""
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
 
 
 @dataclass
@@ -60,13 +81,15 @@ def _allowed_ids(tokenizer: Any) -> np.ndarray:
 
 
 class PromptFactory:
-    """Deterministic prompt source for one scenario (seeded, prefix shared across requests)."""
+    """Deterministic prompt source for one scenario (seeded by `seed` and `prompt_seed`, prefix shared across requests)."""
 
     def __init__(self, scenario: Scenario, tokenizer: Any = None, *, text: bool = False) -> None:
         self.scenario = scenario
         self.tokenizer = tokenizer
         self.text = text  # chat API needs strings even when a tokenizer is present
-        self.rng = np.random.default_rng(scenario.seed)
+        # The fixed set (no prompt_seed) keeps its generators: [seed] as it always was.
+        self.key = [scenario.seed] if scenario.prompt_seed is None else [scenario.seed, _FRESH, scenario.prompt_seed]
+        self.rng = np.random.default_rng(scenario.seed if scenario.prompt_seed is None else self.key)
         self.ids = _allowed_ids(tokenizer) if tokenizer is not None else None
         self.prefix = self._draw(scenario.prefix_tokens)
         self._blocks: dict[int, list] = {}
@@ -99,7 +122,7 @@ class PromptFactory:
     def make(self, index: int, *, warmup: bool = False) -> Prompt:
         """Prompt ``index``; warmup prompts come from a separate stream so they prime no cache."""
         sc = self.scenario
-        rng = np.random.default_rng([sc.seed, 1 if warmup else 0, index])
+        rng = np.random.default_rng([*self.key, 1 if warmup else 0, index])
         n_unique = max(0, sc.prompt_tokens - len(self.prefix))
         toks = (list(self.prefix) if not warmup else []) + self._draw(
             n_unique if not warmup else sc.prompt_tokens, rng)
@@ -111,7 +134,7 @@ class PromptFactory:
         toks: list = []
         for h in entry.hash_ids:
             if h not in self._blocks:
-                self._blocks[h] = self._draw(bs, np.random.default_rng([self.scenario.seed, 7, h]))
+                self._blocks[h] = self._draw(bs, np.random.default_rng([*self.key, 7, h]))
             toks.extend(self._blocks[h])
         if len(toks) < entry.input_length:
             toks.extend(self._draw(entry.input_length - len(toks)))

@@ -54,6 +54,11 @@ class Scenario(BaseModel):
     burstiness: float = 1.0  # gamma shape; 1.0 = Poisson, <1 burstier, >1 smoother
     warmup_requests: int = 2
     seed: int = 0
+    prompt_seed: int | None = None
+    """This measurement's own draw of prompts (`orchestrator.trial` gives each measurement a fresh one, both
+    halves of a paired round the same): with `seed` it seeds every prompt (the shared prefix, each request,
+    the warm-up, a trace's blocks), so no server has seen them before. None: `seed` alone, the same prompts
+    every time (`python -m orchestrator.bench` without `--prompt-seed`). The arrival schedule is `seed`'s."""
     prefix_tokens: int = 0  # leading tokens shared by every prompt (prefix caching)
     # Extensions (defaults keep the contract above unchanged).
     arrival_scaling: Literal["vllm", "aiperf"] = "vllm"
