@@ -151,3 +151,72 @@ def test_kb_search_explains_its_weights_and_options(tmp_path):
     assert one["id"] == listed[0]["id"] and one["body"]
     r = _cli(tmp_path, "kb", "search", "zzzz-no-such-word")  # no hits: no legend, the usual line
     assert _lines(r.output) == ["(no matching entries)"]
+
+
+def test_a_global_option_after_the_command_says_where_it_goes(tmp_path):
+    r = runner.invoke(app, ["goal", "-w", str(tmp_path), "improve throughput by 2x within 2 trials"])
+    _one_error(r, "-w is a global option: put it before the command", "-w ... goal ...")
+    r = runner.invoke(app, ["kb", "show", "--workspace", str(tmp_path), "some-id"])
+    _one_error(r, "--workspace is a global option", "kb show ...")
+    r = runner.invoke(app, ["kb", "show", "--bogus", "x"])  # not a global option: the usual line
+    _one_error(r, "No such option: --bogus", "kb show --help")
+
+
+def test_an_unknown_model_preset_is_bad_input_naming_the_presets(tmp_path):
+    r = _cli(tmp_path, "model", "make", str(tmp_path / "m"), "--preset", "bogus")
+    _one_error(r, "unknown preset 'bogus'", "tiny", "small")
+    assert "internal error" not in r.output and not (tmp_path / "m").exists()
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bench_against_no_server_is_one_error_line_not_a_table_of_zeros(tmp_path):
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    r = _cli(tmp_path, "bench", "--url", url, "--model", "m", "--scenario", "decode")
+    _one_error(r, f"cannot reach {url}", "connection refused", "check --url")
+    assert "achieved_rate" not in r.output
+
+
+def test_bench_whose_every_request_fails_says_so_in_one_line(tmp_path):
+    """A server that answers, but 404 to every request (a wrong path): refused as bad input, not zeros."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server API
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/wrong"
+        r = _cli(tmp_path, "bench", "--url", url, "--model", "m", "--scenario", "decode", "--num-requests", "3",
+                 "--warmup-requests", "0")
+    finally:
+        server.shutdown()
+    _one_error(r, f"every request to {url} failed", "check --url")
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`infergoal kb show ID | head -40` when head has gone: no `error: Broken pipe`, the SIGPIPE status."""
+    listed = json.loads(_cli(tmp_path, "kb", "list", "--json").output)
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: every write is EPIPE
+    p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "-w", str(tmp_path), "kb", "show", listed[0]["id"]],
+                       stdout=write, stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONPATH": str(ROOT)},
+                       timeout=120)
+    os.close(write)
+    assert p.stderr == "" and p.returncode == 141, (p.returncode, p.stderr)

@@ -12,12 +12,25 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.roles import BASELINES, LOOP_ADDED, PAIRED
+from orchestrator.roles import BASELINE, BASELINES, LOOP_ADDED, MEASUREMENTS, PAIRED
 
-__all__ = ["budget_line", "is_measurement", "knob_text", "measured_trial", "measurement_note", "paired_scores", "score_text",
-           "split_trials"]
+__all__ = ["MEASURED", "budget_line", "is_measurement", "knob_text", "measured_trial", "measurement_note", "paired_scores",
+           "score_text", "shown_status", "split_trials"]
 
 _NAMED = re.compile(r"#(\d+)")
+
+
+MEASURED = "measured"
+"""How a measurement that went well reads: the baseline, a sentinel or a paired half is stored `kept`
+(later candidates are judged against it), but it was measured, not kept as a candidate."""
+
+
+def shown_status(t: Any) -> str:
+    """A trial's status as every face prints it: `measured` for a good baseline, sentinel or paired
+    half (never `kept`: only a candidate is kept), else its stored status."""
+    if t.status == "kept" and (t.number == 0 or t.proposer in (BASELINE, *MEASUREMENTS)):
+        return MEASURED
+    return str(t.status)
 
 
 def is_measurement(t: Any) -> bool:

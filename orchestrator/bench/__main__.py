@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from .loadgen import run_scenario_sync
 from .rate import RatePolicy
@@ -100,6 +102,8 @@ def slo_from_args(args: argparse.Namespace) -> int:
                                   ("--confirmations", args.confirmations, args.confirmations >= 0, ">= 0")):
         if not ok:
             raise SystemExit(f"{flag} must be {want}, not {value}")
+    if not reachable(args.url):
+        return BAD_INPUT
     if args.scenario == "decode":  # the plain default: the SLO scenario's shape instead
         args.scenario = "slo"
     sc = scenario_from_args(args)
@@ -125,13 +129,52 @@ def slo_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
+BAD_INPUT = 2
+"""The exit status of a request refused before anything ran (as `infergoal`'s `bad_input`)."""
+
+
+def unreachable(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why the server at `url` cannot be reached (`connection refused`), or None when a TCP
+    connection to it opens: a benchmark of a server that is not there is a mistake to say in one
+    line, not a table of zeros."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not host:
+        return "not an http:// or https:// URL"
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        return (e.strerror or str(e) or type(e).__name__).lower()
+    return None
+
+
+def reachable(url: str) -> bool:
+    """Whether the server at `url` answers a connection; when not, says so in one line on stderr."""
+    why = unreachable(url)
+    if why is not None:
+        print(f"error: cannot reach {url}: {why}; start the server, or check --url (host, port, and the /v1 path)",
+              file=sys.stderr)
+    return why is None
+
+
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run the scenario described by parsed args; print a summary; 0 if every request succeeded."""
+    """Run the scenario described by parsed args; print a summary; 0 if every request succeeded,
+    1 if some failed, `BAD_INPUT` when the server cannot be reached or every request failed."""
     if args.slo:
         return slo_from_args(args)
+    if not reachable(args.url):
+        return BAD_INPUT
     sc = scenario_from_args(args)
     res = run_scenario_sync(args.url, args.model, sc, tokenizer=args.tokenizer, api=args.api,
                             timeout_s=args.timeout)
+    if res.failures and not res.metrics.get("completed"):
+        said = ", ".join(f"{k}: {v}" for k, v in sorted(res.failures.items()))
+        print(f"error: every request to {args.url} failed ({said}); check --url, --model and --api, "
+              "and the server's log", file=sys.stderr)
+        return BAD_INPUT
     if args.json:
         print(json.dumps(res.to_dict(with_requests=False)["metrics"], indent=2))
     else:

@@ -8,6 +8,8 @@ raises ends here and becomes `error: what; what to do next` plus its exit code
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -18,7 +20,7 @@ from rich.markup import escape
 
 from orchestrator.exitcodes import EXIT_CODES
 
-__all__ = ["ERRORS", "GuardedGroup", "emit", "fail", "fail_from"]
+__all__ = ["ERRORS", "GuardedGroup", "emit", "fail", "fail_from", "pipe_closed"]
 
 _err = Console(stderr=True, soft_wrap=True)
 
@@ -48,6 +50,18 @@ def fail(msg: str, outcome: str = "bad_input") -> NoReturn:
     if ERRORS.json:
         emit({"outcome": outcome, "exit_code": code, "error": first})
     raise typer.Exit(code)
+
+
+def pipe_closed() -> NoReturn:
+    """The reader of stdout went away (`infergoal kb show ID | head -40`): stop quietly with the
+    status a command killed by SIGPIPE has (128 + 13), as other command-line tools do. Stdout is
+    pointed at /dev/null first, so the interpreter's last flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (a test runner's buffer): nothing left to flush
+        pass
+    raise typer.Exit(128 + signal.SIGPIPE)
 
 
 def fail_from(e: BaseException) -> NoReturn:
@@ -94,6 +108,13 @@ def _usage(e: Any, ctx: click.Context) -> NoReturn:
     if type(e).__name__ == "NoArgsIsHelpError":  # typer's own class or click's: same behaviour wanted
         raise e
     where = getattr(e, "ctx", None) or ctx
+    root = where.find_root()
+    name = getattr(e, "option_name", None)
+    if name and where is not root and any(name in p.opts for p in root.command.params):
+        # `infergoal goal -w DIR ...`: a global option given after the command
+        sub = where.command_path[len(root.command_path):].strip()
+        fail(f"{name} is a global option: put it before the command, e.g. "
+             f"`{root.command_path} {name} ... {sub} ...`; see `{root.command_path} --help`")
     fail(f"{e.format_message().rstrip('.')}; see `{where.command_path} --help`")
 
 
@@ -110,11 +131,15 @@ class GuardedGroup(typer.core.TyperGroup):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here when the output fit the buffer
+            return out
         except _USAGE as e:
             _usage(e, ctx)
         except _CLICK_FLOW:  # --help, exits: click prints them with their own codes
             raise
+        except BrokenPipeError:
+            pipe_closed()
         except Exception as e:
             if ERRORS.debug:
                 raise

@@ -8,7 +8,9 @@ the outcome's code (orchestrator/exitcodes.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 import typer
@@ -17,29 +19,55 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TextColumn,
-    TimeElapsedColumn,
 )
+from rich.text import Text
 
-from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
+from orchestrator.audit.trials import (
+    is_measurement,
+    knob_text,
+    measured_trial,
+    paired_scores,
+    score_text,
+    shown_status,
+)
 from orchestrator.cli.common import console, err, get_store, get_workspace
 from orchestrator.cli.errors import ERRORS, emit, fail
 
 __all__ = ["drive", "finish", "resume_progress"]
 
 
-class _Progress:
-    """Rich live view: a bar over trials and a line for the step in flight."""
+class _WallClock(ProgressColumn):
+    """The command's wall time so far. Rich's own elapsed column stops once the bar is full (the
+    trial budget spent), while the paired rounds and sentinels after the last trial still take
+    minutes: this one runs until the view stops."""
 
-    def __init__(self, budget_trials: int | None, quiet: bool, done: int = 0) -> None:
+    def __init__(self, t0: float, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self.t0, self.clock = t0, clock
+
+    def render(self, task: Task) -> Text:
+        return Text(str(timedelta(seconds=int(max(self.clock() - self.t0, 0)))), style="progress.elapsed")
+
+
+class _Progress:
+    """Rich live view: a bar over trials, a line for the step in flight, the wall time so far."""
+
+    def __init__(self, budget_trials: int | None, quiet: bool, done: int = 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet = quiet
+        self.t0 = clock()
+        self.clock = _WallClock(self.t0, clock)
         self.progress = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[step]}"), TimeElapsedColumn(), console=err, transient=False,
+            TextColumn("{task.fields[step]}"), self.clock, console=err, transient=False, get_time=clock,
         )
         self.task = self.progress.add_task("trials", total=budget_trials, completed=done, step="starting")
-        self.t0 = time.monotonic()
+        self.shown: dict[int, str] = {}
+        """Trial number -> the status its line said: a row printed again says what it was before."""
 
     def step(self, name: str) -> None:
         self.progress.update(self.task, step=name)
@@ -47,16 +75,22 @@ class _Progress:
     def trial(self, t: Any) -> None:
         from orchestrator.roles import LOOP_ADDED
 
-        if t.proposer not in LOOP_ADDED:  # the bar counts the budget's trials; re-measures are listed only
+        status = shown_status(t)
+        before = self.shown.get(t.number)
+        self.shown[t.number] = status
+        if t.proposer not in LOOP_ADDED and before is None:  # the bar counts the budget's trials; re-measures are listed only
             self.progress.advance(self.task)
         score = f"{t.score:.3f}x" if t.score else "—"
         obj = "  ".join(f"{k.split(':')[1]}={v:.2f}" for k, v in (t.objective or {}).items())
-        colour = {"kept": "green", "discarded": "white", "failed": "red", "invalid": "magenta"}.get(t.status, "yellow")
+        colour = {"kept": "green", "measured": "cyan", "discarded": "white", "failed": "red",
+                  "invalid": "magenta"}.get(status, "yellow")
         label, who = f"#{t.number:<3}", t.proposer
         if is_measurement(t):  # a paired round, sentinel or re-run: a measurement of a trial, not one
             of = measured_trial(t)
             label, who = f"↳{t.number:<3}", f"{t.proposer} of #{of}" if of is not None else t.proposer
-        line = f"{label} [{colour}]{t.status:<14}[/] {score:>8}  {obj}  [dim]{who}[/]"
+        # A row told again (a paired round redone after it was measured) says so, and why (its error).
+        said = status if before is None or before == status else f"{status} (was {before})"
+        line = f"{label} [{colour}]{said:<14}[/] {score:>8}  {obj}  [dim]{who}[/]"
         if t.error:
             from orchestrator.errors import summarize_failure
 
@@ -109,7 +143,9 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
             finally:
                 view.progress.stop()
     except KeyboardInterrupt:
-        fail("interrupted; the run is saved — continue it with `infergoal resume`", "interrupted")
+        if not started:  # stopped before the run row exists (e.g. while the model is built): nothing to resume
+            fail("interrupted before the run was created: nothing was saved; run the same `infergoal goal` again", "interrupted")
+        fail(f"interrupted; run {started[0]} is saved — continue it with `infergoal resume`", "interrupted")
     except (LeaseHeld, GateTampered):
         raise
     except (HostError, AgentError, FileNotFoundError, LookupError, ValueError) as e:

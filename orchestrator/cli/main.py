@@ -425,6 +425,8 @@ def model_make(
     """Write a local Hugging Face-format model (tokenizer trained on local text, weights trained briefly)."""
     from orchestrator.models import forge
 
+    if preset not in forge.PRESETS:  # bad input, refused before anything is written
+        fail(f"unknown preset {preset!r}; choose one of {', '.join(sorted(forge.PRESETS))} (see `infergoal model make --help`)")
     with err.status(f"making {preset} model in {out} ..."):
         path = forge.make_model(out, preset=preset, seed=seed)
     console.print(f"model written to {path}")

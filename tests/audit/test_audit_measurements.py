@@ -206,6 +206,6 @@ def test_the_live_view_marks_measurements(monkeypatch):
     view.trial(SimpleNamespace(number=6, proposer="paired", rationale="paired A/B of #5, round 1: baseline", **row))
     view.trial(SimpleNamespace(number=5, proposer="scripted", rationale="step", **row | {"score": 1.9}))
     lines = view.progress.console.file.getvalue().splitlines()
-    assert lines[0].startswith("↳6   kept") and lines[0].endswith("paired of #5")
+    assert lines[0].startswith("↳6   measured") and lines[0].endswith("paired of #5")
     assert lines[1].startswith("#5   kept") and lines[1].endswith("scripted")
     assert view.progress.tasks[0].completed == 1  # the bar counts the trial, not the measurement
