@@ -1,7 +1,7 @@
 """Replay the loop's real proposer and knowledge-base reuse against measured tables, over many seeds.
 
     python benchmarks/kb_replay.py --fix dtype=float32 --fix kv_cache=dynamic --seeds 20 --goal 2.5 \
-        [--model-a-dir DIR] [--json out.json]          (docs/benchmarks.md has the exact commands)
+        [--model-a-dir DIR] [--json out.json]          (docs/results.md has the commands)
 
 What is measured and what is replayed:
 - measured, on the real hfserve server with the real bench (`benchmarks/kb_table.py`): model B's

@@ -70,7 +70,7 @@ noise (the baseline's, measured or assumed: `verdict.baseline_noise`): none. The
 score (the baseline's 1.0 until a candidate beats it) less that noise margin, and a short score under it is
 slower than the default knobs beyond the noise: the keep rule would discard it anyway. The proposer's own
 start-up (`SCREEN_STARTUP`, 4) is for a caller that does not know the noise. On the H200 a run holds 4-5
-search trials, so a start-up of 4 screened nothing (docs/benchmarks.md, "Multi-fidelity screening (replay)")."""
+search trials, so a start-up of 4 screened nothing (docs/results.md."""
 MAX_REPEAT_SHARE = 0.5
 """A short pass whose requests a promising candidate would measure again (the scenarios that cannot be
 continued, `continues`) is not run when they would take more than this share of the full bench's time
@@ -79,7 +79,7 @@ the screen passes pays them on top of its full bench, one it screens out saves t
 half of the candidates screened out (the replays) it pays off only below half. Continued scenarios cost
 nothing extra: their short pass is the first part of the full bench. (It replaces MAX_SHORT_SHARE, a
 rule on the whole short pass's request share from before the full bench continued the short pass,
-which kept the H200 goal from being screened at all: docs/benchmarks.md, "Continued full bench".)"""
+which kept the H200 goal from being screened at all: docs/results.md.)"""
 
 
 STOP_SLACK = 1e-9

@@ -214,7 +214,7 @@ def _pair_logs(ctx: TrialContext, base_vals: dict[str, list[float]], cand_vals: 
 OUTLIER_FACTOR = 1.25
 """A round whose ratio is more than this factor away from the median of the other rounds (and than 3
 robust standard deviations of them) is an outlier. 25%: the spread of honest rounds on a shared
-2-core host was within +-10% (docs/benchmarks.md)."""
+2-core host was within +-10% (docs/results.md)."""
 
 
 def _outlier(logs: list[float]) -> int | None:

@@ -32,7 +32,7 @@ STEPS = [
     {"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 16, "threads": 1}, "rationale": "one thread"},
 ]
 # For the kill -9 test: three candidates slower than the baseline on this CPU (bfloat16 runs slower
-# than float32 here: the demo's manual loop + bf16 was 0.92x, docs/benchmarks.md). None is kept, so
+# than float32 here: the demo's manual loop + bf16 was 0.92x, docs/results.md). None is kept, so
 # no paired A/B of a winner follows the stop (6 more server launches): that test is about the kill
 # and the resume, not the confirmation (tests/test_controller.py and test_loop_end_to_end judge it).
 SLOWER = [

@@ -110,7 +110,7 @@ FUSE_MS = (16, 64)  # --fuse-only's row buckets: D's batch 4 (16) and C's 64
 FUSE_SHAPES = (("norm", "qkv"), ("norm", "gate_up"), ("norm", "lm_head"), ("glu_norm", "gate_up"), ("res", "o"),
                ("res", "down"))
 EPS = 1e-5  # the 7B's rms_norm_eps
-CEILING_GBS = 4270.0  # the H200's measured copy ceiling (docs/benchmarks.md, sol.json)
+CEILING_GBS = 4270.0  # the H200's measured copy ceiling (docs/results.md, sol.json)
 SMEM_BUDGET = 220 * 1024  # of the SM's 227 KB: STAGES x (BLOCK_N + BLOCK_M) x BLOCK_K x 2 bytes of tiles
 BUGS = ("", "skip_k_tile", "attn_short")
 # attention: the served C shape

@@ -13,7 +13,7 @@ server's own parser, examples/hfserve/server.py) to exactly what examples/target
 knob set; a server given the wrong knob set, or a run from another card, is refused (one line, exit 2). ``tree``
 (``before`` / ``this``) must match whether the command ran the tree before the commit under test (``.before/``).
 What the command line cannot show is the code: steps 6 and 9 changed no knob, so which tree served them is the
-manifest's word, from each session's section in docs/benchmarks.md.
+manifest's word, from each run's record.
 
 Per step and scenario the launches' figures are pooled (a scenario's repeats ``X_2``, ``X_3`` are launches too):
 the median and the range. A: TTFT p50, B: TPOT p50 (InferenceBench scores both by p50), C: output tok/s of the

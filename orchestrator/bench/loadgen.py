@@ -399,6 +399,6 @@ def run_scenario_sync(base_url: str, model: str, scenario: Scenario, *, tokenize
                       api: str = "completions", timeout_s: float = 60.0,
                       capabilities: dict[str, Any] | None = None) -> ScenarioResult:
     """Blocking wrapper around :func:`run_scenario` (own stdlib event loop; uvloop was not
-    consistently faster in the client-ceiling runs, see docs/benchmarks.md)."""
+    consistently faster in the client-ceiling runs, see docs/results.md)."""
     return asyncio.run(run_scenario(base_url, model, scenario, tokenizer=tokenizer, api=api,
                                     timeout_s=timeout_s, capabilities=capabilities))

@@ -64,7 +64,7 @@ class ShippedHost(Protocol):
 
 @dataclass
 class SyncStats:
-    """What the last `place` cost: the number the SSH overhead table in docs/benchmarks.md reports."""
+    """What the last `place` cost: the number the SSH overhead table in docs/results.md reports."""
 
     files_sent: int = 0
     bytes_sent: int = 0

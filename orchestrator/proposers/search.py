@@ -78,7 +78,7 @@ def distributions(target: TargetSpec) -> dict[str, optuna.distributions.BaseDist
 
 # A transferred prior steers the search until the run has this many scored trials of its own
 # (times the prior's weight), or until its winner loses here; then the run's own evidence rules.
-# 6, not 12: over five runs of model A replayed on model B (docs/benchmarks.md) a prior that held
+# 6, not 12: over five runs of model A replayed on model B (docs/results.md) a prior that held
 # longer cost more trials at the top goal than it saved, because B's best lay where A's did not.
 PRIOR_HORIZON = 6
 
@@ -164,7 +164,7 @@ class SearchProposer:
         told to TPE). A candidate that would be kept is pruned only when its short bench falls more
         than `margin` below its true score. Percentile bars follow the run's early, mostly poor
         trials and prune less; halving needs several rungs, and one short pass is all a trial's
-        budget allows (docs/benchmarks.md, "Multi-fidelity screening (replay)", has both replayed)."""
+        budget allows (docs/results.md, has both replayed)."""
         bar = self.stop_bar(history, margin, startup)
         if bar is None:
             return None

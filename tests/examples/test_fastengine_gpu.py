@@ -1,7 +1,7 @@
 """GPU-only checks of the fast engine: CUDA-graph decode equals eager decode and tracks prefill.
 
 Opt-in: runs only with INFERGOAL_GPU_TESTS=1 on a machine with CUDA (never in CI). On the H200
-the same checks ran on the 7B model through benchmarks/gpu/check_engine.py (docs/benchmarks.md).
+the same checks ran on the 7B model through benchmarks/gpu/check_engine.py (docs/results.md).
 """
 
 from __future__ import annotations

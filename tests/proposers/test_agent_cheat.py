@@ -33,7 +33,7 @@ def _hfserve_repo(tmp: Path) -> Path:
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])
     text = (PACKAGE_ROOT / "examples" / "targets" / "hfserve.toml").read_text()
     # One torch thread on every server (baseline included): with torch's default of one OpenMP thread
-    # per core, the bench client beside it makes the baseline's speed a lottery (docs/benchmarks.md,
+    # per core, the bench client beside it makes the baseline's speed a lottery (docs/results.md,
     # `--one-thread`; a starved baseline made even a slower candidate look 17x and be kept).
     threads = 'choices = [0, 1, 2]\ndefault = 0'
     assert threads in text
