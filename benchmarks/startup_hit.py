@@ -6,7 +6,7 @@ The real `SearchProposer` on `examples/targets/hfserve_gpu.toml`, per start-up d
 own uniform draws; "cover": the covering design), seeds 0, 1000, 2000, ... Start-up proposals do not
 depend on the scores told back, so the fractions are exact for the start-up trials, not a replay of a
 model: what fraction of runs tried the CUDA-graph engine, with batching on, with a batch of 16 or more
-(the region of the best known setting, docs/results.md.
+(the region of the best known setting, docs/results.md).
 """
 
 from __future__ import annotations

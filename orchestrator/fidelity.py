@@ -70,7 +70,7 @@ noise (the baseline's, measured or assumed: `verdict.baseline_noise`): none. The
 score (the baseline's 1.0 until a candidate beats it) less that noise margin, and a short score under it is
 slower than the default knobs beyond the noise: the keep rule would discard it anyway. The proposer's own
 start-up (`SCREEN_STARTUP`, 4) is for a caller that does not know the noise. On the H200 a run holds 4-5
-search trials, so a start-up of 4 screened nothing (docs/results.md."""
+search trials, so a start-up of 4 screened nothing (docs/results.md)."""
 MAX_REPEAT_SHARE = 0.5
 """A short pass whose requests a promising candidate would measure again (the scenarios that cannot be
 continued, `continues`) is not run when they would take more than this share of the full bench's time

@@ -2,7 +2,7 @@
 
 With torch's default (2 OpenMP threads on a 2-core host, beside the bench client), any other runnable
 task, even at nice 19, makes the server's speed erratic: the naive baseline served 12 and 618 tok/s a
-minute apart where one thread served 768 and 642 (docs/results.md.
+minute apart where one thread served 768 and 642 (docs/results.md).
 """
 
 from pathlib import Path

@@ -85,7 +85,7 @@ def test_run_through_ssh_goes_on_when_connections_drop(tmp_path, sshd, tiny_mode
 def test_real_goal_on_the_example_target_through_ssh(tmp_path, sshd, tiny_model):
     steps = [{"knobs": {"decode_loop": "manual", "batching": "on", "max_batch_size": 8}, "rationale": "batch"}]
     # Scale 1.0: tried at 0.5 (as tests/test_e2e.py), its paired rounds were noisier and more of them
-    # were redone (docs/results.md, so the run was not shorter.
+    # were redone (docs/results.md), so the run was not shorter.
     ws = _ssh_ws(tmp_path, sshd, steps, ["bench.scale=1.0", "bench.baseline_repeats=1"])
     out = start_run(ws, parse_goal("beat the baseline by 20% on throughput without accuracy loss within 2 trials"))
     store = Store(ws.db_url)
