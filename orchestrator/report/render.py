@@ -16,13 +16,18 @@ from orchestrator.audit.trials import (
     measured_trial,
     paired_scores,
     score_text,
+    shown_status,
     split_trials,
 )
 from orchestrator.errors import summarize_failure
 from orchestrator.paired import latest_paired
 from orchestrator.roles import NOT_SEARCH
 
-__all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
+__all__ = ["GLOSSARY", "ReportData", "beat_baseline", "build_report_data", "md_cell", "write_report"]
+
+GLOSSARY = "docs/glossary.md"
+"""Where the words of the reports and of `infergoal why` are defined (paired, keep line, screen, sentinel...),
+relative to the infergoal repository."""
 
 STEPS = ("propose", "deploy", "gates", "bench", "teardown", "record")
 # Time the engine itself needs (launch, gate probes, benchmark, shutdown) is not overhead;
@@ -48,9 +53,19 @@ class ReportData:
     """`5 of 5 trials +6 measurements`: what the budget counted, as every face says it."""
     pareto: dict[str, Any] | None = None
     """A goal trading off two objectives: its Pareto front (`audit.pareto.Front.to_dict`), else None."""
+    beat: bool = False
+    """Whether the best candidate beat the baseline: its paired interval clears 1.0 (`beat_baseline`)."""
+    glossary: str = GLOSSARY
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def beat_baseline(paired: dict[str, Any] | None) -> bool:
+    """Whether a paired A/B outcome shows the candidate faster than the baseline: the low end of its
+    interval above 1.0. A screening score alone (no paired rounds) or an interval that holds 1.0
+    (`1.11x [0.79, 1.49]`) shows nothing beyond the noise, so no report calls it a best candidate."""
+    return bool(paired and paired.get("score") and paired.get("lo") is not None and float(paired["lo"]) > 1.0)
 
 
 def build_report_data(store: Any, run_id: int) -> ReportData:
@@ -71,7 +86,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
     for t in trials:
         changed = {k: v for k, v in t.knobs.items() if base_knobs.get(k) != v}
         rows.append({
-            "number": t.number, "status": t.status, "score": t.score, "proposer": t.proposer,
+            "number": t.number, "status": shown_status(t), "score": t.score, "proposer": t.proposer,
             "objective": t.objective or {}, "knobs": t.knobs, "changed": changed,
             "error": t.error, "timings": t.timings or {}, "launch_cmd": t.launch_cmd, "rationale": t.rationale,
             # a paired round, sentinel or re-run: a measurement of trial `of`, never a trial of its own
@@ -122,7 +137,7 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         step_totals=step_totals, total_s=total, overhead_s=overhead,
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
         paired=paired, budget_line=budget_line(len(split_trials(trials)[0]), goal.budget.trials, len(split_trials(trials)[1])),
-        pareto=front.to_dict() if front else None,
+        pareto=front.to_dict() if front else None, beat=beat_baseline(paired),
     )
 
 
@@ -132,7 +147,7 @@ def _plot(data: ReportData, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
+    colors = {"kept": "tab:green", "measured": "tab:blue", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
               "needs_approval": "tab:orange", "rejected": "tab:brown"}
     fig, ax = plt.subplots(figsize=(8, 4), dpi=110)
     best, xs, ys = 1.0, [], []

@@ -17,7 +17,7 @@ from orchestrator.roles import NOT_SEARCH  # noqa: E402
 
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg", "timeline_svg", "trial_timeline"]
 
-COLORS = {"kept": "tab:green", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
+COLORS = {"kept": "tab:green", "measured": "tab:blue", "discarded": "tab:gray", "failed": "tab:red", "invalid": "tab:purple",
           "needs_approval": "tab:orange", "rejected": "tab:brown"}
 
 

@@ -63,3 +63,59 @@ def test_overhead_uses_session_wall_time_when_recorded():
     d = build_report_data(store, rid)
     assert d.total_s == 80.0
     assert abs(d.overhead_s - (80.0 - engine)) < 1e-9
+
+
+def _paired(store, rid, lo, hi, score):
+    """The best trial's paired A/B outcome (as the controller records it), its score replaced by the ratio."""
+    best = store.get_trial(store.get_run(rid).best_trial_id)
+    objectives = {"decode:tpot_ms_p50": {"ratio": score, "lo": lo, "hi": hi, "verdict": "fail"},
+                  "throughput:output_throughput": {"ratio": score, "lo": lo, "hi": hi, "verdict": "fail"}}
+    store.add_event(rid, "paired", "#2: paired", trial_id=best.id,
+                    data={"score": score, "lo": lo, "hi": hi, "confidence": 0.9, "rounds": 3, "met": False,
+                          "objectives": objectives})
+    store.finish_trial(best.id, "kept", score=score, objective=best.objective, timings=best.timings)
+
+
+def test_a_best_whose_paired_interval_holds_one_is_no_best_candidate(tmp_path: Path):
+    """`1.11x [0.79, 1.49]`: nothing beat the baseline; no "Best candidate", no command to run it."""
+    store = Store("sqlite://")
+    rid = _run(store)
+    _paired(store, rid, 0.79, 1.49, 1.11)
+    md = write_report(store, rid, tmp_path / "md").read_text()
+    assert "Best candidate" not in md and "Run the best candidate" not in md and "--port 802" not in md
+    assert "No candidate beat the baseline: the best, trial #2, measured a paired speedup of 1.11× [0.79, 1.49]" in md
+    from orchestrator.report.html import write_html_report
+
+    html = write_html_report(store, rid, tmp_path / "html").read_text()
+    assert "Run the best candidate" not in html and "No candidate beat the baseline" in html
+
+
+def test_a_best_whose_paired_interval_clears_one_is_the_best_candidate(tmp_path: Path):
+    store = Store("sqlite://")
+    rid = _run(store)
+    _paired(store, rid, 1.2, 1.5, 1.35)
+    md = write_report(store, rid, tmp_path).read_text()
+    assert "Best candidate: trial #2, paired speedup **1.35× [1.20, 1.50]**" in md and "Run the best candidate" in md
+    assert "No candidate beat the baseline" not in md
+
+
+def test_the_markdown_says_which_speedup_is_the_paired_ratio(tmp_path: Path):
+    """2.98x beside tok/s whose own ratio is 2.00x: the first is labelled paired, the second given."""
+    store = Store("sqlite://")
+    rid = _run(store)
+    _paired(store, rid, 2.5, 3.3, 2.98)
+    md = write_report(store, rid, tmp_path).read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| throughput"))
+    assert "| 100.00 | 200.00 |" in row and "2.98× paired [2.50, 3.30]; best / baseline 2.00×" in row
+    assert '"paired" marks a paired A/B ratio' in md
+
+
+def test_reports_link_the_glossary_and_call_the_baseline_measured(tmp_path: Path):
+    store = Store("sqlite://")
+    rid = _run(store)
+    md = write_report(store, rid, tmp_path).read_text()
+    assert "docs/glossary.md" in md
+    assert "| 0 | measured |" in md and "| 2 | kept |" in md  # the baseline was measured; a candidate is kept
+    from orchestrator.report.html import write_html_report
+
+    assert "docs/glossary.md" in write_html_report(store, rid, tmp_path / "h").read_text()
