@@ -9,7 +9,7 @@ a soft limit is raised to the baseline's worst value x (1 + [accuracy.baseline] 
 the hard limits stay absolute). This re-judges the stored metrics of each CAND (its ``honest_fast_bf16`` run) with
 the metrics of the BASE runs as the baseline, through gates.accuracy.judge itself: one line per candidate
 (``--json``: a list). Pass as the baseline the gate of the step a candidate extends, on the same model and card
-(benchmarks/gpu/step14_one.sh gates lp1 and lpnp one after the other for this). Exit 2 with one line when a file
+(the GPU tool's step14 experiment gates lp1 and lpnp one after the other for this). Exit 2 with one line when a file
 is missing or holds no honest server's metrics.
 """
 

@@ -1,10 +1,10 @@
-# The loop's trials through SSH on the machine they run on (issue #23 item 6): sourced by warm_run.sh
-# when HOST=ssh. Starts the carried OpenSSH server (benchmarks/gpu/sshd_bundle.sh builds .sshd/) on a
+# The loop's trials through SSH on the machine they run on: sourced by the GPU tool's time-to-best run
+# with --host ssh (benchmarks/gpu/tool/ttb.py). Starts the carried OpenSSH server (benchmarks/gpu/sshd_bundle.sh builds .sshd/) on a
 # loopback port with its own loader and libraries, and registers it in the workspace as host
 # $SSH_HOST_NAME, so `infergoal goal` there deploys, gates and benches every trial through the SSH
 # host (orchestrator/hosts/ssh.py) instead of the local one.
 #   - The login session has none of this command's environment: the host's `--python` is a wrapper
-#     ($SSH_RUN/python) that sets the environment warm_run.sh runs with (CUDA, HF_HUB_OFFLINE, ...)
+#     ($SSH_RUN/python) that sets the environment the tool runs with (CUDA, HF_HUB_OFFLINE, ...)
 #     and appends the wheels' site dir to the PYTHONPATH the host tooling sets (its shipped code).
 #   - The model: the orchestrator resolves forge:<preset> to its cache folder; the host has that
 #     folder at the same path (same machine), so nothing is sent (`hostd model`), and the workspace's
@@ -24,7 +24,7 @@ sshd_config() {  # sshd_config RUN PORT: the server's config, the test suite's (
 python_wrapper() {  # python_wrapper PY SITE: a Python for SSH sessions, with this shell's environment (not the lease
   # dir: the host's is sshd's SetEnv; not PYTHONPATH: the host tooling sets it to its shipped code, SITE goes after)
   echo '#!/bin/bash'
-  echo "# written by benchmarks/gpu/ssh_host.sh: the environment warm_run.sh ran with, for an SSH session"
+  echo "# written by benchmarks/gpu/ssh_host.sh: the environment the GPU tool ran with, for an SSH session"
   export -p | grep -vE '^declare -x (PWD|OLDPWD|SHLVL|_|PYTHONPATH|INFERGOAL_LEASE_DIR|HOME|USER|LOGNAME|MAIL|SSH_[A-Z_]*)(=|$)'
   [ -n "$2" ] && echo "export PYTHONPATH=\"\${PYTHONPATH:+\$PYTHONPATH:}$2\""
   echo "exec $1 \"\$@\""

@@ -5,7 +5,7 @@
 # so none of the device's own libraries is used (the processes sshd execs, the login shell and
 # what it runs, are the device's own, as they should be). Plus a throwaway host key and user key.
 #   benchmarks/gpu/sshd_bundle.sh [DIR]     # default .sshd/ at the repository root (~10 MB; carry it)
-# benchmarks/gpu/ssh_host.sh starts it (warm_run.sh with HOST=ssh).
+# benchmarks/gpu/ssh_host.sh starts it (the GPU tool's `ttb --host ssh`).
 set -eu
 DIR=${1:-$PWD/.sshd}
 SSHD=${SSHD:-/usr/sbin/sshd}

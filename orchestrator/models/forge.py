@@ -79,7 +79,7 @@ PRESETS: dict[str, Preset] = {
     "7b-peaked": Preset(32000, 4096, 32, 32, 8, 14336, 32768, rope_theta=1_000_000.0, train_steps=250,
                         batch_size=16, seq_len=256, lr=1.5e-3, gpu_dtype="bfloat16"),
     # A smaller GPU shape (~1.6 B parameters: width 2048, MLP 5632, 16 query heads) for the warm
-    # time-to-best run (benchmarks/gpu/warm_run.sh): its run writes the knowledge base the 7B starts
+    # time-to-best run (the GPU tool's ttb-small-2b experiment): its run writes the knowledge base the 7B starts
     # from. Same layers x KV heads x head dim as 7b-peaked, so a batch size found on it transfers to
     # the 7B unscaled (knowledge.reuse.translate scales batch knobs by KV bytes per token); serves
     # hfserve_gpu's 4096-token prompts (32 k positions). Forged on the GPU in well under a minute.

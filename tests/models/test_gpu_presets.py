@@ -1,4 +1,4 @@
-"""The forge's GPU presets as the warm time-to-best run uses them (benchmarks/gpu/warm_run.sh): the
+"""The forge's GPU presets as the warm time-to-best run uses them (the GPU tool's ttb-small-2b and ttb-warm-7b): the
 smaller shape's finding reaches the 7B (similar enough) with its batch size unscaled. No model is built."""
 
 from __future__ import annotations

@@ -1,0 +1,228 @@
+"""Time to best on the GPU: a goal run of the loop in a workspace of its own, then time_to_best.py over its database.
+
+One command on a bare machine (from the repository root): the wheels in, the model forged (not on the clock),
+a workspace ``WS_ROOT/NAME`` made (the target with ``model = "forge:PRESET"``, the goal with the trials and wall
+given, infergoal.toml with the seed, the scenarios, the floors), then ``infergoal goal`` until the command's
+limit less a margin (stopped by SIGINT: the run writes its best kept trial to the knowledge base), and the
+database, the knowledge base and the figures to $OUT. The same command again continues the run: on the same
+(warm) machine from its workspace, on a fresh one from ``--state`` (a folder carried with the tree holding an
+earlier call's $OUT files: NAME.db, NAME.kb.tgz). A finished run is not started again.
+
+``cold``: the run reads no knowledge at all (``kb_seed = false``, an empty kb). ``warm``: the shipped seed's
+findings and the kb of ``--kb-from`` (a folder or a kb.tgz of an earlier run). The clock (time_to_best.py) counts
+only the seconds a session of the run was live, so a run continued on another machine adds its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu.tool.manifest import GPU, ROOT
+from benchmarks.gpu.tool.runner import Ctx, Failed
+
+LOOP_MARGIN_S = 45  # after the loop: the database, the figures, $OUT
+INT_GRACE_S = 25  # SIGINT, then SIGKILL this much later (a run stopped by SIGINT writes its kb finding first)
+
+
+def run_name(p: dict[str, Any]) -> str:
+    """The run's (and its workspace's) name: its parameters, so one command always finds its own run again."""
+    if p["name"]:
+        return p["name"]
+    goal = Path(p["goal"]).stem.removeprefix("goal_").removeprefix("goal")
+    return f"ttb-{p['kind']}-{p['preset']}{'-' + goal if goal else ''}-s{p['seed']}{'-ssh' if p['host'] == 'ssh' else ''}"
+
+
+def run_state(db: Path) -> str:
+    """``none`` (no run in the database), ``open`` (a run to resume) or ``finished``."""
+    if not db.exists():
+        return "none"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("select status from runs").fetchall()
+    except sqlite3.Error:
+        return "none"
+    finally:
+        con.close()
+    if not rows:
+        return "none"
+    return "open" if any(r[0] != "finished" for r in rows) else "finished"
+
+
+def _abs_source(text: str, folder: Path) -> str:
+    """A target's relative ``source`` made absolute (it is relative to the target's own folder)."""
+    return re.sub(r'^source = "([^/"][^"]*)"', lambda mm: f'source = "{(folder / mm.group(1)).resolve()}"', text,
+                  flags=re.M)
+
+
+def workspace(ws: Path, p: dict[str, Any], *, host_line: str = "", extra_toml: str = "") -> None:
+    """The run's target, goal and infergoal.toml in ``ws`` (rewritten each call: the same parameters)."""
+    (ws / ".infergoal").mkdir(parents=True, exist_ok=True)
+    target = ROOT / p["target"]
+    text = re.sub(r"^model = .*$", f'model = "forge:{p["preset"]}"', target.read_text(), count=1, flags=re.M)
+    text = re.sub(r'^name = "(.*)"$', rf'name = "\1-{p["preset"]}"', text, count=1, flags=re.M)
+    (ws / "target.toml").write_text(_abs_source(text, target.parent))
+    goal = (GPU / p["goal"]).read_text()
+    if p["trials"]:
+        goal = re.sub(r"^trials = .*$", f"trials = {p['trials']}", goal, flags=re.M)
+    if p["wall_s"]:
+        goal = re.sub(r"^wall = .*$", f'wall = "{p["wall_s"]}s"', goal, flags=re.M)
+    (ws / "goal.toml").write_text(goal)
+    lines = [host_line, f'target = "{ws / "target.toml"}"', 'proposer = "search"', f"seed = {p['seed']}",
+             'kb = "kb"', f"kb_seed = {'false' if p['kind'] == 'cold' else 'true'}", "[bench]",
+             f"repeats = {p['repeats']}", f"baseline_repeats = {p['repeats']}", "timeout_s = 300",
+             f"screen_fraction = {p['screen_fraction']}"]
+    if p["scenarios"]:
+        lines.append(f'scenarios = "{GPU / p["scenarios"]}"')
+    if p["floors"]:
+        lines.append(f'floors = "{GPU / p["floors"]}"')
+    (ws / "infergoal.toml").write_text("\n".join(x for x in lines if x) + "\n" + extra_toml)
+
+
+def _unpack_kb(src: Path, dst: Path) -> None:
+    shutil.rmtree(dst, ignore_errors=True)
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        with tarfile.open(src) as t:
+            t.extractall(dst.parent, filter="data")  # the archive holds kb/
+
+
+def restore(ctx: Ctx, ws: Path, name: str, state: Path, kb_from: str, kind: str) -> None:
+    """A fresh workspace gets the earlier call's database (``state/NAME.db``) and kb, or for a warm run the kb of
+    ``kb_from``; a workspace with a database is left as it is (the same machine, still warm)."""
+    db = ws / ".infergoal" / "infergoal.db"
+    if db.exists():
+        ctx.log(f"workspace {ws}: its database is here ({run_state(db)} run)")
+        return
+    if (state / f"{name}.db").exists():
+        shutil.copy(state / f"{name}.db", db)
+        ctx.log(f"database restored from {state / (name + '.db')} ({run_state(db)} run)")
+        if (state / f"{name}.kb.tgz").exists():
+            _unpack_kb(state / f"{name}.kb.tgz", ws / "kb")
+        return
+    if kind == "warm":
+        src = Path(kb_from) if kb_from else None
+        if src and not src.is_absolute():
+            src = ROOT / src
+        if src and src.exists():
+            _unpack_kb(src, ws / "kb")
+            ctx.log(f"kb from {src}")
+        else:
+            ctx.log("no kb to start from: the warm run reads the shipped seed's findings only")
+    else:
+        shutil.rmtree(ws / "kb", ignore_errors=True)
+
+
+def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: str = "") -> int:
+    """The time-to-best run (see the module's docstring); its exit status is the loop's."""
+    name = run_name(p)
+    ws = ws_root / name
+    ctx.preflight()
+    model = ctx.model()
+    if not ctx.dry:
+        info = Path(model) / "infergoal_model.json"
+        if info.exists():
+            print(info.read_text()[:400], flush=True)
+    host_line, sshd = "", None
+    if p["host"] == "ssh":
+        host_line = f'host = "{SSH_HOST}"'
+    if p["paired_reserve_s"] and not p["wall_s"]:  # end on its own budget, the paired confirmation inside the limit
+        p = {**p, "wall_s": max(60, ctx.left(LOOP_MARGIN_S + INT_GRACE_S + p["paired_reserve_s"]))}
+    if not ctx.dry:
+        workspace(ws, p, host_line=host_line, extra_toml=extra_toml)
+        restore(ctx, ws, name, state, p["kb_from"], p["kind"])
+    db = ws / ".infergoal" / "infergoal.db"
+    state_now = "none" if ctx.dry else run_state(db)
+    rc = 0
+    try:
+        if p["host"] == "ssh" and not ctx.dry:
+            sshd = ssh_up(ctx, ws, ws_root)
+        if state_now == "finished":
+            ctx.log(f"the run {name} finished: nothing to continue")
+        else:
+            cmd = ["goal", str(ws / "goal.toml"), "--name", name] if state_now == "none" else ["resume"]
+            left = ctx.left(LOOP_MARGIN_S + INT_GRACE_S)
+            if not ctx.dry and left <= 60:
+                raise Failed(f"no time left for the loop ({left}s): give a longer --limit")
+            ctx.log(f"loop in {ws}: infergoal {' '.join(cmd)} for {left}s")
+            rc = ctx.sh([ctx.python, "-m", "orchestrator.cli", *cmd], timeout=left, signal="INT", cwd=ws,
+                        log=ctx.out / "loop.log")
+            ctx.log(f"loop exit {rc}")
+            ctx.tail(ctx.out / "loop.log", 25)
+    finally:
+        if sshd is not None:
+            ssh_down(ctx, sshd, ws_root)
+    ctx.sh([ctx.python, "-m", "orchestrator.cli", "trials"], cwd=ws, log=ctx.out / "trials.txt")
+    ctx.tail(ctx.out / "trials.txt", 30)
+    collect(ctx, ws, name, p["kind"])
+    return rc
+
+
+def collect(ctx: Ctx, ws: Path, name: str, kind: str) -> None:
+    """$OUT: NAME.db (a consistent copy), NAME.kb.tgz, time_to_best.json; in logs/ where each deploy's seconds went
+    and the end of every server log with a traceback."""
+    db = ws / ".infergoal" / "infergoal.db"
+    out_db = ctx.out / f"{name}.db"
+    if ctx.dry:
+        print(f"$ copy {db} -> {out_db}; {ws / 'kb'} -> {ctx.out / (name + '.kb.tgz')}", flush=True)
+    elif db.exists():
+        src, dst = sqlite3.connect(db), sqlite3.connect(out_db)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        if (ws / "kb").is_dir():
+            with tarfile.open(ctx.out / f"{name}.kb.tgz", "w:gz") as t:
+                t.add(ws / "kb", arcname="kb")
+        logs = ctx.out / "logs"
+        logs.mkdir(exist_ok=True)
+        keys = ("hfserve: startup", "hfserve: engine", "hfserve: captured", "hfserve: loaded", "infergoal: standby")
+        with (logs / "startup.txt").open("w") as st, (logs / "server_errors.txt").open("w") as er:
+            for f in sorted((ws / ".infergoal" / "runs").glob("*/trial-*/server.log")):
+                text = f.read_text(errors="replace")
+                st.writelines(f"{f}:{ln}\n" for ln in text.splitlines() if any(k in ln for k in keys))
+                if "Traceback" in text:
+                    er.write(f"== {f}\n" + "\n".join(text.splitlines()[-40:]) + "\n")
+    if ctx.dry or out_db.exists():
+        ctx.py(str((GPU / "time_to_best.py").relative_to(ROOT)), str(out_db), "--kind", kind,
+               "--out", str(ctx.out / "time_to_best.json"))
+
+
+# -- the loop's trials through SSH on this machine's loopback (benchmarks/gpu/ssh_host.sh: the carried sshd) ---
+SSH_HOST = "gpu-ssh"
+
+
+def ssh_up(ctx: Ctx, ws: Path, ws_root: Path) -> int:
+    """Start the carried OpenSSH server (.sshd/, benchmarks/gpu/sshd_bundle.sh builds it) and register it in the
+    workspace as host SSH_HOST; its pid."""
+    pidfile = ws_root / "sshd.pid"
+    script = ('log() { echo "$*"; }; . benchmarks/gpu/ssh_host.sh; ssh_host_up "$1" || exit 1; '
+              'echo "$SSHD_PID" > "$2"')
+    env = {"ROOT": str(ROOT), "WS_ROOT": str(ws_root), "PY": ctx.python, "OUT": str(ctx.out / "logs"),
+           "WHEELS_SITE": "/tmp/site" if (ROOT / ".whl").is_dir() else "", "SSH_HOST_NAME": SSH_HOST}
+    (ctx.out / "logs").mkdir(parents=True, exist_ok=True)
+    rc = subprocess.run(["bash", "-c", script, "ssh_host", str(ws), str(pidfile)], cwd=ROOT,
+                        env={**os.environ, **ctx.env, **env}).returncode
+    if rc != 0 or not pidfile.exists():
+        raise Failed("the SSH host did not come up (its log above)")
+    return int(pidfile.read_text())
+
+
+def ssh_down(ctx: Ctx, pid: int, ws_root: Path) -> None:
+    """Stop the sshd and its sessions; its log and the leases it held to $OUT/logs."""
+    subprocess.run(["pkill", "-TERM", "-P", str(pid)], check=False)
+    subprocess.run(["kill", str(pid)], check=False)
+    run = ws_root / "sshd-run"
+    if (run / "sshd.log").exists():
+        shutil.copy(run / "sshd.log", ctx.out / "logs" / "sshd.log")
+    if (run / "leases").is_dir():
+        (ctx.out / "logs" / "ssh_leases.txt").write_text("\n".join(sorted(p.name for p in (run / "leases").iterdir())))
+
