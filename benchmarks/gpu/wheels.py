@@ -1,4 +1,4 @@
-"""Download into .whl/ the wheels the GPU machine lacks to run the orchestrator (benchmarks/gpu/*.sh install them).
+"""Download into .whl/ the wheels the GPU machine lacks to run the orchestrator (the GPU tool installs them).
 
     python3 benchmarks/gpu/wheels.py [--dest .whl] [--dry-run]
 
