@@ -29,9 +29,10 @@ def sampler_options(objectives: Sequence[Objective]) -> dict[str, Any]:
     """Extra `TPESampler` options for a multi-objective study (none for one objective).
 
     `multivariate`: the sampler models the knobs jointly. On the replayed hfserve space
-    (benchmarks/pareto_search.py, docs/results.md) independent MOTPE found a worse front than
-    the scalar search on the geometric mean, and multivariate MOTPE a better one: a trade-off
-    between throughput and TPOT runs through knob pairs (batch size only acts with batching on)."""
+    (benchmarks/pareto_search.py, docs/results.md) both MOTPE variants kept a better front than the
+    scalar search on the geometric mean, and multivariate MOTPE measured the better front over all
+    its trials: a trade-off between throughput and TPOT runs through knob pairs (batch size only
+    acts with batching on)."""
     if len(objectives) < 2:
         return {}
     return {"multivariate": True}
