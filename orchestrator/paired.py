@@ -31,7 +31,7 @@ from orchestrator.measure import idle_state, slowdown
 from orchestrator.roles import PAIRED
 from orchestrator.trial import TrialContext, objective_label, run_trial
 
-__all__ = ["PairedOutcome", "describe", "latest_paired", "run_paired"]
+__all__ = ["PairedOutcome", "beat_baseline", "describe", "latest_paired", "run_paired"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,15 @@ def describe(p: dict[str, Any] | PairedOutcome, *, short: bool = False) -> str:
     if short:
         return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}]"
     return f"{d['score']:.2f}x [{d['lo']:.2f}, {d['hi']:.2f}] ({d['confidence']:.0%}, {d['rounds']} paired rounds)"
+
+
+def beat_baseline(p: dict[str, Any] | PairedOutcome | None) -> bool:
+    """Whether a paired outcome shows the candidate faster than the baseline: the low end of its
+    interval above 1.0. An interval that holds 1.0 (`1.11x [0.79, 1.49]`) is within the noise, and
+    no screening score alone (no paired rounds) shows it either: only such a candidate is a "best
+    candidate" in the reports and a knob set "giving" a speedup in the knowledge base."""
+    d = p.to_dict() if isinstance(p, PairedOutcome) else p
+    return bool(d and d.get("score") and d.get("lo") is not None and float(d["lo"]) > 1.0)
 
 
 def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.fidelity import is_stopped
 from orchestrator.roles import MEASUREMENTS, PROBE, RETIRED
 
-__all__ = ["Distilled", "classify_failure", "distill", "importance_method"]
+__all__ = ["Distilled", "classify_failure", "distill", "enough_for_importance", "importance_method"]
 
 _SCORED = ("kept", "discarded")
 _FAILED = ("failed", "invalid", "rejected")
@@ -85,6 +85,14 @@ def _eta2(rows: list[Any], names: list[str], value_of: Any) -> dict[str, float]:
     return out
 
 
+def enough_for_importance(trials: int, varied: int) -> bool:
+    """Whether `trials` scored knob sets (the baseline among them) can rank `varied` knobs: more of
+    them than knobs (n knobs have n + 1 unknowns even in a linear model). One trial that changed 7
+    knobs against the baseline tells nothing about which of the 7 mattered (each gets the same
+    share), so no importance and no top knob is drawn from it; one that changed one knob does."""
+    return trials >= 2 and trials > varied
+
+
 def importance_method() -> str:
     """Which importance the effects carry: Optuna's fANOVA needs scikit-learn, else eta squared."""
     try:
@@ -99,12 +107,10 @@ def _importance(trials: list[Any], metric: str | None) -> dict[str, float]:
 
     Optuna's fANOVA over the run's scored trials when scikit-learn is installed, else eta squared."""
     rows = [t for t in trials if (t.score if metric is None else (t.objective or {}).get(metric)) is not None]
-    if len(rows) < 3:
-        return {}
     # Every knob any row has: a conditional knob (`when`) is absent where inactive, and absent
     # (None) is one more of its values, so it is judged over every row, not only where it exists.
     names = [n for n in sorted({k for t in rows for k in t.knobs}) if len({repr(t.knobs.get(n)) for t in rows}) > 1]
-    if not names:
+    if not names or not enough_for_importance(len(rows), len(names)):
         return {}
 
     def value_of(t: Any) -> float:
@@ -162,8 +168,9 @@ def distill(store: Any, run_id: int) -> Distilled:
                         "objective": {k: round(v, 4) for k, v in (best.objective or {}).items()},
                         "confirmed_by_relaunch": "GoalMet" in (run.stop_reason or "")}
     # A short pass stopped early scored "at most" its bound: not a measurement to learn effects from.
+    # Sentinels re-measure the baseline's knob set: measurements, not more trials of it.
     scored = [t for t in trials if t.status in _SCORED and t.score is not None and set(t.knobs) == set(base.knobs)
-              and not is_stopped(t)]
+              and not is_stopped(t) and t.proposer not in MEASUREMENTS]
     metrics = sorted({m for t in scored for m in (t.objective or {})})
     base_obj = dict(base.objective or {})
     importance = {m: _importance(scored, m) for m in [None, *metrics]}

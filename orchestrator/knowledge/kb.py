@@ -25,6 +25,7 @@ from orchestrator.knowledge.fingerprint import (
 )
 from orchestrator.knowledge.slo import write_slo_finding
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
+from orchestrator.paired import beat_baseline
 from orchestrator.roles import PAIRED
 
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
@@ -150,6 +151,9 @@ class KnowledgeBase:
         if paired and paired.get("score"):  # the paired A/B ratio and its interval, when the run measured one
             evidence_extra["paired"] = {"ratio": round(paired["score"], 4), "lo": round(paired["lo"], 4),
                                         "hi": round(paired["hi"], 4), "rounds": paired["rounds"], "goal_met": paired["met"]}
+        if d.winner and paired and paired.get("score") and not beat_baseline(paired):
+            # Its paired interval holds 1.0: no knob set beat the baseline, and none is written as "giving" a speedup.
+            d.winner = None
         if d.winner and paired and paired.get("met"):  # confirmed by its paired rounds before the run was stopped
             d.winner["confirmed_by_relaunch"] = True
         if interrupted and d.winner and not d.winner["confirmed_by_relaunch"]:

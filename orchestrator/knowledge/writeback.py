@@ -124,8 +124,8 @@ def write_effects(write_dir: Path, d: Distilled, applies_to: dict[str, Any], key
 
     One entry per setting; a later run that finds the same most important knob raises its status,
     one that finds another lowers it."""
-    if not d.effects:
-        return None
+    if not d.effects or not any(e["importance"] for e in d.effects):
+        return None  # too few trials for the knobs they varied (`distill.enough_for_importance`): no ranking, no top knob
     engine = applies_to["engine"]
     fid = f"finding-{engine}-knob-effects-{digest(*key)}"
     path = write_dir / "findings" / f"{fid}.md"

@@ -109,12 +109,15 @@ def _importance(store: Any, run_id: int) -> tuple[dict[str, float], str]:
     import optuna
 
     from orchestrator.audit.study import build_study
+    from orchestrator.knowledge.distill import enough_for_importance
 
     try:
         study = build_study(store, run_id)
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        if len(done) < 2:
-            return {}, "fewer than two scored trials"
+        varied = [k for k in sorted({k for t in done for k in t.params}) if len({repr(t.params.get(k)) for t in done}) > 1]
+        if not enough_for_importance(len(done), len(varied)):
+            return {}, (f"{len(done)} scored trial{'s' if len(done) != 1 else ''} for {len(varied)} knob"
+                        f"{'s' if len(varied) != 1 else ''} varied: a ranking needs more trials than knobs")
         return dict(optuna.importance.get_param_importances(study)), ""
     except (ValueError, RuntimeError, LookupError) as e:  # one value per knob, or no variation: nothing to rank
         return {}, str(e)

@@ -20,10 +20,10 @@ from orchestrator.audit.trials import (
     split_trials,
 )
 from orchestrator.errors import summarize_failure
-from orchestrator.paired import latest_paired
+from orchestrator.paired import beat_baseline, latest_paired
 from orchestrator.roles import NOT_SEARCH
 
-__all__ = ["GLOSSARY", "ReportData", "beat_baseline", "build_report_data", "md_cell", "write_report"]
+__all__ = ["GLOSSARY", "ReportData", "build_report_data", "md_cell", "write_report"]
 
 GLOSSARY = "docs/glossary.md"
 """Where the words of the reports and of `infergoal why` are defined (paired, keep line, screen, sentinel...),
@@ -54,18 +54,11 @@ class ReportData:
     pareto: dict[str, Any] | None = None
     """A goal trading off two objectives: its Pareto front (`audit.pareto.Front.to_dict`), else None."""
     beat: bool = False
-    """Whether the best candidate beat the baseline: its paired interval clears 1.0 (`beat_baseline`)."""
+    """Whether the best candidate beat the baseline: its paired interval clears 1.0 (`paired.beat_baseline`)."""
     glossary: str = GLOSSARY
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def beat_baseline(paired: dict[str, Any] | None) -> bool:
-    """Whether a paired A/B outcome shows the candidate faster than the baseline: the low end of its
-    interval above 1.0. A screening score alone (no paired rounds) or an interval that holds 1.0
-    (`1.11x [0.79, 1.49]`) shows nothing beyond the noise, so no report calls it a best candidate."""
-    return bool(paired and paired.get("score") and paired.get("lo") is not None and float(paired["lo"]) > 1.0)
 
 
 def build_report_data(store: Any, run_id: int) -> ReportData:

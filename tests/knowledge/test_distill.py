@@ -145,3 +145,43 @@ def test_paired_and_sentinel_measurements_are_not_failures_or_observations_of_th
     assert {f["trial"]: f["kind"] for f in d.failures} == {5: "oom", 6: "startup", 7: "gate", 12: "startup"}
     assert sorted(o["score"] for o in d.observations) == sorted([2.0, 0.8, 3.5, 0.7, 0.0, 0.0, 0.0, 2.6])
     assert all(o["knobs"] != BASE for o in d.observations)
+
+
+def test_one_trial_that_changed_every_knob_ranks_no_knob_and_names_no_top_knob(tmp_path):
+    """Which of the 4 moved the score, one trial cannot tell: no importance, no knob-effects finding."""
+    store = Store("sqlite://")
+    every = {"batching": "on", "max_batch_size": 16, "dtype": "bfloat16", "threads": 1}
+    rid = make_run(store, [(every, "kept", 1.4, _tps(1.4), None)], best=1)
+    d = distill(store, rid)
+    assert d.effects and all(not e["importance"] for e in d.effects)
+    KnowledgeBase([tmp_path], write_dir=tmp_path).write_back(store, rid, engine="hfserve", model="forge:tiny",
+                                                             hardware=HW, workload="throughput@1")
+    assert not list((tmp_path / "findings").glob("*knob-effects*"))
+
+
+def test_importance_needs_more_trials_than_knobs_varied():
+    few = Store("sqlite://")  # 2 trials (3 knob sets with the baseline) over 4 knobs: not enough
+    rid = make_run(few, [({"batching": "on", "max_batch_size": 16, "dtype": "bfloat16"}, "kept", 1.4, _tps(1.4), None),
+                         ({"threads": 1, "max_batch_size": 4}, "discarded", 0.9, _tps(0.9), None)], best=1)
+    assert all(not e["importance"] for e in distill(few, rid).effects)
+    store, rid = _store_with_run()  # 5 scored trials over 3 knobs: ranked
+    assert distill(store, rid).effects[0]["importance"]["score"] > 0
+
+
+def _paired(store, rid, lo, hi, score):
+    best = store.get_trial(store.get_run(rid).best_trial_id)
+    store.add_event(rid, "paired", "#1: paired", trial_id=best.id,
+                    data={"score": score, "lo": lo, "hi": hi, "confidence": 0.9, "rounds": 3, "met": False})
+
+
+def test_a_winner_whose_paired_interval_holds_one_writes_no_knobs_giving_finding(tmp_path):
+    """`1.11x [0.79, 1.49]`: nothing beat the baseline, so no "knobs giving 1.11x" entry; [1.2, 1.5] writes one."""
+    for lo, hi, written in ((0.79, 1.49, False), (1.2, 1.5, True)):
+        store = Store("sqlite://")
+        rid = make_run(store, [({"batching": "on"}, "kept", 1.11, _tps(1.11), None)], best=1, stop="BudgetExhausted: 2 trials")
+        _paired(store, rid, lo, hi, (lo + hi) / 2)
+        kb_dir = tmp_path / str(lo)
+        path = KnowledgeBase([kb_dir], write_dir=kb_dir).write_back(store, rid, engine="hfserve", model="forge:tiny",
+                                                                    hardware=HW, workload="throughput@1")
+        giving = [p for p in (kb_dir / "findings").glob("*.md") if "knobs giving" in p.read_text()]
+        assert (path is not None) == written and bool(giving) == written, (lo, hi)
