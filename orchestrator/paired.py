@@ -12,6 +12,10 @@ under *that* tenant (on 2 cores, an OpenMP server beside one other runnable task
 erratically). Such a half is redone; before a redone round the host gets `trust.settle_s` to calm
 down; when it never does, the confirmation says the host is too busy to measure, and claims nothing.
 
+Both halves of a round ask the same prompts, a draw no earlier launch, trial or round asked
+(`Scenario.prompt_seed`); the next round (a redone one too) draws another: a server that keeps what
+it answered across launches has nothing to replay.
+
 Each half is a trial row (proposer `paired`) with its own measurements and host state, so the
 evidence is auditable; the outcome is a `paired` event on the candidate's trial.
 """
@@ -26,6 +30,7 @@ from typing import Any
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from gates.thresholds import section
+from orchestrator.bench.prompts import fresh_seed
 from orchestrator.candidate import Candidate
 from orchestrator.measure import idle_state, slowdown
 from orchestrator.roles import PAIRED
@@ -106,10 +111,12 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
         half_ctx, next_ctx = next_ctx, ctx
         ctx.on_step(f"paired round {rnd + 1}")
         halves = []
+        drawn = fresh_seed()  # one fresh set of prompts for both halves (a fair A/B); the next round gets another
         for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
             c = Candidate(dict(knobs), commit=commit, rationale=f"paired A/B of #{n}, round {rnd + 1}: {role}", proposer=PAIRED)
             row = create(c)
-            res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref)
+            res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref,
+                            prompts=drawn)
             halves.append((row, res))
             if res.error:
                 break

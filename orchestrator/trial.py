@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.bench.counts import count_violation
 from orchestrator.bench.passes import join
+from orchestrator.bench.prompts import derived_seed, fresh_seed
 from orchestrator.bench.rate import RatePolicy
 from orchestrator.bench.slo import slo_measure
 from orchestrator.candidate import Candidate
@@ -113,13 +114,16 @@ def run_trial(
     host_ref: dict[str, Any] | None = None,
     gates: bool = True,
     screen: Any = None,
+    prompts: int | None = None,
 ) -> TrialResult:
     """Deploy `candidate`, gate it, bench it, tear it down. Raises only `GateTampered`.
 
     `host_ref`: the host's state during the reference baseline; a measurement taken while other
     tenants used clearly more of the host is redone. `gates=False` skips integrity/accuracy (a
     paired re-measurement of a candidate already gated; the lock is still verified). `screen`: an
-    `orchestrator.fidelity.Screen`, a short bench first that may end the trial there."""
+    `orchestrator.fidelity.Screen`, a short bench first that may end the trial there. `prompts`: the draw of
+    prompts its measurements ask (`Scenario.prompt_seed`; the two halves of a paired round are handed one),
+    None: a fresh one (`_Bench.prompt_seed` says how each measurement's follows from it)."""
     result = TrialResult()
     t_start = time.perf_counter()
     trial_dir = ctx.run_dir / f"trial-{trial.number}"
@@ -172,7 +176,8 @@ def run_trial(
                     return True
             return False
 
-        bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump())
+        bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump(),
+                       draw=fresh_seed() if prompts is None else prompts)
         err, full = None, None
         if screen is None:
             if gated_out():
@@ -338,8 +343,8 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
         if pool:
             pools.append((scenario.concurrency, pool))
     pools.sort(key=lambda p: -p[0])  # the batched path first: that is where a server can differ
-    # Drawn with a secret seed: the bench's prompts are fixed per scenario, so a fixed choice would
-    # tell a server which prompts to answer honestly.
+    # Drawn with a secret seed: a fixed choice (the first requests, say) would tell a server which
+    # prompts to answer honestly.
     rng = random.SystemRandom()
     picked: list[dict[str, Any]] = []
     for i, (_, pool) in enumerate(pools):
@@ -381,9 +386,19 @@ class _Bench:
     caps: dict[str, Any] | None = None
     outputs: list[tuple[Any, list[Any]]] = field(default_factory=list)
     """(scenario, measured requests) of every measurement used: what the bench audit samples."""
+    draw: int = 0
+    """This trial's draw of prompts: every measurement's `Scenario.prompt_seed` follows from it (`prompt_seed`)."""
     firsts: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
     """Goal scenario -> (result, host window) of its short pass's first requests (`Scenario.part`), which
     the full bench continues (`orchestrator.bench.passes`)."""
+
+    def prompt_seed(self, rep: int, attempt: int) -> int:
+        """The prompts of measurement `rep`'s `attempt` (0 = first): the trial's draw for the first attempt of
+        the first, one derived from it otherwise. Every measurement asks prompts no earlier one asked (each
+        scenario has its own `seed` too), and two trials handed one draw ask alike, redone attempts included."""
+        if rep == 0 and attempt == 0:
+            return self.draw
+        return derived_seed(self.draw, rep) if attempt == 0 else derived_seed(self.draw, rep, attempt)
 
     def screen(self, screen: Any, result: TrialResult) -> str | None:
         """The short pass of `screen`; an error, or None. Screened out: `result` holds the short pass."""
@@ -444,7 +459,14 @@ class _Bench:
                 slo = goal_name == SLO_SCENARIO and ctx.goal.slo is not None
                 near = reached_rate(store, ctx.run_id, self.trial, name) if slo else None
 
-                def once(scenario: Any = scenario, label: str = label, slo: bool = slo, near: float | None = near) -> Any:
+                tries: list[int] = []
+
+                def once(scenario: Any = scenario, label: str = label, slo: bool = slo, near: float | None = near,
+                         tries: list[int] = tries, rep: int = rep, first: Any = first) -> Any:
+                    # A fresh draw per attempt; a continuation asks the rest of its short pass's draw.
+                    drawn = first[0].scenario.prompt_seed if first is not None else self.prompt_seed(rep, len(tries))
+                    tries.append(drawn)
+                    scenario = scenario.model_copy(update={"prompt_seed": drawn})
                     if slo:  # the rate search, every step a bench; near the rate this knob set already reached
                         return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate, near=near,
                                            on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
@@ -466,7 +488,9 @@ class _Bench:
                                     f"{win.get('foreign_load', float('nan')):.2f}/CPU, steal {win['steal']:.0%}, "
                                     f"client {win['client_cpu']:.0%}",
                                     data={"scenario": name, "repeat": rep, "attempts": attempts, "window": win,
-                                          "untrusted": untrusted, **({"part": list(scenario.part)} if scenario.part else {})},
+                                          "untrusted": untrusted, **({"part": list(scenario.part)} if scenario.part else {}),
+                                          "prompts": {"seed": scenario.seed, "prompt_seed": res.scenario.prompt_seed,
+                                                      **({"redone_with": tries[:-1]} if len(tries) > 1 else {})}},
                                     trial_id=self.trial.id)
                 if first is not None and not untrusted and (res is None or res.metrics.get("failed", 0) == 0):
                     # One measurement of the whole scenario: the short pass's requests and these, over both
@@ -476,7 +500,7 @@ class _Bench:
                                labels=(f"short pass (requests 1-{lo}, before the gates)",
                                        f"continued (requests {lo + 1}-{scenario.part[1]}, after the gates)")[:1 if res is None else 2],
                                capabilities=self.caps)
-                    scenario = ctx.scenarios[goal_name]
+                    scenario = res.scenario  # the whole scenario, with the draw its passes asked
                 (self.trial_dir / f"bench-{name}-{rep}.json").write_text(res.to_json())
                 if res.meta.get("slo_error"):  # no rate met the SLO: nothing to score, the trial does not count
                     store.add_measurements(self.trial.id, name, res.metrics, repeat=rep)
@@ -500,7 +524,7 @@ class _Bench:
                 if scenario.part is not None and scenario.part[0] == 0:
                     self.firsts[goal_name] = (res, win)  # the full bench may continue it; audited with it then
                 else:
-                    self.outputs.append((scenario, res.requests))
+                    self.outputs.append((res.scenario, res.requests))  # with its draw: the audit asks its prompts
                 result.host.append(win)
                 result.metrics[goal_name] = dict(res.metrics)
                 stopped = stopped or bool(res.metrics.get("stopped_early"))

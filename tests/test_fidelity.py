@@ -179,6 +179,7 @@ class FakeSite:
         lo, hi = scenario.part or (0, scenario.num_requests)
         self.host.benched.append((scenario.name, scenario.measured_requests, scenario.warmup_requests, tpot))
         self.host.parts.append((self.host.trial_no, scenario.name, scenario.seed, (lo, hi)))
+        self.host.draws.append((self.host.trial_no, scenario.name, scenario.prompt_seed, (lo, hi)))
         # One record per request, each of `tpot` ms a token: the metrics are computed as the bench's.
         recs, t = [], 10**12
         for i in range(lo, hi):
@@ -202,6 +203,7 @@ class FakeHost:
     def __init__(self, short_tpot=None):
         self.argv, self.benched, self.short_tpot = [], [], dict(short_tpot or {})
         self.parts, self.trial_no = [], None  # (trial, scenario, seed, requests [lo, hi)) of every bench
+        self.draws = []  # (trial, scenario, prompt_seed, requests [lo, hi)) of every bench
 
     def site(self):
         return FakeSite(self)
@@ -276,6 +278,15 @@ def test_the_search_screens_bad_candidates_on_a_short_bench_and_measures_the_res
         m = {x.metric: x.value for x in store.measurements(t.id) if x.scenario == "decode" and x.repeat == 0}
         assert (m["completed"], m["short_pass_requests"], m["continued_requests"]) == (16, 4, 12)
         assert m["tpot_ms_count"] == 16
+    # Each measurement asks a draw of prompts of its own; a continuation the rest of its short pass's draw.
+    for t in full:
+        drawn = [(sd, part) for n, _, sd, part in host.draws if n == t.number]
+        assert drawn[0][0] == drawn[1][0] is not None and drawn[1][1][0] == 4
+    paired = [t.number for t in trials if t.proposer == "paired"]  # both halves of a round: one draw
+    starts = [sd for n, name, sd, (lo, hi) in host.draws if lo == 0 and n not in paired[1::2]]  # each measurement's first pass
+    assert paired and None not in starts and len(set(starts)) == len(starts)
+    for a, b in zip(paired[::2], paired[1::2], strict=True):
+        assert [sd for n, _, sd, _ in host.draws if n == a] == [sd for n, _, sd, _ in host.draws if n == b]
     base = sorted((lo, hi, sd) for n, name, sd, (lo, hi) in host.parts if n == 0)
     assert base and all(p == (0, 16, seed) for p in base)  # what a single full bench sends: the same requests
     # Baselines, sentinels and paired rounds are measured at full fidelity only, with their warm-up.

@@ -171,8 +171,10 @@ def _paired_with_ratios(tmp_path, monkeypatch, ratios):
     run = store.create_run("r", goal.text, goal.model_dump(), goal.digest, {}, {}, "local", "search")
     cand_row = store.create_trial(run.id, 1, commit="", knobs={"n": 2}, rationale="", proposer="search")
     it = iter(ratios)
+    drawn: list[tuple[str, int]] = []
 
     def fake_run_trial(ctx, row, c, **kw):
+        drawn.append((c.rationale, kw["prompts"]))
         value = 100.0 if c.rationale.endswith("baseline") else 100.0 * next(it)
         return TrialResult(samples={label: [value]})
 
@@ -185,6 +187,10 @@ def _paired_with_ratios(tmp_path, monkeypatch, ratios):
         return store.create_trial(run.id, next(numbers), commit="", knobs=c.knobs, rationale=c.rationale, proposer="paired")
 
     out = paired.run_paired(ctx, cand_row, Candidate({"n": 2}), {"n": 1}, create)
+    # Both halves of a round ask one draw of prompts, and every round (a redone one too) another.
+    halves = list(zip(drawn[::2], drawn[1::2], strict=True))
+    assert all(a[0].endswith("baseline") and b[0].endswith("candidate") and a[1] == b[1] for a, b in halves)
+    assert len({a[1] for a, _ in halves}) == len(halves) >= 3
     return out, store, run.id
 
 

@@ -47,14 +47,17 @@ def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
                     trial_id=t1.id)
     store.add_event(run.id, "measure.host", "m", trial_id=t1.id, data={
         "scenario": "throughput", "repeat": 0, "attempts": 2, "untrusted": [],
-        "window": {"load1": 3.1, "foreign_load": 0.4, "steal": 0.0, "client_cpu": 0.2}})
+        "window": {"load1": 3.1, "foreign_load": 0.4, "steal": 0.0, "client_cpu": 0.2},
+        "prompts": {"seed": 3, "prompt_seed": 2718281828, "redone_with": [314159]}})
     store.set_run_status(run.id, "finished", "GoalMet: #1 meets every objective")
 
     r = runner.invoke(app, ["-w", str(tmp_path), "show", "1"])
     assert r.exit_code == 0, r.output
     assert "why: #1 kept: score 4.310x cleared 1.030x" in r.output
     assert "paired A/B: 4.31x [4.12, 4.50] (90%, 3 paired rounds), goal met" in r.output
-    assert "load 3.10" in r.output and "2 attempts" in r.output
+    assert "load 3.10" in r.output and "2 attempts" in r.output and "prompts drawn 2718281828" in r.output
+    r = runner.invoke(app, ["-w", str(tmp_path), "why", "1"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "throughput #0 draw 2718281828 (redone from 314159)" in r.output, r.output
     d = json.loads(runner.invoke(app, ["-w", str(tmp_path), "show", "1", "--json"]).output)
     assert d["paired"]["lo"] == 4.12 and d["why"].startswith("#1 kept") and d["host"][0]["attempts"] == 2
     r = runner.invoke(app, ["-w", str(tmp_path), "status"], env={"COLUMNS": "200"})

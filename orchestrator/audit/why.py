@@ -184,6 +184,19 @@ def _keep_line(store: Any, run: Any, trial: Any, trials: list[Any], events: list
             "needed_gain": needed, "threshold": best_score * (1 + needed)}
 
 
+def _prompt_draws(events: list[Any], trial: Any) -> str:
+    """`decode #0 draw 123; throughput #0 draw 456`: the prompt draw (`Scenario.prompt_seed`) each of the
+    trial's measurements asked, from its `measure.host` events ('' for a trial measured before they were kept)."""
+    said = []
+    for e in events:
+        d = e.data if isinstance(e.data, dict) else {}
+        p = d.get("prompts") if e.kind == "measure.host" and e.trial_id == trial.id else None
+        if isinstance(p, dict) and p.get("prompt_seed") is not None:
+            redone = f" (redone from {', '.join(map(str, p['redone_with']))})" if p.get("redone_with") else ""
+            said.append(f"{d.get('scenario')} #{d.get('repeat')} draw {p['prompt_seed']}{redone}")
+    return "; ".join(said)
+
+
 def _while_measured(loss: dict[str, Any], trial: Any) -> bool:
     """Whether the host lease was lost (and not yet taken again) while `trial` ran."""
     if trial.started_at is None or (trial.finished_at is not None and loss["at"] > trial.finished_at):
@@ -224,6 +237,9 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     paired = _paired(trial, events)
     if paired is not None:
         evidence["paired"] = paired
+    drawn = _prompt_draws(events, trial)
+    if drawn:  # which prompts its measurements asked: a draw of their own each (orchestrator.bench.prompts)
+        evidence["prompts"] = drawn
     during = [x for x in lease_losses(events) if _while_measured(x, trial)]
     if during:  # its numbers may come from a shared host
         evidence["host_lease"] = "; ".join(lease_words(x) for x in during)

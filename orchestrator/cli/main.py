@@ -281,7 +281,9 @@ def show(
         w = h["window"]
         console.print(f"  host during {h['scenario']} #{h['repeat']}: load {w['load1']:.2f}, others' runnable "
                       f"{w.get('foreign_load', float('nan')):.2f}/CPU, steal {w['steal']:.0%}, client CPU {w['client_cpu']:.0%}"
-                      + (f", {h['attempts']} attempts" if h["attempts"] > 1 else ""), highlight=False)
+                      + (f", {h['attempts']} attempts" if h["attempts"] > 1 else "")
+                      + (f", prompts drawn {h['prompts']['prompt_seed']}" if (h.get("prompts") or {}).get("prompt_seed") is not None else ""),
+                      highlight=False)
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)
