@@ -23,11 +23,6 @@ SCANNED = ("README.md", "CHANGELOG.md", "docs", "orchestrator", "gates", "tests"
            "benchmarks", "examples", "Makefile", ".ci")
 TEXT_SUFFIXES = {".md", ".py", ".toml", ".json", ".jsonl", ".txt", ".sh", ".j2", ".yaml", ".yml", ".cfg", ".ini",
                  ".log", ".timeline", ".template", ".html", ".csv", ""}
-# One-experiment GPU shell scripts that one GPU tool replaces; each is listed by name, so a new file is
-# never exempt. Remove a name when its script is gone.
-EXEMPT: set[str] = {f"benchmarks/gpu/{n}" for n in (
-    'ab_served.sh', 'kv_capacity.sh', 'served_c_diag.sh', 'ssh_host.sh', 'step10_run.sh', 'step10c_run.sh', 'step11_run.sh', 'step11c_run.sh', 'step12_one.sh', 'step12_run.sh', 'step12_show.sh', 'step14_one.sh', 'step8_run.sh', 'step9_run.sh', 'step9b_run.sh', 'warm_run.sh')}
-
 _ORDINAL = (r"first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
             r"fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|twenty-\w+|thirtieth|"
             r"\d+(?:st|nd|rd|th)")
@@ -70,7 +65,7 @@ def hits(root: Path) -> list[str]:
     found: list[str] = []
     for f in scanned_files(root):
         rel = f.relative_to(root).as_posix()
-        if rel in EXEMPT or rel == "tests/test_repository_words.py":
+        if rel == "tests/test_repository_words.py":
             continue
         try:
             text = f.read_text(encoding="utf-8")
