@@ -72,12 +72,12 @@ def test_gate_files_and_accuracy_data_are_refused(box, path):
 
 
 @pytest.mark.parametrize("command", [
-    "echo x > /tmp/infergoal-agent-escape.txt", "cp fakeserver.py ../stolen.py", "cat ~/.bashrc",
-    "echo x > $HOME/x",
+    "echo x > {outside}", "cp fakeserver.py ../stolen.py", "cat ~/.bashrc", "echo x > $HOME/x",
 ])
-def test_commands_writing_outside_are_refused(box, command):
-    assert "refused" in _err(box, "run_command", command=command)
-    assert not os.path.exists("/tmp/infergoal-agent-escape.txt")
+def test_commands_writing_outside_are_refused(box, command, tmp_path):
+    outside = tmp_path / "escape.txt"  # this test's own, beside the worktree: no file an earlier run left counts
+    assert "refused" in _err(box, "run_command", command=command.format(outside=outside))
+    assert not outside.exists() and not (tmp_path / "stolen.py").exists()
 
 
 def test_a_command_that_edits_the_gates_is_undone(box):
