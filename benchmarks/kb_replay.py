@@ -180,9 +180,9 @@ def probe_winner(score: Any, target: Any, store: Store, run_id: int, limit: int)
     """After a source run: its winner's one-knob neighbours (the product's `neighbours`, at most
     `limit`), recorded as the controller's `probe` trials: never kept, kept out of the search's
     observations by the write-back, and used by the next model's search to rank swaps. Returns how many."""
-    from orchestrator.candidate import knob_key
+    from orchestrator.core.candidate import knob_key
+    from orchestrator.core.roles import PROBE
     from orchestrator.proposers.search import neighbours
-    from orchestrator.roles import PROBE
     from orchestrator.targets import load_target
 
     trials = store.list_trials(run_id)

@@ -39,9 +39,9 @@ def _target(tmp: Path, model: str) -> Path:
 
 
 def run_once(tmp: Path, label: str, model: str, seed: int, kb_dir: Path, scale: float, budget: int) -> dict[str, Any]:
-    from orchestrator.goal import parse_goal
+    from orchestrator.config.goal import parse_goal
+    from orchestrator.config.workspace import Workspace
     from orchestrator.runs import open_store, start_run
-    from orchestrator.workspace import Workspace
 
     root = tmp / label
     root.mkdir(parents=True)

@@ -5,7 +5,7 @@
 Per seed, two runs of the loop's real decisions on one measured table (`benchmarks/data/`,
 `kb_replay.Table`: a knob set's value is its best quiet block over the median quiet baseline block):
 - full: every candidate measured in full (the table value), as `benchmarks/kb_replay.py` replays it;
-- screened: the product's mechanism (`orchestrator.fidelity`, `bench.screen_fraction`): each
+- screened: the product's mechanism (`orchestrator.trial.fidelity`, `bench.screen_fraction`): each
   candidate first gets a short bench; the real `SearchProposer.should_stop_early` (Optuna's
   ThresholdPruner: the best kept score less `fidelity.margin` of the baseline's noise as the
   table measured it, `baseline_noise`) decides, on the stored history; screened out, it is stored `discarded`
@@ -60,7 +60,9 @@ from kb_replay import DATA, MIN_GAIN, MODELS, Table, load_rows  # noqa: E402
 from kb_table import behaviour_key, grid_target, quiet_blocks  # noqa: E402
 
 from orchestrator.bench.scenarios import builtin_scenarios  # noqa: E402
-from orchestrator.fidelity import (  # noqa: E402
+from orchestrator.proposers.search import SCREEN_STARTUP, SearchProposer  # noqa: E402
+from orchestrator.store import Store  # noqa: E402
+from orchestrator.trial.fidelity import (  # noqa: E402
     KNOWN_NOISE_STARTUP,
     SCREENED,
     STOP_SLACK,
@@ -68,8 +70,6 @@ from orchestrator.fidelity import (  # noqa: E402
     margin,
     short_scenario,
 )
-from orchestrator.proposers.search import SCREEN_STARTUP, SearchProposer  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
 
 TABLES = {"small": "B", "mid": "C", "wide": "D"}
 
@@ -86,7 +86,7 @@ class PercentileScreen(SearchProposer):
         self.keep = keep
 
     def should_stop_early(self, history: Any, value: float, margin: float, startup: int | None = None) -> str | None:
-        from orchestrator.fidelity import is_screened
+        from orchestrator.trial.fidelity import is_screened
 
         n_startup = SCREEN_STARTUP if startup is None else startup
         study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=self.seed),

@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 from burners import Burners  # noqa: E402
 from hfserve_target import one_thread_target  # noqa: E402
 
-from orchestrator.goal import parse_goal  # noqa: E402
-from orchestrator.paired import latest_paired  # noqa: E402
-from orchestrator.roles import PAIRED, SENTINEL  # noqa: E402
+from orchestrator.config.goal import parse_goal  # noqa: E402
+from orchestrator.config.workspace import Workspace  # noqa: E402
+from orchestrator.core.roles import PAIRED, SENTINEL  # noqa: E402
 from orchestrator.runs import start_run  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
-from orchestrator.trial import objective_label  # noqa: E402
-from orchestrator.workspace import Workspace  # noqa: E402
+from orchestrator.trial.paired import latest_paired  # noqa: E402
+from orchestrator.trial.run import objective_label  # noqa: E402
 
 DEMO_GOAL = "improve throughput by 2.5x without accuracy loss within 12 trials"
 

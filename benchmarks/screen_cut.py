@@ -40,16 +40,16 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.bench.saturation import SaturationPolicy  # noqa: E402
 from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402
-from orchestrator.candidate import Candidate  # noqa: E402
-from orchestrator.controller import Controller  # noqa: E402
-from orchestrator.fidelity import is_screened  # noqa: E402
-from orchestrator.goal import load_goal  # noqa: E402
+from orchestrator.config.goal import load_goal  # noqa: E402
+from orchestrator.core.candidate import Candidate  # noqa: E402
 from orchestrator.hosts.local import LocalHost  # noqa: E402
-from orchestrator.measure import TrustPolicy  # noqa: E402
+from orchestrator.hosts.measure import TrustPolicy  # noqa: E402
+from orchestrator.loop.controller import Controller  # noqa: E402
 from orchestrator.proposers import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
-from orchestrator.trial import TrialContext  # noqa: E402
+from orchestrator.trial.fidelity import is_screened  # noqa: E402
+from orchestrator.trial.run import TrialContext  # noqa: E402
 
 SERVER_DIR = ROOT / "tests" / "bench"
 PROFILES = {

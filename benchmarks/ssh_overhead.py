@@ -26,11 +26,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from fake_target import write_fake_target  # noqa: E402
 from sshd_server import Sshd  # noqa: E402
 
-from orchestrator.goal import parse_goal  # noqa: E402
+from orchestrator.config.goal import parse_goal  # noqa: E402
+from orchestrator.config.workspace import Workspace  # noqa: E402
 from orchestrator.hosts.registry import HostRegistry  # noqa: E402
 from orchestrator.runs import start_run  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
-from orchestrator.workspace import Workspace  # noqa: E402
 
 STEPS = ("sync", "deploy", "gates", "bench", "teardown", "trial")
 

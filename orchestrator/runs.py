@@ -20,12 +20,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from gates.plausible import record_of
 from orchestrator.audit.study import StudyError, save_study
 from orchestrator.bench.rate import RatePolicy
-from orchestrator.controller import Controller
-from orchestrator.errors import one_line
-from orchestrator.exitcodes import classify_stop
-from orchestrator.goal import GoalError, GoalSpec
+from orchestrator.config.goal import GoalError, GoalSpec
+from orchestrator.config.workspace import Config, ConfigError, Workspace
+from orchestrator.core.errors import one_line
+from orchestrator.core.exitcodes import classify_stop
+from orchestrator.core.tomlfile import validation_message
 from orchestrator.hosts import LocalHost, get_hosts
-from orchestrator.lease import (
+from orchestrator.hosts.lease import (
     HostLeases,
     Lease,
     LeaseHeld,
@@ -34,14 +35,13 @@ from orchestrator.lease import (
     refuse_if_live,
     run_identity,
 )
-from orchestrator.measure import TrustPolicy
-from orchestrator.pool import HostPool, PoolController
+from orchestrator.hosts.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
+from orchestrator.loop.pool import HostPool, PoolController
 from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
-from orchestrator.tomlfile import validation_message
-from orchestrator.trial import TrialContext
-from orchestrator.workspace import Config, ConfigError, Workspace
+from orchestrator.trial.run import TrialContext
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
 
@@ -53,7 +53,7 @@ class RunOutcome:
 
     @property
     def outcome(self) -> str:
-        """goal_met | stopped | failed | gates_tampered (see orchestrator.exitcodes)."""
+        """goal_met | stopped | failed | gates_tampered (see orchestrator.core.exitcodes)."""
         return classify_stop(self.stop_reason)
 
 

@@ -7,7 +7,7 @@ minute apart where one thread served 768 and 642 (docs/results.md).
 
 from pathlib import Path
 
-from orchestrator.workspace import PACKAGE_ROOT
+from orchestrator.config.workspace import PACKAGE_ROOT
 
 
 def one_thread_target(d: Path) -> Path:

@@ -60,7 +60,7 @@ def test_empty_workspace_commands(tmp_path):
 
 
 def _seed_run(tmp_path):
-    from orchestrator.goal import parse_goal
+    from orchestrator.config.goal import parse_goal
 
     store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
     g = parse_goal("beat the baseline by 20% on TPOT without accuracy loss")

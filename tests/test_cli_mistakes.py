@@ -15,11 +15,11 @@ import git
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.exitcodes import EXIT_CODES
-from orchestrator.goal import parse_goal
-from orchestrator.shell import Shell
+from orchestrator.cli.shell import Shell
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
+from orchestrator.core.exitcodes import EXIT_CODES
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

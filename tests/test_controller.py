@@ -16,10 +16,10 @@ from fake_target import write_fake_target
 
 import gates.lock
 from gates.lock import GateTampered
-from orchestrator.goal import load_goal, parse_goal
+from orchestrator.config.goal import load_goal, parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # launches (fake) servers
 

@@ -11,10 +11,10 @@ import subprocess
 import pytest
 from fake_target import write_fake_target
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import resume_run, start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # launches (fake) servers
 

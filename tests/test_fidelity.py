@@ -1,4 +1,4 @@
-"""Multi-fidelity screening (orchestrator/fidelity.py): the pruning decision, who is never screened,
+"""Multi-fidelity screening (orchestrator/trial/fidelity.py): the pruning decision, who is never screened,
 and the product path (Controller -> run_trial's bench step -> SearchProposer) on a fake bench.
 
 Fast: no server is launched; the fake host starts nothing and the fake site's bench answers from
@@ -18,17 +18,24 @@ from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
-from orchestrator.controller import Controller
-from orchestrator.fidelity import MAX_REPEAT_SHARE, SCREENED, is_screened, margin, screen_for, short_scenario
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.roles import BASELINE, PAIRED, PROBE, RETRY, SENTINEL
 from orchestrator.hosts.base import Proc
-from orchestrator.measure import TrustPolicy
+from orchestrator.hosts.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
 from orchestrator.proposers import ScriptedProposer, SearchProposer
 from orchestrator.proposers.search import SCREEN_STARTUP
-from orchestrator.roles import BASELINE, PAIRED, PROBE, RETRY, SENTINEL
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.trial import TrialContext
+from orchestrator.trial.fidelity import (
+    MAX_REPEAT_SHARE,
+    SCREENED,
+    is_screened,
+    margin,
+    screen_for,
+    short_scenario,
+)
+from orchestrator.trial.run import TrialContext
 
 
 def _t(number, score, status="discarded", error=None, proposer="search"):
@@ -332,7 +339,7 @@ def test_the_gates_run_only_for_candidates_the_screen_passes(tmp_path, monkeypat
     """A screened-out candidate is never kept, so it is not gated (13-28 s a trial on the H200); one the
     screen passes is gated before its full bench, so a fast cheat still ends invalid, and the baseline,
     never screened, is gated first as before."""
-    import orchestrator.trial as trial_mod
+    import orchestrator.trial.run as trial_mod
 
     gated = []
 

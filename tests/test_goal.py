@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.goal import METRICS, GoalError, load_goal, parse_goal
+from orchestrator.config.goal import METRICS, GoalError, load_goal, parse_goal
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "goals"
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.goal import GoalError, Objective, SloGoal, SloLimit, load_goal, parse_goal
-from orchestrator.verdict import no_target
+from orchestrator.config.goal import GoalError, Objective, SloGoal, SloLimit, load_goal, parse_goal
+from orchestrator.trial.verdict import no_target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "goals"
 

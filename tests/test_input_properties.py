@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.goal import GoalError, GoalSpec, load_goal, parse_goal
+from orchestrator.config.goal import GoalError, GoalSpec, load_goal, parse_goal
+from orchestrator.config.workspace import Config, ConfigError, Workspace
 from orchestrator.store import Store
 from orchestrator.targets import TargetError, TargetSpec, load_target
-from orchestrator.workspace import Config, ConfigError, Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = settings(max_examples=int(os.environ.get("HYP_N", 60)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -1,4 +1,4 @@
-"""A SIGINT is never lost while a run is driven (`orchestrator.interrupts`).
+"""A SIGINT is never lost while a run is driven (`orchestrator.core.interrupts`).
 
 Python swallows an exception raised inside an at-fork callback (logging registers one that runs in
 the parent after every `subprocess.Popen`): a SIGINT that lands there is printed as "Exception
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import interrupts
+from orchestrator.core import interrupts
 from orchestrator.hosts.local import LocalHost
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # then waits for a server that never becomes healthy, with the real LocalHost.wait_healthy.
 CHILD = textwrap.dedent("""
     import os, signal, sys, time
-    from orchestrator import interrupts
+    from orchestrator.core import interrupts
     from orchestrator.hosts.local import LocalHost
 
     def swallowing():  # SIGINT arrives inside an at-fork callback, where exceptions are ignored
@@ -91,7 +91,7 @@ def test_the_health_wait_raises_a_swallowed_interrupt_at_once(tmp_path):
 
 TERM_CHILD = textwrap.dedent("""
     import sys, time
-    from orchestrator import interrupts
+    from orchestrator.core import interrupts
 
     with interrupts.installed():
         try:

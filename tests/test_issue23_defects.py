@@ -13,16 +13,16 @@ import pytest
 from gates.accuracy import judge
 from gates.result import GateResult
 from gates.thresholds import load_thresholds
-from orchestrator.candidate import Candidate
 from orchestrator.cli.live import _Progress, resume_progress
-from orchestrator.controller import Controller
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.candidate import Candidate
 from orchestrator.hosts import state
-from orchestrator.measure import TrustPolicy, state_change
-from orchestrator.paired import PairedOutcome
+from orchestrator.hosts.measure import TrustPolicy, state_change
+from orchestrator.loop.controller import Controller
 from orchestrator.store import Store
-from orchestrator.trial import _run_gates, accuracy_reference
-from orchestrator.verdict import ASSUMED_NOISE, baseline_noise, why_data, why_of, why_record
+from orchestrator.trial.paired import PairedOutcome
+from orchestrator.trial.run import _run_gates, accuracy_reference
+from orchestrator.trial.verdict import ASSUMED_NOISE, baseline_noise, why_data, why_of, why_record
 
 CFG = load_thresholds()["accuracy"]
 GOAL = parse_goal("beat the baseline by 20% on TPOT without accuracy loss within 20 trials")
@@ -227,7 +227,7 @@ def test_defect4_a_winner_confirmed_at_the_stop_keeps_what_its_screen_said(tmp_p
     c._record_why(t1, "kept", 1.4, None, c._baseline(), screen_met=False)  # what _settle recorded
     outcome = PairedOutcome(trial=1, rounds=3, score=2.4, lo=2.2, hi=2.6, confidence=0.9, met=True, why="met",
                             pair_trials=[[2, 3], [4, 5], [6, 7]])
-    monkeypatch.setattr("orchestrator.controller.run_paired", lambda *a, **kw: outcome)
+    monkeypatch.setattr("orchestrator.loop.controller.run_paired", lambda *a, **kw: outcome)
     c._confirm_paired(store.get_trial(t1.id), Candidate({"n": 1}))
     sentence = why_of(store, run_id, t1.id)
     assert "performance fail" in sentence and "paired A/B: 2.40x" in sentence

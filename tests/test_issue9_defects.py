@@ -17,10 +17,10 @@ from fake_target import write_fake_target
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.errors import last_meaningful_line, summarize_failure
-from orchestrator.exitcodes import EXIT_CODES
-from orchestrator.goal import parse_goal
-from orchestrator.lease import Lease, LeaseHeld, display_status, is_live
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.errors import last_meaningful_line, summarize_failure
+from orchestrator.core.exitcodes import EXIT_CODES
+from orchestrator.hosts.lease import Lease, LeaseHeld, display_status, is_live
 from orchestrator.report import write_report
 from orchestrator.store import Store
 

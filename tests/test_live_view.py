@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrator.cli import live
 from orchestrator.cli.common import err
-from orchestrator.exitcodes import EXIT_CODES
+from orchestrator.core.exitcodes import EXIT_CODES
 
 
 def _row(number, proposer, status, *, score=None, error=None, rationale=""):

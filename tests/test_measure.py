@@ -15,13 +15,13 @@ from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from orchestrator.bench import builtin_scenarios
 from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.saturation import saturation_reasons
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.hosts import LocalHost
+from orchestrator.hosts.measure import TrustPolicy, busier_reason, idle_state, scale_refusal, state_change
 from orchestrator.hosts.state import RunQueueSampler, window
-from orchestrator.measure import TrustPolicy, busier_reason, idle_state, scale_refusal, state_change
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 POLICY = TrustPolicy()
 
@@ -48,7 +48,7 @@ def test_paired_ratio_straddling_the_goal_asks_for_more_rounds_then_fails():
 def test_a_round_far_from_the_others_is_an_outlier_either_way():
     from math import log
 
-    from orchestrator.paired import _outlier
+    from orchestrator.trial.paired import _outlier
     # The mirror test's run: one candidate half stalled (1.37x among rounds of 2.2-2.4x).
     assert _outlier([log(x) for x in (1.37, 2.34, 2.43)]) == 0
     assert _outlier([log(x) for x in (2.34, 3.40, 2.43, 2.20)]) == 1  # a stalled baseline half: too good
@@ -161,9 +161,9 @@ def test_a_run_at_a_scale_too_small_is_refused_before_any_server_starts(tmp_path
 # --- paired rounds on the product path: an outlier that comes back is the servers' spread -----
 def _paired_with_ratios(tmp_path, monkeypatch, ratios):
     """`run_paired` with `run_trial` replaced: round i's candidate measures ratios[i] x the baseline's 100."""
-    from orchestrator import paired
-    from orchestrator.candidate import Candidate
-    from orchestrator.trial import TrialContext, TrialResult
+    from orchestrator.core.candidate import Candidate
+    from orchestrator.trial import paired
+    from orchestrator.trial.run import TrialContext, TrialResult
 
     goal = parse_goal("improve throughput by 2x")
     label = f"{goal.objectives[0].scenario}:{goal.objectives[0].key}"

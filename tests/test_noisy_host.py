@@ -19,11 +19,11 @@ from burners import Burners
 from fake_target import write_fake_target
 from hfserve_target import one_thread_target
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.hosts import site
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 # ~2.5 min for the two hfserve runs and the fake one on a quiet 2-core machine (more beside other jobs).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

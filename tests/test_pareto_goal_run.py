@@ -9,11 +9,11 @@ from typer.testing import CliRunner
 
 from orchestrator.audit.pareto import run_front
 from orchestrator.cli import app
-from orchestrator.goal import parse_goal
-from orchestrator.roles import LOOP_ADDED
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
+from orchestrator.core.roles import LOOP_ADDED
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # launches (fake) servers
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.report import write_report
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,19 +14,19 @@ from fake_target import FAKE_SERVER_DIR, write_fake_target
 
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import Scenario
-from orchestrator.candidate import Candidate
-from orchestrator.controller import Controller
-from orchestrator.fidelity import is_screened, is_stopped, out_of_reach
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.candidate import Candidate
+from orchestrator.core.roles import PROBE
 from orchestrator.hosts.local import LocalHost
+from orchestrator.hosts.measure import TrustPolicy
 from orchestrator.hosts.site import LocalSite
 from orchestrator.knowledge.distill import distill
-from orchestrator.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
 from orchestrator.proposers import SearchProposer
-from orchestrator.roles import PROBE
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.trial import TrialContext
+from orchestrator.trial.fidelity import is_screened, is_stopped, out_of_reach
+from orchestrator.trial.run import TrialContext
 
 BASE, SLOW, FAST = 4.0, 40.0, 3.8  # ms a token: the baseline's, a candidate 10x slower, one a little faster
 SCENARIOS = {
@@ -283,8 +283,8 @@ def test_caps_are_the_speed_of_light_gates_own_edge_and_order_the_short_pass(tmp
     """`verdict.speedup_caps` is where `gates.plausible.check` starts failing: at the cap's value it passes, a
     hair past it fails. The order follows: the loosest cap first; without caps, the goal's order."""
     from gates import plausible
-    from orchestrator import verdict
-    from orchestrator.fidelity import short_order
+    from orchestrator.trial import verdict
+    from orchestrator.trial.fidelity import short_order
 
     store = Store("sqlite://")
     run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "steps")
@@ -313,7 +313,7 @@ def test_caps_are_the_speed_of_light_gates_own_edge_and_order_the_short_pass(tmp
 
 def test_a_statistic_without_a_proven_bound_never_gets_a_rule():
     """p99 TPOT measured last: no rule (its lower bound is not among those proven); p50 in its place: a rule."""
-    from orchestrator.fidelity import Screen
+    from orchestrator.trial.fidelity import Screen
 
     for stat, ruled in (("p99", False), ("p50", True), ("mean", True)):
         goal = parse_goal(f"improve throughput by 3x and beat the baseline by 75% on {stat} TPOT")

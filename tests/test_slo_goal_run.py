@@ -6,11 +6,11 @@ import json
 import pytest
 from fake_target import FAKE_SERVER_DIR
 
-from orchestrator.goal import parse_goal
-from orchestrator.roles import LOOP_ADDED
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
+from orchestrator.core.roles import LOOP_ADDED
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # launches (fake) servers; each trial is a rate search (~5-15 s)
 

@@ -14,15 +14,15 @@ from fake_target import write_fake_target
 from typer.testing import CliRunner
 
 from gates.plausible import model_numbers
-from orchestrator import verdict
 from orchestrator.bench.scenarios import Scenario
 from orchestrator.cli import app
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import ConfigError, Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.trial import TrialResult
-from orchestrator.verdict import Baseline
-from orchestrator.workspace import ConfigError, Workspace
+from orchestrator.trial import verdict
+from orchestrator.trial.run import TrialResult
+from orchestrator.trial.verdict import Baseline
 
 pytestmark = pytest.mark.slow  # launches (fake) servers
 

@@ -6,9 +6,9 @@ from typer.testing import CliRunner
 
 from gates.result import GateResult
 from orchestrator.cli import app
-from orchestrator.paired import PairedOutcome, describe
 from orchestrator.store import Store
-from orchestrator.verdict import why_data
+from orchestrator.trial.paired import PairedOutcome, describe
+from orchestrator.trial.verdict import why_data
 
 runner = CliRunner()
 PAIRED = PairedOutcome(trial=1, rounds=3, score=4.31, lo=4.12, hi=4.50, confidence=0.9, met=True,

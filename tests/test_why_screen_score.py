@@ -3,13 +3,13 @@ against #N; the paired ratio is told as paired (the trial's own score becomes th
 
 from types import SimpleNamespace
 
-from orchestrator.candidate import Candidate
-from orchestrator.controller import Controller
-from orchestrator.goal import parse_goal
-from orchestrator.measure import TrustPolicy
-from orchestrator.paired import PairedOutcome
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.candidate import Candidate
+from orchestrator.hosts.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
 from orchestrator.store import Store
-from orchestrator.verdict import why_record
+from orchestrator.trial.paired import PairedOutcome
+from orchestrator.trial.verdict import why_record
 
 GOAL = parse_goal("beat the baseline by 20% on TPOT within 20 trials")
 
@@ -29,7 +29,7 @@ def test_the_why_after_a_paired_ab_keeps_the_screening_score_against_its_baselin
     c._record_why(t1, "kept", 4.05, None, c._baseline(), screen_met=True)
     outcome = PairedOutcome(trial=1, rounds=3, score=6.629, lo=6.2, hi=7.0, confidence=0.9, met=True, why="met",
                             pair_trials=[[2, 3], [4, 5], [6, 7]])
-    monkeypatch.setattr("orchestrator.controller.run_paired", lambda *a, **kw: outcome)
+    monkeypatch.setattr("orchestrator.loop.controller.run_paired", lambda *a, **kw: outcome)
     c._confirm_paired(t1, Candidate({"n": 1}))
     rec = why_record(store, run.id, t1.id)
     assert store.get_trial(t1.id).score == 6.629  # the trial's number is the paired one

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.workspace import ConfigError, Workspace
+from orchestrator.config.workspace import ConfigError, Workspace
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "infergoal.toml"
 

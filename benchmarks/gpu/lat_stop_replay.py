@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from gates import plausible  # noqa: E402
-from orchestrator import verdict  # noqa: E402
 from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402
-from orchestrator.fidelity import Screen, is_screened, short_order, short_scenario, throughput_floor  # noqa: E402
-from orchestrator.goal import GoalSpec  # noqa: E402
+from orchestrator.config.goal import GoalSpec  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
-from orchestrator.trial import objective_label  # noqa: E402
+from orchestrator.trial import verdict  # noqa: E402
+from orchestrator.trial.fidelity import Screen, is_screened, short_order, short_scenario, throughput_floor  # noqa: E402
+from orchestrator.trial.run import objective_label  # noqa: E402
 
 
 def decode_stop_s(rule, ttft_ms: float, tpot_ms: float, n: int, tokens: int) -> float | None:
@@ -68,9 +68,9 @@ def bar_of(message: str, t, trials, margin: float) -> float | None:
     what the search's `stop_bar` gives on the trials before it (the product's bar, `fidelity.screen_for`)."""
     import re
 
-    from orchestrator.fidelity import KNOWN_NOISE_STARTUP
+    from orchestrator.core.roles import NOT_SEARCH
     from orchestrator.proposers.search import SearchProposer
-    from orchestrator.roles import NOT_SEARCH
+    from orchestrator.trial.fidelity import KNOWN_NOISE_STARTUP
 
     if m := re.search(r"a bar of ([0-9.]+)x", message):
         return float(m.group(1))

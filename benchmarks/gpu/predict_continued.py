@@ -4,7 +4,7 @@
         --scenarios benchmarks/gpu/scenarios.toml [--json out.json]
 
 Reads a run database whose search trials had a short pass (`screen` events) and their per-step
-timings, and replays each trial's time under the continued full bench (`orchestrator.fidelity`,
+timings, and replays each trial's time under the continued full bench (`orchestrator.trial.fidelity`,
 `orchestrator.bench.passes`), on the same proposals (a screened-out trial would have told TPE its
 short score instead: later proposals may differ, which this does not model):
 - screened out (its short score under the bar: the best kept score so far x (1 - the screen's
@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402
-from orchestrator.fidelity import continues, short_scenario  # noqa: E402
+from orchestrator.trial.fidelity import continues, short_scenario  # noqa: E402
 
 
 def predict(db: Path, scenarios: dict[str, Any]) -> dict[str, Any]:

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from orchestrator.core.roles import NOT_SEARCH  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402
-from orchestrator.roles import NOT_SEARCH  # noqa: E402
 
 __all__ = ["analyse", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
 

@@ -17,7 +17,7 @@ from orchestrator.agent.errors import ToolError
 from orchestrator.agent.render import history_rows, render
 from orchestrator.agent.sandbox import EngineWorktree, truncate
 from orchestrator.agent.schema import call_checked, tool_schema
-from orchestrator.frontmatter import read_frontmatter
+from orchestrator.core.frontmatter import read_frontmatter
 
 __all__ = ["FinishRequest", "Skill", "Toolbox", "TrialRequest", "load_skills"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.paired import describe
-from orchestrator.verdict import noise_words
+from orchestrator.trial.paired import describe
+from orchestrator.trial.verdict import noise_words
 
 __all__ = ["why_facts"]
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.roles import NOT_SEARCH, REMEASURES
+from orchestrator.core.roles import NOT_SEARCH, REMEASURES
 
 __all__ = ["LineageStep", "lineage", "parent_of"]
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.audit.trials import is_measurement
-from orchestrator.goal import GoalSpec, Objective
-from orchestrator.roles import PROBE
-from orchestrator.trial import objective_label
+from orchestrator.config.goal import GoalSpec, Objective
+from orchestrator.core.roles import PROBE
+from orchestrator.trial.run import objective_label
 
 __all__ = ["Front", "front_of", "measured", "non_dominated", "run_front"]
 

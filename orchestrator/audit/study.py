@@ -20,7 +20,7 @@ import optuna
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from orchestrator.roles import MEASUREMENTS
+from orchestrator.core.roles import MEASUREMENTS
 
 __all__ = ["OPTUNA_SCHEMA", "StudyError", "save_study", "study_name", "study_storage_url"]
 

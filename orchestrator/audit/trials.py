@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.roles import BASELINE, BASELINES, LOOP_ADDED, MEASUREMENTS, PAIRED
+from orchestrator.core.roles import BASELINE, BASELINES, LOOP_ADDED, MEASUREMENTS, PAIRED
 
 __all__ = ["MEASURED", "budget_line", "is_measurement", "knob_text", "measured_trial", "measurement_note", "paired_scores",
            "score_text", "shown_status", "split_trials"]

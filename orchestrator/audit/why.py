@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.audit.actions import HUMAN_ACTIONS
 from orchestrator.audit.leases import lease_losses, lease_words
 from orchestrator.audit.trials import budget_line, split_trials
-from orchestrator.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
+from orchestrator.core.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
 __all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "recorded_noise", "trial_cost"]
 
@@ -93,8 +93,8 @@ def baseline_noise(store: Any, run: Any, number: int = 0) -> tuple[float, dict[s
     Only for a database without the controller's `trial.why` records (`recorded_noise` is the
     noise the controller used); with them, only the samples are shown.
     """
-    from orchestrator.goal import GoalSpec
-    from orchestrator.trial import objective_label
+    from orchestrator.config.goal import GoalSpec
+    from orchestrator.trial.run import objective_label
 
     t0 = store.get_trial_by_number(run.id, number)
     if t0 is None:
@@ -309,7 +309,7 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
 
 def explain_run(store: Any, run_id: int) -> dict[str, Any]:
     """Why the run stopped, against its budget: trials used, trial time spent, best so far."""
-    from orchestrator.goal import GoalSpec
+    from orchestrator.config.goal import GoalSpec
 
     run = store.get_run(run_id)
     if run is None:

@@ -86,7 +86,7 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 def slo_from_args(args: argparse.Namespace) -> int:
     """The SLO rate search: one line per step, then the rate; 0 when some rate met the SLO."""
-    from orchestrator.goal import GoalError, parse_goal
+    from orchestrator.config.goal import GoalError, parse_goal
 
     from .slo import slo_measure
 

@@ -1,6 +1,6 @@
 """Bounds on a scenario's final metrics while its requests still run: what a screen's early stop is proven with.
 
-A scenario stopped early (`Scenario.stop`, `orchestrator.fidelity`) is stopped only once the speedups
+A scenario stopped early (`Scenario.stop`, `orchestrator.trial.fidelity`) is stopped only once the speedups
 its metrics can still reach, multiplied, are under the rule's `below`: then no way the rest of its
 requests can go lifts the candidate's short score to the screen's bar. Each bound here holds for
 the metric `compute_metrics` would compute at the end, in the only outcome a screen judges: every

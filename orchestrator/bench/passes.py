@@ -1,6 +1,6 @@
 """One scenario measured in several passes, joined into the result a single run would have given.
 
-Multi-fidelity screening (`orchestrator.fidelity`) measures a scenario's first requests in a short
+Multi-fidelity screening (`orchestrator.trial.fidelity`) measures a scenario's first requests in a short
 pass, judges the candidate, and only for a promising one measures the rest (`Scenario.part`: the
 same seeded prompts and arrival schedule, continuing where the short pass stopped, no second
 warm-up). `join` puts the passes back together: the whole scenario's records in index order, the

@@ -23,7 +23,7 @@ steps): the answer is the highest rate a confirmation-length step passed. A rate
 them confirmed scores 0 (`RateSearch.confirmed` False), as a broken SLO does.
 
 SGLang's tuner and GuideLLM's sweep search the rate the same way; SLO goals
-(`orchestrator.goal.SloGoal`) are scored on this rate, or on the goodput at it, for the baseline
+(`orchestrator.config.goal.SloGoal`) are scored on this rate, or on the goodput at it, for the baseline
 and every candidate alike.
 """
 

@@ -55,7 +55,7 @@ class Scenario(BaseModel):
     warmup_requests: int = 2
     seed: int = 0
     prompt_seed: int | None = None
-    """This measurement's own draw of prompts (`orchestrator.trial` gives each measurement a fresh one, both
+    """This measurement's own draw of prompts (`orchestrator.trial.run` gives each measurement a fresh one, both
     halves of a paired round the same): with `seed` it seeds every prompt (the shared prefix, each request,
     the warm-up, a trace's blocks), so no server has seen them before. None: `seed` alone, the same prompts
     every time (`python -m orchestrator.bench` without `--prompt-seed`). The arrival schedule is `seed`'s."""
@@ -73,10 +73,10 @@ class Scenario(BaseModel):
     part: tuple[int, int] | None = None
     """Measure only requests [lo, hi) of the `num_requests` (their prompts and arrival schedule as in the
     whole scenario): one pass of a bench measured in several, joined by `orchestrator.bench.passes`
-    (multi-fidelity screening's short pass and its continuation, `orchestrator.fidelity`). None: all."""
+    (multi-fidelity screening's short pass and its continuation, `orchestrator.trial.fidelity`). None: all."""
     stop: StopRule | None = None
     """Stop the measured requests as soon as this scenario can no longer score what the rule asks (a screen's
-    early stop, `orchestrator.fidelity`: the candidate is screened out whatever the rest would measure): the
+    early stop, `orchestrator.trial.fidelity`: the candidate is screened out whatever the rest would measure): the
     speedups its metrics can still reach, bounded while the requests run (`orchestrator.bench.bounds`),
     multiplied, under `StopRule.below` (`loadgen.run_scenario`). None: run to the end."""
 
@@ -112,7 +112,7 @@ class Scenario(BaseModel):
 
 
 def builtin_scenarios(scale: float = 1.0) -> dict[str, Scenario]:
-    """Scenarios A–C (a trial's score is the geometric mean of its speedups, `orchestrator.verdict.score`).
+    """Scenarios A–C (a trial's score is the geometric mean of its speedups, `orchestrator.trial.verdict.score`).
 
     Sized at scale 1.0 for a tiny CPU model serving ~150 tok/s single-stream: each takes
     roughly 5–15 s against the naive (unbatched) reference server.

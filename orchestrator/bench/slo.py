@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.goal import SloGoal
+from orchestrator.config.goal import SloGoal
 
 from .rate import RatePolicy, RateSearch, at_rate, find_rate
 from .results import ScenarioResult

@@ -75,7 +75,7 @@ def why(
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
     from orchestrator.audit.facts import why_facts
     from orchestrator.audit.why import explain_run, explain_trial
-    from orchestrator.paired import describe, latest_paired
+    from orchestrator.trial.paired import describe, latest_paired
 
     number = trial_number(trial)
     _, store, rid = _open(run)
@@ -212,7 +212,7 @@ def log(
 @audit_app.command()
 def shell(ctx: typer.Context) -> None:
     """Interactive prompt with history and completion: /goal, /status, /trials, /show N, /why N, /steer, /approve N, /reject N, /stop, /kb."""
-    from orchestrator.shell import Shell
+    from orchestrator.cli.shell import Shell
     from orchestrator.store import StoreError
 
     try:

@@ -34,7 +34,7 @@ STATE = _State()
 def get_workspace(*, create: bool = False) -> Any:
     """The workspace the global options name; a bad config, or (unless `create`: `goal` makes one)
     a folder that does not exist, ends the command (bad input)."""
-    from orchestrator.workspace import ConfigError, Workspace
+    from orchestrator.config.workspace import ConfigError, Workspace
 
     if not create and not STATE.workspace.is_dir():
         fail(f"workspace {STATE.workspace} does not exist; make one with `infergoal init {STATE.workspace}`, "

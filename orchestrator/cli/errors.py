@@ -2,7 +2,7 @@
 
 `GuardedGroup` is the typer group class of the `infergoal` app: every exception a command
 raises ends here and becomes `error: what; what to do next` plus its exit code
-(orchestrator/exitcodes.py). Only `--debug` lets a traceback through.
+(orchestrator/core/exitcodes.py). Only `--debug` lets a traceback through.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from orchestrator.exitcodes import EXIT_CODES
+from orchestrator.core.exitcodes import EXIT_CODES
 
 __all__ = ["ERRORS", "GuardedGroup", "emit", "fail", "fail_from", "pipe_closed"]
 
@@ -67,13 +67,13 @@ def pipe_closed() -> NoReturn:
 def fail_from(e: BaseException) -> NoReturn:
     """Map an exception to its user-facing line and exit code."""
     from gates.lock import GateTampered
-    from orchestrator.errors import one_line
-    from orchestrator.goal import GoalError
+    from orchestrator.config.goal import GoalError
+    from orchestrator.config.workspace import ConfigError
+    from orchestrator.core.errors import one_line
     from orchestrator.hosts import HostError
-    from orchestrator.lease import LeaseHeld
+    from orchestrator.hosts.lease import LeaseHeld
     from orchestrator.store import StoreError
     from orchestrator.targets import TargetError
-    from orchestrator.workspace import ConfigError
 
     if isinstance(e, LeaseHeld):
         fail(str(e), "busy")

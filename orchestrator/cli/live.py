@@ -2,7 +2,7 @@
 
 `infergoal goal` and `infergoal resume` hand their run to `drive`, which shows a bar over the
 trials and a line per trial on stderr, and to `finish`, which prints how it ended and exits with
-the outcome's code (orchestrator/exitcodes.py).
+the outcome's code (orchestrator/core/exitcodes.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class _Progress:
         self.progress.update(self.task, step=name)
 
     def trial(self, t: Any) -> None:
-        from orchestrator.roles import LOOP_ADDED
+        from orchestrator.core.roles import LOOP_ADDED
 
         status = shown_status(t)
         before = self.shown.get(t.number)
@@ -92,7 +92,7 @@ class _Progress:
         said = status if before is None or before == status else f"{status} (was {before})"
         line = f"{label} [{colour}]{said:<14}[/] {score:>8}  {obj}  [dim]{who}[/]"
         if t.error:
-            from orchestrator.errors import summarize_failure
+            from orchestrator.core.errors import summarize_failure
 
             line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
         self.progress.console.print(line, highlight=False)
@@ -103,8 +103,8 @@ def resume_progress(store: Any, run_id: int | None) -> tuple[int | None, int]:
 
     A resumed run keeps its goal's budget (`6/20`, not `6/?`); interrupted trials are not done yet:
     they count when their re-run ends. (None, 0) when there is no such run: resume says so."""
-    from orchestrator.goal import GoalSpec
-    from orchestrator.roles import LOOP_ADDED
+    from orchestrator.config.goal import GoalSpec
+    from orchestrator.core.roles import LOOP_ADDED
 
     run = store.get_run(run_id) if run_id is not None else store.latest_run()
     if run is None:
@@ -122,11 +122,11 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
     was created); after, the run failed (it is marked so in the store). `done`: trials the bar
     starts at (a resumed run's finished ones)."""
     from gates.lock import GateTampered
-    from orchestrator import interrupts
     from orchestrator.agent import AgentError
-    from orchestrator.errors import one_line
+    from orchestrator.core import interrupts
+    from orchestrator.core.errors import one_line
     from orchestrator.hosts import HostError
-    from orchestrator.lease import LeaseHeld
+    from orchestrator.hosts.lease import LeaseHeld
 
     started: list[int] = []
     view = _Progress(budget_trials, as_json, done)
@@ -157,9 +157,9 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
 
 
 def finish(outcome: Any, as_json: bool, report: bool) -> None:
-    """Print how the run ended and exit with its outcome's code (see orchestrator/exitcodes.py)."""
-    from orchestrator.errors import summarize_failure
-    from orchestrator.exitcodes import EXIT_CODES
+    """Print how the run ended and exit with its outcome's code (see orchestrator/core/exitcodes.py)."""
+    from orchestrator.core.errors import summarize_failure
+    from orchestrator.core.exitcodes import EXIT_CODES
 
     ws = get_workspace()
     store = get_store()

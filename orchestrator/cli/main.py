@@ -7,7 +7,7 @@ Every command that prints data takes `--json`. Global options (`-w`, `--db`, `-o
 before the command: `infergoal -o bench.scale=0.5 goal "..."`.
 
 Every error is one line on stderr (`error: what; what to do next`) and a documented exit code
-(orchestrator/exitcodes.py); with `--json` the same outcome is also printed as JSON on stdout.
+(orchestrator/core/exitcodes.py); with `--json` the same outcome is also printed as JSON on stdout.
 A traceback is shown only under `--debug`.
 """
 
@@ -90,7 +90,7 @@ def goal(
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
     """Start a run toward a goal and drive it until the goal is met, the budget is spent or it stalls."""
-    from orchestrator.goal import GoalError, load_goal
+    from orchestrator.config.goal import GoalError, load_goal
     from orchestrator.runs import start_run
 
     try:
@@ -152,10 +152,10 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
     from orchestrator.audit.leases import lease_losses
     from orchestrator.audit.trials import budget_line, split_trials
-    from orchestrator.errors import summarize_failure
-    from orchestrator.goal import GoalSpec
-    from orchestrator.lease import LEASE_LOST, LEASE_RETAKEN, display_status
-    from orchestrator.paired import describe, latest_paired
+    from orchestrator.config.goal import GoalSpec
+    from orchestrator.core.errors import summarize_failure
+    from orchestrator.hosts.lease import LEASE_LOST, LEASE_RETAKEN, display_status
+    from orchestrator.trial.paired import describe, latest_paired
 
     store = get_store(read_only=True)
     rows = []
@@ -218,7 +218,7 @@ def trials(
     if as_json:  # each row says whether the budget counted it: a trial, or a measurement `of` one
         return emit([_trial_dict(t) | {"measurement": is_measurement(t), "of": measured_trial(t)}
                      | ({"on_front": t.number in front.numbers} if front else {}) for t in ts])
-    from orchestrator.goal import GoalSpec
+    from orchestrator.config.goal import GoalSpec
 
     base = everything[0].knobs if everything else {}
     paired = paired_scores(store, rid)  # a confirmed candidate's score is its paired ratio: say so
@@ -259,8 +259,8 @@ def show(
     t = store.get_trial_by_number(rid, number)
     if t is None:
         fail(f"run {rid} has no trial #{number}; list them with `infergoal trials`")
-    from orchestrator.paired import describe, latest_paired
-    from orchestrator.verdict import why_of
+    from orchestrator.trial.paired import describe, latest_paired
+    from orchestrator.trial.verdict import why_of
 
     gates = [_trial_dict(g) for g in store.gate_results(t.id)]
     meas = [_trial_dict(m) for m in store.measurements(t.id)]
@@ -390,7 +390,7 @@ def diff(
 @app.command()
 def init(path: Path = typer.Argument(Path("."), help="Folder to make a workspace of.")) -> None:
     """Create a workspace: infergoal.toml and a copy of the seed knowledge base."""
-    from orchestrator.workspace import CONFIG_NAME, PACKAGE_ROOT
+    from orchestrator.config.workspace import CONFIG_NAME, PACKAGE_ROOT
 
     path.mkdir(parents=True, exist_ok=True)
     cfg = path / CONFIG_NAME

@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator import interrupts
+from orchestrator.core import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
+from orchestrator.hosts.lease import pid_alive
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.standby import QUIET_CORES, Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot
-from orchestrator.lease import pid_alive
 from orchestrator.remote import hostlock
 from orchestrator.remote.modelcache import resolve
 from orchestrator.remote.procs import (
@@ -263,7 +263,7 @@ class LocalHost:
     def wait_healthy(self, url: str, timeout_s: float, proc: Proc) -> float:
         t0 = time.monotonic()
         while True:
-            interrupts.check()  # a SIGINT swallowed while the server was spawned (`orchestrator.interrupts`)
+            interrupts.check()  # a SIGINT swallowed while the server was spawned (`orchestrator.core.interrupts`)
             if not self.alive(proc):
                 raise ServerCrashed(f"server exited before it became healthy; last log lines:\n{log_tail(proc.log_path)}")
             try:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.fidelity import is_stopped
-from orchestrator.roles import MEASUREMENTS, PROBE, RETIRED
+from orchestrator.core.roles import MEASUREMENTS, PROBE, RETIRED
+from orchestrator.trial.fidelity import is_stopped
 
 __all__ = ["Distilled", "classify_failure", "distill", "enough_for_importance", "importance_method"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.frontmatter import read_frontmatter, render_frontmatter
+from orchestrator.core.frontmatter import read_frontmatter, render_frontmatter
 
 __all__ = ["KINDS", "STATUS_RANK", "Entry", "demote", "parse_entry", "promote", "render"]
 

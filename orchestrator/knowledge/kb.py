@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.candidate import knob_key
+from orchestrator.core.candidate import knob_key
+from orchestrator.core.roles import PAIRED
 from orchestrator.knowledge import reuse
 from orchestrator.knowledge.distill import distill
 from orchestrator.knowledge.entries import STATUS_RANK, Entry, parse_entry
@@ -25,8 +26,7 @@ from orchestrator.knowledge.fingerprint import (
 )
 from orchestrator.knowledge.slo import write_slo_finding
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
-from orchestrator.paired import beat_baseline
-from orchestrator.roles import PAIRED
+from orchestrator.trial.paired import beat_baseline
 
 __all__ = ["Entry", "KnowledgeBase", "parse_entry", "workload_key"]
 

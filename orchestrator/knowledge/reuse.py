@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.candidate import knob_key
+from orchestrator.core.candidate import knob_key
 from orchestrator.knowledge.entries import STATUS_RANK, Entry
 from orchestrator.knowledge.fingerprint import similarity
 from orchestrator.knowledge.slo import slo_findings

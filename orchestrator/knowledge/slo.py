@@ -15,11 +15,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from orchestrator.goal import GoalSpec, SloGoal
+from orchestrator.config.goal import GoalSpec, SloGoal
+from orchestrator.core.roles import LOOP_ADDED, RETIRED
 from orchestrator.knowledge.entries import Entry, demote, parse_entry, promote
 from orchestrator.knowledge.writeback import _has_run, _today, _write, digest
-from orchestrator.roles import LOOP_ADDED, RETIRED
-from orchestrator.trial import objective_label
+from orchestrator.trial.run import objective_label
 
 __all__ = ["limits_fit", "rate_moves", "slo_findings", "slo_key", "write_slo_finding"]
 

@@ -22,10 +22,10 @@ from orchestrator.agent.errors import AgentAPIError, AgentConfigError
 from orchestrator.agent.render import history_rows, render
 from orchestrator.agent.sandbox import EngineWorktree
 from orchestrator.agent.tools import FinishRequest, Toolbox, TrialRequest, load_skills
-from orchestrator.candidate import Candidate
-from orchestrator.roles import BudgetExhausted
+from orchestrator.config.workspace import PACKAGE_ROOT
+from orchestrator.core.candidate import Candidate
+from orchestrator.core.roles import BudgetExhausted
 from orchestrator.targets import TargetSpec
-from orchestrator.workspace import PACKAGE_ROOT
 
 __all__ = ["AgentProposer"]
 

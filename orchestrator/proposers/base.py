@@ -1,11 +1,11 @@
-"""The Proposer protocol and the Candidate it returns (`orchestrator.candidate`)."""
+"""The Proposer protocol and the Candidate it returns (`orchestrator.core.candidate`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from orchestrator.candidate import Candidate, knob_key
+from orchestrator.core.candidate import Candidate, knob_key
 from orchestrator.targets import TargetSpec
 
 __all__ = ["Candidate", "Proposer", "RunBound", "knob_key"]
@@ -22,7 +22,7 @@ class Proposer(Protocol):
 
     def should_stop_early(self, history: Sequence[Any], value: float, margin: float,
                           startup: int | None = None) -> str | None:
-        """Multi-fidelity screening (`orchestrator.fidelity`): a candidate's short bench scored `value`,
+        """Multi-fidelity screening (`orchestrator.trial.fidelity`): a candidate's short bench scored `value`,
         give or take `margin` (relative: the short bench's noise); why it is not worth the full bench,
         or None to measure it in full. `startup`: full measurements to wait for before any is stopped
         (None: the proposer's own; the product's screen states the noise and passes 0). Proposers that

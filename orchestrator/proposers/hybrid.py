@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.candidate import Candidate
+from orchestrator.core.candidate import Candidate
 from orchestrator.proposers.agent import AgentProposer
 from orchestrator.proposers.search import SearchProposer
 from orchestrator.targets import TargetSpec

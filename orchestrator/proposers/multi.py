@@ -4,7 +4,7 @@ A goal that trades off two objectives ("maximize throughput and minimize p90 TPO
 `GoalSpec.multi_objective`) is searched with Optuna's multi-objective TPE (MOTPE): the study has
 one direction per objective and each finished trial reports its measured objective values, not
 the scalar score, so the sampler models the front rather than one geometric mean. The keep rule
-stays the loop's (`orchestrator.controller`); the front is read from the store
+stays the loop's (`orchestrator.loop.controller`); the front is read from the store
 (`orchestrator.audit.pareto`). This module only translates stored trials into sampler values.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.goal import Objective
-from orchestrator.trial import objective_label
+from orchestrator.config.goal import Objective
+from orchestrator.trial.run import objective_label
 
 __all__ = ["FAILED_FACTOR", "directions", "failed_values", "sampler_options", "values_of"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from orchestrator.candidate import Candidate
+from orchestrator.core.candidate import Candidate
 from orchestrator.targets import TargetSpec
 
 __all__ = ["ScriptedProposer"]

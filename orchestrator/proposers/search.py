@@ -22,15 +22,15 @@ from typing import Any
 
 import optuna
 
-from orchestrator.candidate import Candidate, knob_key
-from orchestrator.fidelity import is_screened, is_stopped
+from orchestrator.core.candidate import Candidate, knob_key
+from orchestrator.core.roles import BASELINES
 from orchestrator.proposers import multi
-from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
 from orchestrator.targets.space import active_only, is_active
 from orchestrator.targets.spec import ConstraintViolated
+from orchestrator.trial.fidelity import is_screened, is_stopped
 
 __all__ = ["SCREEN_MARGIN", "SCREEN_STARTUP", "STARTUP_DESIGNS", "SearchProposer", "by_entry", "distributions", "neighbours", "prior_region", "prior_weight", "swaps"]
 
@@ -42,7 +42,7 @@ _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "reject
 REGION_CONSTRAINT = "failed_region"
 
 
-# Multi-fidelity screening (`orchestrator.fidelity`): a candidate whose short-bench score falls
+# Multi-fidelity screening (`orchestrator.trial.fidelity`): a candidate whose short-bench score falls
 # below the best kept score less the short bench's noise margin (SCREEN_MARGIN unless the caller
 # knows the noise) is not measured in full; a caller that does not state the noise gets a bar only once
 # SCREEN_STARTUP trials were measured in full (`fidelity.screen_for` states it: `KNOWN_NOISE_STARTUP`, 0).
@@ -138,7 +138,7 @@ class SearchProposer:
         """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
         it stops nothing. Every short score under it is stopped (Optuna's ThresholdPruner prunes a value
         below its `lower`), which is what lets a screen stop a short pass as soon as its score provably
-        ends under it (`orchestrator.fidelity`, `Screen.plan`)."""
+        ends under it (`orchestrator.trial.fidelity`, `Screen.plan`)."""
         full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
         best = max((float(t.score) for t in full if t.status == "kept"), default=None)
         if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:

@@ -330,7 +330,7 @@ def op_lease(a: argparse.Namespace) -> dict | None:
     channel open for the whole run: when it exits, is killed -9 or its machine drops the connection,
     sshd closes the channel, this process reads end of input or dies, and the kernel frees the lock.
     A lock file removed or replaced on the host ends it with one `lost` line: the orchestrator sees
-    its channel close, records the loss and takes the lease again (orchestrator/lease.py).
+    its channel close, records the loss and takes the lease again (orchestrator/hosts/lease.py).
     """
     fd, buf = sys.stdin.fileno(), b""  # raw reads: select() must not miss lines a buffer holds
 

@@ -19,9 +19,9 @@ from orchestrator.audit.trials import (
     shown_status,
     split_trials,
 )
-from orchestrator.errors import summarize_failure
-from orchestrator.paired import beat_baseline, latest_paired
-from orchestrator.roles import NOT_SEARCH
+from orchestrator.core.errors import summarize_failure
+from orchestrator.core.roles import NOT_SEARCH
+from orchestrator.trial.paired import beat_baseline, latest_paired
 
 __all__ = ["GLOSSARY", "ReportData", "build_report_data", "md_cell", "write_report"]
 
@@ -62,8 +62,8 @@ class ReportData:
 
 
 def build_report_data(store: Any, run_id: int) -> ReportData:
-    from orchestrator.goal import GoalSpec
-    from orchestrator.trial import objective_label
+    from orchestrator.config.goal import GoalSpec
+    from orchestrator.trial.run import objective_label
 
     run = store.get_run(run_id)
     if run is None:

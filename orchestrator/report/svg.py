@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from orchestrator.audit.pareto import non_dominated  # noqa: E402
-from orchestrator.roles import NOT_SEARCH  # noqa: E402
+from orchestrator.core.roles import NOT_SEARCH  # noqa: E402
 
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg", "timeline_svg", "trial_timeline"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.core.tomlfile import validation_message
 from orchestrator.targets.base import Knob, Target, TargetError
-from orchestrator.tomlfile import validation_message
 
 __all__ = ["ENGINE_KNOB", "MultiFile", "compose", "read_multi", "resolve"]
 

@@ -17,13 +17,13 @@ from typing import Any, Literal
 import jinja2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from orchestrator.core.tomlfile import read_toml, validation_message
 from orchestrator.targets.base import ConstraintViolated, Knob, KnobRule, TargetError
 from orchestrator.targets.ibyaml import import_search_space
 from orchestrator.targets.launch import render_argv, render_env
 from orchestrator.targets.multi import compose, read_multi
 from orchestrator.targets.multi import resolve as resolve_engine
 from orchestrator.targets.space import active_only, check_constraints, check_space
-from orchestrator.tomlfile import read_toml, validation_message
 
 # TargetError, ConstraintViolated, Knob and KnobRule live in base.py (the helpers raise and read them
 # without importing this module); they are exported here too, where callers have always found them.

@@ -15,7 +15,7 @@ from orchestrator.bench.metrics import compute_metrics
 from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.scenarios import builtin_scenarios
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 

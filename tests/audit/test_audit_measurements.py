@@ -18,9 +18,9 @@ from orchestrator.audit.why import explain_run
 from orchestrator.cli import app
 from orchestrator.cli.common import STATE
 from orchestrator.cli.live import finish
-from orchestrator.shell import Shell
+from orchestrator.cli.shell import Shell
+from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 runner = CliRunner()
 LINE = "9 of 12 trials +4 measurements"

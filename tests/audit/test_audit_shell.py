@@ -9,7 +9,7 @@ import pytest
 from audit_data import add_measurements, build_run
 from fake_target import write_fake_target
 
-from orchestrator.roles import LOOP_ADDED
+from orchestrator.core.roles import LOOP_ADDED
 from orchestrator.store import Store
 
 pexpect = pytest.importorskip("pexpect")

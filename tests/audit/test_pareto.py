@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from orchestrator.audit.pareto import front_of, non_dominated, run_front
 from orchestrator.cli import app
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 from orchestrator.report.html import build_html_data, write_html_report
 from orchestrator.report.render import build_report_data, write_report
 from orchestrator.store import Store

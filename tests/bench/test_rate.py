@@ -14,7 +14,7 @@ import pytest
 from orchestrator.bench import RequestRecord, Scenario, ScenarioResult, run_scenario_sync
 from orchestrator.bench.rate import RatePolicy, find_rate, judge, step_scenario
 from orchestrator.bench.slo import slo_measure
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 
 BASE = Scenario(name="slo", prompt_tokens=16, output_tokens=4, warmup_requests=1, seed=9)
 FAST = RatePolicy(start_rate=1.0, precision=0.05, min_requests=20, min_seconds=2.0, max_step_seconds=1000.0)

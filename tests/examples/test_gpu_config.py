@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.bench.scenarios import load_scenarios_file
-from orchestrator.goal import load_goal
+from orchestrator.config.goal import load_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import _scenarios
 from orchestrator.targets import load_target
 from orchestrator.targets.space import active_only
-from orchestrator.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"

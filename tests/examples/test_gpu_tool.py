@@ -212,8 +212,8 @@ def test_time_to_best_runs_and_the_same_command_continues(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "out1/time_to_best.json").read_text()) == {"db": str(tmp_path / f"out1/{name}.db"),
                                                                              "kind": "cold"}
     # the workspace is one the orchestrator accepts, its target the GPU target on the forged preset
+    from orchestrator.config.workspace import Workspace
     from orchestrator.targets.spec import load_target
-    from orchestrator.workspace import Workspace
 
     cfg = Workspace(ws).config
     assert cfg.seed == 3 and cfg.kb_seed is False and cfg.bench.screen_fraction == 0.25

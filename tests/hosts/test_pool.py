@@ -15,11 +15,11 @@ import pytest
 from fake_target import write_fake_target
 from sshd_server import SSHD, Sshd
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.hosts.registry import HostRegistry
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # a whole run over two hosts
 

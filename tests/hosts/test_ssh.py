@@ -268,7 +268,7 @@ def test_public_surface():
     import orchestrator.hosts as hosts_pkg
     import orchestrator.hosts.ssh as ssh
     import orchestrator.hosts.sshconn as sshconn
-    import orchestrator.pool as pool
+    import orchestrator.loop.pool as pool
 
     assert hosts_pkg.__all__ == ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
     assert ssh.__all__ == ["PACKAGE_ROOT", "RemoteLease", "SSHHost", "owner_id"]

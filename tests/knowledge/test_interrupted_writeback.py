@@ -14,15 +14,15 @@ from test_fidelity import CHOICES, FakeHost
 
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
-from orchestrator.controller import Controller
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.core.roles import PAIRED
+from orchestrator.hosts.measure import TrustPolicy
 from orchestrator.knowledge import KnowledgeBase, parse_entry
-from orchestrator.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
 from orchestrator.proposers import ScriptedProposer
-from orchestrator.roles import PAIRED
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.trial import TrialContext
+from orchestrator.trial.run import TrialContext
 
 CPU2 = {"machine": "x86_64", "cpu_count": 2, "gpus": []}
 STOPPED = "the run was interrupted (SIGINT/SIGTERM) before its stop"

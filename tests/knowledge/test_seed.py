@@ -38,8 +38,8 @@ def test_gpu_entries_reach_gpu_runs_not_cpu_runs():
 
 
 def test_the_h200_finding_warm_starts_a_7b_on_an_h200_and_no_cpu_run(tmp_path):
+    from orchestrator.config.workspace import Workspace
     from orchestrator.knowledge import reuse
-    from orchestrator.workspace import Workspace
 
     kb = KnowledgeBase([ROOT / "knowledge_base"], write_dir=ROOT / "knowledge_base")
     gpu = kb.setting(engine="hfserve", model="forge:7b-peaked", hardware=H200)

@@ -3,7 +3,7 @@ SLO goal reuses them first. A real Store on SQLite, stub measurements (no server
 
 import pytest
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 from orchestrator.knowledge.kb import KnowledgeBase
 from orchestrator.knowledge.reuse import for_goal
 from orchestrator.knowledge.slo import limits_fit, rate_moves

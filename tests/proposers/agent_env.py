@@ -13,12 +13,12 @@ from pathlib import Path
 import git
 
 from orchestrator.agent.config import AgentConfig
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import PACKAGE_ROOT
 from orchestrator.hosts import get_host
 from orchestrator.knowledge import KnowledgeBase
 from orchestrator.targets import load_target
-from orchestrator.trial import TrialContext
-from orchestrator.workspace import PACKAGE_ROOT
+from orchestrator.trial.run import TrialContext
 
 FAKESERVER = Path(__file__).resolve().parents[1] / "bench" / "fakeserver.py"
 SLOW_LINE = "self.tpot_s = tpot_ms / 1000.0"

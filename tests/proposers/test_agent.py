@@ -13,7 +13,7 @@ from agent_env import SLOW_LINE, agent_config, make_ctx, make_engine_repo
 from messages_api import API_KEY, MessagesAPI, error, text, tool_use, turn
 
 from orchestrator.agent import AgentAPIError, AgentConfigError
-from orchestrator.controller import BudgetExhausted
+from orchestrator.loop.controller import BudgetExhausted
 from orchestrator.proposers import get_proposer
 from orchestrator.proposers.agent import AgentProposer
 from orchestrator.store import Store

@@ -12,10 +12,10 @@ import git
 import pytest
 from messages_api import API_KEY, MessagesAPI, tool_use, turn
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import PACKAGE_ROOT, Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.workspace import PACKAGE_ROOT, Workspace
 
 pytestmark = pytest.mark.slow  # launches the real hfserve server three times
 
@@ -65,7 +65,7 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         turn(tool_use("finish", summary="bfloat16 measured")),
     ]
     # Scale 0.5, as tests/test_e2e.py: the naive baseline's throughput scenario runs ~0.57 s on a quiet
-    # 2-core machine, above the 0.3 s a measurement needs (orchestrator.measure.TrustPolicy.min_seconds;
+    # 2-core machine, above the 0.3 s a measurement needs (orchestrator.hosts.measure.TrustPolicy.min_seconds;
     # scale 0.3 ran 0.23 s and was refused). Each benched launch (baseline, honest trial) measures half as
     # many requests.
     with MessagesAPI(script) as api:

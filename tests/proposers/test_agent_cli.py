@@ -3,8 +3,8 @@
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
+from orchestrator.config.workspace import Workspace
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 runner = CliRunner()
 

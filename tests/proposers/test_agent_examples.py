@@ -5,10 +5,10 @@ from pathlib import Path
 
 from messages_api import API_KEY
 
-from orchestrator.goal import load_goal
+from orchestrator.config.goal import load_goal
+from orchestrator.config.workspace import PACKAGE_ROOT, Workspace
 from orchestrator.proposers import get_proposer
 from orchestrator.proposers.hybrid import HybridProposer
-from orchestrator.workspace import PACKAGE_ROOT, Workspace
 
 EXAMPLE = PACKAGE_ROOT / "examples" / "agent" / "infergoal.toml"
 
@@ -36,7 +36,7 @@ def test_the_hybrid_tunes_a_two_objective_goal_with_the_multi_objective_search(m
     import orchestrator.proposers.hybrid as hybrid
 
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
-    from orchestrator.goal import parse_goal
+    from orchestrator.config.goal import parse_goal
 
     g = parse_goal("maximize throughput and minimize p90 TPOT within 20 trials")
     p = get_proposer("hybrid", objectives=g.objectives if g.multi_objective else ())

@@ -12,10 +12,10 @@ import pytest
 from agent_env import FAST_LINE, SLOW_LINE, make_engine_repo, write_target
 from messages_api import API_KEY, MessagesAPI, tool_use, turn
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import resume_run, start_run
 from orchestrator.store import Store
-from orchestrator.workspace import Workspace
 
 pytestmark = pytest.mark.slow  # launches (fake) engine servers
 

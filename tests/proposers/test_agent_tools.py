@@ -8,8 +8,8 @@ from agent_env import make_ctx, make_engine_repo
 from orchestrator.agent.sandbox import EngineWorktree
 from orchestrator.agent.schema import tool_schema
 from orchestrator.agent.tools import Toolbox, TrialRequest, load_skills
+from orchestrator.config.workspace import PACKAGE_ROOT
 from orchestrator.store import Store
-from orchestrator.workspace import PACKAGE_ROOT
 
 
 @pytest.fixture

@@ -10,16 +10,16 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from orchestrator import verdict
 from orchestrator.audit.why import explain_run, explain_trial
-from orchestrator.candidate import knob_key
-from orchestrator.controller import Controller
+from orchestrator.core.candidate import knob_key
+from orchestrator.loop.controller import Controller
 from orchestrator.proposers.search import REGION_CONSTRAINT, SearchProposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 from orchestrator.targets.base import Knob
 from orchestrator.targets.regions import failed_regions, memory_direction, region_containing, region_of
 from orchestrator.targets.space import active_only
+from orchestrator.trial import verdict
 
 GPU = Path(__file__).resolve().parents[2] / "examples" / "targets" / "hfserve_gpu.toml"
 OOM = ("start-up failure (out_of_memory): torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "

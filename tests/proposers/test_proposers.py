@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.candidate import knob_key
+from orchestrator.core.candidate import knob_key
 from orchestrator.proposers import ScriptedProposer, SearchProposer, get_proposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target

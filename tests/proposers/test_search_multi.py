@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 
 from orchestrator.audit.pareto import front_of
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 from orchestrator.proposers import get_proposer, multi
 from orchestrator.store import Store
 
@@ -84,7 +84,7 @@ def test_the_multi_objective_search_finds_a_wider_front_than_random_sampling(tmp
     says little (seed 0 alone loses); benchmarks/pareto_search.py measures more."""
     import random
 
-    from orchestrator.candidate import Candidate
+    from orchestrator.core.candidate import Candidate
 
     class Random:
         def __init__(self, seed):

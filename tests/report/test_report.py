@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
 from orchestrator.report import build_report_data, write_report
 from orchestrator.store import Store
 

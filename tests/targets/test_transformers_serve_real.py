@@ -14,12 +14,12 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.hosts import LocalHost
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.workspace import Workspace
 
 for _mod in ("fastapi", "uvicorn", "accelerate"):  # the `test` extra installs them
     pytest.importorskip(_mod, reason="transformers serve needs fastapi, uvicorn and accelerate")

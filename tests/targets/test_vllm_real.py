@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.workspace import Workspace
 
 EX = Path(__file__).resolve().parents[2] / "examples" / "targets"
 VENV = Path(os.environ.get("INFERGOAL_VLLM_VENV", "/opt/infergoal-vllm"))
@@ -108,7 +108,7 @@ def goal_run(tmp_path_factory, tiny_model):
 def test_short_goal_run_over_vllm_knobs(goal_run):
     ws, outcome, _ = goal_run
     store = Store(ws.db_url)
-    # The search's own trials: baseline sentinels and paired rounds are the loop's (orchestrator/controller.py).
+    # The search's own trials: baseline sentinels and paired rounds are the loop's (orchestrator/loop/controller.py).
     trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
     summary = [(t.number, t.proposer, t.status, t.score, (t.error or "")[:200]) for t in trials]
     assert [t.status for t in trials[:2]] == ["kept", "failed"], summary

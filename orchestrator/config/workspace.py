@@ -13,14 +13,14 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.agent.config import AgentConfig
-from orchestrator.tomlfile import read_toml, validation_message
+from orchestrator.core.tomlfile import read_toml, validation_message
 
 __all__ = ["BenchConfig", "Config", "ConfigError", "Workspace", "apply_overrides"]
 
 CONFIG_NAME = "infergoal.toml"
 STATE_DIR = ".infergoal"
 # The shipped example target; `infergoal init` and the default run use it.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TARGET = PACKAGE_ROOT / "examples" / "targets" / "hfserve.toml"
 
 
@@ -44,7 +44,7 @@ class BenchConfig(BaseModel):
     """Before a paired A/B round redone because other tenants loaded the host: the longest wait for the
     host to calm down to the baseline's contention (0 = redo at once)."""
     screen_fraction: float = Field(0.0, ge=0, lt=1)
-    """Multi-fidelity screening (`orchestrator.fidelity`): a search candidate is first benched with this
+    """Multi-fidelity screening (`orchestrator.trial.fidelity`): a search candidate is first benched with this
     fraction of each scenario's requests (whole waves of its concurrency) and measured in full only when
     the search's pruner calls it promising. 0 = off; baselines, sentinels, paired rounds and probes are
     always measured in full."""

@@ -25,9 +25,9 @@ from orchestrator.audit.facts import why_facts
 from orchestrator.audit.leases import lease_words
 from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
 from orchestrator.audit.why import explain_run, explain_trial
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
-from orchestrator.workspace import Workspace
 
 try:  # readline is missing on some platforms (Windows); the shell works without history then
     import readline
@@ -169,7 +169,7 @@ class Shell(cmd.Cmd):
             return self.say("usage: /goal TEXT, e.g. /goal beat the baseline by 20% on TPOT within 10 trials")
         if self._running():
             return self.say("a run is already going; /stop it first")
-        from orchestrator.goal import GoalError, load_goal
+        from orchestrator.config.goal import GoalError, load_goal
 
         try:
             spec = load_goal(arg.strip())

@@ -16,10 +16,10 @@ from typing import Any
 
 from gates import GateResult, performance, plausible
 from gates.thresholds import section
-from orchestrator.goal import SLO_SCENARIO
-from orchestrator.paired import describe
-from orchestrator.roles import BASELINES
-from orchestrator.trial import TrialResult, objective_label
+from orchestrator.config.goal import SLO_SCENARIO
+from orchestrator.core.roles import BASELINES
+from orchestrator.trial.paired import describe
+from orchestrator.trial.run import TrialResult, objective_label
 
 __all__ = [
     "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",

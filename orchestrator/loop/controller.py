@@ -7,7 +7,7 @@ store before the next one is taken; `resume` needs nothing else.
 On a shared host a baseline measured once is not a baseline: the baseline is re-measured
 (`sentinel` trials) every few trials and whenever the host's state moved, each candidate is
 judged against the newest one, and a claim (goal met; the best of a run that stopped) rests on
-a paired A/B confirmation on fresh servers (`orchestrator.paired`), never on the search's screen.
+a paired A/B confirmation on fresh servers (`orchestrator.trial.paired`), never on the search's screen.
 
 After the stop, `probe` > 0 measures the winner's one-knob neighbours for the knowledge base
 (`_probe_winner`): never kept, outside the trial budget, and a resume finishes them.
@@ -21,13 +21,9 @@ from typing import Any
 
 from gates.lock import GateTampered, verify
 from gates.thresholds import section
-from orchestrator import fidelity, interrupts, verdict
-from orchestrator.candidate import Candidate, knob_key
-from orchestrator.measure import host_during, idle_state, scale_refusal, state_change
-from orchestrator.paired import describe, latest_paired, run_paired
-from orchestrator.proposers.base import Proposer
-from orchestrator.proposers.search import neighbours
-from orchestrator.roles import (
+from orchestrator.core import interrupts
+from orchestrator.core.candidate import Candidate, knob_key
+from orchestrator.core.roles import (
     BASELINE,
     BASELINES,
     LOOP_ADDED,
@@ -44,12 +40,17 @@ from orchestrator.roles import (
     Stalled,
     StopRun,
 )
+from orchestrator.hosts.measure import host_during, idle_state, scale_refusal, state_change
+from orchestrator.proposers.base import Proposer
+from orchestrator.proposers.search import neighbours
 from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
-from orchestrator.trial import TrialContext, TrialResult, objective_label, run_trial
-from orchestrator.verdict import Baseline
+from orchestrator.trial import fidelity, verdict
+from orchestrator.trial.paired import describe, latest_paired, run_paired
+from orchestrator.trial.run import TrialContext, TrialResult, objective_label, run_trial
+from orchestrator.trial.verdict import Baseline
 
-# The stop exceptions live in `orchestrator.roles`; importing them from here keeps working.
+# The stop exceptions live in `orchestrator.core.roles`; importing them from here keeps working.
 __all__ = ["Baseline", "BudgetExhausted", "Controller", "GoalMet", "ProposerExhausted", "Refused", "Stalled", "StopRun"]
 
 class Controller:
@@ -65,7 +66,7 @@ class Controller:
         """After the stop, measure up to this many one-knob neighbours of the winner (`_probe_winner`)."""
         self.on_trial = on_trial or (lambda trial: None)
         self.screen_fraction = screen_fraction
-        """`bench.screen_fraction`: search candidates get a short bench first (`orchestrator.fidelity`); 0 = off."""
+        """`bench.screen_fraction`: search candidates get a short bench first (`orchestrator.trial.fidelity`); 0 = off."""
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> str:
@@ -307,7 +308,7 @@ class Controller:
             return "needs_approval", score, objective, met
         return "kept", score, objective, met
 
-    # --- judging: the numbers come from `orchestrator.verdict` ------------------------------
+    # --- judging: the numbers come from `orchestrator.trial.verdict` ------------------------------
     def _borderline(self, r: TrialResult, baseline: Baseline) -> bool:
         return verdict.borderline(r, baseline, self.ctx.goal.objectives, best=self._best_score(), min_gain=self.min_gain)
 

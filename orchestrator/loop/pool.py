@@ -14,11 +14,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.candidate import Candidate
-from orchestrator.controller import Controller, _now
+from orchestrator.core.candidate import Candidate
+from orchestrator.core.roles import StopRun
 from orchestrator.hosts import Host, HostError
-from orchestrator.roles import StopRun
-from orchestrator.verdict import Baseline
+from orchestrator.loop.controller import Controller, _now
+from orchestrator.trial.verdict import Baseline
 
 __all__ = ["HostPool", "NoHostsLeft", "PoolController"]
 

@@ -22,12 +22,12 @@ from orchestrator.bench.passes import join
 from orchestrator.bench.prompts import derived_seed, fresh_seed
 from orchestrator.bench.rate import RatePolicy
 from orchestrator.bench.slo import slo_measure
-from orchestrator.candidate import Candidate
-from orchestrator.goal import SLO_SCENARIO, GoalSpec
+from orchestrator.config.goal import SLO_SCENARIO, GoalSpec
+from orchestrator.core.candidate import Candidate
+from orchestrator.core.roles import BASELINES
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
+from orchestrator.hosts.measure import TrustPolicy, bench_trusted
 from orchestrator.hosts.site import Site
-from orchestrator.measure import TrustPolicy, bench_trusted
-from orchestrator.roles import BASELINES
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
@@ -86,7 +86,7 @@ class TrialResult:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """Scenario -> the last used measurement's full metrics."""
     screened: bool = False
-    """Ended on its short bench (`orchestrator.fidelity`): samples and metrics are the short pass's, `error` says why."""
+    """Ended on its short bench (`orchestrator.trial.fidelity`): samples and metrics are the short pass's, `error` says why."""
 
     def mean(self, label: str) -> float:
         values = self.samples.get(label, [])
@@ -121,7 +121,7 @@ def run_trial(
     `host_ref`: the host's state during the reference baseline; a measurement taken while other
     tenants used clearly more of the host is redone. `gates=False` skips integrity/accuracy (a
     paired re-measurement of a candidate already gated; the lock is still verified). `screen`: an
-    `orchestrator.fidelity.Screen`, a short bench first that may end the trial there. `prompts`: the draw of
+    `orchestrator.trial.fidelity.Screen`, a short bench first that may end the trial there. `prompts`: the draw of
     prompts its measurements ask (`Scenario.prompt_seed`; the two halves of a paired round are handed one),
     None: a fresh one (`_Bench.prompt_seed` says how each measurement's follows from it)."""
     result = TrialResult()
@@ -422,7 +422,7 @@ class _Bench:
         `plan(goal scenario, the objectives measured so far, after_stop=a scenario before was stopped early)`:
         (the `StopRule` that scenario is stopped early by on the host (`Scenario.stop`), or None; None, or
         objective label -> value where it is not run at all and those values stand for it), a screen's
-        (`orchestrator.fidelity.Screen.plan`)."""
+        (`orchestrator.trial.fidelity.Screen.plan`)."""
         ctx, store = self.ctx, self.ctx.store
         stopped = False
         for goal_name in order or ctx.goal.scenarios:

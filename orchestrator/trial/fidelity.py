@@ -11,7 +11,7 @@ the short pass's into the one measurement a single full bench would have given
 pass so never costs a promising candidate extra, except on a scenario that cannot be continued
 (the SLO rate search, `continues`): that one is re-run in full, and a screen whose re-run would be
 most of the bench's time is not run (`MAX_REPEAT_SHARE`). A screened-out candidate is not gated
-(`orchestrator.trial.run_trial`): it can never be kept.
+(`orchestrator.trial.run.run_trial`): it can never be kept.
 
 A short pass also stops early where its outcome is already certain (`Screen.plan`): the score is the
 geometric mean of the objectives' speedups, and while a scenario runs each of its metrics is bounded
@@ -46,9 +46,9 @@ from typing import Any
 from orchestrator.bench import bounds
 from orchestrator.bench.passes import rest_of
 from orchestrator.bench.scenarios import StopRule
-from orchestrator.goal import SLO_SCENARIO
-from orchestrator.roles import BASELINES, NOT_SEARCH, RETRY
-from orchestrator.trial import objective_label
+from orchestrator.config.goal import SLO_SCENARIO
+from orchestrator.core.roles import BASELINES, NOT_SEARCH, RETRY
+from orchestrator.trial.run import objective_label
 
 __all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "NOT_RUN", "SCREENED", "STOP_SLACK", "Z",
            "Screen", "STOPPED_EARLY", "continues", "is_screened", "is_stopped", "margin", "out_of_reach", "screen_for",

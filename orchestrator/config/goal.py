@@ -37,7 +37,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestrator.tomlfile import read_toml, validation_message
+from orchestrator.core.tomlfile import read_toml, validation_message
 
 __all__ = [
     "METRICS",

@@ -31,10 +31,10 @@ from typing import Any
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from gates.thresholds import section
 from orchestrator.bench.prompts import fresh_seed
-from orchestrator.candidate import Candidate
-from orchestrator.measure import idle_state, slowdown
-from orchestrator.roles import PAIRED
-from orchestrator.trial import TrialContext, objective_label, run_trial
+from orchestrator.core.candidate import Candidate
+from orchestrator.core.roles import PAIRED
+from orchestrator.hosts.measure import idle_state, slowdown
+from orchestrator.trial.run import TrialContext, objective_label, run_trial
 
 __all__ = ["PairedOutcome", "beat_baseline", "describe", "latest_paired", "run_paired"]
 
