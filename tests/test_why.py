@@ -66,3 +66,26 @@ def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
     d = json.loads(runner.invoke(app, ["-w", str(tmp_path), "report", "--json"]).output)
     text = open(d["report"]).read()
     assert "paired speedup **4.31× [4.12, 4.50]**" in text and "3 A/B rounds on fresh servers" in text
+
+
+def test_why_numbers_are_never_scientific_and_abbreviations_are_said():
+    from orchestrator.audit.facts import plain_number, why_facts
+
+    assert [plain_number(v) for v in (1040.0, 999.7, 12.345, 0.5, 0.0000123, 0.0, 3)] == \
+        ["1040", "1000", "12.3", "0.5", "0.0000123", "0", "3"]
+    perf = {"gate": "performance", "status": "pass", "reason": "faster", "k_sigma": 2.0,
+            "metrics": [{"metric": "throughput", "baseline_mean": 1040.0, "candidate_mean": 20805.5, "verdict": "pass"}]}
+    said = " ".join(f"{k}: {v}" for k, v in why_facts({"performance": perf, "objective": {"throughput": 123456.7}}))
+    assert "e+" not in said and "1040 -> 20806" in said and "123457" in said
+    assert "standard errors a change must clear (k_sigma)=2" in said
+
+
+def test_why_names_the_glossary_and_calls_a_baseline_measured(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
+    run = store.create_run("r", "improve throughput by 2.5x", {"objectives": [{"metric": "throughput", "value": 1.5}]},
+                           "h", {"name": "t"}, {}, "local", "search")
+    t0 = store.create_trial(run.id, 0, commit="", knobs={"batching": "off"}, rationale="", proposer="baseline")
+    store.finish_trial(t0.id, "kept", score=1.0, objective={"throughput:output_throughput": 200.0})
+    r = runner.invoke(app, ["-w", str(tmp_path), "why", "0"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("run 1 trial #0 — measured (decided by baseline)") and "docs/glossary.md" in r.output

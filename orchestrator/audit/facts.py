@@ -6,17 +6,37 @@ rounded for a reader, nested records become `key=value` pairs, nothing is cut mi
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from orchestrator.trial.paired import describe
 from orchestrator.trial.verdict import noise_words
 
-__all__ = ["why_facts"]
+__all__ = ["GLOSSARY", "plain_number", "why_facts"]
+
+GLOSSARY = "docs/glossary.md"
+"""Where the words of `infergoal why` and the reports are defined (paired, keep line, screen,
+sentinel, measured...), relative to the infergoal repository."""
+
+# Evidence keys that are abbreviations, as the why table says them.
+_WORDS = {"k_sigma": "standard errors a change must clear (k_sigma)", "se": "standard error", "ci_low": "interval low",
+          "ci_high": "interval high", "lo": "interval low", "hi": "interval high"}
 
 
-def _num(v: Any) -> str:
-    """A number as a person reads it: 3 significant digits, no float noise."""
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+def plain_number(v: Any) -> str:
+    """A number as a person reads it: about 3 significant digits, no float noise and never scientific
+    notation (`1040`, not `1.04e+03`; `0.000012`, not `1.2e-05`)."""
+    if isinstance(v, bool) or not isinstance(v, float) or not math.isfinite(v):
+        return str(v)
+    size = abs(v)
+    if size >= 999.5:
+        return f"{v:.0f}"
+    if size == 0 or size >= 1e-4:
+        return f"{v:.3g}"
+    return f"{v:.{2 - math.floor(math.log10(size))}f}"
+
+
+_num = plain_number
 
 
 def _flat(v: Any) -> str:
@@ -34,7 +54,7 @@ def _flat(v: Any) -> str:
             said += f", needs {v['required']:.0%}"
         return said + (f": {v['verdict']}" if v.get("verdict") else "")
     if isinstance(v, dict):
-        return " ".join(f"{k}={_flat(x)}" for k, x in v.items() if x not in (None, "", [], {}))
+        return " ".join(f"{_WORDS.get(k, k)}={_flat(x)}" for k, x in v.items() if x not in (None, "", [], {}))
     if isinstance(v, (list, tuple)):
         return (", " if all(isinstance(x, (int, float)) for x in v) else "; ").join(_flat(x) for x in v)
     return _num(v)
@@ -66,7 +86,7 @@ def why_facts(ev: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("keep line", line))
     for k in ("best", "needed_gain", "min_gain"):
         if k in ev:
-            rows.append((k.replace("_", " "), f"{ev.pop(k):.3g}"))
+            rows.append((k.replace("_", " "), _num(ev.pop(k))))
     for k, v in ev.items():
-        rows.append((k.replace("_", " "), _flat(v)))
+        rows.append((_WORDS.get(k, k.replace("_", " ")), _flat(v)))
     return rows

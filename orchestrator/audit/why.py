@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.audit.actions import HUMAN_ACTIONS
 from orchestrator.audit.leases import lease_losses, lease_words
-from orchestrator.audit.trials import budget_line, split_trials
+from orchestrator.audit.trials import budget_line, shown_status, split_trials
 from orchestrator.core.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
 
 __all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "recorded_noise", "trial_cost"]
@@ -248,7 +248,7 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
         decided_by = "approval"
         done = "approved" if a["kind"] == "approve" else "rejected"
         sentence = f"{done} by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC; before that: {sentence}"
-    return Why(run_id=run_id, number=number, status=trial.status, decided_by=decided_by, sentence=sentence,
+    return Why(run_id=run_id, number=number, status=shown_status(trial), decided_by=decided_by, sentence=sentence,
                evidence=evidence, changed=changed, cost=trial_cost(store, trial, events), actions=actions)
 
 

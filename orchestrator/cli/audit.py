@@ -73,7 +73,7 @@ def why(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
-    from orchestrator.audit.facts import why_facts
+    from orchestrator.audit.facts import GLOSSARY, why_facts
     from orchestrator.audit.why import explain_run, explain_trial
     from orchestrator.trial.paired import describe, latest_paired
 
@@ -120,6 +120,7 @@ def why(
     table.add_row("cost", cost)
     for a in w.actions:
         table.add_row(a["kind"], f"by {a['who']} at {a['ts']:%Y-%m-%d %H:%M:%S} UTC")
+    table.add_row("words", f"defined in {GLOSSARY} of the infergoal repository")
     console.print(table)
     return None
 

@@ -211,6 +211,7 @@ def trials(
         measured_trial,
         paired_scores,
         score_text,
+        shown_status,
         split_trials,
     )
 
@@ -242,7 +243,7 @@ def trials(
             number, who = f"↳ {t.number}", f"{t.proposer} of #{of}" if of is not None else t.proposer
         elif front and t.number in front.numbers:
             number = f"{t.number} ◆"
-        table.add_row(number, t.status, score_text(t.score, paired.get(t.id)), obj, changed,
+        table.add_row(number, shown_status(t), score_text(t.score, paired.get(t.id)), obj, changed,
                       f"{(t.timings or {}).get('total', 0):.1f}", who, style="dim" if is_measurement(t) else None)
     console.print(table)
 
@@ -268,10 +269,10 @@ def show(
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
         return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
-    from orchestrator.audit.trials import knob_text, measurement_note, score_text
+    from orchestrator.audit.trials import knob_text, measurement_note, score_text, shown_status
 
     said = score_text(t.score, (paired or {}).get("score"), unit="x")
-    console.print(f"[bold]run {rid} trial #{t.number}[/] — {t.status}" + (f", score {said}" if said else "") + measurement_note(t),
+    console.print(f"[bold]run {rid} trial #{t.number}[/] — {shown_status(t)}" + (f", score {said}" if said else "") + measurement_note(t),
                   highlight=False)
     if why:
         console.print(f"  why: {why}", highlight=False)

@@ -23,7 +23,14 @@ from typing import Any
 from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
 from orchestrator.audit.facts import why_facts
 from orchestrator.audit.leases import lease_words
-from orchestrator.audit.trials import is_measurement, knob_text, measured_trial, paired_scores, score_text
+from orchestrator.audit.trials import (
+    is_measurement,
+    knob_text,
+    measured_trial,
+    paired_scores,
+    score_text,
+    shown_status,
+)
 from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.config.workspace import Workspace
 from orchestrator.runs import open_store
@@ -155,7 +162,7 @@ class Shell(cmd.Cmd):
                     if t.status in _DONE and t.id not in self._seen:
                         self._seen.add(t.id)
                         score = f"{t.score:.3f}x" if t.score else "—"
-                        self.say(f"  {self._label(t)} {t.status} {score} {knob_text(t.knobs)}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
+                        self.say(f"  {self._label(t)} {shown_status(t)} {score} {knob_text(t.knobs)}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
             if child is not None and child.poll() is not None:
                 run = self.store.get_run(self.run_id) if self.run_id else None
                 self.say(f"run {self.run_id} {run.status if run else 'ended'}: {run.stop_reason if run else f'exit {child.returncode}'}")
@@ -238,7 +245,7 @@ class Shell(cmd.Cmd):
         paired = paired_scores(self.store, self.run_id) if self.run_id else {}
         for t in self.store.list_trials(self.run_id) if self.run_id else []:
             score = score_text(t.score, paired.get(t.id), unit="x") or "—"
-            self.say(f"{self._label(t):<5} {t.status:<14} {score:>8}  {t.proposer:<9} {knob_text(t.knobs)}")
+            self.say(f"{self._label(t):<5} {shown_status(t):<14} {score:>8}  {t.proposer:<9} {knob_text(t.knobs)}")
         return None
 
     @staticmethod

@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from orchestrator.audit.facts import GLOSSARY
 from orchestrator.audit.pareto import run_front
 from orchestrator.audit.trials import (
     budget_line,
@@ -23,11 +24,7 @@ from orchestrator.core.errors import summarize_failure
 from orchestrator.core.roles import NOT_SEARCH
 from orchestrator.trial.paired import beat_baseline, latest_paired
 
-__all__ = ["GLOSSARY", "ReportData", "build_report_data", "md_cell", "write_report"]
-
-GLOSSARY = "docs/glossary.md"
-"""Where the words of the reports and of `infergoal why` are defined (paired, keep line, screen, sentinel...),
-relative to the infergoal repository."""
+__all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
 
 STEPS = ("propose", "deploy", "gates", "bench", "teardown", "record")
 # Time the engine itself needs (launch, gate probes, benchmark, shutdown) is not overhead;

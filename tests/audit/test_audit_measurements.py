@@ -177,7 +177,7 @@ def test_a_score_that_is_the_paired_ratio_says_paired_everywhere(measured, capsy
     assert _run(root, "show", "7").splitlines()[0] == f"run {rid} trial #7 — kept, score 2.000x paired"
     assert {r[0]: r[2] for r in _rows(_run(root, "lineage", "7"))} == {"7": "2.000 paired", "2": "1.250", "0": "1.000"}
     # A measurement's own header says what it measures (show and why), a trial's does not.
-    assert _run(root, "show", "12").splitlines()[0] == f"run {rid} trial #12 — kept; a measurement (paired of #7), not a trial"
+    assert _run(root, "show", "12").splitlines()[0] == f"run {rid} trial #12 — measured; a measurement (paired of #7), not a trial"
     assert _run(root, "why", "10").splitlines()[0].endswith("(decided by sentinel); a measurement (sentinel of #0), not a trial")
     assert "measurement" not in _run(root, "why", "7").splitlines()[0]
     sh, out = _shell(root)

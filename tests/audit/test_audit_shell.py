@@ -57,7 +57,7 @@ def test_goal_status_approve_stop_resume(shell):
     (root / "hold").touch()
     child.sendline("/goal beat the baseline by 40% on TPOT within 8 trials")
     child.expect_exact("run 2 started")
-    child.expect(r"#0 kept 1\.000x")  # the baseline, printed as the store records it
+    child.expect(r"#0 measured 1\.000x")  # the baseline: measured, not kept
     child.sendline("/status")
     child.expect(r"run 2 running: \d+ of \S+ trials.*\[background: running\]")
     child.expect_exact(PROMPT)
@@ -150,9 +150,9 @@ def test_trials_why_and_a_mistyped_why_then_quit(tmp_path):
     child.sendline("/trials")
     child.expect_exact(PROMPT)
     lines = [x.strip() for x in child.before.splitlines() if x.strip()][1:]  # what /trials printed, its echo left out
-    assert lines[0].split()[:3] == ["#0", "kept", "1.000x"] and lines[0].endswith("tpot_ms=8.0")
+    assert lines[0].split()[:3] == ["#0", "measured", "1.000x"] and lines[0].endswith("tpot_ms=8.0")
     assert lines[1].split()[:2] == ["#1", "failed"]
-    assert lines[8].startswith("↳#8 (confirm of #7) kept") and lines[10].startswith("↳#10 (sentinel of #0) kept")
+    assert lines[8].startswith("↳#8 (confirm of #7) measured") and lines[10].startswith("↳#10 (sentinel of #0) measured")
     assert [x.split()[0] for x in lines] == [f"#{n}" for n in range(8)] + ["↳#8", "#9"] + [f"↳#{n}" for n in (10, 11, 12)]
     child.sendline("/why 1")
     child.expect_exact("#1 failed (decided by startup): ")
