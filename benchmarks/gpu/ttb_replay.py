@@ -1,143 +1,179 @@
-"""Predict the H200 time-to-best run before it runs: the real search on a surrogate of the 7B's space.
+"""Time to best over many seeds: the real search replayed on a surrogate of the GPU space, before and after.
 
-    python benchmarks/gpu/ttb_replay.py [--seeds 40] [--goal-throughput 19] [--trials 20] [--gpu-s 600]
+    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--json out.json]
 
-A prediction, not a measurement. The real `SearchProposer` (covering start-up, then TPE, seeded as
-`infergoal goal` seeds it: seed 0 for the GPU run, others for the spread) proposes on
-examples/targets/hfserve_gpu.toml; each proposal is scored by a surrogate of what the H200 measured
-for the 7B (docs/results.md, the H200 run databases in benchmarks/gpu/results/):
+A prediction, not a measurement. The real `SearchProposer` proposes on examples/targets/hfserve_gpu.toml
+as `infergoal goal` runs it (seeded 0..N-1); each proposal is scored by `ttb_surrogate.py`'s fit of
+every stored 7B GPU trial (H200 and H100 runs, failures included; a knob set holding a crash level
+fails with server errors) times a log-normal per-trial noise (sigma 0.08: the baseline's throughput
+moved 45-53 tok/s between runs). The loop's parts that set the clock are modelled as the controller
+runs them: the baseline, the short-pass screen (a score under the best kept less a 12% margin ends
+on its short bench: Optuna's ThresholdPruner, from the first search trial), the keep rule (5% over
+the best kept), sentinels; each trial costs the fitted GPU-seconds of its engine family and outcome.
 
-- TPOT ratio against the bf16 `generate()` baseline (23 ms): fast-graphs 4.9 with `--kernels triton`
-  (4.54-4.73 ms), 4.8 with triton-gemv, 4.5 with torch kernels (5.04 ms step); fast-eager 0.85
-  batching on / 1.1 off (19.5-29 ms); hf-manual 0.9; hf-generate 1.0.
-- throughput ratio (16 requests at concurrency 16): with batching on at batch b the burst runs in waves of
-  at most b requests, each costing c0 + c1 x its size (a step's fixed weight read plus the per-sequence
-  work); fast-graphs: 21.5 x (c0 + 16 c1) / sum over waves, c0 = 4.74 c1 (fits the two measured points,
-  batch 3 -> 9.6x and batch 16 -> 21.5x; so batch 8-15 -> 17.5x, 6 -> 14.8x); batching off 3.3x;
-  batching off 3.3x; fast-eager on 1 + 0.3 (min(b, 16) - 1) (batch 27: 3.8x, 52: 4.3-7x); hf-manual
-  on 1 + 0.25 (min(b, 16) - 1) (batch 24: 4.5x); otherwise 1.0-1.3x.
-- per-trial noise: each ratio times a log-normal factor (sigma 0.08: the baseline's throughput moved
-  45-53 tok/s between runs).
-- the loop's score is the geometric mean of the two ratios; the best known setting scores 10.26, so
-  "within 5%" is a screened score >= 9.75 (benchmarks/gpu/time_to_best.py's rule).
-- GPU-seconds per trial (an H200 run's rows): before the first trial 21 s, the baseline 84 s;
-  fast-graphs 30 s (27-38), fast-eager 55 s, hf-* 75 s (a screened-out trial of those: 35 s, at
-  screening 0.25: deploy + a quarter bench); a paired round (both halves) 65 s.
+Time to best: GPU-seconds from the run's start to the first kept search trial whose score is within
+5% of the surrogate's best (`time_to_best.py`'s rule), cold (no knowledge base) and warm (the 2B's
+best from the H200 as the warm start). A run that does not reach it in `--trials` counts as infinite.
 
-The run stops at its first kept trial whose screened ratios meet the goal (TPOT >= 4x and throughput
->= --goal-throughput): it is confirmed by 3 paired rounds. Reported over the seeds: the trial number
-and GPU-seconds at which (a) a kept trial within 5% of the best was reached, and how often the run
-stopped at a goal-meeting trial that was not within 5% first (the goal too low to measure (a)).
+Variants (same seeds): `before`: the search and sentinels as they were (the covering start-up stakes
+every untried level a draw has, a crash is told to TPE as a failure of its whole knob set, the
+baseline re-measured every 4 search trials); `after`: at most `MAX_UNTRIED` untried levels per
+start-up trial, crashes attributed (`orchestrator.targets.attribution`), TPE's draws ranked by the run's
+per-knob cost model (`orchestrator.proposers.costmodel`), and a count-based sentinel
+only while sentinels stay within `SENTINEL_SHARE` of the run's GPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+
+from ttb_surrogate import TARGET, Surrogate, fit, load_trials  # noqa: E402
 
 from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
 
-GPU = load_target(ROOT / "examples" / "targets" / "hfserve_gpu.toml")
-BEST = math.sqrt(4.9 * 21.5)
-WITHIN = 0.95 * BEST
+__all__ = ["VARIANTS", "Variant", "main", "one_run", "table"]
+
+NOISE = 0.08
+SCREEN_MARGIN = 0.12
+KEEP_GAIN = 0.05
+WITHIN = 0.05
+SENTINEL_EVERY = 4
+SENTINEL_SHARE = 0.08
+WARM_DB = HERE / "results" / "h200_ttb_small_2b_explore_2026-12-03c.db"
 
 
-C0 = 4.74  # a wave's fixed cost in units of one sequence's
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    max_untried: int | None
+    attribute: bool
+    sentinel_share: float | None  # None: every SENTINEL_EVERY trials whatever they cost
+    rank: int  # TPE draws ranked by the run's cost model (1: TPE's first draw)
 
 
-def _waves(b: int, n: int = 16) -> float:
-    """The cost of n requests in waves of at most b: sum of (C0 + wave size)."""
-    full, rest = divmod(n, b)
-    return full * (C0 + b) + ((C0 + rest) if rest else 0.0)
+VARIANTS = (Variant("before", None, False, None, 1), Variant("after", 3, True, SENTINEL_SHARE, 8))
 
 
-def ratios(k: dict) -> tuple[float, float]:
-    """(TPOT ratio, throughput ratio) of a knob set: the surrogate above, without noise."""
-    eng, on = k["engine"], k.get("batching") == "on"
-    b = min(int(k.get("max_batch_size", 1)), 16) if on else 1
-    if eng == "fast-graphs":
-        tpot = {"triton": 4.9, "triton-gemv": 4.8}.get(k.get("kernels", "torch"), 4.5)
-        return tpot, (21.5 * (C0 + 16) / _waves(b) if on else 3.3)
-    if eng == "fast-eager":
-        return (0.85, 1 + 0.3 * (b - 1)) if on else (1.1, 1.2)
-    if eng == "hf-manual" or on:
-        return 0.9, (1 + 0.25 * (b - 1)) if on else 1.0
-    return 1.0, 1.0
+def warm_knobs() -> dict[str, Any]:
+    """The 2B run's best kept search trial (its knowledge-base finding's knob set)."""
+    best = max((t for t in load_trials(WARM_DB.parent, WARM_DB.name) if t.status == "kept" and t.score), key=lambda t: t.score)
+    return best.knobs
 
 
-def cost(k: dict, screened_out: bool) -> float:
-    eng = k["engine"]
-    full = 30.0 if eng == "fast-graphs" else 55.0 if eng == "fast-eager" else 75.0
-    return min(full, 35.0) if screened_out else full
-
-
-def one_run(seed: int, goal_thr: float, trials: int, rng: random.Random, tmp: Path) -> dict:
-    store = Store(f"sqlite:///{tmp / f'r{seed}.db'}")
-    proposer = SearchProposer(seed=seed)
+def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: float, trials: int, tmp: Path,
+            warm: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One replayed run: when (GPU-s, trial) it first kept a trial within 5% of `best`, and its sentinel share."""
+    rng = random.Random(seed)
+    store = Store(f"sqlite:///{tmp / f'{variant.name}{seed}{int(bool(warm))}.db'}")
+    proposer = SearchProposer(seed=seed, warm_start=[warm] if warm else (), max_untried=variant.max_untried,
+                              attribute=variant.attribute, rank=variant.rank)
     run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
-    t0 = store.create_trial(run.id, 0, commit="", knobs=GPU.baseline_knobs(), rationale="", proposer="baseline")
+    t0 = store.create_trial(run.id, 0, commit="", knobs=target.baseline_knobs(), rationale="", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0)
-    clock, best, out = 21.0 + 84.0, 1.0, {"a_trial": None, "a_s": None, "stopped_at": None, "stop_s": None}
+    clock = sur.seconds["before_first"] + sur.seconds["baseline"]
+    sentinel_s, since, kept_best = 0.0, 0, 1.0
+    out: dict[str, Any] = {"seed": seed, "ttb_s": math.inf, "trial": None, "failed": 0}
     for i in range(1, trials + 1):
-        c = proposer.propose(store.list_trials(run.id), GPU)
+        if since >= SENTINEL_EVERY and (variant.sentinel_share is None
+                                        or sentinel_s + sur.seconds["sentinel"] <= variant.sentinel_share * (clock + sur.seconds["sentinel"])):
+            clock += sur.seconds["sentinel"]
+            sentinel_s += sur.seconds["sentinel"]
+            since = 0
+        c = proposer.propose(store.list_trials(run.id), target)
         if c is None:
             break
-        tp, th = ratios(c.knobs)
-        tp *= math.exp(rng.gauss(0, 0.08))
-        th *= math.exp(rng.gauss(0, 0.08))
-        score = math.sqrt(tp * th)
-        kept = score > best
-        # screening at 0.25: a candidate clearly below the best kept one stops after its short bench
-        screened_out = score < 0.8 * best and i > 1
-        clock += cost(c.knobs, screened_out)
+        since += 1
         t = store.create_trial(run.id, i, commit="", knobs=c.knobs, rationale=c.rationale, proposer="search")
+        p = sur.predict(c.knobs)
+        if p.fails:
+            clock += sur.cost(c.knobs, "failed")
+            store.finish_trial(t.id, "failed", error="16 of 16 requests failed in throughput@0.25 (server_error: 16)")
+            out["failed"] += 1
+            continue
+        score = p.score * math.exp(rng.gauss(0, NOISE))
+        bar = proposer.stop_bar(store.list_trials(run.id), SCREEN_MARGIN, startup=0)
+        if bar is not None and score < bar:
+            clock += sur.cost(c.knobs, "screened")
+            store.finish_trial(t.id, "discarded", score=score, error="screened out at 25% fidelity: under the bar")
+            continue
+        clock += sur.cost(c.knobs, "full")
+        kept = score >= kept_best * (1 + KEEP_GAIN)
         store.finish_trial(t.id, "kept" if kept else "discarded", score=score)
+        out["best"] = max(out.get("best", 0.0), score)
         if kept:
-            best = score
-            if score >= WITHIN and out["a_trial"] is None:
-                out["a_trial"], out["a_s"] = i, clock
-            if tp >= 4.0 and th >= goal_thr:
-                out["stopped_at"], out["stop_s"] = i, clock + 3 * 65.0
+            kept_best = score
+            if score >= (1 - WITHIN) * best:
+                out.update(ttb_s=clock, trial=i)
                 break
+    out["sentinel_share"] = sentinel_s / clock
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seeds", type=int, default=40)
-    ap.add_argument("--goal-throughput", type=float, default=19.0, help="the goal's throughput ratio (goal_best: 19)")
-    ap.add_argument("--trials", type=int, default=20)
-    ap.add_argument("--gpu-s", type=float, default=600.0, help="the cold target for (a)")
-    args = ap.parse_args()
+def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    secs = sorted(r["ttb_s"] for r in rows)
+    p90 = secs[min(len(secs) - 1, math.ceil(0.9 * len(secs)) - 1)]
+    return {"seeds": len(rows), "median_s": statistics.median(secs), "p90_s": p90,
+            "reached": sum(math.isfinite(s) for s in secs),
+            "sentinel_share_median": statistics.median(r["sentinel_share"] for r in rows),
+            "crashed_trials": sum(r["failed"] for r in rows),
+            "best_median": statistics.median(r.get("best", 0.0) for r in rows)}
+
+
+def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS) -> dict[str, Any]:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    target = load_target(TARGET)
+    sur = fit(target=target)
+    best, best_knobs = sur.best_known(target)
+    top, top_knobs = sur.best(target)
+    warm = target.validate_knobs(warm_knobs())
     tmp = Path(tempfile.mkdtemp())
-    rows = [one_run(s, args.goal_throughput, args.trials, random.Random(s), tmp) for s in range(args.seeds)]
-    seed0 = rows[0]
-    reached = [r for r in rows if r["a_s"] is not None]
-    early = sum(1 for r in rows if r["stopped_at"] is not None and r["a_trial"] is None)
-    print(f"goal: TPOT 4x and throughput {args.goal_throughput:g}x; best known {BEST:.2f}, within 5% >= {WITHIN:.2f}")
-    print(f"seed 0: (a) at trial {seed0['a_trial']} ({seed0['a_s']} GPU-s); stopped at trial {seed0['stopped_at']} "
-          f"(paired done ~{seed0['stop_s']} GPU-s)")
-    if reached:
-        secs = sorted(r["a_s"] for r in reached)
-        print(f"(a) reached in {len(reached)}/{len(rows)} runs; GPU-s median {statistics.median(secs):.0f}, "
-              f"p25 {secs[len(secs) // 4]:.0f}, p75 {secs[3 * len(secs) // 4]:.0f}; "
-              f"trial median {statistics.median(r['a_trial'] for r in reached):.0f}; "
-              f"within {args.gpu_s:.0f} GPU-s: {sum(s <= args.gpu_s for s in secs)}/{len(rows)}")
-    print(f"stopped at a goal-meeting trial before (a): {early}/{len(rows)}")
+    res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs, "warm": warm, "seeds": seeds, "trials": trials}
+    for v in variants:
+        for kind, w in (("cold", None), ("warm", warm)):
+            rows = [one_run(s, v, sur, target, best, trials, tmp, w) for s in range(seeds)]
+            res[f"{v.name}_{kind}"] = {**_stats(rows), "runs": rows}
+    return res
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.0f}" if math.isfinite(x) else "not reached"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=30)
+    ap.add_argument("--trials", type=int, default=30)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    res = table(args.seeds, args.trials)
+    print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
+          f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
+    print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
+    for v in VARIANTS:
+        for kind in ("cold", "warm"):
+            s = res[f"{v.name}_{kind}"]
+            print(f"{v.name:8} {kind:5} {_fmt(s['median_s']):>13} {_fmt(s['p90_s']):>12} {s['reached']:>5}/{s['seeds']:<2} "
+                  f"{s['sentinel_share_median']:>14.1%} {s['crashed_trials']:>15} {s['best_median']:>13.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

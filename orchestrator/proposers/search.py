@@ -10,6 +10,13 @@ the trials inside them as infeasible (Optuna's constraint-aware TPE: a `failed_r
 value > 0, the region in the trial's user attrs), and a hard filter re-asks when it still proposes
 inside one; warm starts, swaps and transferred priors inside one are skipped too. Every skipped
 proposal travels to the loop in `Candidate.extra["skipped"]`, which records it as `search.skip`.
+
+A crash condemns its cause, not its region (`orchestrator.targets.attribution`): TPE is told a crashed
+trial as a failure of its suspect levels alone (those no served trial carried), a crash with several
+suspects is bisected by the next proposals (the crashed set with half of them reset), and a level found
+alone to blame is never proposed again. The covering start-up stakes at most MAX_UNTRIED untried levels
+per trial, so one crash throws away little. After the start-up, TPE's draws are ranked by the run's
+per-knob cost model (`costmodel.CostModel`, refitted from every measured trial): a screening level only.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import optuna
 from orchestrator.core.candidate import Candidate, knob_key
 from orchestrator.core.roles import BASELINES
 from orchestrator.proposers import multi
+from orchestrator.proposers.costmodel import CostModel
 from orchestrator.targets import TargetSpec
+from orchestrator.targets.attribution import attribute, bisect
 from orchestrator.targets.failures import refused_values
 from orchestrator.targets.regions import FailedRegion, failed_regions, region_containing
 from orchestrator.targets.space import active_only, is_active
@@ -54,6 +63,14 @@ SCREEN_STARTUP = 4
 STARTUP_DESIGNS = ("cover", "random")
 STARTUP_POOL = 24
 LEVEL_BINS = 3
+# A start-up proposal stakes at most this many knob levels that no trial served yet (a knob's default
+# aside): one crash then throws away what the trial would have said about a few levels, not about
+# a dozen (`SearchProposer(max_untried=...)`; the rest of a draw's untried levels go back to defaults).
+MAX_UNTRIED = 3
+ATTRIBUTE_PREFIX = "attribute:"
+# After the start-up, TPE is asked for this many admissible knob sets and the one the run's cost model
+# (`costmodel.CostModel`, refitted from every measured trial) predicts highest is proposed (1: TPE's first).
+RANK_POOL = 8
 
 # The walk (`SearchProposer(walk=True)`): after the start-up, each new best trial is stepped once along a
 # numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and the steps go
@@ -121,11 +138,15 @@ class SearchProposer:
 
     def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
                  priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
-                 startup: str = "cover", walk: bool = True) -> None:
+                 startup: str = "cover", walk: bool = True, max_untried: int | None = MAX_UNTRIED,
+                 attribute: bool = True, rank: int = RANK_POOL) -> None:
         if startup not in STARTUP_DESIGNS:
             raise ValueError(f"startup must be one of {', '.join(STARTUP_DESIGNS)}, not {startup!r}")
         self.seed = seed
         self.startup = startup
+        self.max_untried = max_untried
+        self.attribute = attribute
+        self.rank = rank if not objectives or len(objectives) < 2 else 1
         self.walk = walk and len(objectives) < 2  # a Pareto search has no single best to walk from
         # Two objectives (a multi-objective goal): MOTPE on their measured values (`multi`), not on the score.
         self.objectives = list(objectives) if len(objectives) > 1 else []
@@ -224,6 +245,17 @@ class SearchProposer:
                 return _with_skips(Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base",
                                              proposer=self.name), skipped)
         refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
+        blame = attribute(target, history) if self.attribute else None
+        if blame is not None:
+            refused |= blame.culprits  # a level that crashed the server, alone of its trial's untried ones
+            for t, suspect in blame.open:  # a crash with several suspects: re-deploy with half of them reset
+                knobs = bisect(target, t, suspect)
+                if knob_key(knobs) not in seen and not any((k, repr(v)) in refused for k, v in knobs.items()):
+                    kept = [k for k in suspect if knobs.get(k) == t.knobs[k]]
+                    return _with_skips(Candidate(knobs=knobs, proposer=self.name, rationale=(
+                        f"{ATTRIBUTE_PREFIX} #{t.number} crashed with {len(suspect)} levels no served trial carried "
+                        f"({', '.join(f'{k}={t.knobs[k]}' for k in suspect)}); the same with "
+                        f"{', '.join(k for k in suspect if k not in kept)} at their defaults")), skipped)
         if self.probes and self._priors_hold(history):  # the probes say which knobs are worth a swap
             for knobs, why in swaps([*self.priors, *self.probes], history):
                 try:
@@ -312,6 +344,7 @@ class SearchProposer:
         # several proposals asked at once spread out instead of piling onto one region.
         # Multivariate for two objectives: one knob's effect on a trade-off depends on the others
         # (batch size only matters with batching on); benchmarks/pareto_search.py measured it.
+        blame = attribute(target, history) if self.attribute else None
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
                                              constant_liar=True, **multi.sampler_options(self.objectives))
         if self.objectives:  # the priors carry scalar scores: a multi-objective model does without them
@@ -333,8 +366,13 @@ class SearchProposer:
                 continue
             told = _told(t, self.objectives, failed)
             inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
+            params = t.knobs
+            if blame is not None and t.id in blame.told:  # a crash condemns its suspects, not its whole knob set
+                params = {k: t.knobs[k] for k in blame.told[t.id]}
+                if not params:
+                    continue
             study.add_trial(optuna.trial.create_trial(
-                params=t.knobs, distributions={k: dists[k] for k in t.knobs}, **told,
+                params=params, distributions={k: dists[k] for k in params}, **told,
                 constraints={REGION_CONSTRAINT: 1.0} if inside else None,
                 user_attrs={REGION_CONSTRAINT: inside.describe()} if inside else None))
         if self.startup == "cover" and _complete(study) < self.n_startup:
@@ -342,7 +380,9 @@ class SearchProposer:
             if cand is not None:
                 return cand
         # Skip knob sets already measured, or inside a failed region (re-asked at most 50 times in
-        # all); a small space can run out, which ends the search.
+        # all); a small space can run out, which ends the search. Of up to `rank` admissible ones, the
+        # one the cost model predicts highest.
+        pool: list[dict[str, Any]] = []
         for _ in range(50):
             trial = study.ask()
             params = _suggest(trial, target, dists)
@@ -358,15 +398,22 @@ class SearchProposer:
                 trial.set_constraint(REGION_CONSTRAINT, 1.0)
                 study.tell(trial, failed)
                 continue
-            if knob_key(params) not in seen:
-                return Candidate(
-                    knobs=params,
-                    rationale=f"{'multi-objective TPE' if self.objectives else 'TPE'} proposal after "
-                              f"{len(study.trials) - 1} observed trials",
-                    proposer=self.name,
-                )
+            if knob_key(params) not in seen and all(knob_key(params) != knob_key(p) for p in pool):
+                pool.append(params)
+                if len(pool) >= self.rank:
+                    break
+                continue
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        return None
+        if not pool:
+            return None
+        what = f"{'multi-objective TPE' if self.objectives else 'TPE'} proposal after {len(history)} observed trials"
+        if len(pool) == 1:
+            return Candidate(knobs=pool[0], rationale=what, proposer=self.name)
+        model = CostModel(target, history)
+        pick = max(pool, key=model.predict)
+        return Candidate(knobs=pick, proposer=self.name,
+                         rationale=f"{what}: of {len(pool)} TPE draws, the one the run's per-knob cost model "
+                                   f"predicts highest ({model.predict(pick):.2f}x)")
 
     def _cover(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
                refused: set[tuple[str, str]], regions: Sequence[FailedRegion]) -> Candidate | None:
@@ -378,10 +425,13 @@ class SearchProposer:
         pool = (optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler) if self.objectives
                 else optuna.create_study(direction="maximize", sampler=sampler))
         conditional = frozenset(k for k, spec in target.knobs.items() if spec.when)
+        served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
         best: tuple[tuple[int, int], dict[str, Any]] | None = None
         for _ in range(STARTUP_POOL):
             params = _suggest(pool.ask(), target, dists)
             try:
+                if self.max_untried is not None:
+                    params = _capped(target, target.validate_knobs(params), served, self.max_untried)
                 target.validate_knobs(params)
             except ConstraintViolated:
                 continue
@@ -409,6 +459,17 @@ def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
     if is_stopped(t) and t.score:
         return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
     return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}
+
+
+def _capped(target: TargetSpec, knobs: dict[str, Any], served: set[tuple[str, str]], cap: int) -> dict[str, Any]:
+    """`knobs` with its untried levels past the first `cap` (a knob's default and levels a served trial
+    carried are tried; the target's knob order: the top of the knob tree first) set to their defaults."""
+    untried = [k for k in target.knobs if k in knobs and knobs[k] != target.knobs[k].default
+               and (k, repr(knobs[k])) not in served]
+    if len(untried) <= cap:
+        return knobs
+    out = dict(knobs) | {k: target.knobs[k].default for k in untried[cap:]}
+    return active_only(target, {k: v.default for k, v in target.knobs.items()} | out)
 
 
 def _complete(study: optuna.Study) -> int:
