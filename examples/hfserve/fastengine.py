@@ -175,6 +175,9 @@ class FastModel:
             raise ValueError(f"unknown prefill attention {how!r}; choose from {sorted(PREFILL_ATTN)}")
         if how != "torch":
             kernels_mod.get_ops("triton")  # needs triton
+        if how != "torch" and self.sdpa == "efficient" and self.nkv != self.nh:  # torch's efficient SDPA has no enable_gqa
+            raise ValueError(f"--sdpa efficient is not supported with --prefill-attn {how} on a grouped-query model "
+                             f"({self.nh} heads, {self.nkv} KV heads): use --sdpa auto, flash or math, or --prefill-attn torch")
         self.prefill_attn = how
 
     def set_decode_attn(self, how: str) -> None:

@@ -1,6 +1,6 @@
 """Failure attribution: which knob level made a trial crash, read from the run's trials.
 
-A trial that crashed (a start-up crash, or a server that answered its requests with errors) says
+A trial that crashed (a start-up crash or refusal, or a server that answered its requests with errors) says
 that some level of its knob set cannot be served, not that every level of it is bad. Its *suspects*
 are its levels other than a knob's default that no trial which served carried (a trial that
 served, even one a gate then judged invalid, clears every level it carried). Then:
@@ -31,8 +31,9 @@ from orchestrator.targets.space import active_only
 __all__ = ["SERVED", "Attribution", "attribute", "bisect", "is_crash", "suspects"]
 
 SERVED = ("kept", "discarded", "invalid")
-# A start-up crash, or requests the server answered with an error or dropped (not a timeout: the host may be slow).
-_CRASH = re.compile(r"^start-up failure \(crash\)|requests failed in .*\b(server_error|http_5\d\d|connection_error|reset)")
+# A start-up crash or the engine's own refusal of a combination (not the target's constraints: "not launched"),
+# or requests the server answered with an error or dropped (not a timeout: the host may be slow).
+_CRASH = re.compile(r"^start-up failure \((crash|constraint_violated)\)|requests failed in .*\b(server_error|http_5\d\d|connection_error|reset)")
 
 
 def is_crash(trial: Any) -> bool:

@@ -110,6 +110,12 @@ def test_what_is_not_a_crash_or_has_no_suspect_condemns_nothing():
                                           (k | {"max_batch_size": 16}, "failed", None, SERVER_ERRORS)])
     blame = attribute(target, history)
     assert not blame.culprits and not blame.open and blame.told[history[3].id] == ()
+    # the engine's refusal at start-up is attributed; the target's own constraints (never launched) are not
+    refused = "start-up failure (constraint_violated): ValueError: --sdpa efficient is not supported with --prefill-attn fused"
+    _, history = _history(store, target, [({}, "kept", 1.0, None), (k, "kept", 3.0, None), (k | {"sdpa": "efficient"}, "failed", None, refused)])
+    assert is_crash(history[2]) and attribute(target, history).culprits == {("sdpa", "'efficient'")}
+    _, history = _history(store, target, [({}, "kept", 1.0, None), (k, "failed", None, "start-up failure (constraint_violated, not launched): x")])
+    assert not is_crash(history[1])
     # one suspect: condemned at once
     _, history = _history(store, target, [({}, "kept", 1.0, None), (k, "kept", 3.0, None), (k | {"sdpa": "efficient"}, "failed", None, SERVER_ERRORS)])
     assert attribute(target, history).culprits == {("sdpa", "'efficient'")}
