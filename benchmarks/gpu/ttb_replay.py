@@ -26,6 +26,7 @@ only while sentinels stay within `SENTINEL_SHARE` of the run's GPU time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -91,13 +92,15 @@ def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: floa
     out: dict[str, Any] = {"seed": seed, "ttb_s": math.inf, "trial": None, "failed": 0}
     for i in range(1, trials + 1):
         if since >= SENTINEL_EVERY and (variant.sentinel_share is None
-                                        or sentinel_s + sur.seconds["sentinel"] <= variant.sentinel_share * (clock + sur.seconds["sentinel"])):
+                                        or sentinel_s + sur.seconds["sentinel"]
+                                        <= variant.sentinel_share * (clock - sur.seconds["before_first"] + sur.seconds["sentinel"])):
             clock += sur.seconds["sentinel"]
             sentinel_s += sur.seconds["sentinel"]
             since = 0
         c = proposer.propose(store.list_trials(run.id), target)
         if c is None:
             break
+        c = dataclasses.replace(c, knobs=target.validate_knobs(c.knobs))  # as the loop records it (defaults filled)
         since += 1
         t = store.create_trial(run.id, i, commit="", knobs=c.knobs, rationale=c.rationale, proposer="search")
         p = sur.predict(c.knobs)

@@ -39,7 +39,13 @@ class TrustPolicy:
     min_requests: int = 8
     """Fewest measured requests per scenario, whatever the noise says."""
     sentinel_every: int = 4
-    """Re-measure the baseline after this many search trials since the last one."""
+    """Re-measure the baseline after this many search trials since the last one, while that keeps the
+    re-measures within `sentinel_share` of the run's time so far."""
+    sentinel_share: float = 0.08
+    """The most of the run's trial time (baseline, sentinels, candidates, paired rounds) that re-measuring
+    the baseline every `sentinel_every` trials may take; past it the count waits (1: no limit). A host whose
+    state moved (`state_change`), a candidate measured on a busier host, and every claim's paired rounds
+    re-measure the baseline whatever the share: those are what guard a verdict against a moved host."""
     state_change: float = 0.25
     """A change of the expected contention (either way), or of a GPU's clock or memory share, this
     large re-measures the baseline."""

@@ -355,13 +355,28 @@ class Controller:
         base = self._baseline()
         since = [t for t in self._history() if t.number > base.trial and t.proposer not in LOOP_ADDED]
         reason = None
-        if len(since) >= self.ctx.trust.sentinel_every:
+        if len(since) >= self.ctx.trust.sentinel_every and self._sentinel_affordable():
             reason = f"{len(since)} trials since baseline #{base.trial}"
         else:
             self.ctx.on_step("host probe")
             reason = state_change(idle_state(self.ctx.host, self.ctx.trust.probe_s), base.host, self.ctx.trust)
         if reason:
             self._sentinel(reason)
+
+    def _sentinel_affordable(self) -> bool:
+        """Whether one more re-measure by count keeps the baseline's re-measures within the trust policy's
+        `sentinel_share` of the run's trial time (the next one priced as the last baseline measurement took)."""
+        share = self.ctx.trust.sentinel_share
+        if share >= 1:
+            return True
+        timed = [t for t in self.store.list_trials(self.ctx.run_id) if t.timings and t.timings.get("trial")]
+        base = [t for t in timed if t.number == 0 or t.proposer in BASELINES]
+        if not base:
+            return True
+        spent = sum(float(t.timings["trial"]) for t in base if t.proposer == SENTINEL)
+        total = sum(float(t.timings["trial"]) for t in timed)
+        next_s = float(base[-1].timings["trial"])
+        return spent + next_s <= share * (total + next_s)
 
     def _sentinel(self, reason: str) -> None:
         self.store.add_event(self.ctx.run_id, SENTINEL, f"baseline re-measured: {reason}")

@@ -71,6 +71,11 @@ ATTRIBUTE_PREFIX = "attribute:"
 # After the start-up, TPE is asked for this many admissible knob sets and the one the run's cost model
 # (`costmodel.CostModel`, refitted from every measured trial) predicts highest is proposed (1: TPE's first).
 RANK_POOL = 8
+# The model step (`SearchProposer._model_step`): the best trial with the levels the cost model predicts
+# better, at least this much in all; TPE's turn after MODEL_STEPS of them in a row that found no new best.
+MODEL_PREFIX = "model step:"
+MODEL_STEP_GAIN = 0.01
+MODEL_STEPS = 2
 
 # The walk (`SearchProposer(walk=True)`): after the start-up, each new best trial is stepped once along a
 # numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and the steps go
@@ -267,6 +272,8 @@ class SearchProposer:
                     return _with_skips(Candidate(knobs=knobs, rationale=why, proposer=self.name), skipped)
         if self.walk:
             step = self._walk(history, target, seen, refused, regions, skipped)
+            if step is None and self.rank > 1:
+                step = self._model_step(history, target, seen, refused, regions, skipped)
             if step is not None:
                 return _with_skips(step, skipped)
         # While the priors hold, search first inside the region they support (`prior_region`);
@@ -333,6 +340,55 @@ class SearchProposer:
                                  rationale=f"{WALK_PREFIX} {name} {direction} from #{src.number} "
                                            f"({float(src.score):.3f}x, the best so far): {v} -> {value}")
         return None
+
+    def _model_step(self, history: Sequence[Any], target: TargetSpec, seen: set[str], refused: set[tuple[str, str]],
+                    regions: Sequence[FailedRegion], skipped: list[dict[str, Any]]) -> Candidate | None:
+        """The best trial with the levels the cost model predicts better (coordinate ascent on the model), while
+        it predicts a gain of at least MODEL_STEP_GAIN over the best; None (TPE proposes) otherwise, before the
+        start-up is done, and after MODEL_STEPS steps in a row that did not become the best (TPE's turn between).
+        A step stakes at most `max_untried` levels no served trial carried, as a start-up trial does.
+
+        Why: the best region of an engine's space is often the best trial with a few levels changed that
+        each do a little (a fused kernel, fp8 KV, fewer launches), and TPE's independent draws over a dozen
+        knobs rarely change just those; the model names them from the knobs' priors, corrected by what the
+        run measured, and each step it measures corrects it again."""
+        finished = [t for t in history if t.status in _FINISHED]
+        scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
+        if len(finished) < self.n_startup or not scored:
+            return None
+        best = max(scored, key=lambda t: (float(t.score), -t.number))
+        own = [t for t in history if t.proposer == self.name and t.number > best.number]
+        if len(own) >= MODEL_STEPS and all((t.rationale or "").startswith(MODEL_PREFIX) for t in own[-MODEL_STEPS:]):
+            return None  # the model's last steps did not pay: TPE's turn
+        model = CostModel(target, history)
+        here = model.predict(best.knobs)
+
+        served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
+
+        def ok(k: dict[str, Any]) -> bool:  # and no more untried levels staked than a start-up trial may
+            untried = sum(1 for n, x in k.items() if x != target.knobs[n].default and (n, repr(x)) not in served)
+            return (not any((n, repr(x)) in refused for n, x in k.items()) and region_containing(regions, k) is None
+                    and (self.max_untried is None or untried <= self.max_untried))
+
+        # coordinate ascent on the model from the best trial: each knob in turn to its best predicted level
+        # (a gain of at least MODEL_STEP_GAIN), twice over the knobs; else the best single unmeasured neighbour
+        knobs, pred = dict(best.knobs), here
+        for _ in range(2):
+            for name in target.knobs:
+                steps = [(model.predict(k), k) for n, _, k in neighbours(target, knobs) if n == name and ok(k)]
+                if steps and max(steps, key=lambda s: s[0])[0] >= pred * (1 + MODEL_STEP_GAIN):
+                    pred, knobs = max(steps, key=lambda s: s[0])
+        if knob_key(knobs) in seen:
+            options = [(model.predict(k), k) for _, _, k in neighbours(target, best.knobs) if knob_key(k) not in seen and ok(k)]
+            if not options:
+                return None
+            pred, knobs = max(options, key=lambda o: o[0])
+        if pred < here * (1 + MODEL_STEP_GAIN):
+            return None
+        changed = ", ".join(f"{k}={v}" for k, v in knobs.items() if best.knobs.get(k) != v)
+        return Candidate(knobs=knobs, proposer=self.name,
+                         rationale=f"{MODEL_PREFIX} #{best.number} ({float(best.score):.3f}x, the best so far) with "
+                                   f"{changed}: the cost model predicts {pred:.2f}x against {here:.2f}x")
 
     def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
              refused: set[tuple[str, str]], *, priors: bool, regions: Sequence[FailedRegion] = (),
@@ -426,6 +482,7 @@ class SearchProposer:
                 else optuna.create_study(direction="maximize", sampler=sampler))
         conditional = frozenset(k for k, spec in target.knobs.items() if spec.when)
         served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
+        model = CostModel(target, history) if self.rank > 1 else None
         best: tuple[tuple[int, int], dict[str, Any]] | None = None
         for _ in range(STARTUP_POOL):
             params = _suggest(pool.ask(), target, dists)
@@ -439,14 +496,17 @@ class SearchProposer:
                     or region_containing(regions, params) is not None):  # a draw, not a proposal: not recorded
                 continue
             new = _coverage(params, tried, dists, conditional)
-            if best is None or new > best[0]:
-                best = (new, params)
+            # equal coverage: the knob set the cost model predicts highest (with `rank` > 1)
+            key = (*new, model.predict(params) if model is not None else 0.0)
+            if best is None or key > best[0]:
+                best = (key, params)
         if best is None:
             return None
         return Candidate(knobs=best[1], proposer=self.name,
                          rationale=f"start-up proposal {len(history)}{' (multi-objective search)' if self.objectives else ''}: "
                                    f"of {STARTUP_POOL} random knob sets, the one "
-                                   f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)")
+                                   f"trying the most knob levels not tried yet ({best[0][0]} + {best[0][1]} conditional)"
+                                   + (f", the cost model's pick of those ({best[0][2]:.2f}x)" if model is not None else ""))
 
 
 def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:

@@ -61,6 +61,11 @@ class Knob(BaseModel):
     (`targets.regions`): `up` (a larger value needs more: batch size, max model length, cache and
     chunk sizes), `down`, `none`; for a categorical knob, its choices from least to most memory
     (`[256, 1024, 0]` when 0 means "no chunking"). Unset: guessed from the knob's name."""
+    prior: dict[str, float] | float | None = None
+    """The search's cost model before any trial measured the knob (`proposers.costmodel`): how much a
+    level multiplies the score, by level (`{ "fast-graphs" = 3.8 }`, keyed by the choice as text; the
+    default and levels not named: 1), or for an int or float knob, per doubling of its value. The
+    run's measured trials correct it (a screening level for which candidate to deploy, never a verdict)."""
 
     @model_validator(mode="after")
     def _check(self) -> Knob:

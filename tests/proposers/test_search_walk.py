@@ -50,7 +50,7 @@ START = [  # the covering start-up of seed 0 on the H200 target, scored as the 7
 
 def test_the_walk_doubles_the_best_batch_while_each_step_becomes_the_best(tmp_path):
     store, run = _run(tmp_path, START)
-    p = SearchProposer(seed=0)
+    p = SearchProposer(seed=0, rank=1)  # the walk alone: no cost-model steps between
     c = p.propose(store.list_trials(run.id), T)
     assert c.knobs == T.validate_knobs(FG | {"max_batch_size": 6})
     assert c.rationale == f"{WALK_PREFIX} max_batch_size up from #1 (6.600x, the best so far): 3 -> 6"
@@ -73,7 +73,7 @@ def test_the_walk_never_steps_into_a_failed_region_and_says_it_skipped(tmp_path)
     # from batch 3 does not go up to 6 (recorded as a skip) but down to 2
     rows = START + [(FG | {"max_batch_size": 4}, "failed", None, OOM, "TPE proposal after 4 observed trials")]
     store, run = _run(tmp_path, rows)
-    c = SearchProposer(seed=0).propose(store.list_trials(run.id), T)
+    c = SearchProposer(seed=0, rank=1).propose(store.list_trials(run.id), T)
     assert c.knobs == T.validate_knobs(FG | {"max_batch_size": 2})
     assert c.rationale.startswith(f"{WALK_PREFIX} max_batch_size down from #1")
     assert [(s["source"], s["knobs"]["max_batch_size"], s["marked_by"]) for s in c.extra["skipped"]] == [("walk", 6, 4)]
@@ -81,10 +81,10 @@ def test_the_walk_never_steps_into_a_failed_region_and_says_it_skipped(tmp_path)
 
 def test_no_walk_in_the_start_up_from_a_best_without_numeric_knobs_when_off_or_for_two_objectives(tmp_path):
     store, run = _run(tmp_path, START[:1])  # the start-up is not done (2 of 4 trials finished)
-    assert SearchProposer(seed=0).propose(store.list_trials(run.id), T).rationale.startswith("start-up proposal")
+    assert SearchProposer(seed=0, rank=1).propose(store.list_trials(run.id), T).rationale.startswith("start-up proposal")
     worse = [(k, "discarded", 0.5, None, w) for k, _, _, _, w in START]  # the best is the baseline: nothing numeric
     store, run = _run(tmp_path / "b", worse) if (tmp_path / "b").mkdir() is None else (None, None)
-    assert SearchProposer(seed=0).propose(store.list_trials(run.id), T).rationale.startswith("TPE proposal")
+    assert SearchProposer(seed=0, rank=1).propose(store.list_trials(run.id), T).rationale.startswith("TPE proposal")
     store, run = _run(tmp_path / "c", START) if (tmp_path / "c").mkdir() is None else (None, None)
-    assert SearchProposer(seed=0, walk=False).propose(store.list_trials(run.id), T).rationale.startswith("TPE proposal")
+    assert SearchProposer(seed=0, walk=False, rank=1).propose(store.list_trials(run.id), T).rationale.startswith("TPE proposal")
     assert SearchProposer(seed=0, objectives=[object(), object()]).walk is False  # a Pareto search has no single best
