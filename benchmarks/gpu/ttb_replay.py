@@ -154,6 +154,15 @@ def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS) -> 
     return res
 
 
+def _finite(x: Any) -> Any:
+    """`x` with every infinite number (a run that never reached the best) as null, for JSON."""
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
 def _fmt(x: float) -> str:
     return f"{x:.0f}" if math.isfinite(x) else "not reached"
 
@@ -174,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{v.name:8} {kind:5} {_fmt(s['median_s']):>13} {_fmt(s['p90_s']):>12} {s['reached']:>5}/{s['seeds']:<2} "
                   f"{s['sentinel_share_median']:>14.1%} {s['crashed_trials']:>15} {s['best_median']:>13.2f}x")
     if args.json:
-        args.json.write_text(json.dumps(res, indent=1, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x) + "\n")
+        args.json.write_text(json.dumps(_finite(res), indent=1) + "\n")
     return 0
 
 

@@ -1,0 +1,57 @@
+"""benchmarks/gpu/ttb_surrogate.py and ttb_replay.py on the stored GPU runs (no GPU): the surrogate fits the
+stored trials, marks what no trial measured and the level every crash carried; the replay prints its
+before/after table on a small case."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import ttb_replay  # noqa: E402
+import ttb_surrogate  # noqa: E402
+
+from orchestrator.targets import load_target  # noqa: E402
+
+TARGET = load_target(ttb_surrogate.TARGET)
+
+
+@pytest.fixture(scope="module")
+def sur():
+    return ttb_surrogate.fit(target=TARGET)
+
+
+def test_the_surrogate_fits_every_stored_run_and_marks_what_it_never_measured(sur):
+    assert sur.rows >= 50 and "h100_ttb_cold_7b_seed1_2026-12-06.db" in sur.runs
+    assert sur.crash_levels == {"sdpa=efficient"}  # carried by both crashed trials, by no trial that served
+    graphs = TARGET.validate_knobs({"engine": "fast-graphs", "batching": "on", "max_batch_size": 16, "kernels": "triton"})
+    eager = TARGET.validate_knobs({"engine": "fast-eager", "batching": "on", "max_batch_size": 16})
+    assert sur.predict(graphs).score > 1.3 * sur.predict(eager).score and not sur.predict(graphs).unmeasured
+    p = sur.predict(graphs | {"decode_attn": "lowp-reg"})  # no stored trial carried it: predicted as its default, marked
+    assert p.unmeasured == ("decode_attn=lowp-reg",) and p.score == pytest.approx(sur.predict(graphs).score)
+    assert sur.predict(graphs | {"sdpa": "efficient"}).fails and not sur.predict(graphs).fails
+    assert sur.cost(graphs, "failed") < sur.cost(graphs, "screened") < sur.cost(graphs, "full") < sur.cost(eager, "full")
+    known, knobs = sur.best_known(TARGET)
+    assert knobs["engine"] == "fast-graphs" and known <= sur.best(TARGET)[0]
+
+
+def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
+    out = tmp_path / "replay.json"
+    assert ttb_replay.main(["--seeds", "2", "--trials", "6", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for row in ("before   cold", "before   warm", "after    cold", "after    warm"):
+        assert row in text, text
+    res = json.loads(out.read_text())
+    for key in ("before_cold", "after_cold", "before_warm", "after_warm"):
+        assert res[key]["seeds"] == 2 and len(res[key]["runs"]) == 2
+        for r in res[key]["runs"]:  # a run that never reached it is null, not a number
+            assert r["ttb_s"] is None or (r["ttb_s"] > 0 and r["trial"] <= 6)
+    # before: the baseline re-measured every 4 trials whatever it costs; after: within the share
+    assert res["after_cold"]["sentinel_share_median"] <= ttb_replay.SENTINEL_SHARE
+    assert not math.isnan(res["after_cold"]["best_median"])
