@@ -375,11 +375,12 @@ class SearchProposer:
         knobs, pred = dict(best.knobs), here
         for _ in range(2):
             for name in target.knobs:
-                steps = [(model.predict(k), k) for n, _, k in neighbours(target, knobs) if n == name and ok(k)]
+                steps = [(model.predict(k), k) for n, _, k in _filled(target, neighbours(target, knobs)) if n == name and ok(k)]
                 if steps and max(steps, key=lambda s: s[0])[0] >= pred * (1 + MODEL_STEP_GAIN):
                     pred, knobs = max(steps, key=lambda s: s[0])
         if knob_key(knobs) in seen:
-            options = [(model.predict(k), k) for _, _, k in neighbours(target, best.knobs) if knob_key(k) not in seen and ok(k)]
+            options = [(model.predict(k), k) for _, _, k in _filled(target, neighbours(target, best.knobs))
+                       if knob_key(k) not in seen and ok(k)]
             if not options:
                 return None
             pred, knobs = max(options, key=lambda o: o[0])
@@ -423,8 +424,9 @@ class SearchProposer:
             told = _told(t, self.objectives, failed)
             inside = region_containing(regions, t.knobs)  # infeasible for the constraint-aware TPE
             params = t.knobs
-            if blame is not None and t.id in blame.told:  # a crash condemns its suspects, not its whole knob set
-                params = {k: t.knobs[k] for k in blame.told[t.id]}
+            # A crash condemns its suspects, not its whole knob set (a start-up crash's exact set is its region's already).
+            if blame is not None and t.number in blame.told and inside is None:
+                params = {k: t.knobs[k] for k in blame.told[t.number]}
                 if not params:
                     continue
             study.add_trial(optuna.trial.create_trial(
@@ -519,6 +521,11 @@ def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
     if is_stopped(t) and t.score:
         return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
     return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}
+
+
+def _filled(target: TargetSpec, steps: list[tuple[str, Any, dict[str, Any]]]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """`neighbours`' steps with the knobs a step switched on at their defaults (as the loop records them)."""
+    return [(n, v, target.validate_knobs(k)) for n, v, k in steps]
 
 
 def _capped(target: TargetSpec, knobs: dict[str, Any], served: set[tuple[str, str]], cap: int) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def suspects(target: Any, trial: Any, served: set[tuple[str, str]]) -> list[str]
 @dataclass(frozen=True)
 class Attribution:
     """What the run's crashes say: `culprits` ((knob, repr(value)) never to propose again), `open`
-    ((trial, its suspect knobs) still to bisect, oldest first), `told` (trial id -> the knobs of it
+    ((trial, its suspect knobs) still to bisect, oldest first), `told` (trial number -> the knobs of it
     the search is told failed)."""
 
     culprits: frozenset[tuple[str, str]]
@@ -76,7 +76,7 @@ def attribute(target: Any, history: Sequence[Any]) -> Attribution:
     for t, s in crashes:
         levels = {(k, repr(t.knobs[k])) for k in s}
         explained = any(o is not t and o_s and {(k, repr(o.knobs[k])) for k in o_s} < levels for o, o_s in crashes)
-        told[t.id] = s
+        told[t.number] = s
         if len(s) == 1:
             culprits |= levels
         elif len(s) > 1 and not explained:

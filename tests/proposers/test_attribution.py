@@ -93,7 +93,7 @@ def test_a_crash_with_several_suspects_is_bisected_then_its_culprit_condemned():
     # from here the search never proposes it, and tells TPE the crash as the culprit's alone
     for seed in range(4):
         assert SearchProposer(seed=seed).propose(history, target).knobs.get("sdpa") != "efficient"
-    assert set(blame.told[history[1].id]) == {"kernels", "sdpa", "pdl"} - {k for k in ("kernels", "pdl")
+    assert set(blame.told[history[1].number]) == {"kernels", "sdpa", "pdl"} - {k for k in ("kernels", "pdl")
                                                                            if any(x.status == "kept" and x.knobs.get(k) == history[1].knobs[k] for x in history)}
 
 
@@ -109,7 +109,7 @@ def test_what_is_not_a_crash_or_has_no_suspect_condemns_nothing():
     _, history = _history(store, target, [({}, "kept", 1.0, None), (k, "kept", 3.0, None), (k | {"max_batch_size": 16}, "kept", 3.1, None),
                                           (k | {"max_batch_size": 16}, "failed", None, SERVER_ERRORS)])
     blame = attribute(target, history)
-    assert not blame.culprits and not blame.open and blame.told[history[3].id] == ()
+    assert not blame.culprits and not blame.open and blame.told[history[3].number] == ()
     # the engine's refusal at start-up is attributed; the target's own constraints (never launched) are not
     refused = "start-up failure (constraint_violated): ValueError: --sdpa efficient is not supported with --prefill-attn fused"
     _, history = _history(store, target, [({}, "kept", 1.0, None), (k, "kept", 3.0, None), (k | {"sdpa": "efficient"}, "failed", None, refused)])

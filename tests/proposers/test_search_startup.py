@@ -40,7 +40,7 @@ def test_random_start_up_is_still_there_and_repeats_levels(tmp_path):
 
 
 def test_after_the_start_up_tpe_proposes(tmp_path):
-    props = _startup(Store(f"sqlite:///{tmp_path / 'a.db'}"), SearchProposer(seed=0), 5)
+    props = _startup(Store(f"sqlite:///{tmp_path / 'a.db'}"), SearchProposer(seed=0, rank=1), 5)  # rank 1: no model steps
     assert [c.rationale.split(":")[0].split(" after")[0] for c in props] == \
         ["start-up proposal 1", "start-up proposal 2", "start-up proposal 3", "TPE proposal", "TPE proposal"]
 
