@@ -76,6 +76,9 @@ RANK_POOL = 8
 MODEL_PREFIX = "model step:"
 MODEL_STEP_GAIN = 0.01
 MODEL_STEPS = 2
+# A start-up draw the cost model predicts under this fraction of the best measured score is not proposed
+# while another draw is admissible: its untried levels are not worth a trial the model expects to lose.
+SCREEN_PREDICTED = 0.5
 
 # The walk (`SearchProposer(walk=True)`): after the start-up, each new best trial is stepped once along a
 # numeric knob (x2 or /2 on a log scale, a tenth of the range otherwise: `neighbours`), and the steps go
@@ -485,6 +488,11 @@ class SearchProposer:
         conditional = frozenset(k for k, spec in target.knobs.items() if spec.when)
         served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
         model = CostModel(target, history) if self.rank > 1 else None
+        # screened by the prediction: a draw the model puts under SCREEN_PREDICTED of the best measured score
+        # covers levels the run has reason to expect nothing of (unless every draw is such)
+        top = max((float(t.score) for t in history if t.status in ("kept", "discarded") and t.score), default=0.0)
+        floor = SCREEN_PREDICTED * top if model is not None else 0.0
+        low: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         best: tuple[tuple[int, int], dict[str, Any]] | None = None
         for _ in range(STARTUP_POOL):
             params = _suggest(pool.ask(), target, dists)
@@ -500,8 +508,13 @@ class SearchProposer:
             new = _coverage(params, tried, dists, conditional)
             # equal coverage: the knob set the cost model predicts highest (with `rank` > 1)
             key = (*new, model.predict(params) if model is not None else 0.0)
+            if model is not None and key[2] < floor:
+                if low is None or key[2] > low[0][2]:
+                    low = (key, params)
+                continue
             if best is None or key > best[0]:
                 best = (key, params)
+        best = best or low
         if best is None:
             return None
         return Candidate(knobs=best[1], proposer=self.name,

@@ -23,10 +23,20 @@ def test_the_covering_start_up_tries_every_engine_and_both_batching_modes_before
     # The H200 target: 4 engines (hf-generate is the baseline's), batching off/on. The random draws of
     # seed 0 tried hf-manual twice and never fast-graphs in the four H200 runs' first three trials.
     for seed in range(5):
-        props = _startup(Store(f"sqlite:///{tmp_path / f'c{seed}.db'}"), SearchProposer(seed=seed), 3)
+        # rank 1: coverage alone (the cost model's screen below changes what the start-up tries)
+        props = _startup(Store(f"sqlite:///{tmp_path / f'c{seed}.db'}"), SearchProposer(seed=seed, rank=1), 3)
         assert {c.knobs["engine"] for c in props} == {"hf-manual", "fast-eager", "fast-graphs"}, seed
         assert "on" in {c.knobs["batching"] for c in props}, seed
         assert all(c.rationale.startswith("start-up proposal") for c in props)
+
+
+def test_the_cost_model_screens_start_up_draws_it_expects_to_lose(tmp_path):
+    # The target's prior puts the graphs engine far above the others: the first start-up trial goes there,
+    # and once a trial measured, a draw predicted under half the best measured score is not proposed.
+    for seed in range(4):
+        props = _startup(Store(f"sqlite:///{tmp_path / f'm{seed}.db'}"), SearchProposer(seed=seed), 3)
+        assert props[0].knobs["engine"] == "fast-graphs" and "cost model's pick" in props[0].rationale, seed
+        assert all(c.knobs["engine"] == "fast-graphs" for c in props), [c.knobs["engine"] for c in props]
 
 
 def test_random_start_up_is_still_there_and_repeats_levels(tmp_path):
