@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import orchestrator.controller as c
-from orchestrator.controller import Controller
-from orchestrator.measure import TrustPolicy
+import orchestrator.loop.controller as c
+from orchestrator.hosts.measure import TrustPolicy
+from orchestrator.loop.controller import Controller
 from orchestrator.store import Store
 
 
