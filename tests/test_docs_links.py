@@ -40,3 +40,12 @@ def test_the_readme_and_the_results_page_stay_short() -> None:
     assert (ROOT / "README.md").stat().st_size < 15_000, "README.md: move depth into docs/guide/"
     lines = len((ROOT / "docs" / "results.md").read_text(encoding="utf-8").splitlines())
     assert lines <= 600, f"docs/results.md has {lines} lines: keep the current result of each measurement only"
+
+
+def test_the_configuration_reference_is_the_shipped_example() -> None:
+    """docs/guide/configuration.md quotes examples/infergoal.toml whole: the two never drift apart."""
+    doc = (ROOT / "docs" / "guide" / "configuration.md").read_text(encoding="utf-8")
+    quoted = re.search(r"```toml\n(.*?)```", doc, re.S)
+    assert quoted, "docs/guide/configuration.md: the example is quoted in a toml block"
+    assert quoted.group(1).rstrip() == (ROOT / "examples" / "infergoal.toml").read_text(encoding="utf-8").rstrip(), (
+        "examples/infergoal.toml changed: copy it into docs/guide/configuration.md")
