@@ -173,6 +173,7 @@ elif a[:2] == ["-m", "orchestrator.cli"]:
             con.execute("update runs set status = 'finished'")
         con.commit()
         print("loop", a[2])
+        sys.exit(124 if a[2] == "goal" else int(os.environ.get("STUB_RESUME_RC", "0")))  # goal: stopped at the limit
     else:
         print("trials of", os.getcwd())
 elif a[0].endswith("time_to_best.py"):
@@ -180,14 +181,15 @@ elif a[0].endswith("time_to_best.py"):
 '''
 
 
-def _ttb(tmp_path: Path, out: Path, ws_root: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _ttb(tmp_path: Path, out: Path, ws_root: Path, *extra: str, rc: int = 0) -> tuple[subprocess.CompletedProcess,
+                                                                                     list[dict]]:
     stub = tmp_path / "python3"
     stub.write_text(STUB.format(python=sys.executable))
     stub.chmod(0o755)
     calls = tmp_path / f"calls-{out.name}.jsonl"
     r = tool("ttb", "--preset", "tiny", "--goal", "goal_4x.toml", "--seed", "3", "--trials", "5", "--limit", "300",
              "--python", str(stub), "--out", str(out), "--ws-root", str(ws_root), "--state", str(tmp_path / "state"),
-             *extra, env={"STUB_LOG": str(calls)})
+             *extra, env={"STUB_LOG": str(calls), "STUB_RESUME_RC": str(rc)})
     return r, [json.loads(ln) for ln in calls.read_text().splitlines()] if calls.exists() else []
 
 
@@ -204,7 +206,7 @@ def test_time_to_best_runs_and_the_same_command_continues(tmp_path: Path) -> Non
     r, calls = _ttb(tmp_path, tmp_path / "out1", ws_root)
     assert r.returncode == 0, r.stdout + r.stderr
     ws = ws_root / name
-    assert _loop(calls) == ["goal"]
+    assert _loop(calls) == ["goal"] and "loop stopped at the limit; the same command again continues" in r.stdout
     goal = next(c for c in calls if "goal" in c["argv"])
     assert goal["argv"][3:] == [str(ws / "goal.toml"), "--name", name] and goal["cwd"] == str(ws)
     assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == sorted(
@@ -222,8 +224,8 @@ def test_time_to_best_runs_and_the_same_command_continues(tmp_path: Path) -> Non
     assert target.model == "forge:tiny" and Path(target.source).is_dir()
     assert "trials = 5" in (ws / "goal.toml").read_text()
 
-    r, calls = _ttb(tmp_path, tmp_path / "out2", ws_root)
-    assert r.returncode == 0 and _loop(calls) == ["resume"], r.stdout + r.stderr
+    r, calls = _ttb(tmp_path, tmp_path / "out2", ws_root, rc=5)  # a loop that fails says so in the exit status
+    assert r.returncode == 5 and _loop(calls) == ["resume"] and "loop exit 5" in r.stdout, r.stdout + r.stderr
     r, calls = _ttb(tmp_path, tmp_path / "out3", ws_root)
     assert r.returncode == 0 and _loop(calls) == [] and "finished: nothing to continue" in r.stdout
 
