@@ -12,7 +12,9 @@
 
 Results go to $OUT (default /tmp/out): at most 8 files, the logs packed into logs.tgz. Carry .whl
 (benchmarks/gpu/wheels.py) on a bare machine; ``--limit`` is the command's own wall limit (default: the
-experiment's ``limit_s``), kept inside the device's 600 s per command.
+experiment's ``limit_s``), kept inside the device's 600 s per command. A time-to-best run continues when
+the same command runs again: on the same machine from its workspace (--ws-root), on a fresh one from the last
+call's $OUT files put in .gpu-state/ (--state) and carried with the tree.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def _common(ap: argparse.ArgumentParser, limit: int | None = 560) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu.tool", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.gpu.tool", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--manifest", default=str(mf.MANIFEST))
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the experiments")
