@@ -170,7 +170,8 @@ elif a[:2] == ["-m", "orchestrator.cli"]:
             os.makedirs("kb/findings", exist_ok=True)
             open("kb/findings/best.md", "w").write("best kept trial")
         else:
-            con.execute("update runs set status = 'finished'")
+            rc = int(os.environ.get("STUB_RESUME_RC", "0"))
+            con.execute("update runs set status = ?", ("failed" if rc else "finished",))
         con.commit()
         print("loop", a[2])
         sys.exit(124 if a[2] == "goal" else int(os.environ.get("STUB_RESUME_RC", "0")))  # goal: stopped at the limit
@@ -224,16 +225,18 @@ def test_time_to_best_runs_and_the_same_command_continues(tmp_path: Path) -> Non
     assert target.model == "forge:tiny" and Path(target.source).is_dir()
     assert "trials = 5" in (ws / "goal.toml").read_text()
 
-    r, calls = _ttb(tmp_path, tmp_path / "out2", ws_root, rc=5)  # a loop that fails says so in the exit status
-    assert r.returncode == 5 and _loop(calls) == ["resume"] and "loop exit 5" in r.stdout, r.stdout + r.stderr
+    r, calls = _ttb(tmp_path, tmp_path / "out2", ws_root)
+    assert r.returncode == 0 and _loop(calls) == ["resume"], r.stdout + r.stderr
     r, calls = _ttb(tmp_path, tmp_path / "out3", ws_root)
     assert r.returncode == 0 and _loop(calls) == [] and "finished: nothing to continue" in r.stdout
 
     state = tmp_path / "state"  # a fresh machine: the first call's $OUT carried back in
     shutil.copytree(tmp_path / "out1", state)
-    r, calls = _ttb(tmp_path, tmp_path / "out4", tmp_path / "fresh")
-    assert r.returncode == 0 and _loop(calls) == ["resume"], r.stdout + r.stderr
+    r, calls = _ttb(tmp_path, tmp_path / "out4", tmp_path / "fresh", rc=5)  # a loop that fails says so
+    assert r.returncode == 5 and _loop(calls) == ["resume"] and "loop exit 5" in r.stdout, r.stdout + r.stderr
     assert "database restored" in r.stdout and (tmp_path / f"fresh/{name}/kb/findings/best.md").exists()
+    r, calls = _ttb(tmp_path, tmp_path / "out5", tmp_path / "fresh")  # and a failed run is not resumed again
+    assert r.returncode == 1 and _loop(calls) == [] and "failed" in r.stdout and "nothing to continue" in r.stdout
 
 
 def test_a_warm_run_starts_from_the_kb_it_is_given(tmp_path: Path) -> None:

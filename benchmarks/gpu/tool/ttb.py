@@ -41,7 +41,7 @@ def run_name(p: dict[str, Any]) -> str:
 
 
 def run_state(db: Path) -> str:
-    """``none`` (no run in the database), ``open`` (a run to resume) or ``finished``."""
+    """``none`` (no run in the database), ``open`` (a run to resume), ``failed`` or ``finished``."""
     if not db.exists():
         return "none"
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -53,7 +53,8 @@ def run_state(db: Path) -> str:
         con.close()
     if not rows:
         return "none"
-    return "open" if any(r[0] != "finished" for r in rows) else "finished"
+    status = {r[0] for r in rows}
+    return "open" if status - {"finished", "failed"} else "failed" if "failed" in status else "finished"
 
 
 def _abs_source(text: str, folder: Path) -> str:
@@ -148,6 +149,10 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
             sshd = ssh_up(ctx, ws, ws_root)
         if state_now == "finished":
             ctx.log(f"the run {name} finished: nothing to continue")
+        elif state_now == "failed":
+            ctx.log(f"the run {name} failed (its report and loop.log say why): nothing to continue; another "
+                    "--seed or --name starts a new run")
+            rc = 1
         else:
             cmd = ["goal", str(ws / "goal.toml"), "--name", name] if state_now == "none" else ["resume"]
             left = ctx.left(LOOP_MARGIN_S + INT_GRACE_S)
