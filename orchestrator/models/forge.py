@@ -85,6 +85,11 @@ PRESETS: dict[str, Preset] = {
     # hfserve_gpu's 4096-token prompts (32 k positions). Forged on the GPU in well under a minute.
     "2b-peaked": Preset(32000, 2048, 32, 16, 8, 5632, 32768, rope_theta=1_000_000.0, train_steps=250,
                         batch_size=16, seq_len=256, lr=1.5e-3, gpu_dtype="bfloat16"),
+    # Llama-3.2-3B-shaped (28 layers of width 3072, 24 query heads on 8 KV heads, MLP 8192), forged like
+    # 7b-peaked: a GPU shape the engine's kernels and the search were never tuned on (the GPU tool's
+    # ttb-cold-3b experiment).
+    "3b-peaked": Preset(32000, 3072, 28, 24, 8, 8192, 32768, rope_theta=500_000.0, train_steps=250,
+                        batch_size=16, seq_len=256, lr=1.5e-3, gpu_dtype="bfloat16"),
 }
 
 

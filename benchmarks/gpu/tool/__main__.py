@@ -89,6 +89,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--screen-fraction", type=float, default=0.25)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--target", default="examples/targets/hfserve_gpu.toml")
+    p.add_argument("--best-known", default="best_known.json",
+                   help="the best known setting's figures under benchmarks/gpu/ (time_to_best.py's (a) is against it)")
     p.add_argument("--paired-reserve", type=int, default=0,
                    help="set the goal's wall so the run ends this many seconds before the limit")
     p.set_defaults(kind="cold")
@@ -183,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
             p = dict(preset=a.preset, goal=a.goal, kind=a.kind, seed=a.seed, trials=a.trials, wall_s=a.wall,
                      name=a.name, kb_from=a.kb_from, host=a.host, scenarios=a.scenarios, floors=a.floors,
                      screen_fraction=a.screen_fraction, repeats=a.repeats, target=a.target,
-                     paired_reserve_s=a.paired_reserve)
-            for key, under in (("goal", mf.GPU), ("target", mf.ROOT), ("scenarios", mf.GPU), ("floors", mf.GPU)):
+                     paired_reserve_s=a.paired_reserve, best_known=a.best_known)
+            for key, under in (("goal", mf.GPU), ("target", mf.ROOT), ("scenarios", mf.GPU), ("floors", mf.GPU),
+                               ("best_known", mf.GPU)):
                 if p[key] and not (under / p[key]).is_file():
                     raise mf.ManifestError(f"--{key} {p[key]}: no such file under {under}")
             return run_steps(_ctx(a, a.limit, a.preset), m, [_step("ttb", **p)], a)

@@ -37,7 +37,7 @@ SPEC: dict[str, dict[str, Any]] = {
     "ttb": {"preset": "7b-peaked", "goal": "goal_4x.toml", "kind": "cold", "seed": 0, "trials": 0, "wall_s": 0,
             "name": "", "kb_from": "", "host": "local", "scenarios": "scenarios.toml", "floors": "results/sol.json",
             "screen_fraction": 0.25, "repeats": 1, "target": "examples/targets/hfserve_gpu.toml",
-            "paired_reserve_s": 0},
+            "paired_reserve_s": 0, "best_known": "best_known.json"},
 }
 KINDS = tuple(SPEC)
 EXPERIMENT_KEYS = {"about", "card", "limit_s", "steps"}
@@ -173,7 +173,7 @@ def _step(exp: str, i: int, raw: dict[str, Any], variants: dict[str, Variant]) -
     if do == "ttb" and params["host"] not in ("local", "ssh"):
         raise ManifestError(f"{where}: `host` must be local or ssh")
     for key, under in (("scenarios", GPU), ("goal", GPU), ("target", ROOT), ("script", ROOT),
-                       ("floors", GPU)):
+                       ("floors", GPU), ("best_known", GPU)):
         if key in params and params[key] and not (under / params[key]).is_file():
             raise ManifestError(f"{where}: `{key}` {params[key]!r}: no such file under {under.relative_to(ROOT) or '.'}")
     return step

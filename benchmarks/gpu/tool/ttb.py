@@ -172,11 +172,11 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
             ssh_down(ctx, sshd, ws_root)
     ctx.sh([ctx.python, "-m", "orchestrator.cli", "trials"], cwd=ws, log=ctx.out / "trials.txt")
     ctx.tail(ctx.out / "trials.txt", 30)
-    collect(ctx, ws, name, p["kind"])
+    collect(ctx, ws, name, p["kind"], GPU / p["best_known"])
     return rc
 
 
-def collect(ctx: Ctx, ws: Path, name: str, kind: str) -> None:
+def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path) -> None:
     """$OUT: NAME.db (a consistent copy), NAME.kb.tgz, time_to_best.json; in logs/ where each deploy's seconds went
     and the end of every server log with a traceback."""
     db = ws / ".infergoal" / "infergoal.db"
@@ -204,7 +204,7 @@ def collect(ctx: Ctx, ws: Path, name: str, kind: str) -> None:
                     er.write(f"== {f}\n" + "\n".join(text.splitlines()[-40:]) + "\n")
     if ctx.dry or out_db.exists():
         ctx.py(str((GPU / "time_to_best.py").relative_to(ROOT)), str(out_db), "--kind", kind,
-               "--out", str(ctx.out / "time_to_best.json"))
+               "--best-known", str(best_known.relative_to(ROOT)), "--out", str(ctx.out / "time_to_best.json"))
 
 
 # -- the loop's trials through SSH on this machine's loopback (benchmarks/gpu/ssh_host.sh: the carried sshd) ---
