@@ -2,7 +2,7 @@
 
     PYTHONPATH=.:tests:tests/audit:tests/report python benchmarks/html_report_screenshot.py [OUT.png]
 
-The run is tests/audit/audit_data.py's (every trial status, built through the store API, so its
+The run is tests/review/audit_data.py's (every trial status, built through the store API, so its
 numbers are illustrative), plus a sentinel and a paired A/B round of the best trial (measurements,
 marked under the trial they measure) and speed-of-light floors,
 so every section of the page has something to show.
@@ -17,8 +17,8 @@ from pathlib import Path
 from audit_data import add_measurements, build_run
 from chromium import inspect_page
 
-from orchestrator.audit import decide, record_action
 from orchestrator.report.html import write_html_report
+from orchestrator.review import decide, record_action
 from orchestrator.store import Store
 
 

@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import kb_replay as R  # noqa: E402
 import kb_table as T  # noqa: E402
 
-from orchestrator.audit.pareto import non_dominated  # noqa: E402
 from orchestrator.config.goal import parse_goal  # noqa: E402
 from orchestrator.core.candidate import Candidate  # noqa: E402
 from orchestrator.proposers import get_proposer  # noqa: E402
+from orchestrator.review.pareto import non_dominated  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 
 GOAL = parse_goal("maximize throughput and minimize p90 TPOT within 16 trials")

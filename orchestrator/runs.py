@@ -18,15 +18,15 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from gates.plausible import record_of
-from orchestrator.audit.study import StudyError, save_study
 from orchestrator.bench.rate import RatePolicy
 from orchestrator.config.goal import GoalError, GoalSpec
 from orchestrator.config.workspace import Config, ConfigError, Workspace
-from orchestrator.core.errors import one_line
 from orchestrator.core.exitcodes import classify_stop
+from orchestrator.core.oneline import one_line
 from orchestrator.core.tomlfile import validation_message
 from orchestrator.hosts import LocalHost, get_hosts
-from orchestrator.hosts.lease import (
+from orchestrator.hosts.measure import TrustPolicy
+from orchestrator.hosts.runlease import (
     HostLeases,
     Lease,
     LeaseHeld,
@@ -35,10 +35,10 @@ from orchestrator.hosts.lease import (
     refuse_if_live,
     run_identity,
 )
-from orchestrator.hosts.measure import TrustPolicy
 from orchestrator.loop.controller import Controller
 from orchestrator.loop.pool import HostPool, PoolController
 from orchestrator.proposers import RunBound, get_proposer
+from orchestrator.review.study import StudyError, save_study
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
 from orchestrator.trial.run import TrialContext
@@ -322,7 +322,7 @@ def _drive(
     if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
         store.set_run_status(run_id, "failed", stop_reason=reason)
     _write_back(kb, store, run_id, target, fingerprint, workload)
-    try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/audit/study.py)
+    try:  # the run's Optuna study beside the store, for `optuna-dashboard` (orchestrator/review/study.py)
         save_study(store, run_id, ws.db_url)
     except StudyError:
         pass  # an in-memory store: nowhere to keep a study

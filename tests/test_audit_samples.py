@@ -2,7 +2,7 @@
 
 from orchestrator.bench import builtin_scenarios
 from orchestrator.bench.prompts import PromptFactory, load_tokenizer
-from orchestrator.bench.records import RequestRecord
+from orchestrator.bench.timeline import RequestRecord
 from orchestrator.trial.run import audit_samples
 
 

@@ -14,10 +14,10 @@ import pytest
 from fake_target import write_fake_target
 
 from orchestrator.bench.metrics import compute_metrics
-from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.saturation import SaturationPolicy
 from orchestrator.bench.scenarios import builtin_scenarios
+from orchestrator.bench.timeline import RequestRecord
 from orchestrator.config.goal import parse_goal
 from orchestrator.core.roles import BASELINE, PAIRED, PROBE, RETRY, SENTINEL
 from orchestrator.hosts.base import Proc

@@ -22,8 +22,8 @@ from orchestrator.cli import app
 from orchestrator.config.goal import parse_goal
 from orchestrator.core.exitcodes import EXIT_CODES
 from orchestrator.hosts import LocalHost
-from orchestrator.hosts.lease import LEASE_LOST, LEASE_RETAKEN, HostLeases, LeaseHeld, run_identity
 from orchestrator.hosts.registry import HostRegistry
+from orchestrator.hosts.runlease import LEASE_LOST, LEASE_RETAKEN, HostLeases, LeaseHeld, run_identity
 from orchestrator.hosts.ssh import SSHHost
 from orchestrator.remote import hostlock
 from orchestrator.runs import _note_leases
@@ -37,7 +37,7 @@ HOLDER = """
 import sys
 from pathlib import Path
 from orchestrator.hosts import get_hosts
-from orchestrator.hosts.lease import HostLeases, run_identity
+from orchestrator.hosts.runlease import HostLeases, run_identity
 ws, run, host = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 hosts = get_hosts(host, state_dir=ws / ".infergoal")
 with HostLeases(hosts, run_identity(ws, run)) as leases:

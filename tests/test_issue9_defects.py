@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.config.goal import parse_goal
-from orchestrator.core.errors import last_meaningful_line, summarize_failure
 from orchestrator.core.exitcodes import EXIT_CODES
-from orchestrator.hosts.lease import Lease, LeaseHeld, display_status, is_live
+from orchestrator.core.oneline import last_meaningful_line, summarize_failure
+from orchestrator.hosts.runlease import Lease, LeaseHeld, display_status, is_live
 from orchestrator.report import write_report
 from orchestrator.store import Store
 
@@ -250,7 +250,7 @@ def test_defect6_archived_workspace_on_a_read_only_mount_can_be_audited(tmp_path
     r = _ro_cli(tmp_path, "trials", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)[0]["status"] == "kept", r.stderr
     assert _ro_cli(tmp_path, "show", "0").returncode == 0
-    for cmd in (["why", "0"], ["log"]):  # the audit commands read, never write (cli/audit.py opens read-only)
+    for cmd in (["why", "0"], ["log"]):  # the audit commands read, never write (cli/review.py opens read-only)
         r = _ro_cli(tmp_path, *cmd, "--json")
         assert r.returncode == 0 and json.loads(r.stdout) is not None, (cmd, r.stderr)
     out = tmp_path.parent / f"{tmp_path.name}-report"

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("execution", ("orchestrator.hosts", "orchestrator.remote")),
     ("loop parts", ("orchestrator.proposers", "orchestrator.trial")),
     ("loop", ("orchestrator.loop",)),
-    ("after a run", ("orchestrator.knowledge", "orchestrator.audit", "orchestrator.report")),
+    ("after a run", ("orchestrator.knowledge", "orchestrator.review", "orchestrator.report")),
     ("composition", ("orchestrator.runs",)),
     ("faces", ("orchestrator.cli",)),
 ]

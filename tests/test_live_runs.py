@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from fake_target import write_fake_target
 
-from orchestrator.hosts.lease import is_live
+from orchestrator.hosts.runlease import is_live
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow  # launches (fake) servers and three orchestrator processes

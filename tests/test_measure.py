@@ -13,8 +13,8 @@ from fake_target import write_fake_target
 
 from gates.performance import bootstrap_interval, pair_speedups, paired_check
 from orchestrator.bench import builtin_scenarios
-from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.saturation import saturation_reasons
+from orchestrator.bench.timeline import RequestRecord
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
 from orchestrator.hosts import LocalHost

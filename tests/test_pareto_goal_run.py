@@ -7,11 +7,11 @@ import pytest
 from fake_target import FAKE_SERVER_DIR
 from typer.testing import CliRunner
 
-from orchestrator.audit.pareto import run_front
 from orchestrator.cli import app
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
 from orchestrator.core.roles import LOOP_ADDED
+from orchestrator.review.pareto import run_front
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 

@@ -69,7 +69,7 @@ def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
 
 
 def test_why_numbers_are_never_scientific_and_abbreviations_are_said():
-    from orchestrator.audit.facts import plain_number, why_facts
+    from orchestrator.review.facts import plain_number, why_facts
 
     assert [plain_number(v) for v in (1040.0, 999.7, 12.345, 0.5, 0.0000123, 0.0, 3)] == \
         ["1040", "1000", "12.3", "0.5", "0.0000123", "0", "3"]

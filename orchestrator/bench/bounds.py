@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .records import RequestRecord
+from .timeline import RequestRecord
 
 __all__ = ["LATENCIES", "STATS", "THROUGHPUT", "bounded", "request_bounds", "speedup_bound", "stat_bound"]
 

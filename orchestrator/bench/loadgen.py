@@ -20,9 +20,9 @@ from gates.api import ApiMode
 from . import bounds
 from .metrics import compute_metrics, failures
 from .prompts import Prompt, PromptFactory, load_tokenizer
-from .records import RequestRecord
 from .results import ScenarioResult
 from .scenarios import Scenario, StopRule, arrival_offsets, load_trace
+from .timeline import RequestRecord
 
 try:  # orjson is ~3x faster per chunk; the stdlib is the fallback
     import orjson

@@ -20,7 +20,7 @@ import numpy as np
 
 from gates.api import ApiMode
 
-from .records import RequestRecord
+from .timeline import RequestRecord
 
 STAT_NAMES = ("mean", "median", "std", "p50", "p90", "p95", "p99", "min", "max")
 

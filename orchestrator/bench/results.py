@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .records import RequestRecord
 from .scenarios import Scenario
+from .timeline import RequestRecord
 
 
 def _clean(x: Any) -> Any:

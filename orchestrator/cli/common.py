@@ -1,7 +1,7 @@
 """What every command module of the CLI shares: the global options, the workspace, the store, who.
 
 `main`'s root callback fills `STATE` from `-w`, `--db` and `-o` before any command runs, so a
-command of any module (`kb`, `audit`, `hosts`) opens the same workspace. Problems end the
+command of any module (`kb`, `review`, `hosts`) opens the same workspace. Problems end the
 command through `errors.fail`: one `error:` line and the outcome's exit code.
 """
 
@@ -46,7 +46,7 @@ def get_workspace(*, create: bool = False) -> Any:
 
 
 def get_store(read_only: bool = False) -> Any:
-    """The store; `read_only` (audit commands) never creates or writes, and is None if there is none yet."""
+    """The store; `read_only` (the review commands) never creates or writes, and is None if there is none yet."""
     from orchestrator.runs import open_store
     from orchestrator.store import StoreError
 

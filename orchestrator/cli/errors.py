@@ -69,9 +69,9 @@ def fail_from(e: BaseException) -> NoReturn:
     from gates.lock import GateTampered
     from orchestrator.config.goal import GoalError
     from orchestrator.config.workspace import ConfigError
-    from orchestrator.core.errors import one_line
+    from orchestrator.core.oneline import one_line
     from orchestrator.hosts import HostError
-    from orchestrator.hosts.lease import LeaseHeld
+    from orchestrator.hosts.runlease import LeaseHeld
     from orchestrator.store import StoreError
     from orchestrator.targets import TargetError
 

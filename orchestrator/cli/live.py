@@ -26,7 +26,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from orchestrator.audit.trials import (
+from orchestrator.cli.common import console, err, get_store, get_workspace
+from orchestrator.cli.errors import ERRORS, emit, fail
+from orchestrator.review.trials import (
     is_measurement,
     knob_text,
     measured_trial,
@@ -34,8 +36,6 @@ from orchestrator.audit.trials import (
     score_text,
     shown_status,
 )
-from orchestrator.cli.common import console, err, get_store, get_workspace
-from orchestrator.cli.errors import ERRORS, emit, fail
 
 __all__ = ["drive", "finish", "resume_progress"]
 
@@ -92,7 +92,7 @@ class _Progress:
         said = status if before is None or before == status else f"{status} (was {before})"
         line = f"{label} [{colour}]{said:<14}[/] {score:>8}  {obj}  [dim]{who}[/]"
         if t.error:
-            from orchestrator.core.errors import summarize_failure
+            from orchestrator.core.oneline import summarize_failure
 
             line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
         self.progress.console.print(line, highlight=False)
@@ -124,9 +124,9 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
     from gates.lock import GateTampered
     from orchestrator.agent import AgentError
     from orchestrator.core import interrupts
-    from orchestrator.core.errors import one_line
+    from orchestrator.core.oneline import one_line
     from orchestrator.hosts import HostError
-    from orchestrator.hosts.lease import LeaseHeld
+    from orchestrator.hosts.runlease import LeaseHeld
 
     started: list[int] = []
     view = _Progress(budget_trials, as_json, done)
@@ -158,8 +158,8 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
 
 def finish(outcome: Any, as_json: bool, report: bool) -> None:
     """Print how the run ended and exit with its outcome's code (see orchestrator/core/exitcodes.py)."""
-    from orchestrator.core.errors import summarize_failure
     from orchestrator.core.exitcodes import EXIT_CODES
+    from orchestrator.core.oneline import summarize_failure
 
     ws = get_workspace()
     store = get_store()

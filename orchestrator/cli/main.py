@@ -1,6 +1,6 @@
 """The `infergoal` app: its global options, starting and resuming a goal, the views of a run.
 
-The other command groups live beside it (`audit`, `kb`, `hosts`) and are merged in here; this
+The other command groups live beside it (`review`, `kb`, `hosts`) and are merged in here; this
 module is the only one that imports them.
 
 Every command that prints data takes `--json`. Global options (`-w`, `--db`, `-o`, `--debug`) go
@@ -24,12 +24,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.cli.audit import audit_app, html_report, query_trials
 from orchestrator.cli.common import STATE, console, err, get_store, get_workspace, run_id_of, whoami
 from orchestrator.cli.errors import ERRORS, GuardedGroup, emit, fail
 from orchestrator.cli.hosts import hosts_app
 from orchestrator.cli.kb import kb_app
 from orchestrator.cli.live import drive, finish, resume_progress
+from orchestrator.cli.review import html_report, query_trials, review_app
 
 __all__ = ["app"]
 
@@ -48,7 +48,7 @@ model_app = typer.Typer(help="Make local Hugging Face-format models (no hub need
 gates_app = typer.Typer(help="Verify or relock the immutable gate suite.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(gates_app, name="gates")
-app.add_typer(audit_app)  # why, lineage, export, study, floors, log, shell (orchestrator/cli/audit.py)
+app.add_typer(review_app)  # why, lineage, export, study, floors, log, shell (orchestrator/cli/review.py)
 app.add_typer(hosts_app, name="hosts")
 app.add_typer(kb_app, name="kb")  # orchestrator/cli/kb.py
 
@@ -150,11 +150,11 @@ def _trial_dict(t: Any) -> dict[str, Any]:
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json")) -> None:
     """List runs with their state and best score (`interrupted`: running, but its process is gone)."""
-    from orchestrator.audit.leases import lease_losses
-    from orchestrator.audit.trials import budget_line, split_trials
     from orchestrator.config.goal import GoalSpec
-    from orchestrator.core.errors import summarize_failure
-    from orchestrator.hosts.lease import LEASE_LOST, LEASE_RETAKEN, display_status
+    from orchestrator.core.oneline import summarize_failure
+    from orchestrator.hosts.runlease import LEASE_LOST, LEASE_RETAKEN, display_status
+    from orchestrator.review.leaseloss import lease_losses
+    from orchestrator.review.trials import budget_line, split_trials
     from orchestrator.trial.paired import describe, latest_paired
 
     store = get_store(read_only=True)
@@ -203,8 +203,8 @@ def trials(
     rid = run_id_of(store, run)
     everything = store.list_trials(rid)
     ts = query_trials(everything, status, proposer, where, sort, desc)
-    from orchestrator.audit.pareto import run_front
-    from orchestrator.audit.trials import (
+    from orchestrator.review.pareto import run_front
+    from orchestrator.review.trials import (
         budget_line,
         is_measurement,
         knob_text,
@@ -269,7 +269,7 @@ def show(
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
     if as_json:
         return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
-    from orchestrator.audit.trials import knob_text, measurement_note, score_text, shown_status
+    from orchestrator.review.trials import knob_text, measurement_note, score_text, shown_status
 
     said = score_text(t.score, (paired or {}).get("score"), unit="x")
     console.print(f"[bold]run {rid} trial #{t.number}[/] — {shown_status(t)}" + (f", score {said}" if said else "") + measurement_note(t),
@@ -329,7 +329,7 @@ def report(
 
 
 def _decide(number: int, run: int | None, status: str, who: str) -> None:
-    from orchestrator.audit.actions import DecisionError, decide
+    from orchestrator.review.actions import DecisionError, decide
 
     store = get_store()
     rid = run_id_of(store, run)

@@ -20,10 +20,11 @@ import threading
 import time
 from typing import Any
 
-from orchestrator.audit.actions import DecisionError, decide, record_action, who_am_i
-from orchestrator.audit.facts import why_facts
-from orchestrator.audit.leases import lease_words
-from orchestrator.audit.trials import (
+from orchestrator.config.workspace import Workspace
+from orchestrator.review.actions import DecisionError, decide, record_action, who_am_i
+from orchestrator.review.facts import why_facts
+from orchestrator.review.leaseloss import lease_words
+from orchestrator.review.trials import (
     is_measurement,
     knob_text,
     measured_trial,
@@ -31,8 +32,7 @@ from orchestrator.audit.trials import (
     score_text,
     shown_status,
 )
-from orchestrator.audit.why import explain_run, explain_trial
-from orchestrator.config.workspace import Workspace
+from orchestrator.review.why import explain_run, explain_trial
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
 

@@ -348,7 +348,7 @@ class GoalSpec(BaseModel):
     @property
     def multi_objective(self) -> bool:
         """Two objectives without targets ("maximize throughput and minimize p90 TPOT"): the search is
-        multi-objective and the run's answer is a Pareto front (`orchestrator.audit.pareto`), not one best."""
+        multi-objective and the run's answer is a Pareto front (`orchestrator.review.pareto`), not one best."""
         return len(self.objectives) == 2 and all(o.kind == "best" for o in self.objectives)
 
     @property

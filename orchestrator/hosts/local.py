@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.core import interrupts
 from orchestrator.hosts.base import HostError, Proc, ServerCrashed, ServerTimeout
-from orchestrator.hosts.lease import pid_alive
+from orchestrator.hosts.runlease import pid_alive
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.standby import QUIET_CORES, Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot

@@ -1,4 +1,4 @@
-"""The host side of a standby interpreter (`orchestrator.remote.standby`): when one may serve a launch,
+"""The host side of a standby interpreter (`orchestrator.remote.standbyd`): when one may serve a launch,
 starting one, and handing it the launch.
 
 A standby serves a launch only where that is a cold start done early: the launch is
@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.remote import standby as _program
-from orchestrator.remote.standby import eligible, idle_args, lock_pipe
+from orchestrator.remote import standbyd as _program
+from orchestrator.remote.standbyd import eligible, idle_args, lock_pipe
 
 __all__ = ["PROGRAM", "QUIET_CORES", "Standby", "eligible", "spawn"]
 

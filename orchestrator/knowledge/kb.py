@@ -24,7 +24,7 @@ from orchestrator.knowledge.fingerprint import (
     similarity,
     workload_key,
 )
-from orchestrator.knowledge.slo import write_slo_finding
+from orchestrator.knowledge.slofindings import write_slo_finding
 from orchestrator.knowledge.writeback import update_prior, write_constraints, write_effects, write_winner
 from orchestrator.trial.paired import beat_baseline
 

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.core.candidate import knob_key
 from orchestrator.knowledge.entries import STATUS_RANK, Entry
 from orchestrator.knowledge.fingerprint import similarity
-from orchestrator.knowledge.slo import slo_findings
+from orchestrator.knowledge.slofindings import slo_findings
 
 __all__ = ["MAX_TRANSFERRED", "MIN_SIMILARITY", "avoided", "for_goal", "prior_observations", "rank", "render_context",
            "translate", "warm_knobs", "weight_legend"]

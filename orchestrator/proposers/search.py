@@ -31,7 +31,7 @@ import optuna
 
 from orchestrator.core.candidate import Candidate, knob_key
 from orchestrator.core.roles import BASELINES
-from orchestrator.proposers import multi
+from orchestrator.proposers import multiobjective
 from orchestrator.proposers.costmodel import CostModel
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.attribution import attribute, bisect
@@ -156,7 +156,7 @@ class SearchProposer:
         self.attribute = attribute
         self.rank = rank if not objectives or len(objectives) < 2 else 1
         self.walk = walk and len(objectives) < 2  # a Pareto search has no single best to walk from
-        # Two objectives (a multi-objective goal): MOTPE on their measured values (`multi`), not on the score.
+        # Two objectives (a multi-objective goal): MOTPE on their measured values (`multiobjective`), not on the score.
         self.objectives = list(objectives) if len(objectives) > 1 else []
         self.n_startup = n_startup
         self.warm_start = list(warm_start)
@@ -406,10 +406,10 @@ class SearchProposer:
         # (batch size only matters with batching on); benchmarks/pareto_search.py measured it.
         blame = attribute(target, history) if self.attribute else None
         sampler = optuna.samplers.TPESampler(seed=self.seed + len(history), n_startup_trials=self.n_startup,
-                                             constant_liar=True, **multi.sampler_options(self.objectives))
+                                             constant_liar=True, **multiobjective.sampler_options(self.objectives))
         if self.objectives:  # the priors carry scalar scores: a multi-objective model does without them
-            study = optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler)
-            failed: Any = multi.failed_values(history, self.objectives)
+            study = optuna.create_study(directions=multiobjective.directions(self.objectives), sampler=sampler)
+            failed: Any = multiobjective.failed_values(history, self.objectives)
         else:
             study = optuna.create_study(direction="maximize", sampler=sampler)
             failed = FAILED_VALUE
@@ -483,7 +483,7 @@ class SearchProposer:
         None when no draw is admissible (TPE's own start-up then asks)."""
         tried = {(k, _level(dists[k], v)) for t in history for k, v in t.knobs.items() if k in dists}
         sampler = optuna.samplers.RandomSampler(seed=self.seed + len(history))
-        pool = (optuna.create_study(directions=multi.directions(self.objectives), sampler=sampler) if self.objectives
+        pool = (optuna.create_study(directions=multiobjective.directions(self.objectives), sampler=sampler) if self.objectives
                 else optuna.create_study(direction="maximize", sampler=sampler))
         conditional = frozenset(k for k, spec in target.knobs.items() if spec.when)
         served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
@@ -530,7 +530,7 @@ def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
     stored bound (~the bar), not a measurement: told as pruned at it, which Optuna's TPE ranks under every
     complete trial (its short score was under the bar; told as the bound it would rank beside the best)."""
     if objectives:
-        return {"values": multi.values_of(t, objectives, failed)}
+        return {"values": multiobjective.values_of(t, objectives, failed)}
     if is_stopped(t) and t.score:
         return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
     return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}

@@ -5,7 +5,7 @@ Each call is a short process started over SSH. Servers are started detached, in 
 their log in the host's work dir and a pidfile beside it: `clean` stops exactly the servers an
 orchestrator started, and only those, even after that orchestrator was killed.
 
-Standby interpreters (orchestrator/remote/standby.py) live here too, one per slot (an SSHHost: a
+Standby interpreters (orchestrator/remote/standbyd.py) live here too, one per slot (an SSHHost: a
 workspace's host entry): `start` with a `standby` request hands the launch to the slot's standby where
 it fits (same interpreter, module list, environment and standby program, still alive) and starts the
 next one, detached like a server, waiting on a named pipe in `standby/`; a record beside it (`SLOT.json`)
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.remote import hostlock
-from orchestrator.remote import standby as standby_program
+from orchestrator.remote import standbyd as standby_program
 from orchestrator.remote.manifest import manifest, tree_digest
 from orchestrator.remote.modelcache import cached_copy, manifest_key, resolve
 from orchestrator.remote.procs import (
@@ -330,7 +330,7 @@ def op_lease(a: argparse.Namespace) -> dict | None:
     channel open for the whole run: when it exits, is killed -9 or its machine drops the connection,
     sshd closes the channel, this process reads end of input or dies, and the kernel frees the lock.
     A lock file removed or replaced on the host ends it with one `lost` line: the orchestrator sees
-    its channel close, records the loss and takes the lease again (orchestrator/hosts/lease.py).
+    its channel close, records the loss and takes the lease again (orchestrator/hosts/runlease.py).
     """
     fd, buf = sys.stdin.fileno(), b""  # raw reads: select() must not miss lines a buffer holds
 

@@ -16,12 +16,12 @@ from typing import Any
 import jinja2
 import yaml
 
-from orchestrator.audit.actions import human_actions
-from orchestrator.audit.pareto import Front, run_front
-from orchestrator.audit.trials import is_measurement
-from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.report.render import build_report_data
 from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg, timeline_svg, trial_timeline
+from orchestrator.review.actions import human_actions
+from orchestrator.review.pareto import Front, run_front
+from orchestrator.review.trials import is_measurement
+from orchestrator.review.why import explain_run, explain_trial
 
 __all__ = ["build_html_data", "write_html_report"]
 
@@ -42,7 +42,7 @@ def _goal_pareto(front: Front) -> dict[str, Any] | None:
 
 
 def _pareto(store: Any, trials: list[Any]) -> dict[str, Any] | None:
-    """The goal's own front when it trades off two objectives (`audit.pareto.run_front`); otherwise
+    """The goal's own front when it trades off two objectives (`review.pareto.run_front`); otherwise
     TTFT p50 against output throughput per trial, on the scenario most trials measured both on."""
     front = run_front(store, trials[0].run_id) if trials else None
     if front is not None:
@@ -108,8 +108,8 @@ def _importance(store: Any, run_id: int) -> tuple[dict[str, float], str]:
     """Optuna's parameter importances over the run's scored trials (empty, with why, when it cannot say)."""
     import optuna
 
-    from orchestrator.audit.study import build_study
     from orchestrator.knowledge.distill import enough_for_importance
+    from orchestrator.review.study import build_study
 
     try:
         study = build_study(store, run_id)

@@ -9,9 +9,11 @@ from typing import Any
 
 import jinja2
 
-from orchestrator.audit.facts import GLOSSARY
-from orchestrator.audit.pareto import run_front
-from orchestrator.audit.trials import (
+from orchestrator.core.oneline import summarize_failure
+from orchestrator.core.roles import NOT_SEARCH
+from orchestrator.review.facts import GLOSSARY
+from orchestrator.review.pareto import run_front
+from orchestrator.review.trials import (
     budget_line,
     is_measurement,
     measured_trial,
@@ -20,8 +22,6 @@ from orchestrator.audit.trials import (
     shown_status,
     split_trials,
 )
-from orchestrator.core.errors import summarize_failure
-from orchestrator.core.roles import NOT_SEARCH
 from orchestrator.trial.paired import beat_baseline, latest_paired
 
 __all__ = ["ReportData", "build_report_data", "md_cell", "write_report"]
@@ -49,7 +49,7 @@ class ReportData:
     budget_line: str = ""
     """`5 of 5 trials +6 measurements`: what the budget counted, as every face says it."""
     pareto: dict[str, Any] | None = None
-    """A goal trading off two objectives: its Pareto front (`audit.pareto.Front.to_dict`), else None."""
+    """A goal trading off two objectives: its Pareto front (`review.pareto.Front.to_dict`), else None."""
     beat: bool = False
     """Whether the best candidate beat the baseline: its paired interval clears 1.0 (`paired.beat_baseline`)."""
     glossary: str = GLOSSARY

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402 - the backend must be chosen first
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from orchestrator.audit.pareto import non_dominated  # noqa: E402
 from orchestrator.core.roles import NOT_SEARCH  # noqa: E402
+from orchestrator.review.pareto import non_dominated  # noqa: E402
 
 __all__ = ["best_so_far_svg", "pareto_front", "pareto_svg", "timeline_svg", "trial_timeline"]
 
@@ -65,7 +65,7 @@ def best_so_far_svg(trials: Sequence[dict[str, Any]], *, x: str, xlabel: str) ->
 
 
 def pareto_front(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points not dominated on (lower TTFT, higher throughput), by rising TTFT (`audit.pareto.non_dominated`)."""
+    """Points not dominated on (lower TTFT, higher throughput), by rising TTFT (`review.pareto.non_dominated`)."""
     front = non_dominated(points, {"ttft": "minimize", "throughput": "maximize"})
     return sorted(front, key=lambda p: p["ttft"])  # type: ignore[arg-type, return-value]
 

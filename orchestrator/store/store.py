@@ -654,7 +654,7 @@ class Store:
                 query = query.where(EventModel.trial_id == trial_id)
             return [_event_record(r) for r in session.scalars(query.order_by(EventModel.id))]
 
-    # -- run lease (policy in orchestrator/hosts/lease.py) ------------------------------------------
+    # -- run lease (policy in orchestrator/hosts/runlease.py) ------------------------------------------
 
     def claim_run(
         self, run_id: int, *, owner_host: str, owner_pid: int,

@@ -104,7 +104,7 @@ class RunModel(Base):
     stop_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # No FK: trials already point at runs, and a cycle would complicate inserts and drops.
     best_trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The run lease (see orchestrator/hosts/lease.py): which orchestrator process drives the run, and
+    # The run lease (see orchestrator/hosts/runlease.py): which orchestrator process drives the run, and
     # when it last said so. Nullable: older rows and runs nobody holds have none.
     owner_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     owner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)

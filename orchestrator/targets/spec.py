@@ -19,10 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from orchestrator.core.tomlfile import read_toml, validation_message
 from orchestrator.targets.base import ConstraintViolated, Knob, KnobRule, TargetError
+from orchestrator.targets.engineknob import compose, read_multi
+from orchestrator.targets.engineknob import resolve as resolve_engine
 from orchestrator.targets.ibyaml import import_search_space
 from orchestrator.targets.launch import render_argv, render_env
-from orchestrator.targets.multi import compose, read_multi
-from orchestrator.targets.multi import resolve as resolve_engine
 from orchestrator.targets.space import active_only, check_constraints, check_space
 
 # TargetError, ConstraintViolated, Knob and KnobRule live in base.py (the helpers raise and read them
@@ -92,7 +92,7 @@ class TargetSpec(BaseModel):
     version_command: str = ""
     """A shell command (jinja2 over `python`) printing the installed engine's version, for the fingerprint."""
     variants: dict[str, TargetSpec] = Field(default_factory=dict)
-    """Engine as a knob: the sub-target per value of the `engine` knob (see targets/multi.py)."""
+    """Engine as a knob: the sub-target per value of the `engine` knob (see targets/engineknob.py)."""
     path: str = ""
     """Where the spec was loaded from (filled by `load_target`)."""
 
@@ -190,7 +190,7 @@ def load_target(path: str | Path) -> TargetSpec:
 
 
 def _load_multi(path: Path, data: dict[str, Any]) -> TargetSpec:
-    """A multi-engine file (targets/multi.py): each engine's own target file loaded, given the
+    """A multi-engine file (targets/engineknob.py): each engine's own target file loaded, given the
     file's model and served name, and composed into one target whose `engine` knob picks."""
     f = read_multi(path, data)
     variants: dict[str, TargetSpec] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gates.api import ApiMode
 from orchestrator.bench.counts import count_violation
 from orchestrator.bench.metrics import compute_metrics
-from orchestrator.bench.records import RequestRecord
+from orchestrator.bench.timeline import RequestRecord
 
 MS = 1_000_000
 TEXT_ONLY = ApiMode(ignore_eos=False, token_ids=False, prompt_ids=False, echo_logprobs=False)

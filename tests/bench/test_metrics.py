@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from orchestrator.bench.metrics import compute_metrics, failures, is_good, stats
-from orchestrator.bench.records import RequestRecord
+from orchestrator.bench.timeline import RequestRecord
 
 MS = 1_000_000
 

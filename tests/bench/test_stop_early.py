@@ -173,7 +173,7 @@ def test_every_latency_bound_is_under_the_final_statistic_at_any_moment() -> Non
 
     from orchestrator.bench.bounds import stat_bound
     from orchestrator.bench.metrics import compute_metrics
-    from orchestrator.bench.records import RequestRecord
+    from orchestrator.bench.timeline import RequestRecord
 
     rng = random.Random(7)
     for _ in range(300):

@@ -115,7 +115,7 @@ def test_naive_plan_measures_every_scenario_within_its_budget() -> None:
 
 
 def _rec(i: int, sent: float, first: float, gaps: list[float]):
-    from orchestrator.bench.records import RequestRecord
+    from orchestrator.bench.timeline import RequestRecord
 
     ms = 1_000_000
     chunks = [int(first * ms)]
@@ -149,7 +149,7 @@ def test_request_cis() -> None:
 def test_request_clock_keeps_each_request_on_the_clients_clock() -> None:
     """Per request (in index order), sent / first / last token ms after the bench's start; a failed request's
     missing times stay None."""
-    from orchestrator.bench.records import RequestRecord
+    from orchestrator.bench.timeline import RequestRecord
 
     a, b = _rec(1, 2.0, 50.0, [5.0, 5.0]), _rec(0, 1.0, 40.0, [5.0])
     failed = RequestRecord(index=2, prompt_tokens=8, output_tokens=4, t_sent_ns=3_000_000)

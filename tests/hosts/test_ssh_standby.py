@@ -1,4 +1,4 @@
-"""An SSH host's standby interpreter (orchestrator/remote/hostd.py, orchestrator/remote/standby.py --fifo)
+"""An SSH host's standby interpreter (orchestrator/remote/hostd.py, orchestrator/remote/standbyd.py --fifo)
 against a real sshd on loopback: the second launch runs on the standby the first one left on the host,
 and serves and logs as a cold one; another environment starts cold and ends it; `close` ends it and
 `quiet` pauses it; a standby killed, not reading, or gone by itself after `standby_idle_s` without a launch

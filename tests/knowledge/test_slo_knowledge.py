@@ -6,7 +6,7 @@ import pytest
 from orchestrator.config.goal import parse_goal
 from orchestrator.knowledge.kb import KnowledgeBase
 from orchestrator.knowledge.reuse import for_goal
-from orchestrator.knowledge.slo import limits_fit, rate_moves
+from orchestrator.knowledge.slofindings import limits_fit, rate_moves
 from orchestrator.store import Store
 
 HW = {"machine": "x86_64", "cpu_count": 16}

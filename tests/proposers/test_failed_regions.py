@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from orchestrator.audit.why import explain_run, explain_trial
 from orchestrator.core.candidate import knob_key
 from orchestrator.loop.controller import Controller
 from orchestrator.proposers.search import REGION_CONSTRAINT, SearchProposer
+from orchestrator.review.why import explain_run, explain_trial
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 from orchestrator.targets.base import Knob

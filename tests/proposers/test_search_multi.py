@@ -6,9 +6,9 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator.audit.pareto import front_of
 from orchestrator.config.goal import parse_goal
-from orchestrator.proposers import get_proposer, multi
+from orchestrator.proposers import get_proposer, multiobjective
+from orchestrator.review.pareto import front_of
 from orchestrator.store import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -57,7 +57,7 @@ def test_the_study_has_one_direction_per_objective_and_is_told_the_measured_valu
     # The start-up trials (4, the baseline counted) are the covering design's; then MOTPE proposes.
     assert all(t.rationale.startswith("start-up proposal") and "(multi-objective search)" in t.rationale for t in trials[1:4])
     assert all(t.rationale.startswith("multi-objective TPE") for t in trials[4:])
-    assert multi.values_of(trials[3], GOAL.objectives, [0.0, 1.0]) == [trials[3].objective[TPUT], trials[3].objective[TPOT]]
+    assert multiobjective.values_of(trials[3], GOAL.objectives, [0.0, 1.0]) == [trials[3].objective[TPUT], trials[3].objective[TPOT]]
 
 
 def test_a_single_objective_goal_keeps_the_scalar_search(tmp_path):
@@ -73,9 +73,9 @@ def test_failed_trials_are_told_worse_than_anything_measured(tmp_path):
     bad = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
     store.finish_trial(bad.id, "failed", error="oom")
     history = store.list_trials(run.id)
-    failed = multi.failed_values(history, GOAL.objectives)
+    failed = multiobjective.failed_values(history, GOAL.objectives)
     assert failed == [0.0, 400.0]
-    assert multi.values_of(history[1], GOAL.objectives, failed) == failed
+    assert multiobjective.values_of(history[1], GOAL.objectives, failed) == failed
 
 
 def test_the_multi_objective_search_finds_a_wider_front_than_random_sampling(tmp_path):

@@ -1,4 +1,4 @@
-"""Report fixtures: the audit tests' run with every trial status (tests/audit/audit_data.py)."""
+"""Report fixtures: the audit tests' run with every trial status (tests/review/audit_data.py)."""
 
 import sys
 from pathlib import Path

@@ -5,11 +5,11 @@ import xml.etree.ElementTree as ET
 
 from typer.testing import CliRunner
 
-from orchestrator.audit.pareto import front_of, non_dominated, run_front
 from orchestrator.cli import app
 from orchestrator.config.goal import parse_goal
 from orchestrator.report.html import build_html_data, write_html_report
 from orchestrator.report.render import build_report_data, write_report
+from orchestrator.review.pareto import front_of, non_dominated, run_front
 from orchestrator.store import Store
 
 GOAL = parse_goal("maximize throughput and minimize p90 TPOT within 10 trials")

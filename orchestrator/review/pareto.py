@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.audit.trials import is_measurement
 from orchestrator.config.goal import GoalSpec, Objective
 from orchestrator.core.roles import PROBE
+from orchestrator.review.trials import is_measurement
 from orchestrator.trial.run import objective_label
 
 __all__ = ["Front", "front_of", "measured", "non_dominated", "run_front"]

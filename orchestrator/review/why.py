@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.audit.actions import HUMAN_ACTIONS
-from orchestrator.audit.leases import lease_losses, lease_words
-from orchestrator.audit.trials import budget_line, shown_status, split_trials
 from orchestrator.core.roles import BASELINE, BASELINES, MEASUREMENTS, NOT_SEARCH, PAIRED, REMEASURES
+from orchestrator.review.actions import HUMAN_ACTIONS
+from orchestrator.review.leaseloss import lease_losses, lease_words
+from orchestrator.review.trials import budget_line, shown_status, split_trials
 
 __all__ = ["Why", "baseline_noise", "explain_run", "explain_trial", "failure_class", "recorded_noise", "trial_cost"]
 

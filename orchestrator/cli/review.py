@@ -1,6 +1,6 @@
-"""Audit commands of the `infergoal` CLI: why, lineage, export, study, floors, log, shell.
+"""Review commands of the `infergoal` CLI: why, lineage, export, study, floors, log, shell.
 
-They live in their own typer app, merged into the main one (`app.add_typer(audit_app)`), so
+They live in their own typer app, merged into the main one (`app.add_typer(review_app)`), so
 the main CLI module stays small. Like the main CLI, commands import what they need when they
 run, so `infergoal --help` starts in a fraction of a second. The workspace is the one the global
 options (`-w`, `--db`, `-o`) name, through `orchestrator.cli.common`.
@@ -16,14 +16,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from orchestrator.audit.leases import lease_words
-from orchestrator.audit.trials import knob_text, measurement_note, paired_scores, score_text
 from orchestrator.cli.common import console, get_store, get_workspace, run_id_of
 from orchestrator.cli.errors import emit, fail
+from orchestrator.review.leaseloss import lease_words
+from orchestrator.review.trials import knob_text, measurement_note, paired_scores, score_text
 
-__all__ = ["audit_app", "html_report", "query_trials", "trial_number"]
+__all__ = ["review_app", "html_report", "query_trials", "trial_number"]
 
-audit_app = typer.Typer()
+review_app = typer.Typer()
 
 
 def trial_number(text: str | None) -> int | None:
@@ -45,7 +45,7 @@ def _open(run: int | None, *, read_only: bool = True) -> tuple[Any, Any, int]:
 
 def query_trials(trials: list[Any], status: list[str], proposer: str, where: list[str], sort: str, desc: bool) -> list[Any]:
     """`infergoal trials` filters; a bad filter ends the command with one error line."""
-    from orchestrator.audit.query import QueryError, select_trials
+    from orchestrator.review.query import QueryError, select_trials
 
     try:
         return select_trials(trials, status=status, proposer=proposer, where=where, sort=sort, descending=desc)
@@ -55,8 +55,8 @@ def query_trials(trials: list[Any], status: list[str], proposer: str, where: lis
 
 def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
     """Write report.html and keep the run's Optuna study in the database for optuna-dashboard."""
-    from orchestrator.audit.study import StudyError, save_study
     from orchestrator.report.html import write_html_report
+    from orchestrator.review.study import StudyError, save_study
 
     path = write_html_report(store, run_id, out_dir)
     try:
@@ -66,15 +66,15 @@ def html_report(store: Any, run_id: int, out_dir: Path, db_url: str) -> Path:
     return path
 
 
-@audit_app.command()
+@review_app.command()
 def why(
     trial: str | None = typer.Argument(None, metavar="N", help="Trial number (0 = baseline); leave out to ask why the run stopped."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Why a trial ended as it did (the first thing that decided it, with its numbers), from the store alone."""
-    from orchestrator.audit.facts import GLOSSARY, why_facts
-    from orchestrator.audit.why import explain_run, explain_trial
+    from orchestrator.review.facts import GLOSSARY, why_facts
+    from orchestrator.review.why import explain_run, explain_trial
     from orchestrator.trial.paired import describe, latest_paired
 
     number = trial_number(trial)
@@ -125,14 +125,14 @@ def why(
     return None
 
 
-@audit_app.command("lineage")
+@review_app.command("lineage")
 def lineage_cmd(
     number: int = typer.Argument(..., help="Trial number."),
     run: int | None = typer.Option(None, "--run", "-r"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """A candidate's ancestry back to the baseline: parents, their commits, and the knobs each step changed."""
-    from orchestrator.audit.lineage import lineage
+    from orchestrator.review.lineage import lineage
 
     _, store, rid = _open(run)
     try:
@@ -153,14 +153,14 @@ def lineage_cmd(
     return None
 
 
-@audit_app.command()
+@review_app.command()
 def export(
     run: int | None = typer.Argument(None, help="Run id (default: latest)."),
     out: Path | None = typer.Option(None, "--out", help="Folder (default .infergoal/runs/N/export)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Export a run: run.json, trials/measurements/gates/events CSV, and vLLM- and AIPerf-shaped files per trial."""
-    from orchestrator.audit.export import export_run
+    from orchestrator.review.export import export_run
 
     ws, store, rid = _open(run)
     manifest = export_run(store, rid, out or ws.run_dir(rid) / "export", run_dir=ws.run_dir(rid))
@@ -172,13 +172,13 @@ def export(
     return None
 
 
-@audit_app.command()
+@review_app.command()
 def study(
     run: int | None = typer.Argument(None, help="Run id (default: latest)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Write the run's Optuna study beside the store and print the optuna-dashboard command."""
-    from orchestrator.audit.study import StudyError, dashboard_command, save_study
+    from orchestrator.review.study import StudyError, dashboard_command, save_study
 
     ws, store, rid = _open(run)
     try:
@@ -191,13 +191,13 @@ def study(
     return None
 
 
-@audit_app.command()
+@review_app.command()
 def log(
     run: int | None = typer.Option(None, "--run", "-r", help="Only this run's actions (plus run-less ones like relocks)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """The audit log: human actions (relock, approve, reject, steer, stop, contract decisions) with who and when."""
-    from orchestrator.audit.actions import human_actions
+    from orchestrator.review.actions import human_actions
 
     store = get_store(read_only=True)
     rows = human_actions(store, run) if store is not None else []
@@ -210,7 +210,7 @@ def log(
     return None
 
 
-@audit_app.command()
+@review_app.command()
 def shell(ctx: typer.Context) -> None:
     """Interactive prompt with history and completion: /goal, /status, /trials, /show N, /why N, /steer, /approve N, /reject N, /stop, /kb."""
     from orchestrator.cli.shell import Shell
@@ -233,7 +233,7 @@ def _global_args(p: dict[str, Any]) -> list[str]:
     return args
 
 
-@audit_app.command()
+@review_app.command()
 def floors(
     file: Path = typer.Argument(..., help="JSON with a `floors` object, as benchmarks/gpu/sol.py --out writes it."),
     run: int | None = typer.Option(None, "--run", "-r", help="Run id (default: latest)."),

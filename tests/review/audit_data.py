@@ -12,9 +12,9 @@ from pathlib import Path
 from fake_target import write_fake_target
 
 from orchestrator.bench.metrics import compute_metrics
-from orchestrator.bench.records import RequestRecord
 from orchestrator.bench.results import ScenarioResult
 from orchestrator.bench.scenarios import builtin_scenarios
+from orchestrator.bench.timeline import RequestRecord
 from orchestrator.config.goal import parse_goal
 from orchestrator.store import Store
 from orchestrator.targets import load_target

@@ -1,6 +1,6 @@
 """Host leases a run lost mid-run, as the run recorded them, for `status`, `why` and the shell.
 
-The watcher of the leases (`orchestrator.hosts.lease.HostLeases`) writes `lease.lost` when a lease it
+The watcher of the leases (`orchestrator.hosts.runlease.HostLeases`) writes `lease.lost` when a lease it
 held is gone (its lock file removed or replaced, its SSH channel dropped) and `lease.retaken`
 when it has the host again; this module reads those events back, never re-deriving them.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.hosts.lease import LEASE_LOST, LEASE_RETAKEN
+from orchestrator.hosts.runlease import LEASE_LOST, LEASE_RETAKEN
 
 __all__ = ["lease_losses", "lease_words"]
 

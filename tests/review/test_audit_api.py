@@ -1,6 +1,6 @@
 """The audit package's public surface, pinned (a rename is a deliberate act)."""
 
-import orchestrator.audit as audit
+import orchestrator.review as audit
 from orchestrator.report import html
 
 

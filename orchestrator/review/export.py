@@ -51,7 +51,7 @@ def _bench_exports(run_dir: Path | None, number: int, out: Path) -> list[str]:
 def export_run(store: Any, run_id: int, out_dir: str | Path, *, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Write `run.json`, `trials.csv`, `measurements.csv`, `gates.csv`, `events.csv` and per-trial
     bench exports into `out_dir`. Returns a manifest (also written as `manifest.json`)."""
-    from orchestrator.audit.why import explain_trial
+    from orchestrator.review.why import explain_trial
 
     run = store.get_run(run_id)
     if run is None:

@@ -14,12 +14,12 @@ import typer
 from audit_data import add_measurements, build_run
 from typer.testing import CliRunner
 
-from orchestrator.audit.why import explain_run
 from orchestrator.cli import app
 from orchestrator.cli.common import STATE
 from orchestrator.cli.live import finish
 from orchestrator.cli.shell import Shell
 from orchestrator.config.workspace import Workspace
+from orchestrator.review.why import explain_run
 from orchestrator.store import Store
 
 runner = CliRunner()

@@ -10,9 +10,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.audit import save_study, study_name, study_storage_url
-from orchestrator.audit.study import StudyError
 from orchestrator.remote.procs import free_port
+from orchestrator.review import save_study, study_name, study_storage_url
+from orchestrator.review.study import StudyError
 
 
 def test_storage_url_sits_next_to_the_store():

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from orchestrator.audit import decide, explain_run, explain_trial, human_actions, record_action
-from orchestrator.audit.actions import DecisionError
+from orchestrator.review import decide, explain_run, explain_trial, human_actions, record_action
+from orchestrator.review.actions import DecisionError
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from orchestrator.audit import export_run, lineage, select_trials
-from orchestrator.audit.query import QueryError
+from orchestrator.review import export_run, lineage, select_trials
+from orchestrator.review.query import QueryError
 
 
 def _numbers(ts):

@@ -5,7 +5,7 @@ A goal that trades off two objectives ("maximize throughput and minimize p90 TPO
 one direction per objective and each finished trial reports its measured objective values, not
 the scalar score, so the sampler models the front rather than one geometric mean. The keep rule
 stays the loop's (`orchestrator.loop.controller`); the front is read from the store
-(`orchestrator.audit.pareto`). This module only translates stored trials into sampler values.
+(`orchestrator.review.pareto`). This module only translates stored trials into sampler values.
 """
 
 from __future__ import annotations
