@@ -2,6 +2,7 @@
 status, approve a trial, stop the run, resume it to the end; history and Tab completion work."""
 
 import json
+import os
 import signal
 import sys
 
@@ -36,7 +37,8 @@ def shell(tmp_path, tiny_model):
             "shell"]
     child = pexpect.spawn(sys.executable, args, cwd=str(tmp_path), encoding="utf-8", timeout=180,
                           dimensions=(40, 200), env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                                     "INFERGOAL_CACHE": str(tiny_model.parent.parent), "PYTHONPATH": ":".join(sys.path)})
+                                                     "INFERGOAL_CACHE": str(tiny_model.parent.parent), "PYTHONPATH": ":".join(sys.path),
+                                                     "INFERGOAL_LEASE_DIR": os.environ["INFERGOAL_LEASE_DIR"]})
     child.logfile_read = (tmp_path / "pty.log").open("w")  # what the terminal showed, for a failing run
     child.expect_exact(PROMPT)
     yield child, tmp_path
@@ -98,7 +100,8 @@ def _prompt_only(tmp_path, **kw):
     """The shell over a real pty on `tmp_path`, no server, no run going."""
     return pexpect.spawn(sys.executable, ["-m", "orchestrator.cli", "-w", str(tmp_path), "shell"], cwd=str(tmp_path),
                          encoding="utf-8", timeout=60, dimensions=(40, 200),
-                         env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path)}, **kw)
+                         env={"TERM": "dumb", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": ":".join(sys.path),
+                              "INFERGOAL_LEASE_DIR": os.environ["INFERGOAL_LEASE_DIR"]}, **kw)
 
 
 def test_prompt_completion_history_and_audit_without_a_run_going(tmp_path):
