@@ -51,6 +51,7 @@ class Ctx:
     start: float = field(default_factory=time.monotonic)
     env: dict[str, str] = field(default_factory=dict)
     _model: str = ""
+    _checked: bool = False
 
     # -- the clock -------------------------------------------------------------------------------------------
     def elapsed(self) -> int:
@@ -137,8 +138,9 @@ class Ctx:
 
     def preflight(self) -> None:
         """Refuse, in one line, a machine where the orchestrator does not import (the wheels not carried)."""
-        if self.dry:
+        if self.dry or self._checked:
             return
+        self._checked = True
         r = subprocess.run([self.python, "-c", "import orchestrator.cli"], capture_output=True, text=True, cwd=ROOT,
                            env={**os.environ, **self.env})
         if r.returncode != 0:
