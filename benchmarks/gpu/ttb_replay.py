@@ -163,6 +163,15 @@ def _finite(x: Any) -> Any:
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
+def _infinite(res: dict[str, Any]) -> dict[str, Any]:
+    """A saved table with its nulls (never reached) back as infinite."""
+    for v in res.values():
+        if isinstance(v, dict) and "runs" in v:
+            for stat in ("median_s", "p90_s"):
+                v[stat] = math.inf if v[stat] is None else v[stat]
+    return res
+
+
 def _fmt(x: float) -> str:
     return f"{x:.0f}" if math.isfinite(x) else "not reached"
 
@@ -173,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--json", type=Path, help="the whole table with every run (the evidence file)")
     ap.add_argument("--headline", type=Path, help="write time_to_best_cold_s_median / _p90 (after) into this headline.json")
+    ap.add_argument("--from", dest="saved", type=Path, help="print (and --headline) a table saved by --json instead of replaying")
     args = ap.parse_args(argv)
-    res = table(args.seeds, args.trials)
+    if args.saved:
+        res = _infinite(json.loads(args.saved.read_text()))
+        args.seeds, args.trials, args.json = res["seeds"], res["trials"], args.json or args.saved
+    else:
+        res = table(args.seeds, args.trials)
     print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
           f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
     print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
@@ -183,12 +197,17 @@ def main(argv: list[str] | None = None) -> int:
             s = res[f"{v.name}_{kind}"]
             print(f"{v.name:8} {kind:5} {_fmt(s['median_s']):>13} {_fmt(s['p90_s']):>12} {s['reached']:>5}/{s['seeds']:<2} "
                   f"{s['sentinel_share_median']:>14.1%} {s['crashed_trials']:>15} {s['best_median']:>13.2f}x")
-    if args.json:
+    if args.json and not args.saved:
         args.json.write_text(json.dumps(_finite(res), indent=1) + "\n")
     if args.headline:
-        update_headline(args.headline, res, _rel(args.json) if args.json else None,
-                        " ".join(["python benchmarks/gpu/ttb_replay.py", *(argv if argv is not None else sys.argv[1:])]))
+        source = _rel(args.json) if args.json else None
+        update_headline(args.headline, res, source, f"python benchmarks/gpu/ttb_replay.py --seeds {res['seeds']} "
+                                                    f"--trials {res['trials']}" + (f" --json {source}" if source else ""))
     return 0
+
+
+def _round(x: float) -> float | None:
+    return round(x, 1) if math.isfinite(x) else None
 
 
 def _rel(p: Path) -> str:
@@ -205,14 +224,17 @@ def update_headline(path: Path, res: dict[str, Any], source: str | None, command
     for stat in ("median", "p90"):
         after, before = res["after_cold"], res["before_cold"]
         entry: dict[str, Any] = {
-            "value": _finite(after[f"{stat}_s"]), "before": _finite(before[f"{stat}_s"]), "seeds": after["seeds"],
+            "value": _round(after[f"{stat}_s"]), "before": _round(before[f"{stat}_s"]), "seeds": after["seeds"],
             "reached": after["reached"], "reached_before": before["reached"], "trials": res["trials"],
-            "warm_median": _finite(res["after_warm"]["median_s"]),
+            "warm_median": _round(res["after_warm"]["median_s"]),
             "basis": "predicted, not measured: the real search replayed on a surrogate fitted from every stored 7B GPU "
                      "trial (ttb_surrogate.py); GPU-seconds to a kept trial within 5% of the best known setting",
             "source": source, "command": command}
+        short = f"fewer than {'half' if stat == 'median' else '90%'} of the seeds reached it within {res['trials']} trials"
         if entry["value"] is None:
-            entry["why"] = f"fewer than {'half' if stat == 'median' else '90%'} of the seeds reached it within {res['trials']} trials"
+            entry["why"] = short
+        if entry["before"] is None:
+            entry["why_before"] = f"{short} ({before['reached']} of {before['seeds']})"
         head[f"time_to_best_cold_s_{stat}"] = entry
     path.write_text(json.dumps(head, indent=1) + "\n")
 

@@ -55,3 +55,13 @@ def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
     # before: the baseline re-measured every 4 trials whatever it costs; after: within the share
     assert res["after_cold"]["sentinel_share_median"] <= ttb_replay.SENTINEL_SHARE
     assert not math.isnan(res["after_cold"]["best_median"])
+    # the headline's keys from the saved table, with the evidence file and the command that makes it
+    head = tmp_path / "headline.json"
+    head.write_text(json.dumps({"median_trial_s": {"value": 44.0}}))
+    assert ttb_replay.main(["--from", str(out), "--headline", str(head)]) == 0
+    h = json.loads(head.read_text())
+    assert h["median_trial_s"] == {"value": 44.0}  # other keys kept
+    for key in ("time_to_best_cold_s_median", "time_to_best_cold_s_p90"):
+        e = h[key]
+        assert e["seeds"] == 2 and e["source"] == str(out) and "--seeds 2 --trials 6" in e["command"]
+        assert (e["value"] is None) == ("why" in e) and (e["before"] is None) == ("why_before" in e)
