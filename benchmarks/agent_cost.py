@@ -37,7 +37,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     repo_dir = tmp / "engine"
     repo_dir.mkdir()
-    shutil.copy(ROOT / "examples" / "hfserve" / "server.py", repo_dir / "fakeserver.py")
+    shutil.copy(ROOT / "examples" / "hfserve" / "hfserve" / "server.py", repo_dir / "fakeserver.py")
     repo = git.Repo.init(repo_dir)
     repo.git.add("-A")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])

@@ -25,8 +25,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from orchestrator.bench import Scenario, run_scenario  # noqa: E402
 from orchestrator.remote.procs import free_port  # noqa: E402
 

@@ -19,7 +19,7 @@ as the test suite's), so each launch also pays its SSH round trips (`hostd start
 
 Without ``--model`` it forges the preset's shape with random weights (``train_steps=0``: the
 loading path does not care what the weights are) into ~/.cache/infergoal/bench/. Each round starts
-examples/hfserve/server.py with ``--load hf`` then ``--load fast`` (the order swaps every round),
+examples/hfserve with ``--load hf`` then ``--load fast`` (the order swaps every round),
 times the launch until /health answers (what a trial's deploy step waits for), reads the server's
 own "loaded ... in X s" line, and stops it. Prints one JSON line per launch and the medians.
 """
@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from orchestrator.hosts import LocalHost  # noqa: E402
 
-SERVER = ROOT / "examples" / "hfserve" / "server.py"
+SERVER = ROOT / "examples" / "hfserve"  # the tree, run as a program
 
 
 def forged(preset: str) -> Path:

@@ -3,7 +3,7 @@
 On the H200, scenario C decoded at 13.8 ms per token at batch 32 against a ~5.5 ms graph step: the
 rest is host work that grows with the batch (events per token per request, the event loop's
 detokenize + SSE writes, sharing the GIL with the engine thread). This measures that host side
-on the CPU with the GPU taken out: the real server (examples/hfserve/server.py, ``--engine fast``,
+on the CPU with the GPU taken out: the real server (hfserve, ``--engine fast``,
 the forged tiny model) serves a burst of B streaming requests from a client in another process,
 and the model's decode step is a stub that returns fixed ids after sleeping ``gpu_ms`` with the GIL
 released, as a CUDA graph replay + the sync on its ids would. Everything else is the real code: the
@@ -25,8 +25,9 @@ Per (variant, batch, gpu_ms), over the steps where the whole burst decodes toget
   is asynchronous as a graph replay is: queued at once, its ids ready ``gpu_ms`` after the device is
   free, ``ids.tolist()`` waiting for them with the GIL released).
 
-``before`` is the hfserve folder at a git commit (``--before``, default the commit this change
-started from), ``after`` the working tree's; each runs in its own process, the client in a third.
+``before`` is the hfserve tree (examples/hfserve) at a git commit (``--before``, default HEAD) or a folder
+holding one, ``after`` the working tree's; each runs in its own process (the tree first on its PYTHONPATH),
+the client in a third.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/engine_host_step.py [--batch 16 32] [--gpu-ms 0 5.5]
         [--steps 150] [--before REF] [--json OUT]
@@ -48,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "examples" / "hfserve"
-BEFORE = "bd4d84b"  # main before the batched events (the host-cost change)
+BEFORE = "HEAD"
 
 
 def _free_port() -> int:
@@ -84,10 +85,9 @@ async def _client(port: int, n: int, prompt: list[int], max_tokens: int) -> None
 
 def _serve_and_measure(hfdir: str, model: str, batch: int, gpu_ms_list: list[float], steps: int,
                        launch_us: float = 0.0, flags: list[str] | None = None, gil_ops: int = 0) -> list[dict]:
-    sys.path.insert(0, hfdir)
-    import server as srv  # noqa: PLC0415  (the variant's own copy)
     import torch
     from aiohttp import web
+    from hfserve import server as srv  # noqa: PLC0415  (the variant's own copy: hfdir is first on PYTHONPATH)
 
     args = srv.parse_args(["--model", model, "--port", "0", "--engine", "fast", "--batching", "on",
                            "--max-batch-size", str(batch), "--device", "cpu", "--dtype", "float32", *(flags or [])])
@@ -198,13 +198,17 @@ def _variant_dir(ref: str | None, tmp: str) -> str:
         return str(Path(ref).resolve())
     d = Path(tmp) / ref
     d.mkdir(parents=True)
-    # Every module of the folder at that commit (the Triton kernels were kernels.py before they became hfkernels.py).
-    paths = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", ref, "examples/hfserve/"], check=True,
+    # Every module of the tree at that commit (the package hfserve/ and what sits beside it).
+    paths = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", ref, "examples/hfserve/"], check=True,
                            capture_output=True, text=True).stdout.split()
+    if "examples/hfserve/hfserve/server.py" not in paths:
+        raise SystemExit(f"engine_host_step: {ref} has no hfserve package (examples/hfserve/hfserve/); pick a later commit")
     for path in (p for p in paths if p.endswith(".py")):
         src = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True,
                              capture_output=True, text=True).stdout
-        (d / Path(path).name).write_text(src)
+        out = d / Path(path).relative_to("examples/hfserve")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(src)
     return str(d)
 
 
@@ -238,7 +242,6 @@ def main() -> None:
         print("RESULT " + json.dumps(res), flush=True)
         return
     if a.model is None:
-        sys.path.insert(0, str(ROOT))
         from orchestrator.models import forge
 
         a.model = str(forge.default_model())
@@ -252,7 +255,9 @@ def main() -> None:
                 cmd = [sys.executable, __file__, "--measure", d, str(batch), "--model", a.model, "--steps",
                        str(a.steps), "--launch-us", str(a.launch_us), "--gpu-ms", *map(str, a.gpu_ms),
                        f"--flags={a.after_flags if name == 'after' else ''}", "--gil-ops", str(a.gil_ops)]
-                p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                path = os.pathsep.join(x for x in (d, os.environ.get("PYTHONPATH")) if x)  # the variant's hfserve first
+                p = subprocess.run(cmd, capture_output=True, text=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
                 line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
                 if not line:
                     raise SystemExit(f"{name} batch {batch} failed:\n{p.stderr[-3000:]}")

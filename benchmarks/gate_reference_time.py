@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from gates import reference  # noqa: E402
 from gates.accuracy import _heldout_ids, _reference_rows, draw_windows, load_reference  # noqa: E402

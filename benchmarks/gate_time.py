@@ -2,7 +2,7 @@
 
     python benchmarks/gate_time.py --before ../infergoal-main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
 
-Starts one server of the demo target (examples/hfserve/server.py on the forge's tiny model, the
+Starts one server of the demo target (examples/hfserve on the forge's tiny model, the
 baseline knobs unless ``--knobs``), then alternates A B A B: each round runs, in a fresh
 subprocess with that tree's ``gates`` package first on ``sys.path``, one warm-up gate pass (the
 controller loads the reference once per run, so its load is not a trial's cost) and then the
@@ -50,7 +50,6 @@ def main() -> None:
     ap.add_argument("--knobs", default="", help="extra server arguments, e.g. '--batching on'")
     ap.add_argument("--model", default="", help="model folder (default: the forge's tiny model); the 7B on the GPU")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     from orchestrator.models import forge
 
     model = Path(args.model) if args.model else Path(forge.default_model())

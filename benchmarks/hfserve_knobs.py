@@ -2,7 +2,7 @@
 
     python benchmarks/hfserve_knobs.py [--model DIR] [--tokens 64] [--concurrency 8] [--extra]
 
-Starts examples/hfserve/server.py once per knob set, streams requests with aiohttp, and
+Starts examples/hfserve once per knob set, streams requests with aiohttp, and
 prints one row per configuration (plus ``--json PATH``). Without ``--model`` it uses the
 forge's cached tiny model. Numbers are client-side, like the real bench.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-SERVER = Path(__file__).resolve().parents[1] / "examples" / "hfserve" / "server.py"
+SERVER = Path(__file__).resolve().parents[1] / "examples" / "hfserve"  # the tree, run as a program
 PROMPT = "def parse_args(argv=None):\n    \"\"\"Parse the command line arguments and return a namespace.\"\"\"\n"
 
 CONFIGS: dict[str, list[str]] = {

@@ -35,12 +35,10 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kb_table import (  # noqa: E402
     BATCH_GRID,
     PRIMARY,

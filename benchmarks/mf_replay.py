@@ -49,12 +49,10 @@ import json
 import math
 import random
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import optuna  # noqa: E402
 from kb_replay import DATA, MIN_GAIN, MODELS, Table, load_rows  # noqa: E402
 from kb_table import behaviour_key, grid_target, quiet_blocks  # noqa: E402

@@ -9,7 +9,7 @@ PY=${PY:-.venv/bin/python}
 M=${M:-$HOME/.cache/infergoal/models/tiny-seed0-v1}
 PORT=${PORT:-45123}
 run() { # threads decode_loop batching
-  PYTHONPATH=$PWD $PY examples/hfserve/server.py --model "$M" --port $PORT --served-model-name tiny --dtype float32 \
+  PYTHONPATH=$PWD $PY examples/hfserve --model "$M" --port $PORT --served-model-name tiny --dtype float32 \
     --decode-loop "$2" --batching "$3" --max-batch-size 8 --kv-cache dynamic --attn eager --threads "$1" >/dev/null 2>&1 &
   local sp=$!
   for _ in $(seq 120); do curl -s "localhost:$PORT/v1/models" >/dev/null && break; sleep 0.5; done

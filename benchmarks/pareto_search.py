@@ -29,13 +29,10 @@ import json
 import math
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import kb_replay as R  # noqa: E402
 import kb_table as T  # noqa: E402

@@ -36,7 +36,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from orchestrator.bench.saturation import SaturationPolicy  # noqa: E402
 from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import tempfile
 from pathlib import Path
 
 import optuna
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "tests" / "gates"))
 
 
 def _target(tmp_path: Path, half: Path) -> Path:
-    server = ROOT / "examples" / "hfserve" / "server.py"
+    tree = ROOT / "examples" / "hfserve"  # servers run in it: `python -m hfserve`
     cheats = ROOT / "tests" / "gates" / "cheats.py"
-    # The shipped target's preload: the plain `python server.py` launches (the baseline, `half`, the
+    # The shipped target's preload: the plain `python -m hfserve` launches (the baseline, `half`, the
     # honest candidate and the paired rounds) run in a local standby as the shipped target's do;
     # the proxies' `bash -c` launches start cold (orchestrator.hosts.standby.eligible).
     preload = json.dumps(list(load_target(ROOT / "examples" / "targets" / "hfserve.toml").preload))
@@ -40,21 +40,21 @@ name = "hfserve-hacks"
 engine = "hfserve"
 model = "forge:tiny"
 served_model_name = "tiny"
-source = "{server.parent}"
+source = "{tree}"
 ready_timeout_s = 300  # "split" starts two servers and a proxy at once: on a loaded 2-core CI box > 120 s once
 preload = {preload}
 launch = """
 {{% if variant in ("constant", "cache") %}}
-bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &
+bash -c "{{{{ python }}}} -m hfserve --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &
  exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}}
  --mode {{{{ 'constant' if variant == 'constant' else 'cache_len' }}}} --tokenizer {{{{ model }}}}"
 {{% elif variant == "split" %}}
-bash -c "{{{{ python }}}} {server} --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny &
- {{{{ python }}}} {server} --model {half} --port {{{{ port + 2 }}}} --served-model-name tiny --batching on &
+bash -c "{{{{ python }}}} -m hfserve --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny &
+ {{{{ python }}}} -m hfserve --model {half} --port {{{{ port + 2 }}}} --served-model-name tiny --batching on &
  exec {{{{ python }}}} {cheats} --upstream http://127.0.0.1:{{{{ port + 1 }}}} --port {{{{ port }}}} --mode split
  --generator http://127.0.0.1:{{{{ port + 2 }}}} --tokenizer {{{{ model }}}}"
 {{% else %}}
-{{{{ python }}}} {server} --port {{{{ port }}}} --served-model-name tiny --batching {{{{ batching }}}}
+{{{{ python }}}} -m hfserve --port {{{{ port }}}} --served-model-name tiny --batching {{{{ batching }}}}
  --model {{% if variant == "half" %}}{half}{{% else %}}{{{{ model }}}}{{% endif %}}
 {{% endif %}}
 """

@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-from fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
 
 # Sizes: the 7B run, and --small (a smoke test of this script on a tiny model).
 FULL = {"ids": 600, "steps": (500, 532), "pos4": [500, 517, 533, 560], "pos": 700, "far": 4000, "long": 4096,

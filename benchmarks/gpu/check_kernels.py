@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import triton
+from hfserve import hfkernels as K  # noqa: E402
 from triton.testing import do_bench
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import hfkernels as K  # noqa: E402
 
 HID, NH, NKV, HD, INTER, LAYERS, VOCAB = 4096, 32, 32, 128, 11008, 32, 32000
 CAP, CTX, EPS = 2048, 1024, 1e-5

@@ -25,10 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-from engine import GenRequest  # noqa: E402
-from fastengine import FastEngine  # noqa: E402
+from hfserve.engine import GenRequest  # noqa: E402
+from hfserve.fastengine import FastEngine  # noqa: E402
 
 
 def _spin(us: float) -> None:

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 
 os.environ.pop("TRITON_INTERPRET", None)  # compiled kernels, not the interpreter's
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
 
 SMEM_MAX = 227 * 1024
 PTRS = {"X": "*bf16", "D": "*bf16", "LNW": "*bf16", "R": "*bf16", "W": "*bf16", "OUT": "*bf16", "COS": "*bf16",
@@ -44,8 +43,8 @@ ALIGNED = ("K", "N2", "s_x", "s_d", "s_r", "s_o", "s_oh", "s_cos", "s_kb", "s_kh
 
 
 def compile_all(arch: int = 90) -> list[dict]:
-    import hfkernels as kernels
     import triton
+    from hfserve import hfkernels as kernels
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -105,9 +104,8 @@ MV_ODD_SHAPE = (1000, 1000)  # where MV_DEFAULT runs masked (N and K not whole t
 def compile_mv(arch: int = 90) -> list[dict]:
     """Every (shape, config) of kernels.MV_CONFIGS and MV_DEFAULT at MV_ODD_SHAPE, compiled for sm_<arch>
     by gemv_bench's ``_compile_job`` (the JIT's warm-up path, as a launch at M=1 specialises it)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gemv_bench
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     out = []
     for (n, k), c in [*kernels.MV_CONFIGS.items(), (MV_ODD_SHAPE, kernels.MV_DEFAULT)]:
@@ -143,7 +141,6 @@ def compile_pdl(arch: int = 90) -> list[dict]:
     in the launch tables' configs (64 rows; the GEMV at one row): the norm, SwiGLU, RoPE + KV store, decode
     attention (unsplit, split, the reduction; lowp), split-K's reduction, the GEMV and the skinny GEMM (plain, NORM,
     GLU with NORM, RES). Each record: :func:`pdl_order` of its PTX and the compiled launch_pdl flag."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gemv_bench
     from triton.runtime.driver import driver
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "hfserve"))
 
 # aten ops that launch no kernel (views, metadata, allocation without initialisation).
 _FREE = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select", "unsqueeze",
@@ -30,8 +28,8 @@ _FREE = {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand
 
 
 def count(fm, kernels: str, batch: int) -> Counter:
-    import hfkernels as K
     import torch
+    from hfserve import hfkernels as K
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen: Counter = Counter()
@@ -78,7 +76,7 @@ def count(fm, kernels: str, batch: int) -> Counter:
 
 def tiny(layers: int):
     import torch
-    from fastengine import FastModel
+    from hfserve.fastengine import FastModel
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
@@ -97,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--splits", type=int, default=0, help="force decode attention's split count (0: split_count)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    import hfkernels as K
+    from hfserve import hfkernels as K
 
     if args.splits:  # the H200's batch-1 plan at a 1024 bucket is 8 splits (two launches); the tiny bucket's is 1
         orig = K.decode_attn

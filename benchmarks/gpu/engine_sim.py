@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parents[1] / "examples" / "hfserve"), str(HERE), str(HERE.parents[1])]
 from check_engine import cuda_time  # noqa: E402
-from fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
 from profile_best import breakdown  # noqa: E402
 
 

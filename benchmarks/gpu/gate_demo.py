@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from gates import accuracy  # noqa: E402
 from orchestrator.hosts import LocalHost  # noqa: E402
@@ -45,7 +44,7 @@ def dropped_layer_copy(src: Path, dst: Path) -> Path:
 def gate(model: Path, reference: Path, state: Path, flags: tuple[str, ...] = ()) -> dict:
     host = LocalHost(state)
     port = host.free_port()
-    proc = host.start([sys.executable, str(ROOT / "examples/hfserve/server.py"), "--model", str(model),
+    proc = host.start([sys.executable, str(ROOT / "examples/hfserve"), "--model", str(model),
                        "--port", str(port), *KNOBS, *flags], env=None, cwd=None, log_path=state / f"server-{port}.log")
     try:
         host.wait_healthy(f"http://127.0.0.1:{port}/health", 300, proc)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from gates import accuracy  # noqa: E402
 from gates.thresholds import section  # noqa: E402

@@ -111,9 +111,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "tru
 # The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in examples/hfserve/hfkernels.py,
 # where the engine's ``--kernels triton-mv`` launches them; this script tunes and times them. Under the
 # interpreter they must be hfkernels.py's interpreted ones: a kernels module imported earlier with compiled
-# kernels (a test process) is reloaded in place with TRITON_INTERPRET set, as tests/examples/triton_interp does.
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import hfkernels as kernels  # noqa: E402
+# kernels (a test process) is reloaded in place with TRITON_INTERPRET set, as tests/hfserve/triton_interp does.
+from hfserve import hfkernels as kernels  # noqa: E402
 
 if INTERPRET:
     import importlib  # noqa: E402
@@ -376,13 +375,12 @@ SMOKE_CFGS = (Cfg(16, 64, 2, 1), Cfg(16, 64, 2, 3, 2, False, "evict_first"), Cfg
 
 def smoke_setup() -> None:
     """The interpreter's helpers for a smoke run (this script's and mm_bench's)."""
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "examples" / "hfserve"))
-    import hfkernels as kernels  # its shim lets the interpreter take a loaded scalar (NT) as a loop bound under numpy 2
+    from hfserve import (
+        hfkernels as kernels,  # its shim lets the interpreter take a loaded scalar (NT) as a loop bound under numpy 2
+    )
 
     kernels._interpreter_shim()
-    sys.path.insert(0, str(root / "tests" / "examples"))
-    try:  # the tests' vectorised tl.reduce for the interpreter (bit for bit its own): ~50x faster here
+    try:  # the tests' vectorised tl.reduce for the interpreter (bit for bit its own, tests/hfserve): ~50x faster here
         import triton_interp
 
         triton_interp._vectorise_generic_reduce()

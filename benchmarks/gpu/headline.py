@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +74,6 @@ def geomean(values: list[float | None]) -> float | None:
 
 def ib_floors(sol: dict[str, Any], scenarios: dict[str, Any]) -> dict[str, float]:
     """sol.py's floors for these scenarios' shapes, from sol.json's ceilings and model numbers."""
-    sys.path.insert(0, str(HERE))
     from sol import floors  # noqa: PLC0415  (sol.py imports torch; only needed here)
 
     return floors(scenarios, sol["model"], sol["ceilings"])

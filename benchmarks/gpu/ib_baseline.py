@@ -1,7 +1,7 @@
 """InferenceBench's naive server and our best server, on the full-size scenarios, in one command.
 
     python3 benchmarks/gpu/ib_baseline.py MODEL_DIR --out OUT/ib_baseline.json \\
-        [--server 'fast=python3 examples/hfserve/server.py --model {model} --port {port} ...'] \\
+        [--server 'fast=python3 examples/hfserve --model {model} --port {port} ...'] \\
         [--scenarios benchmarks/gpu/scenarios_ib.toml] [--naive-cap prefill=2,decode=2,throughput=4,general=4] \\
         [--no-naive] [--deadline-s 560] [--naive-budget-s 200] [--headline benchmarks/gpu/results/headline.json]
 
@@ -42,9 +42,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT, Path(__file__).resolve().parent):  # the project, and headline.py beside this file
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
 
 from orchestrator.bench.loadgen import run_scenario_sync  # noqa: E402
 from orchestrator.bench.scenarios import Scenario, load_scenarios_file  # noqa: E402
@@ -53,7 +50,7 @@ from orchestrator.hosts import LocalHost  # noqa: E402
 NAIVE = "ib_naive"
 NAIVE_CMD = ("{python} examples/ibnaive/server.py --model {model} --port {port} --device {device}"
              " --dtype bfloat16 --served-model-name {name}")
-BEST_CMD = ("{python} examples/hfserve/server.py --model {model} --port {port} --device {device}"
+BEST_CMD = ("{python} examples/hfserve --model {model} --port {port} --device {device}"
             " --served-model-name {name} --dtype bfloat16 --engine fast --cuda-graphs on --batching on"
             " --max-batch-size 16 --max-model-len 4608")
 DEFAULT_CAP = "prefill=2,decode=2,throughput=4,general=4"

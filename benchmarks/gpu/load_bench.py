@@ -33,10 +33,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "examples" / "hfserve"), str(ROOT)]
 
 import torch  # noqa: E402
-from loading import _empty_host_cache, _read_header, checkpoint_files, read_safetensors  # noqa: E402
+from hfserve.loading import _empty_host_cache, _read_header, checkpoint_files, read_safetensors  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

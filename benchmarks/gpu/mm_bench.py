@@ -95,12 +95,10 @@ import time  # noqa: E402
 from dataclasses import astuple, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports hfkernels.py the right way)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports hfkernels.py the right way)
 
 kernels = G.kernels
 MmCfg, AttnCfg = kernels.MmCfg, kernels.AttnCfg

@@ -24,11 +24,9 @@ import argparse
 import json
 import sqlite3
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402
 from orchestrator.trial.fidelity import continues, short_scenario  # noqa: E402
 

@@ -23,18 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
-import sys
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_engine import cuda_time  # noqa: E402
-from fastengine import FastModel, GraphDecoder, set_pdl  # noqa: E402
+from hfserve.fastengine import FastModel, GraphDecoder, set_pdl  # noqa: E402
 from step_table import select, step_numbers  # noqa: E402
 
 

@@ -13,16 +13,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import sys
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import hfkernels as kernels  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_engine import cuda_time as cuda_ms  # noqa: E402  (3 warm-ups, median of 20 CUDA-event times)
+from hfserve import hfkernels as kernels  # noqa: E402
 
 NH, NKV, HD, CAP = 32, 8, 128, 4864
 

@@ -9,7 +9,7 @@ benchmarks/gpu/results/, so every step's figure is a measurement on the card, no
 engine step (the engine's code at that step), the runs that served it: a result file, the server's label in it, and
 the knob set it ran (``knobs``: the number of the engine_steps.json entry, plus ``extra`` knobs). Nothing is taken on
 trust: each entry's file must say the manifest's GPU, and the server's recorded command line must parse (with the
-server's own parser, examples/hfserve/server.py) to exactly what examples/targets/hfserve_gpu.toml launches for that
+server's own parser, examples/hfserve) to exactly what examples/targets/hfserve_gpu.toml launches for that
 knob set; a server given the wrong knob set, or a run from another card, is refused (one line, exit 2). ``tree``
 (``before`` / ``this``) must match whether the command ran the tree before the commit under test (``.before/``).
 What the command line cannot show is the code: steps 6 and 9 changed no knob, so which tree served them is the
@@ -26,7 +26,6 @@ goal's lines: ``a_ttft_ms``, ``b_tpot_ms``, ``c_frac_of_floor``) are drawn dotte
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
@@ -40,8 +39,6 @@ import tomllib
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 from step_table import step_numbers  # noqa: E402  (beside this file)
 
@@ -58,22 +55,20 @@ class ManifestError(ValueError):
 
 
 def _server_parse() -> Any:
-    """examples/hfserve/server.py's own parse_args (imports torch: the server's module does)."""
-    spec = importlib.util.spec_from_file_location("hfserve_server", ROOT / "examples" / "hfserve" / "server.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    sys.path.insert(0, str(ROOT / "examples" / "hfserve"))
-    spec.loader.exec_module(mod)
-    return mod.parse_args
+    """hfserve's own parse_args (imports torch: the server's module does)."""
+    from hfserve.server import parse_args
+
+    return parse_args
 
 
 def _server_argv(command: str) -> list[str]:
-    """The server's own arguments from a recorded command (``env X=Y python .../server.py ARGS``)."""
+    """The server's own arguments from a recorded command (``env X=Y python examples/hfserve ARGS``,
+    ``python -m hfserve ARGS``, or an older record's ``python .../server.py ARGS``)."""
     words = shlex.split(command)
     for i, w in enumerate(words):
-        if w.endswith("server.py"):
+        if w.rstrip("/").endswith(("examples/hfserve", "server.py")) or w == "hfserve" and words[i - 1] == "-m":
             return words[i + 1:]
-    raise ManifestError(f"no server.py in the command {command[:120]!r}")
+    raise ManifestError(f"no hfserve launch in the command {command[:120]!r}")
 
 
 def config(parse: Any, argv: list[str]) -> dict[str, Any]:
@@ -104,7 +99,7 @@ def check_entry(entry: dict[str, Any], report: dict[str, Any], knobs: dict[str, 
         full = target.validate_knobs(knobs)
     except TargetError as exc:
         raise ManifestError(f"{where}: {exc}") from exc
-    want = config(parse, target.render(full, port=1, model="/m", source="/s")[2:])
+    want = config(parse, target.render(full, port=1, model="/m", source="/s")[3:])
     got = config(parse, _server_argv(command))
     diff = {k: (got.get(k), want.get(k)) for k in sorted(set(want) | set(got)) if got.get(k) != want.get(k)}
     if diff:

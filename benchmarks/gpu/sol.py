@@ -16,18 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import tomllib
 import torch
+from check_engine import cuda_time  # noqa: E402  (3 warm-ups, median of the CUDA-event times, ms)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # One owner of the formulas: the speed-of-light check (gates/plausible.py) recomputes these floors per trial.
 from gates.plausible import floors, model_numbers  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_engine import cuda_time  # noqa: E402  (3 warm-ups, median of the CUDA-event times, ms)
 
 
 def measure(gib: float = 4.0, n: int = 8192, reps: int = 20) -> dict[str, float]:

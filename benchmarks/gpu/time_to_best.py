@@ -37,8 +37,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from orchestrator.core.roles import NOT_SEARCH  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402

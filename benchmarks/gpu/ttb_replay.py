@@ -40,9 +40,8 @@ from typing import Any
 import optuna
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 
-from ttb_surrogate import TARGET, Surrogate, fit, load_trials  # noqa: E402
+from ttb_surrogate import TARGET, Surrogate, fit, load_trials  # noqa: E402  (beside this script)
 
 from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402

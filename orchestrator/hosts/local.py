@@ -95,7 +95,7 @@ class LocalHost:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = self.base_env | (env or {})
-        if self.use_standby and eligible(argv, preload):
+        if self.use_standby and eligible(argv, preload, cwd):
             cwd = cwd or os.getcwd()
             proc = self._start_on_standby(argv, full_env, cwd, log_path, preload)
             # The next launch's interpreter imports now, beside this server's start-up: a cold start

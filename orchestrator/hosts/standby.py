@@ -2,10 +2,12 @@
 starting one, and handing it the launch.
 
 A standby serves a launch only where that is a cold start done early: the launch is
-`<python> <script.py> args...` with the standby's own interpreter and no interpreter flags, its
+`<python> <script.py> args...` or `<python> -m <module> args...` with the standby's own interpreter and no
+other interpreter flags, its
 environment equals the standby's exactly (variables read at import time, such as `OMP_NUM_THREADS`,
 were read with those values), the target names the same modules to preload, and none of them would
-resolve to a file beside the script (a cold start puts the script's folder first on the import path).
+resolve to a file beside the script, or in the working directory of a `-m` launch (a cold start puts that
+folder first on the import path).
 """
 
 from __future__ import annotations

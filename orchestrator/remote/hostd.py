@@ -95,7 +95,7 @@ def op_start(a: argparse.Namespace) -> dict:
     env = os.environ | req.get("env", {})
     if sb is None:
         return _start_cold(a.workdir, req, env, log)
-    use = standby_program.eligible(req["argv"], sb.get("preload", ()))
+    use = standby_program.eligible(req["argv"], sb.get("preload", ()), req.get("cwd"))
     with _slot_lock(a.workdir, sb["slot"]):  # one launch at a time takes the slot's standby
         res = None
         rec = _standby_record(a.workdir, sb["slot"])

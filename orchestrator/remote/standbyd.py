@@ -4,14 +4,16 @@
     python standby.py --fifo PATH [--idle S] -- torch transformers aiohttp
 
 
-A deploy of a Python server (`python server.py ARGS`) spends seconds importing torch and transformers
+A deploy of a Python server (`python server.py ARGS`, `python -m package ARGS`) spends seconds importing torch and transformers
 before it does any work of its own (2.6-4.2 s of a 7B deploy on the H200). The host starts
 this program after a server comes up, so the next deploy finds those imports done: the host writes one
-job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "...", "sent": epoch s}`, on the pipe
+job, a JSON line `{"argv": [script, args...], "env": {...}, "cwd": "...", "log": "...", "sent": epoch s}` (or
+`"argv": ["-m", module, args...]`), on the pipe
 `--fd` (LocalHost: a pipe it inherited) or the named pipe `--fifo` (an SSH host, whose standby outlives the
-`hostd` call that started it: `orchestrator.remote.hostd`), and this process becomes that server as `python script args...` would have started it: cwd,
-environment (exactly the job's), stdout and stderr appended to the log, `sys.argv`, `sys.path[0]` the
-script's folder, the script run as `__main__`. It holds no CUDA context before the job (importing
+`hostd` call that started it: `orchestrator.remote.hostd`), and this process becomes that server as `python script args...`
+(or `python -m module args...`) would have started it: cwd, environment (exactly the job's), stdout and stderr
+appended to the log, `sys.argv`, `sys.path[0]` the script's folder (the working directory for a module), the
+script (the module, a package's `__main__`) run as `__main__`. It holds no CUDA context before the job (importing
 torch creates none), so the server initialises the GPU itself, as a cold start does.
 
 With `--idle S` a standby that got no job for S seconds exits by itself (removing its named pipe), so
@@ -42,14 +44,20 @@ from pathlib import Path
 __all__ = ["eligible", "idle_args", "lock_pipe", "main"]
 
 
-def eligible(argv: Sequence[str], preload: Sequence[str]) -> bool:
-    """Whether `argv` is `python script.py ...` that a standby preloading `preload` can run as a cold start
-    would. Read where the script is: on an SSH host, by `hostd`."""
-    if not preload or len(argv) < 2 or argv[1].startswith("-") or not argv[1].endswith(".py"):
+def eligible(argv: Sequence[str], preload: Sequence[str], cwd: str | None = None) -> bool:
+    """Whether `argv` is `python script.py ...` or `python -m module ...` (run in `cwd`, default this
+    process's) that a standby preloading `preload` can run as a cold start would. Read where the script
+    is: on an SSH host, by `hostd`."""
+    if not preload or len(argv) < 2 or "python" not in Path(argv[0]).name:
         return False
-    if "python" not in Path(argv[0]).name:
+    if argv[1] == "-m":
+        if len(argv) < 3 or not all(p.isidentifier() for p in argv[2].split(".")):
+            return False
+        here = Path(cwd or os.getcwd()).resolve()  # `python -m` puts the working directory first
+    elif argv[1].startswith("-") or not argv[1].endswith(".py"):
         return False
-    here = Path(argv[1]).resolve().parent
+    else:
+        here = Path(cwd or os.getcwd(), argv[1]).resolve().parent
     # A module of that name beside the script would win over site-packages in a cold start.
     return not any((here / f"{m.split('.')[0]}.py").exists() or (here / m.split(".")[0]).is_dir() for m in preload)
 
@@ -108,10 +116,14 @@ def become(job: dict) -> None:
         os.chdir(job["cwd"])
     os.environ.clear()
     os.environ.update(job["env"])
-    script = job["argv"][0]
-    sys.argv = list(job["argv"])
-    # As `python script.py`: the script's folder (symlinks resolved) first on the import path.
-    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    if job["argv"][0] == "-m":
+        # As `python -m module`: the working directory first on the import path; runpy sets sys.argv[0].
+        sys.argv = list(job["argv"][1:])
+        sys.path[0] = os.getcwd()
+    else:
+        # As `python script.py`: the script's folder (symlinks resolved) first on the import path.
+        sys.argv = list(job["argv"])
+        sys.path[0] = os.path.dirname(os.path.realpath(job["argv"][0]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,7 +164,10 @@ def main(argv: list[str] | None = None) -> None:
     become(job)
     print(f"infergoal: standby pid={os.getpid()} took the launch {waited:.2f}s after it was sent "
           f"(its imports took {imported:.2f}s)", file=sys.stderr, flush=True)
-    runpy.run_path(job["argv"][0], run_name="__main__")
+    if job["argv"][0] == "-m":
+        runpy.run_module(job["argv"][1], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(job["argv"][0], run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ class TargetSpec(BaseModel):
     prefix: str = ""
     """Command prefix put before the launch argv (`numactl -C 0-1`, `conda run -n sglang`)."""
     preload: list[str] = Field(default_factory=list)
-    """Modules a `python server.py ...` launch imports first (`["torch", "transformers", "aiohttp"]`): a
+    """Modules a `python server.py ...` (or `python -m server ...`) launch imports first (`["torch", "transformers", "aiohttp"]`): a
     host runs the next launch in a standby interpreter that imported them while the previous
     server ran, where that is equivalent to a cold start (orchestrator.hosts.standby). Empty: none."""
     constraints: list[KnobRule] = Field(default_factory=list)

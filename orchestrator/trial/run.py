@@ -31,6 +31,7 @@ from orchestrator.hosts.site import Site
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
+from orchestrator.targets.launch import placed_source
 
 __all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "reached_rate", "run_trial"]
 
@@ -143,7 +144,9 @@ def run_trial(
             result.launch_cmd = shlex.join(argv)
             log_path = trial_dir / "server.log"
             env = ctx.target.launch_env(candidate.knobs)
-            proc = ctx.host.start(argv, env=env, cwd=str(source), log_path=log_path, preload=engine.preload)
+            # The server runs in its engine's tree as placed, so a launch may name it relatively (`python -m pkg`).
+            cwd = placed_source(ctx.target, engine, str(source)) if ctx.target.variants else str(source)
+            proc = ctx.host.start(argv, env=env, cwd=cwd, log_path=log_path, preload=engine.preload)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
             if proc.standby:  # the record says this deploy skipped the imports
                 ctx.store.add_event(ctx.run_id, "trial.standby",

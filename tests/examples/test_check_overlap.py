@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -14,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_check_overlap_smoke(tiny_model: Path, tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import check_overlap
 
     out = tmp_path / "ovl.json"
@@ -29,8 +27,6 @@ def test_step_log_gives_the_served_step_gaps(tiny_model: Path, tmp_path: Path, m
     """HFSERVE_STEP_LOG: the engine logs each decode step's batch and time, one burst per `end`;
     step_gaps.py reads them back. The harness's max_tokens 6, 1, 9, 4: one ends at its prefill token, then
     3 steps at batch 3, 2 at batch 2, 3 at batch 1 (8 decode steps: the 9-token request's)."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    sys.path.insert(0, str(ROOT / "tests" / "examples"))
     import step_gaps
     from test_fastengine import _engine_outputs
 
@@ -67,10 +63,8 @@ def test_gc_passes_go_into_the_timeline(tiny_model: Path, tmp_path: Path, monkey
     import gc
     import weakref
 
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    sys.path.insert(0, str(ROOT / "tests" / "examples"))
-    import fastengine
     import step_gaps
+    from hfserve import fastengine
 
     eng = fastengine.FastEngine.__new__(fastengine.FastEngine)  # only the parts the hook uses
     eng._timeline, eng._gc_t0 = fastengine.deque(), 0.0
@@ -105,7 +99,6 @@ def test_gc_passes_go_into_the_timeline(tiny_model: Path, tmp_path: Path, monkey
 def test_step_gaps_reads_device_times() -> None:
     """With CUDA graphs the log has each step's device busy and idle ms: a device waiting 2.7 ms per 8.6 ms
     step reads as such (the served C's question: is the step the device's or the host's?)."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import step_gaps
 
     lines = [f"64 {1 + 0.0086 * i:.6f} {0.5 + 0.0004 * i:.6f} 5.9 {2.7 if i else 0.0}" for i in range(5)]
@@ -132,9 +125,8 @@ def test_step_gaps_reads_device_times() -> None:
 def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     """HFSERVE_PROFILE: the engine profiles PROFILE_STEPS decode steps of a batch >= 32 and writes the table
     (a burst of 32 through check_overlap.py, 5 decode steps each way), and one large packed prefill."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import check_overlap
-    import fastengine
+    from hfserve import fastengine
 
     out = tmp_path / "prof.txt"
     monkeypatch.setenv("HFSERVE_PROFILE", str(out))
@@ -152,8 +144,7 @@ def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_
 
 def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     """HFSERVE_STEP_LOG / HFSERVE_PROFILE in a folder that does not exist: one line at start-up, not a dead worker."""
-    sys.path.insert(0, str(ROOT / "examples" / "hfserve"))
-    from fastengine import FastEngine
+    from hfserve.fastengine import FastEngine
 
     for var in ("HFSERVE_STEP_LOG", "HFSERVE_PROFILE"):
         with monkeypatch.context() as m:
@@ -164,7 +155,6 @@ def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_pat
 
 def test_prefill_attn_bench_smoke(tmp_path: Path) -> None:
     """benchmarks/gpu/prefill_attn_bench.py on the CPU (tiny sizes): every way computes today's output."""
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import prefill_attn_bench
 
     out = tmp_path / "pattn.json"

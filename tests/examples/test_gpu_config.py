@@ -8,7 +8,6 @@ the built-in scenarios of the same name.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,10 @@ GPU = ROOT / "benchmarks" / "gpu"
 
 
 def _server_parser():
-    spec = importlib.util.spec_from_file_location("hfserve_server", ROOT / "examples/hfserve/server.py")
-    mod = importlib.util.module_from_spec(spec)
     pytest.importorskip("torch")
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod.parse_args
+    from hfserve.server import parse_args
+
+    return parse_args
 
 
 @pytest.mark.parametrize("engine", ["hf-generate", "hf-manual", "fast-eager", "fast-graphs"])
@@ -44,7 +41,7 @@ def test_gpu_target_renders_valid_server_args(engine: str) -> None:
     graphs = engine == "fast-graphs"
     assert set(knobs) == ({"engine", "batching", "max_batch_size"} | ({"prefill_chunk", "sdpa", "prefill_pack", "prefill_attn"} if fast else set())
                           | ({"kernels"} if graphs else set()))
-    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])  # drop the interpreter and the script
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])  # drop `python -m hfserve`
     assert args.device == "cuda" and args.dtype == "bfloat16"
     assert args.engine == ("fast" if fast else "hf")
     assert args.cuda_graphs == ("on" if engine == "fast-graphs" else "off")
@@ -113,15 +110,15 @@ def test_kernels_knob_and_engine_steps() -> None:
     assert [(k.get("gc_freeze"), k.get("prefill_rounds")) for k in full[-2:]] == [("off", 1), ("on", 2)]  # step 14
     assert all(k["engine"] == "fast-graphs" and k["batching"] == "on" for k in full)
     parse = _server_parser()
-    args = parse(target.render(full[6], port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(full[6], port=8000, model="/m", source="/s")[3:])
     assert (args.kernels, args.cuda_graphs, args.engine) == ("triton-mv", "on", "fast")
     assert (args.max_batch_size, args.prefill_pack, args.prefill_attn) == (64, 32768, "fused")
     assert args.overlap_schedule == "on" and parse(target.render(full[5], port=8000, model="/m",
-                                                                 source="/s")[2:]).overlap_schedule == "off"
-    args = parse(target.render(full[7], port=8000, model="/m", source="/s")[2:])
+                                                                 source="/s")[3:]).overlap_schedule == "off"
+    args = parse(target.render(full[7], port=8000, model="/m", source="/s")[3:])
     assert (args.kernels, args.prefill_attn, args.decode_attn, args.prefill_rounds) == (
         "triton-mm", "fused-batched", "lowp", 1)
-    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(full[-1], port=8000, model="/m", source="/s")[3:])
     assert (args.kernels, args.mm_glu, args.mm_norm, args.pdl) == ("triton-mm", "on", "on", "on")  # the server takes step 14
     assert (args.gc_freeze, args.prefill_rounds) == ("on", 2)
 
@@ -147,7 +144,7 @@ def test_triton_only_knobs_exist_only_with_the_triton_kernels(knob: str, value: 
     for kern in ("triton", "triton-gemv", "triton-mv", "triton-mm"):
         knobs = active_only(target, base | {"kernels": kern})
         assert knobs[knob] == value
-        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
         assert (args.kernels, getattr(args, knob)) == (kern, value)
     assert knob not in active_only(target, base | {"kernels": "torch"})
     assert knob not in active_only(target, base | {"engine": "fast-eager"})
@@ -160,7 +157,6 @@ def test_triton_only_knobs_exist_only_with_the_triton_kernels(knob: str, value: 
 def test_wheels_for_the_gpu_machine_are_the_orchestrators_closure_minus_the_image(capsys) -> None:
     """benchmarks/gpu/wheels.py --dry-run: the pinned list holds the orchestrator's own dependencies the H200 image
     lacks (and what they need), at this venv's versions, and none of the image's packages."""
-    import importlib.util
     from importlib import metadata
 
     spec = importlib.util.spec_from_file_location("gpu_wheels", GPU / "wheels.py")
@@ -182,7 +178,7 @@ def test_mm_glu_is_a_knob_of_the_skinny_gemm_only() -> None:
     base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_glu": "on"}
     knobs = active_only(target, base | {"kernels": "triton-mm"})
     assert knobs["mm_glu"] == "on"
-    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
     assert (args.kernels, args.mm_glu) == ("triton-mm", "on")
     for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
         assert "mm_glu" not in active_only(target, base | {"kernels": kern})
@@ -201,7 +197,7 @@ def test_pdl_is_a_knob_of_the_triton_kernels() -> None:
     for kern in ("triton", "triton-gemv", "triton-mv", "triton-mm"):
         knobs = active_only(target, base | {"kernels": kern})
         assert knobs["pdl"] == "on"
-        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+        args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
         assert (args.kernels, args.pdl) == (kern, "on")
     assert "pdl" not in active_only(target, base | {"kernels": "torch"})
     assert target.knobs["pdl"].default == "off" and "pdl" not in target.baseline_knobs()
@@ -218,7 +214,7 @@ def test_mm_norm_is_a_knob_of_the_skinny_gemm_only() -> None:
     base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_norm": "on", "mm_glu": "on"}
     knobs = active_only(target, base | {"kernels": "triton-mm"})
     assert knobs["mm_norm"] == "on"
-    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[2:])
+    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
     assert (args.kernels, args.mm_norm, args.mm_glu) == ("triton-mm", "on", "on")
     for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
         assert "mm_norm" not in active_only(target, base | {"kernels": kern})

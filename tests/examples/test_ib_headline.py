@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import pytest
 pytest.importorskip("torch")  # sol.py imports it
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
 
 import headline  # noqa: E402
 import ib_baseline  # noqa: E402

@@ -127,7 +127,6 @@ def test_bench_measures_it(naive: str, tiny_model: Path) -> None:
 
 
 def test_ib_baseline_runs_both_servers(tiny_model: Path, tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import ib_baseline
 
     scen = tmp_path / "s.toml"
@@ -136,7 +135,7 @@ def test_ib_baseline_runs_both_servers(tiny_model: Path, tmp_path: Path) -> None
         for n, p, o, r, c in (("prefill", 64, 4, 2, 1), ("decode", 16, 10, 2, 1),
                               ("throughput", 16, 6, 6, 6), ("general", 32, 6, 4, 2))))
     out = tmp_path / "ib.json"
-    hf = "hf={python} examples/hfserve/server.py --model {model} --port {port} --served-model-name {name}"
+    hf = "hf={python} examples/hfserve --model {model} --port {port} --served-model-name {name}"
     rep = ib_baseline.main([str(tiny_model), "--out", str(out), "--scenarios", str(scen), "--device", "cpu",
                             "--server", hf, "--naive-cap", "throughput=3,general=2", "--ready-s", "120"])
     assert json.loads(out.read_text()) == rep

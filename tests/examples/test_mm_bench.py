@@ -148,8 +148,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     Compiled, not interpreted: a subprocess."""
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
-    code = f"""
-import sys; sys.path.insert(0, {str(SCRIPT.parent)!r})
+    code = """
 import mm_bench as M
 import json
 jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
@@ -162,13 +161,13 @@ print("bytes", [r.get("byte_loads") for r in recs[-4:]], "ldmatrix", [r.get("ldm
 # --mm-glu's launches (hfkernels.MM_GLU_CONFIGS: gate/up + SwiGLU) at the 7B's gate/up shape
 glu = [M._compile(("mm", b, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, False, True),
                   28672, 4096, 90, True) for (b, _, _), c in sorted(M.kernels.MM_GLU_CONFIGS.items())]
-print("glu", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in glu]))
+print("glu", json.dumps([{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")} for r in glu]))
 # --mm-norm's launches at 64 rows: the norm in the prologue (QKV, gate/up with GLU, lm_head) and the residual add in the
 # epilogue (O) or in split-K's reduction (down), each with its table's config where the table lists it (a sweep lists
 # only the winners), else a config of the sweep's space (split-K for down's 14336)
 K_ = M.kernels
-DF = {{"norm": K_.MmCfg(64, 128, 4, 5, 1, True, ""), "glu_norm": K_.MmCfg(64, 128, 4, 4, 1, True, "evict_first"),
-      "res": K_.MmCfg(64, 128, 4, 5, 2, True, "")}}
+DF = {"norm": K_.MmCfg(64, 128, 4, 5, 1, True, ""), "glu_norm": K_.MmCfg(64, 128, 4, 4, 1, True, "evict_first"),
+      "res": K_.MmCfg(64, 128, 4, 5, 2, True, "")}
 F_ = lambda kind, n, k: K_.MM_FUSE_CONFIGS.get((kind, 64, n, k), DF[kind])
 fz = [(F_("norm", 6144, 4096), 6144, 4096, False, True, False),
       (F_("glu_norm", 28672, 4096), 28672, 4096, True, True, False),
@@ -177,13 +176,15 @@ fz = [(F_("norm", 6144, 4096), 6144, 4096, False, True, False),
       (F_("res", 4096, 14336), 4096, 14336, False, False, True)]
 fz = [M._compile(("mm", 64, c.block_n, c.block_k, c.warps, c.stages, c.swap, c.evict, c.split_k > 1, g, nm, rs), n, k, 90, True)
       for c, n, k, g, nm, rs in fz]
-print("fuse", json.dumps([{{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")}} for r in fz]))
+print("fuse", json.dumps([{k: r.get(k) for k in ("error", "wgmma", "regs", "local", "stack")} for r in fz]))
 bad = [r for r in recs + glu + fz if "error" in r]
 print("errors", bad)
 print("wgmma", [r.get("wgmma") for r in recs[:3]])
 print("compiled", len(recs) - len(bad))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tree = SCRIPT.parents[2] / "examples" / "hfserve"  # mm_bench beside its siblings, hfserve from its tree
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPT.parent), str(tree), env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "compiled 15" in res.stdout, res.stdout[-2000:]

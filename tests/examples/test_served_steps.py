@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
 
 pytest.importorskip("torch")  # the server's own parser lives in a module that imports torch
 
@@ -26,8 +24,8 @@ NO = dict(zip(served_steps.step_numbers(STEPS), STEPS, strict=True))  # engine s
 def _command(knobs: dict, *, before: bool = False, env: str = "env HFSERVE_STEP_LOG=/tmp/s.log ") -> str:
     """A command line the way ib_baseline.py records it, for this knob set."""
     target = load_target(served_steps.TARGET)
-    argv = target.render(target.validate_knobs(knobs), port=41234, model="/root/m", source="/s")[2:]
-    script = (".before/" if before else "") + "examples/hfserve/server.py"
+    argv = target.render(target.validate_knobs(knobs), port=41234, model="/root/m", source="/s")[3:]
+    script = (".before/" if before else "") + "examples/hfserve"
     return env + "/opt/torch/.venv/bin/python3 " + script + " " + " ".join(argv).replace("mistral-7b-shape", "model")
 
 

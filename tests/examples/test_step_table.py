@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
 
 import step_table  # noqa: E402
 
@@ -129,13 +128,12 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     Triton interpreter it records every numpy call of every program: minutes)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_fastengine import _random_llama  # noqa: PLC0415  (beside this file)
     from triton_interp import import_interpreted  # noqa: PLC0415
 
     import_interpreted()
     import profile_best
-    from fastengine import FastModel
+    from hfserve.fastengine import FastModel
 
     every = json.loads((GPU / "engine_steps.json").read_text())
     steps = [every[0], every[-1]]  # the unfused one and the one with everything (interpreted: ~10 s a step)

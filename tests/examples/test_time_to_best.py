@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from orchestrator.store import Store
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
 
 import time_to_best  # noqa: E402
 

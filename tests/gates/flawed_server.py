@@ -1,6 +1,6 @@
 """The real example server with one decode-path flaw patched in (the generation check's negatives).
 
-``python tests/gates/flawed_server.py --flaw NAME <server.py arguments>``
+``PYTHONPATH=examples/hfserve python tests/gates/flawed_server.py --flaw NAME <hfserve arguments>``
 
 Every flaw leaves prompt scoring (``echo`` with ``max_tokens: 0``: one teacher-forced pass) exact,
 so the teacher-forced check passes them all; only what the server generates is wrong:
@@ -17,16 +17,12 @@ so the teacher-forced check passes them all; only what the server generates is w
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import engine as hfengine  # noqa: E402
-import server as hfserve  # noqa: E402
+from hfserve import engine as hfengine
+from hfserve import server as hfserve
 
 FLAWS = ("batch_positions", "kv_quant3", "late_drop_layer")
 
@@ -38,7 +34,7 @@ def _quantize_(t: torch.Tensor, bits: int) -> None:
 
 
 def patch(flaw: str) -> None:
-    """Patch ``hfengine.Engine`` (examples/hfserve/engine.py) in place with ``flaw``."""
+    """Patch ``hfengine.Engine`` (hfserve.engine) in place with ``flaw``."""
     engine = hfengine.Engine
     forward, decode_step = engine._forward, engine._decode_step
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from orchestrator.remote import procs
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER = ROOT / "examples" / "hfserve" / "server.py"
+SERVER = ROOT / "examples" / "hfserve"  # the tree, run as a program (`python examples/hfserve`)
 CHEATS = Path(__file__).with_name("cheats.py")
 FLAWED = Path(__file__).with_name("flawed_server.py")
 SERVED_NAME = "tiny"
@@ -43,8 +43,10 @@ def free_port() -> int:
 
 def spawn(argv: list[str], log: Path) -> subprocess.Popen:
     # Own session so teardown can signal the server's whole process group.
+    # The flawed server imports hfserve to patch it: the tree first on its PYTHONPATH, installed or not.
+    path = os.pathsep.join(p for p in (str(SERVER), os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0) -> None:

@@ -25,17 +25,17 @@ def _report() -> Any:
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / "integrity.json").write_text(json.dumps(MEASURED, indent=2, sort_keys=True, default=str))
 
-CHEAT_DIFF = """diff --git a/examples/hfserve/server.py b/examples/hfserve/server.py
---- a/examples/hfserve/server.py
-+++ b/examples/hfserve/server.py
+CHEAT_DIFF = """diff --git a/examples/hfserve/hfserve/server.py b/examples/hfserve/hfserve/server.py
+--- a/examples/hfserve/hfserve/server.py
++++ b/examples/hfserve/hfserve/server.py
 @@ -1,1 +1,2 @@
  import time
 +time.perf_counter = lambda: 0.0
 """
 
-HONEST_DIFF = """diff --git a/examples/hfserve/server.py b/examples/hfserve/server.py
---- a/examples/hfserve/server.py
-+++ b/examples/hfserve/server.py
+HONEST_DIFF = """diff --git a/examples/hfserve/hfserve/server.py b/examples/hfserve/hfserve/server.py
+--- a/examples/hfserve/hfserve/server.py
++++ b/examples/hfserve/hfserve/server.py
 @@ -1,1 +1,2 @@
  import torch
 +torch.set_num_threads(2)

@@ -102,6 +102,38 @@ def test_a_launch_through_the_standby_serves_and_logs_as_a_cold_one(tmp_path, sc
         host.close()
 
 
+def test_a_module_launch_through_the_standby_logs_as_a_cold_one_and_a_shadowed_preload_starts_cold(tmp_path, script):
+    """`python -m pkg` in the package's folder: argv, import path, __name__ and __file__ as a cold start's; a
+    preloaded module's name in that folder (it would win over site-packages cold) keeps launches cold."""
+    srv = Path(script).parent
+    (srv / "pkg").mkdir()
+    Path(script).rename(srv / "pkg" / "__main__.py")
+    host = LocalHost(tmp_path / "state")
+    logs = []
+    try:
+        for name in ("cold", "warm"):
+            port = host.free_port()
+            p = host.start([sys.executable, "-m", "pkg", str(port), "serve"], env={"X_MODE": "m"}, cwd=str(srv),
+                           log_path=tmp_path / f"{name}.log", preload=PRELOAD)
+            host.wait_healthy(f"http://127.0.0.1:{port}/health", 20, p)
+            assert p.standby == (name == "warm")
+            host.stop(p, grace_s=2)
+            logs.append((tmp_path / f"{name}.log").read_text().splitlines())
+            if name == "cold":
+                _standby_ready(host)
+        c, w = logs
+        assert w[2:] == c and len(c) == LOG_LINES
+        assert c[0].split()[1:2] == [str(srv / "pkg" / "__main__.py")] and f"path0 {srv} " in c[0]
+        (srv / "decimal.py").write_text("")  # `decimal` is preloaded: a cold start would import this file
+        port = host.free_port()
+        p = host.start([sys.executable, "-m", "pkg", str(port), "serve"], env={"X_MODE": "m"}, cwd=str(srv),
+                       log_path=tmp_path / "shadow.log", preload=PRELOAD)
+        assert not p.standby
+        host.stop(p, grace_s=2)
+    finally:
+        host.close()
+
+
 def test_another_environment_starts_cold_and_ends_the_standby(tmp_path, script, monkeypatch):
     host = LocalHost(tmp_path / "state")
     first, url = _launch(host, script, tmp_path / "a.log", env={"X_MODE": "a"})

@@ -24,10 +24,8 @@ CHEAT = "response_cache: dict = {}  # request body -> finished reply: skip the m
 
 
 def _hfserve_repo(tmp: Path) -> Path:
-    repo_dir = tmp / "hfserve"
-    repo_dir.mkdir()
-    for src in (PACKAGE_ROOT / "examples" / "hfserve").glob("*.py"):  # server.py and the engines it imports
-        shutil.copy(src, repo_dir / src.name)
+    repo_dir = tmp / "hfserve"  # the engine's tree: the package and its launcher
+    shutil.copytree(PACKAGE_ROOT / "examples" / "hfserve", repo_dir, ignore=shutil.ignore_patterns("__pycache__"))
     repo = git.Repo.init(repo_dir)
     repo.git.add("-A")
     repo.git.execute(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"])
@@ -55,10 +53,10 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
 
     def after_cheat(body):
         seen["cheat"] = [b["content"] for b in body["messages"][-1]["content"] if b.get("type") == "tool_result"][-1]
-        return turn(tool_use("edit_file", path="server.py", old=CHEAT, new=ANCHOR))
+        return turn(tool_use("edit_file", path="hfserve/server.py", old=CHEAT, new=ANCHOR))
 
     script = [
-        turn(tool_use("edit_file", path="server.py", old=ANCHOR, new=CHEAT)),
+        turn(tool_use("edit_file", path="hfserve/server.py", old=ANCHOR, new=CHEAT)),
         turn(tool_use("run_trial", knobs=knobs, rationale="answer repeats from a cache", prediction="throughput x10")),
         after_cheat,
         turn(tool_use("run_trial", knobs=knobs, rationale="honest bfloat16 weights, static KV cache", prediction="throughput up")),

@@ -10,6 +10,7 @@ from orchestrator.proposers.search import SearchProposer
 from orchestrator.targets import TargetError, load_target
 from orchestrator.targets.adapters import capability_verdict, engine_fingerprint
 from orchestrator.targets.ibyaml import parse_search_space
+from orchestrator.targets.launch import placed_source
 from orchestrator.targets.spec import Capabilities, ConstraintViolated
 
 EX = Path(__file__).resolve().parents[2] / "examples" / "targets"
@@ -125,7 +126,7 @@ def test_engine_as_a_knob_dispatches_to_each_engines_own_launch():
     assert t.knobs["engine"].choices == ("hfserve", "vllm") and t.baseline_knobs()["engine"] == "hfserve"
     assert set(t.baseline_knobs()) == {"engine"} | {f"hfserve.{k}" for k in load_target(EX / "hfserve.toml").knobs}
     hf = t.render(t.baseline_knobs(), port=1, model="/m", source=t.source, python=PY)
-    assert hf[1].endswith("examples/hfserve/server.py")
+    assert hf[1:3] == ["-m", "hfserve"]  # run in its tree (the trial's working directory)
     v = t.validate_knobs({"engine": "vllm", "vllm.max_num_seqs": 16})
     assert all(k == "engine" or k.startswith("vllm.") for k in v)
     argv = t.render(v, port=1, model="/m", source=t.source, python=PY)
@@ -145,7 +146,7 @@ def test_engine_as_a_knob_launches_from_the_placed_source_not_the_engines_own(tm
     placed = "/srv/placed/trial-7/hfserve"
     assert t.variants["hfserve"].source != placed
     argv = t.render(t.baseline_knobs(), port=1, model="/m", source=placed, python=PY)
-    assert argv[1] == f"{placed}/server.py"
+    assert argv[1:3] == ["-m", "hfserve"] and placed_source(t, t.variants["hfserve"], placed) == placed
     # An engine whose tree is a folder inside the placed one is found there; one whose tree lies
     # elsewhere was not placed, so it keeps its own path.
     for d in ("tree/sub", "other"):

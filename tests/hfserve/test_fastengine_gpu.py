@@ -7,7 +7,6 @@ the same checks ran on the 7B model through benchmarks/gpu/check_engine.py (docs
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ pytestmark = [
                        reason="GPU tests are opt-in: INFERGOAL_GPU_TESTS=1 on a CUDA machine"),
 ]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-from fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
 
 
 @torch.inference_mode()
@@ -53,7 +51,7 @@ def test_graph_decode_equals_eager_and_prefill(tiny_model: Path) -> None:
 def test_pread_reader_on_cuda_equals_load_file(tmp_path: Path, layout: str) -> None:
     # The CUDA path of loading.read_safetensors (pinned double-buffered staging, a stream per thread): many small
     # chunks and few threads, so each thread reuses its staging buffers many times (a missed wait shows as a diff).
-    from loading import read_safetensors
+    from hfserve.loading import read_safetensors
     from safetensors.torch import load_file, save_file
 
     g = torch.Generator().manual_seed(0)
@@ -71,7 +69,7 @@ def test_pread_reader_on_cuda_equals_load_file(tmp_path: Path, layout: str) -> N
 
 
 def test_fast_load_on_cuda_gives_load_file_logits(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loading import load_model
+    from hfserve.loading import load_model
 
     monkeypatch.setenv("HFSERVE_LOAD_CHUNK_MIB", "1")
     ids = torch.randint(4, 2000, (2, 37), generator=torch.Generator().manual_seed(0)).cuda()

@@ -39,8 +39,7 @@ Prompt scoring (``echo`` + ``logprobs``, what the accuracy gate asks for) runs t
 prefill path, chunking included, so the gate measures the code that serves.
 It runs on a CPU too (no graphs), which is how its logic is tested without a GPU.
 
-The job types, sampling, finish check and prompt scoring are engine.py's (imported from this
-folder, which server.py and the tests put on the import path), so both engines agree on them.
+The job types, sampling, finish check and prompt scoring are engine.py's, so both engines agree on them.
 """
 
 from __future__ import annotations
@@ -58,10 +57,11 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-import hfkernels as kernels_mod
 import torch
 import torch.nn.functional as F
-from engine import (
+
+from . import hfkernels as kernels_mod
+from .engine import (
     as_list,
     drain_jobs,
     event_token,
@@ -74,7 +74,7 @@ from engine import (
     token_event,
     wake,
 )
-from loading import Phases, init_device, load_model
+from .loading import Phases, init_device, load_model
 
 _SDPA = {"auto": None, "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import threading
 from pathlib import Path
 
@@ -17,9 +16,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("aiohttp")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import engine as engine_mod  # noqa: E402
-import server as srv  # noqa: E402
+from hfserve import engine as engine_mod  # noqa: E402
+from hfserve import server as srv  # noqa: E402
 
 
 @pytest.fixture(scope="module")

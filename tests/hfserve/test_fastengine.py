@@ -8,7 +8,6 @@ slot moves and padded decode rows.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-from fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +260,7 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
     with norm, RoPE + store and SwiGLU fused in) equals kernels="torch" (logits, the KV pool); the
     same check catches a step whose fused GEMV stores K one position late; above GEMV_MAX_ROWS rows
     the step falls back to the 10-launch path (_decode_fused)."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     close = _step_close(dtype)
 
@@ -307,7 +305,7 @@ def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
     down; lm_head once) through kernels.mv_gemv (the Triton GEMV) and equals kernels="triton" (logits
     within the step tolerance, the greedy id, the KV pool); the same check catches the GEMV run one K
     tile short; at batch 2 (> MV_MAX_ROWS) the step is triton's, bit for bit, without a GEMV launch."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     close = _step_close(dtype)
 
@@ -374,7 +372,7 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
     "torch" for a whole prompt, a chunk and a packed set, with rope_store's one-(row, head) programs and
     with its prefill programs of several rows (what a prefill of >= ROPE_ROWS_MIN rows runs); a perturbed
     kernel (positions off by one) fails."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     close = _step_close(dtype)
 
@@ -411,8 +409,8 @@ def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int],
     token is (id, logprob, top k) instead."""
     import asyncio
 
-    from engine import GenRequest
-    from fastengine import FastEngine
+    from hfserve.engine import GenRequest
+    from hfserve.fastengine import FastEngine
 
     eng = FastEngine(str(model_dir), dtype="float32", device="cpu", cuda_graphs=False, **kw)
     packed_prefill = eng.fm.prefill_packed
@@ -478,8 +476,8 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
     import threading
     import time
 
-    import engine as engine_mod
-    import fastengine
+    from hfserve import engine as engine_mod
+    from hfserve import fastengine
 
     log: list = []
 
@@ -579,7 +577,7 @@ class _FakeDecoder:
 
 
 def _fake_engine(overlap: bool, log: list, moves: list):
-    import fastengine
+    from hfserve import fastengine
 
     eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
     eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = _FakeDecoder(log), {32}, 4, 0, 0
@@ -592,8 +590,8 @@ def _fake_run(overlap: bool, specs: list[tuple[int, bool]]) -> tuple[dict, list,
     """Decode requests (max_tokens, ignore_eos) from token 11 at position 4 each until all finish."""
     import asyncio
 
-    import engine as engine_mod
-    import fastengine
+    from hfserve import engine as engine_mod
+    from hfserve import fastengine
 
     log: list = []
     moves: list = []
@@ -649,7 +647,7 @@ def test_overlap_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
     """The real engine (CPU, tiny model) with --overlap-schedule: a burst of 6 through 4 slots (rows
     finishing at different steps, queued requests joining as slots free) decodes exactly the tokens of
     one request at a time, and its decode steps did run ahead."""
-    import fastengine
+    from hfserve import fastengine
 
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
@@ -674,7 +672,7 @@ def test_logprob_table_rows_are_token_events() -> None:
     """A step's logprobs built for the whole batch at once (one table, one device->host copy) are, row
     by row, exactly the per-row token_event's: the chosen token's logprob (argmax or any other id) and
     the top k, for every k up to the table's width."""
-    from engine import logprob_table, table_event, token_event
+    from hfserve.engine import logprob_table, table_event, token_event
 
     gen = torch.Generator().manual_seed(3)
     logits = torch.randn(5, 50, generator=gen) * 4
@@ -692,7 +690,7 @@ def test_greedy_logprobs_come_from_one_table_per_step(tiny_model: Path, monkeypa
     slots gives one request at a time's tokens and logprobs, both plain and with --overlap-schedule
     (which now runs for them: steps launched from the device), and no row's logprob is computed on
     its own: one table per decode step and per packed prefill."""
-    import fastengine
+    from hfserve import fastengine
 
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
@@ -736,7 +734,7 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     Triton GEMM, here with a config listed for the tiny model's shapes) and equals kernels="triton" (logits
     within the step tolerance, the ids, the KV pool); the GEMM one K tile short is caught; with nothing
     listed it is triton's step bit for bit."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     dtype = torch.float32  # (bf16's random tiny model has near-ties: its greedy ids may flip within the tolerance)
     close = _step_close(dtype)
@@ -772,7 +770,7 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
     """--mm-glu on (kernels="triton-mm"): a batch-3 decode step runs gate/up + SwiGLU as one mm_gemm launch with
     glu (the listed config) per layer and equals the two launches bit for bit (logits, ids, KV pool); the GLU
     launch one K tile short is caught; unlisted, the step is the two launches'. Refused without triton-mm."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     fm, prompts = _prefilled(torch.float32)
     K0, V0 = fm.K.clone(), fm.V.clone()
@@ -818,7 +816,7 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     from the first norm's GEMM: equal within the tolerance). Both ways: the norm GEMMs one K tile short, or the
     residual adds one tile short, are caught. Unlisted shapes: the norm launch, or the GEMM then add_rmsnorm where a
     residual add is unlisted (the unfused step's launches: bit for bit). Refused without triton-mm."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     close = _step_close(dtype)
     fm, prompts = _prefilled(dtype)
@@ -895,8 +893,8 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
     kernel waits before it touches memory is compile_check.py --pdl's (test_kernels)."""
     import types
 
-    import hfkernels as kernels
-    from fastengine import set_pdl
+    from hfserve import hfkernels as kernels
+    from hfserve.fastengine import set_pdl
     from triton.runtime.interpreter import InterpretedFunction
 
     fm, prompts = _prefilled(torch.float32)
@@ -949,8 +947,8 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
 def test_pdl_leaves_the_batch_1_step_alone(interpreted, monkeypatch) -> None:
     """--pdl on launches a batch-1 decode step (the GEMVs') without PDL's keywords -- on the H200 that step's graph ran
     0.43 ms slower with them -- and a batch-3 step with them; set_pdl's state is as it was after each step."""
-    import hfkernels as kernels
-    from fastengine import set_pdl
+    from hfserve import hfkernels as kernels
+    from hfserve.fastengine import set_pdl
     from triton.runtime.interpreter import InterpretedFunction
 
     fm, prompts = _prefilled(torch.float32)
@@ -981,8 +979,8 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     """prefill_attn="fused-batched": a pass of 7 whole prompts of one length in consecutive slots (a burst),
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA
     call each, per layer) and gives "fused"'s logits and KV; the grouping follows slots, lengths and starts."""
-    import fastengine
     import torch.nn.functional as F
+    from hfserve import fastengine
 
     dtype = torch.float32
     tol = STEP_TOL[dtype]
@@ -1026,7 +1024,7 @@ def test_batched_prefill_calls_leave_cudnn_out_on_the_gpu_under_sdpa_auto() -> N
     """--sdpa auto: fused-batched's calls over several prompts on a GPU may use flash, efficient or math but not
     cuDNN (a plan built per new batch size, ~78 ms each on the H200); one prompt's call, the CPU and an
     explicit --sdpa keep their backends."""
-    import fastengine
+    from hfserve import fastengine
 
     assert "CUDNN_ATTENTION" not in fastengine.sdpa_backends("auto", True, "cuda")
     assert fastengine.sdpa_backends("auto", True, "cuda")[0] == "FLASH_ATTENTION"
@@ -1042,7 +1040,7 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
     cfg (bf16 dots; the table's launch where it lists the bucket) and the bf16 step equals the default
     launch's within the step tolerance, ids and KV pool too; the same check catches the lowp launch reading
     one cache column short. Without the Triton kernels the knob is refused."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     dtype = torch.bfloat16
     tol = STEP_TOL[dtype]
@@ -1087,7 +1085,7 @@ def test_lowp_decode_attention_equals_triton(interpreted, monkeypatch) -> None:
 def test_the_engine_asks_for_its_pools_launch(interpreted, monkeypatch) -> None:
     """The engine's decode attention launch comes from decode_attn_config with its own pool's dtype: an fp8
     pool takes ATTN_LOWP_FP8's entry, a bf16 pool ATTN_LOWP's; --decode-attn default passes none."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     fp8cfg = kernels.AttnCfg(1, 64, 4, 1, True, True)
     monkeypatch.setitem(kernels.ATTN_LOWP_FP8, (4, 1024), fp8cfg)
@@ -1111,8 +1109,8 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
     import queue
     import threading
 
-    import engine as engine_mod
-    import fastengine
+    from hfserve import engine as engine_mod
+    from hfserve import fastengine
 
     log: list = []
     eng = _fake_engine(False, log, [])
@@ -1177,7 +1175,7 @@ def test_fp8_kv_cache_matches_its_torch_reference(interpreted, monkeypatch) -> N
     tolerance. Both stores (prefill's rows kernel, the step's per-row kernel) hold exactly the bf16 pool's
     first-layer keys and values rounded to e4m3. One cache column short is caught; the torch decode path
     refuses the fp8 pool."""
-    import hfkernels as kernels
+    from hfserve import hfkernels as kernels
 
     dtype = torch.bfloat16
     tol = STEP_TOL[dtype]

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from loading import (  # beside this file (server.py and the tests put it on the path)
+
+from .loading import (
     Phases,
     init_device,
     load_model,

@@ -24,7 +24,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
 from triton_interp import import_interpreted  # noqa: E402  (beside this file)
 
 K = import_interpreted()
@@ -495,7 +494,6 @@ def test_launches_per_layer() -> None:
     """benchmarks/gpu/count_launches.py on the CPU: a decode step's kernels per layer with split-KV at 8
     splits (the H200's plan at batch 1, bucket 1024): 10 with kernels="triton", 6 with "triton-gemv"
     (the two fused GEMVs, attention's two launches, the O and down GEMMs); 5 per step besides."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
     import count_launches
 
     with pytest.MonkeyPatch.context() as mp:
@@ -612,12 +610,15 @@ def test_pdl_kernels_wait_before_they_touch_memory(tmp_path) -> None:
     if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # The scripts beside compile_check.py, a toy kernel, and the engine's package from its tree.
+    tree = Path(__file__).resolve().parents[2] / "examples" / "hfserve"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path), str(script.parent), str(tree), env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, str(script), "--pdl"], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "17 of 17 --pdl kernels wait before they touch memory (sm_90)" in res.stdout, res.stdout[-2000:]
     (tmp_path / "pdl_toy.py").write_text(PDL_TOY)
-    code = f"""
-import sys, json; sys.path[:0] = [{str(tmp_path)!r}, {str(script.parent)!r}]
+    code = """
+import json
 import torch, compile_check as C, gemv_bench as G, pdl_toy
 from triton.runtime.driver import driver
 driver.set_active(G._AOTDriver(90))

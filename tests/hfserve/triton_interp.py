@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,12 +20,10 @@ def import_interpreted():
     A kernels module imported earlier with compiled kernels (fastengine imports it) is reloaded in
     place, so every holder of the module (FastModel's ``get_ops``) sees the interpreted kernels.
     """
-    if str(HFSERVE) not in sys.path:
-        sys.path.insert(0, str(HFSERVE))
     _vectorise_generic_reduce()
     _cache_np_dtypes()
     with interpreting():
-        import hfkernels as mod
+        from hfserve import hfkernels as mod
         from triton.runtime.interpreter import InterpretedFunction
 
         if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled

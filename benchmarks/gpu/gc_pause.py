@@ -23,8 +23,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-sys.path.insert(0, str(ROOT))
 
 import step_gaps  # noqa: E402
 
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = []
     for name, extra in (("off", ""), ("on", " --gc-freeze on")):
         servers += ["--server", f"{name}=env HFSERVE_STEP_LOG={work}/steps_{name}.log {{python}} "
-                    f"examples/hfserve/server.py --model {{model}} --port {{port}} --device {{device}} "
+                    f"examples/hfserve --model {{model}} --port {{port}} --device {{device}} "
                     f"--served-model-name {{name}} {flags}{extra}"]
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu/ib_baseline.py"), str(model), "--out", str(work / "ib.json"),
            "--no-naive", "--device", "cpu", "--scenarios", str(work / "scen.toml"), "--ours-min-s", "0",

@@ -1,4 +1,4 @@
-"""End-to-end tests of examples/hfserve/server.py with the real `openai` client."""
+"""End-to-end tests of the hfserve server (examples/hfserve) with the real `openai` client."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
-SERVER = Path(__file__).resolve().parents[2] / "examples" / "hfserve" / "server.py"
+TREE = Path(__file__).resolve().parents[2] / "examples" / "hfserve"  # launched there as `python -m hfserve`, as targets do
 _STATE = Path(tempfile.mkdtemp(prefix="hfserve-test-"))  # pidfiles and server logs
 PROMPTS = ["def foo(self):\n    ", "import os\n", "class A:\n", "    return", "# Copyright",
            "x = [", "if __name__", '"""Docs']
@@ -42,8 +42,8 @@ def _start(model: Path, *knobs: str) -> Iterator[str]:
     # The project's own host: own process group, health wait with a timeout, TERM then KILL.
     host = LocalHost(_STATE)
     port = host.free_port()
-    proc = host.start([sys.executable, str(SERVER), "--model", str(model), "--port", str(port), *knobs],
-                      env=None, cwd=None, log_path=_STATE / f"server-{port}.log")
+    proc = host.start([sys.executable, "-m", "hfserve", "--model", str(model), "--port", str(port), *knobs],
+                      env=None, cwd=str(TREE), log_path=_STATE / f"server-{port}.log")
     url = f"http://127.0.0.1:{port}"
     try:
         host.wait_healthy(url + "/health", 120, proc)
@@ -230,14 +230,14 @@ def test_a_deploy_through_the_standby_serves_as_a_cold_one(baseline: str, model_
     first and the imports near zero."""
     from orchestrator.targets import load_target
 
-    preload = load_target(SERVER.parents[1] / "targets" / "hfserve.toml").preload
+    preload = load_target(TREE.parent / "targets" / "hfserve.toml").preload
     host = LocalHost(tmp_path)
     try:
         logs = []
         for i in range(2):
             port = host.free_port()
-            proc = host.start([sys.executable, str(SERVER), "--model", str(model_dir), "--port", str(port)],
-                              env=None, cwd=None, log_path=tmp_path / f"s{i}.log", preload=preload)
+            proc = host.start([sys.executable, "-m", "hfserve", "--model", str(model_dir), "--port", str(port)],
+                              env=None, cwd=str(TREE), log_path=tmp_path / f"s{i}.log", preload=preload)
             host.wait_healthy(f"http://127.0.0.1:{port}/health", 120, proc)
             assert proc.standby == (i == 1)
             url = f"http://127.0.0.1:{port}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-import loading  # noqa: E402
-from loading import CheckpointError, checkpoint_files, load_model, read_safetensors  # noqa: E402
+from hfserve import loading  # noqa: E402
+from hfserve.loading import CheckpointError, checkpoint_files, load_model, read_safetensors  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +210,6 @@ def test_reader_falls_back_to_load_file(tiny_model: Path, monkeypatch: pytest.Mo
 
 
 def test_load_bench_smoke_on_cpu(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
     import load_bench
 
     out = tmp_path / "bench.json"

@@ -5,9 +5,10 @@ request at a time, ``model.generate()`` per request with a streamer, float32. Th
 (``--decode-loop manual``, ``--batching on``, ``--dtype``, ``--attn``, ``--kv-cache``,
 ``--threads``) unlock real speed, so an optimizer has something honest to find.
 
-Usage::
+Usage (``python -m hfserve`` in examples/hfserve, ``python examples/hfserve`` from anywhere, or the
+``hfserve`` command once installed)::
 
-    python examples/hfserve/server.py --model DIR --port 8000 [--host 127.0.0.1]
+    python -m hfserve --model DIR --port 8000 [--host 127.0.0.1]
         [--served-model-name NAME] [--dtype float32|bfloat16|float16]
         [--decode-loop generate|manual] [--batching off|on] [--max-batch-size 8]
         [--kv-cache dynamic|static] [--attn eager|sdpa] [--threads N]
@@ -34,13 +35,8 @@ from typing import Any
 _T_START = time.perf_counter()  # the start-up timeline (``startup_line``) counts from here
 from aiohttp import web  # noqa: E402
 
-# The engines sit beside this file, wherever the tree is placed (an SSH host's copy too), and the
-# server runs as a script or is loaded from its path: its own folder goes on the import path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if sys.path[:1] != [_HERE]:
-    sys.path.insert(0, _HERE)
-from engine import Engine, GenRequest, ScoreRequest, TokenEvent  # noqa: E402
-from loading import Phases  # noqa: E402
+from .engine import Engine, GenRequest, ScoreRequest, TokenEvent  # noqa: E402
+from .loading import Phases  # noqa: E402
 
 _T_IMPORTED = time.perf_counter()
 
@@ -479,7 +475,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def add_fast_args(ap: argparse.ArgumentParser) -> None:
-    """Device and fast-engine knobs (examples/hfserve/fastengine.py)."""
+    """Device and fast-engine knobs (fastengine.py)."""
     ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
     ap.add_argument("--engine", choices=["hf", "fast"], default="hf",
                     help="hf: transformers generate()/manual loops above; fast: KV pool + continuous batching"
@@ -577,7 +573,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
     records where its start-up goes."""
     phases = phases or Phases()
     if args.engine == "fast":
-        from fastengine import FastEngine  # beside this file (see the import of engine above)
+        from .fastengine import FastEngine
 
         phases.mark("import")
         return FastEngine(args.model, dtype=args.dtype, device=args.device,

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from triton_interp import import_interpreted  # noqa: E402  (beside this file)
 
 K = None  # the interpreted kernels module (the kernel below reads its combine functions as a global)

@@ -17,7 +17,7 @@ its mmap and a pageable copy per tensor). :func:`read_safetensors` is the defaul
 the header itself, allocates every tensor on the device, and reads the data sections in large
 chunks with several threads (``os.preadv`` into pinned staging buffers, each thread double-buffered
 so its next read overlaps its last host-to-device copy on its own stream). The same bytes land in
-the same places, so the tensors equal ``load_file``'s bit for bit (tests/examples/test_loading.py);
+the same places, so the tensors equal ``load_file``'s bit for bit (tests/hfserve/test_loading.py);
 each owns its storage as ``load_file``'s do (``LOAD_LAYOUT = "file"``: views into one buffer per
 file instead, for the benchmark). A dtype it does not know falls back to ``load_file`` (it says
 why); a truncated or inconsistent file is an error (:class:`CheckpointError`), as in ``load_file``.

@@ -1,0 +1,5 @@
+"""``python -m hfserve ARGS``: the server (``hfserve.server.main``)."""
+
+from .server import main
+
+main()
