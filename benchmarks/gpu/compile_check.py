@@ -99,6 +99,7 @@ def problems(recs: list[dict]) -> list[str]:
 
 
 MV_ODD_SHAPE = (1000, 1000)  # where MV_DEFAULT runs masked (N and K not whole tiles)
+TABLES_GPU = "NVIDIA H200"  # whose launch tables (hfserve/tables/) are compiled for sm_90
 
 
 def compile_mv(arch: int = 90) -> list[dict]:
@@ -107,6 +108,7 @@ def compile_mv(arch: int = 90) -> list[dict]:
     import gemv_bench
     from hfserve import hfkernels as kernels
 
+    kernels.load_tables(TABLES_GPU)
     out = []
     for (n, k), c in [*kernels.MV_CONFIGS.items(), (MV_ODD_SHAPE, kernels.MV_DEFAULT)]:
         cfg = gemv_bench.Cfg(c.block_n, c.block_k, c.warps, c.stages, 1, c.reduce_each, c.evict)
@@ -145,6 +147,7 @@ def compile_pdl(arch: int = 90) -> list[dict]:
     from triton.runtime.driver import driver
 
     K = gemv_bench.kernels
+    K.load_tables(TABLES_GPU)
     driver.set_active(gemv_bench._AOTDriver(arch))
     bf, f32, i64 = torch.bfloat16, torch.float32, torch.int64
     nh, nkv, hd, ctx, d = 32, 8, 128, 1024, 4096

@@ -151,6 +151,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     code = """
 import mm_bench as M
 import json
+M.kernels.load_tables("NVIDIA H200")  # the launch tables served on the H200
 jobs = [("mm", 64, 256, 64, 8, 5, True, "evict_first", True), ("mm", 64, 128, 128, 4, 5, False, "", False),
         ("mm", 16, 128, 64, 4, 3, True, "evict_first", False), ("attn", True, 64, 4, 2, 1), ("attn", False, 128, 8, 4, 0),
         ("attn_red", 16), ("attn", True, 32, 2, 3, 1, True), ("attn", False, 64, 4, 2, 0, True), ("rope", 1, True),

@@ -1087,6 +1087,8 @@ def test_the_engine_asks_for_its_pools_launch(interpreted, monkeypatch) -> None:
     pool takes ATTN_LOWP_FP8's entry, a bf16 pool ATTN_LOWP's; --decode-attn default passes none."""
     from hfserve import hfkernels as kernels
 
+    for name, table in kernels.tables_for("NVIDIA H200").items():  # the H200's tables: ATTN_LOWP lists (4, 1024)
+        monkeypatch.setattr(kernels, name, table)
     fp8cfg = kernels.AttnCfg(1, 64, 4, 1, True, True)
     monkeypatch.setitem(kernels.ATTN_LOWP_FP8, (4, 1024), fp8cfg)
     got = {}

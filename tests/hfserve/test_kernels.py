@@ -29,6 +29,13 @@ from triton_interp import import_interpreted  # noqa: E402  (beside this file)
 K = import_interpreted()
 
 
+@pytest.fixture(autouse=True)
+def _h200_tables(monkeypatch):
+    """The launch tables the engine serves on the H200 (hfserve/tables/NVIDIA_H200.json), as each test's."""
+    for name, table in K.tables_for("NVIDIA H200").items():
+        monkeypatch.setattr(K, name, table)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _interpret():
     """The interpreter reads TRITON_INTERPRET at each launch too; keep it set only for this module."""

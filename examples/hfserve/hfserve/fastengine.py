@@ -220,9 +220,13 @@ class FastModel:
         """``"torch"`` (the plain code), ``"triton"`` (hfkernels.py), ``"triton-gemv"`` (the same, and at
         decode batch <= 16 the QKV and gate/up GEMVs fused with norm, RoPE + store, SwiGLU:
         :meth:`_decode_gemv`) or ``"triton-mv"`` (``triton``, and at decode batch 1 the five projections
-        as plain Triton GEMVs: kernels.mv_linear in :meth:`_decode_fused`); graphs keep what they captured."""
+        as plain Triton GEMVs: kernels.mv_linear in :meth:`_decode_fused`); graphs keep what they captured. On a
+        GPU the Triton kernels launch as its tuned tables say (``kernels.load_tables``)."""
         self.ops = kernels_mod.get_ops(kernels)
         self.kernels = kernels
+        if kernels != "torch" and self.device.type == "cuda":
+            # The launch tables tuned for this GPU (tables/<its name>.json), else the defaults: cuBLAS, today's launches.
+            kernels_mod.load_tables(torch.cuda.get_device_name(self.device))
 
     # -- pieces ------------------------------------------------------------------------
 

@@ -1,103 +1,40 @@
-"""Fused Triton kernels for the fast engine's decode step, each beside its torch reference.
+"""The fast engine's Triton kernels, each beside the torch code it replaces (its reference in the tests).
 
-Where the time goes (H200, 7B shape, bf16, graph decode at batch 1): the step is 7.22 ms against a
-3.41 ms floor; the GEMMs run near bandwidth, while ~2.06 ms go to unfused norms, RoPE and elementwise
-work (each a handful of tiny kernels per layer, each a full round trip through HBM for a few KB) and
-~1.2 ms to gaps between ~500 kernels. Every kernel here replaces several of those launches with one:
+Every kernel fuses several torch launches of the decode step (and some of prefill's) into one, so that the
+step's non-GEMM work stops paying a round trip through HBM and a launch per elementwise operation:
 
-* ``rmsnorm`` / ``add_rmsnorm``: FastModel._rms is ~7 kernels (cast, pow, mean, add, rsqrt, mul,
-  cast, mul); the residual add is one more. Fused: one kernel per norm, the residual written
-  alongside. 65 norms per step -> ~450 launches become 65.
-  *Prediction*: ~0.7 ms saved per step at batch 1 (launches and the float32 temporaries).
-* ``silu_mul``: silu, slice and multiply (3 kernels, 2 temporaries of [B, 11008]) -> 1.
-  *Prediction*: ~0.1 ms per step.
-* ``rope_store``: split, two rotate-halves (neg + cat each), four muls, two adds and two index_put
-  stores into the KV pool (~14 kernels per layer) -> 1 kernel that also writes K and V.
-  *Prediction*: ~0.9 ms per step (about 420 launches gone), the biggest single win.
-* ``decode_attn``: the masked bias, two matmuls, the float cast, scale, softmax and casts
-  (~8 kernels, an [B, nh, ctx] float32 score tensor through HBM twice) -> 1 flash-decoding kernel
-  that reads each cached key/value once per (row, kv head) and masks by position, not by bucket.
-  *Prediction*: ~0.3 ms per step at short contexts, growing with the context bucket (the unfused
-  path pays for the whole bucket; this kernel stops at ``pos``).
+* norms: ``rmsnorm`` and ``add_rmsnorm`` (the residual add fused with the norm after it, the sum written
+  alongside): one launch per norm instead of ~8;
+* SwiGLU: ``silu_mul`` (silu, slice and multiply of the fused gate/up output);
+* RoPE + KV store: ``rope_store`` rotates q and k (rotate-half convention) and writes k and v into the KV pool
+  in one launch, for decode rows and for every packed prefill row (from ``ROPE_ROWS_MIN`` rows, ``ROPE_ROWS``
+  rows of a head per program);
+* attention: ``decode_attn``, flash-decoding over the pool that stops at each row's position; split-KV
+  (``split_count`` slices per (row, KV head) so the programs fill the GPU, then ``combine_splits``), with
+  dots in float32 (tf32) or, ``--decode-attn lowp``, in the cache's dtype; over an fp8 pool (``--kv-cache-dtype
+  fp8``) K/V are widened on load;
+* GEMV (``--kernels triton-gemv``): ``norm_qkv_rope`` and ``norm_gu_silu``, the QKV and gate/up projections at
+  batch <= ``GEMV_MAX_ROWS`` with the add + norm in their prologue and RoPE + KV store or SwiGLU in their
+  epilogue; (``--kernels triton-mv``) ``mv_linear``, a plain GEMV for the five projections at batch 1;
+* GEMM (``--kernels triton-mm``): ``mm_linear``, a skinny GEMM for batch 2..64 (all rows in one tile, each
+  weight tile read once, deterministic split-K), optionally with SwiGLU in its epilogue (``mm_glu_linear``,
+  ``--mm-glu``), the RMSNorm in its prologue (``mm_norm_linear``) or the residual add in its epilogue
+  (``mm_res_linear``, both ``--mm-norm``);
+* launch helpers: programmatic dependent launch (``set_pdl``, ``--pdl``: each kernel waits on the one before
+  it, the GEMMs prefetch weights into L2 first), the CPU interpreter's shims, and ``get_ops`` (``torch``,
+  ``triton``, ``triton-gemv``, ``triton-mv``, ``triton-mm``), which returns the same callables each way so the
+  engine switches with one line per call site.
 
-Together the prediction is ~2 ms of the 2.06 + 1.2 ms, i.e. a step near 5.2 ms; the rest of the gap
-to the floor is then the GEMMs and the lm_head. These were predictions, written before measuring.
+Launch parameters come from tables tuned per GPU (``MV_CONFIGS``, ``MM_CONFIGS``, ``MM_GLU_CONFIGS``,
+``MM_FUSE_CONFIGS``, ``ATTN_CONFIGS``, ``ATTN_LOWP``, ``ATTN_LOWP_FP8``): the engine installs the running GPU's
+with :func:`load_tables` (hfserve/tables/<GPU name>.json, written by benchmarks/gpu/paste_tables.py from the
+sweeps of gemv_bench.py and mm_bench.py); a GPU without a file gets empty tables: cuBLAS and the default
+launches. A shape no table lists runs as torch (x @ w.t()) or with the default launch.
 
-Measured since (H200, Triton 3.6, random 7B-shape weights, graph replay, benchmarks/gpu/check_kernels.py
-has the numbers): the whole step at batch 1 went 7.07 -> 4.87 ms (-2.2 ms; predicted -2.0), at batch 8
-8.73 -> 5.47 ms. Per call at batch 1 the norms went 13-15 -> 1.6-2.0 us (x65 per step: ~0.8 ms, predicted
-0.7), rope_store 31.8 -> 1.8 us (x32: ~1.0 ms, predicted 0.9), silu_mul 3.7 -> 1.5 us (x32: 0.07 ms,
-predicted 0.1), decode_attn 30.6 -> 21.0 us (x32: 0.3 ms, predicted 0.3). decode_attn is the one far from
-its floor (~3 us of K/V per layer at these lengths): one program per (row, kv head) is only 32 programs
-at batch 1 on 132 SMs; splitting the context across programs (split-KV) is its next step.
-
-Split-KV (written before measuring; *prediction*): ``decode_attn`` now cuts the context bucket into
-``split_count(B, kv_heads, ctx)`` slices so that B x kv_heads x splits >= the SM count (132 on an
-H200; no slice under 128 columns), one program per (row, kv head, split), and a second small kernel
-(one program per (row, q head)) rescales each split's (max, sum, acc) to the common max and adds them
-up. At batch 1, bucket 1024 (5 splits, 160 programs) the kernel should go from ~21 us to ~6 us plus
-~2 us for the reduction per layer: *prediction* -0.4 ms per step at batch 1 (4.87 -> ~4.45 ms in
-check_kernels' step; in FastModel's graph step, check_engine.py: torch 6.95 -> triton ~4.4 ms at
-position 700). Batch 4 gets 2 splits (-0.1 to -0.2 ms); batch 8 and 16 already fill the GPU with
-one program per (row, kv head) and do not split (no change there). At position 4000 (bucket 4096,
-batch 1) the gain grows: *prediction* torch ~9 ms -> triton ~5 ms, of which ~1.5 ms is split-KV
-(unsplit, 32 programs would each walk 4000 columns, ~60 us per layer; split, ~12 us).
-
-Prefill (written before measuring; *prediction*): with ``--kernels triton`` the 4096-token prefill
-runs its 65 norms fused with the residual adds (~500 MB of HBM traffic each in torch, with the
-float32 temporaries, vs ~130 MB fused: ~24 GB less per prefill, ~6 ms) and SwiGLU in one kernel
-(~180 MB less per layer, ~1.5 ms); RoPE and SDPA stay torch. *Prediction*: 116 -> ~108 ms (-7%);
-the unfused prefill RoPE (~4 ms) and the K/V copies around SDPA are what is left of the non-GEMM work.
-Whole decode step in check_engine.py, *prediction*: batch 4 7.52 -> ~5.0 ms, batch 16 8.53 -> ~6.0 ms.
-
-Prefill RoPE + attention (written before measuring; *prediction*): ``rope_store`` takes a slot per
-row, so one launch per layer rotates q and k of every prefill row (of every packed prompt) and stores
-k and v, replacing ~14 torch kernels per layer that pass q's [4096, 4096] bf16 (32 MB) through HBM
-about a dozen times (~0.5 GB per layer, ~16 GB per prefill, the ~4 ms of RoPE measured before); SDPA then
-reads the pool's K/V in place with ``enable_gqa`` instead of ``repeat_interleave`` writing the context
-4x per layer (~64 MB written and read again per layer at 4096, ~5 GB per prefill). *Prediction*: A's
-TTFT -4 to -5 ms (104 -> ~100 ms), at the price of one more launch per layer (nothing at this size).
-
-Engine step 5 (``--kernels triton-gemv``; written before measuring, *prediction*): at decode batch
-<= 16 the QKV and gate/up GEMMs become ``_norm_gemv2_kernel`` launches that also do the residual add
-+ RMSNorm before them and RoPE + KV store / SwiGLU after them (``norm_qkv_rope``, ``norm_gu_silu``):
-10 launches per layer -> 6 (325 -> 197 per step, counted by benchmarks/gpu/count_launches.py). At
-~2.4 us per in-graph launch plus the removed kernels' 0.23 ms, B's graph step 5.04 -> ~4.50 ms plus
-whatever the Triton GEMVs lose to cuBLAS on 64% of the weight bytes (0 at parity, +0.12 ms at 5%).
-
-Prefill ``rope_store`` rows (written before measuring; *prediction*): an H200 profile of A's
-4096-token prefill put ``_rope_store_kernel`` at 3.21 ms (100 us per layer for ~100 MB: qkv read, q and
-the K/V rows written; ~1 TB/s) against ~1 ms at the 3-3.5 TB/s the norms and SwiGLU reach: 164k one-warp
-programs of 256 bytes each. ``_rope_store_rows_kernel`` does the same arithmetic over 16 rows of a head
-per program (4 warps, 128-bit loads, 48 registers for sm_90): *prediction* 3.21 -> ~1.0 ms per A prefill
-(-2.2 ms of TTFT), 26.1 -> ~7.6 ms in C's packed burst; decode (< ROPE_ROWS_MIN rows) is unchanged.
-
-Engine step 7 (``--kernels triton-mv``; written before measuring, *prediction*): ``triton``'s decode step
-with its five projections (QKV, O, gate/up, down, lm_head) at batch 1 (``MV_MAX_ROWS``) through
-``mv_linear``: ``_gemv_kernel``, a plain Triton GEMV (moved here from benchmarks/gpu/gemv_bench.py), one
-launch per projection with the config tuned per 7B shape on the H200 (``MV_CONFIGS``; no autotuning at
-run time). gemv_bench measured it (results/gemv_2026-12-03h.json, graph time per call, Triton vs cuBLAS):
-QKV 13.9 vs 15.4 us, O 10.2 vs 13.2, gate_up 54.0 vs 55.5, down 28.4 vs 31.4, lm_head 60.0 vs 63.9; the
-32 layers' four projections in one graph 3.408 vs 3.712 ms: -0.309 ms per decode step with the lm_head.
-At M=2 Triton loses gate_up and at M=4 every shape, so batch >= 2 keeps cuBLAS. *Prediction*: B's graph
-step -0.31 ms, served B TPOT 4.59 -> ~4.28 ms; A unchanged (prefill untouched); C unchanged (batch 64
-keeps cuBLAS).
-
-Batch 16..64 (scenario C; written before measuring, *prediction*): ``mm_linear`` is a skinny Triton
-GEMM (``_mm_kernel``: all rows of x in one BLOCK_M tile, so each W tile is read once; tl.dot, SWAP for
-wgmma at 16 rows; deterministic split-K) looked up per (row bucket, N, K) in ``MM_CONFIGS``, which
-benchmarks/gpu/mm_bench.py fills on the H200; empty, it is x @ w.t(). Decode attention's launch parameters
-are a table too (``ATTN_CONFIGS``, empty: today's launch), with one new option, dots in bf16 (``lowp``).
-*Prediction* (mm_bench.py has the detail): at batch 64 the projections 4.10 -> ~3.80 ms (cuBLAS ~81% of
-the copy ceiling, Triton ~88%) and attention 1.44 -> ~1.30 ms per step. Not wired into the engine yet.
-
-``get_ops("torch" | "triton" | "triton-gemv" | "triton-mv" | "triton-mm")`` returns the same five callables each way, so FastModel can take a
-``--kernels`` knob with a one-line switch per call site. The torch versions are FastModel's current
-arithmetic, operation for operation (they are the references the tests hold the kernels to). Layouts:
-KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
-cos/sin tables ``[positions, hd]``, rotate-half convention. Nothing here syncs with the host, so
-every op may be captured in a CUDA graph. Only Triton API present in 3.6 is used; on the CPU the
-kernels run under ``TRITON_INTERPRET=1`` (set before triton is imported).
+Layouts: KV pool ``[layers, slots, kv_heads, capacity, head_dim]``; fused qkv ``[B, (nh + 2*nkv) * hd]``;
+cos/sin tables ``[positions, hd]``. Nothing here syncs with the host, so every op may be captured in a CUDA
+graph. Only Triton API present in 3.6 is used; on the CPU the kernels run under ``TRITON_INTERPRET=1`` (set
+before triton is imported). Measured speed: docs/results.md.
 """
 
 from __future__ import annotations
@@ -110,6 +47,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .tables import read_tables, table_path
 
 try:
     import triton
@@ -125,7 +64,8 @@ __all__ = ["Ops", "get_ops", "rmsnorm_ref", "add_rmsnorm_ref", "silu_mul_ref", "
            "MM_ROWS", "MM_CONFIGS", "MmCfg", "mm_rows", "mm_config", "mm_gemm", "mm_linear", "mm_linear_ref", "mmv_linear",
            "MM_GLU_CONFIGS", "mm_glu_linear", "MM_FUSE_CONFIGS", "FUSE_KINDS", "fuse_config", "mm_norm_linear",
            "mm_res_linear", "set_pdl", "pdl_on", "PDL_PREFETCH", "pdl_prefetch_kw",
-           "ATTN_CONFIGS", "AttnCfg", "attn_config", "ATTN_LOWP", "DECODE_ATTN", "decode_attn_config"]
+           "ATTN_CONFIGS", "AttnCfg", "attn_config", "ATTN_LOWP", "DECODE_ATTN", "decode_attn_config",
+           "TABLE_KINDS", "tables_for", "load_tables"]
 
 HAVE_TRITON = triton is not None
 
@@ -245,7 +185,7 @@ if HAVE_TRITON:
     def _fmax(a, b):
         return tl.maximum(a, b)
 
-    # --pdl on (engine step 13): a kernel launched with ``launch_pdl`` may be placed on the SMs while the kernel
+    # --pdl on: a kernel launched with ``launch_pdl`` may be placed on the SMs while the kernel
     # before it in the stream is still running (Hopper's programmatic dependent launch; in a CUDA graph, a
     # programmatic edge). Its first act is ``griddepcontrol.wait`` -- until that kernel has finished and its writes
     # are visible -- so every load and store after it sees the stream's order; then it lets the next kernel be
@@ -658,7 +598,7 @@ if HAVE_TRITON:
                                            (32, 256, 4, 3), (64, 128, 8, 3), (16, 256, 8, 4), (32, 128, 8, 5))]
     _norm_gemv2_tuned = triton.autotune(configs=_GEMV_CONFIGS, key=["N2", "K", "EPI"])(_norm_gemv2_kernel)
 
-    # -- engine step 7 (``--kernels triton-mv``): a plain GEMV, y = x @ W.T, W [N, K] row-major ---------
+    # -- GEMV (``--kernels triton-mv``): a plain GEMV, y = x @ W.T, W [N, K] row-major ---------
     # Moved here from benchmarks/gpu/gemv_bench.py (which imports them back and tunes them): one program
     # per BLOCK_N rows of W (and per K split); each streams [BLOCK_N, BLOCK_K] tiles of W along K
     # (16-byte vector loads), multiplies them in float32 by the matching slice of each of the M <= 4
@@ -1134,8 +1074,8 @@ class AttnCfg:
         return 3 if self.reg and K is not None and K.dtype == torch.float8_e4m3fn else 1
 
 
-# Per (batch bucket, context bucket): to be filled from benchmarks/gpu/mm_bench.py's attention sweep on the
-# H200. Empty: every launch is today's (ATTN_DEFAULT).
+# Per (batch bucket, context bucket), from the running GPU's tables (``load_tables``; tables/<GPU>.json):
+# decode attention's launch over a bf16 pool. Empty: every launch is today's (ATTN_DEFAULT).
 ATTN_CONFIGS: dict[tuple[int, int], AttnCfg] = {}
 ATTN_DEFAULT = AttnCfg()
 
@@ -1145,21 +1085,14 @@ def attn_config(B: int, ctx: int) -> AttnCfg:
     return ATTN_CONFIGS.get((B, ctx), ATTN_DEFAULT)
 
 
-# --decode-attn lowp: K/V dots in bf16 MMA at every (batch, context) bucket, with the launch that
-# benchmarks/gpu/mm_bench.py's attention sweep found fastest on the H200 where it measured the bucket
-# (results/mm_2026-12-03k.json, the 7B's 32 query / 8 KV heads; every finalist there had bf16 dots).
-# Rounding changes (q and the cache's bf16 products in MMA, not widened to tf32): a knob the gates judge.
-ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {
-    (64, 1024): AttnCfg(0, 32, 2, 3, True),  # 38.8 vs 42.2 us (today's launch)
-    (4, 1024): AttnCfg(8, 32, 2, 3, True),  # 7.6 vs 11.9 us
-}
+# --decode-attn lowp: K/V dots in bf16 MMA at every (batch, context) bucket, with the launch the running GPU's
+# tables list for the bucket (mm_bench.py's attention sweep; ATTN_LOWP_DEFAULT elsewhere). Rounding changes (q and
+# the cache's bf16 products in MMA, not widened to tf32): a knob the gates judge.
+ATTN_LOWP: dict[tuple[int, int], AttnCfg] = {}
 ATTN_LOWP_DEFAULT = AttnCfg(lowp=True)
-# The same over an fp8 pool (--kv-cache-dtype fp8), where mm_bench.py --attn-only --kv fp8 measured the bucket
-# (it prints these entries; results/mm_attn_fp8_2026-12-04d.json); an unlisted bucket takes ATTN_LOWP's launch.
-# At batch 64 the fastest fp8 launch had float32 dots (34.2 vs 35.9 us), so no lowp entry; no `reg` launch was a finalist.
-ATTN_LOWP_FP8: dict[tuple[int, int], AttnCfg] = {
-    (4, 1024): AttnCfg(16, 64, 4, 2, True),  # fp8 pool: 7.7 vs 11.0 us
-}
+# The same over an fp8 pool (--kv-cache-dtype fp8), where the tables list the bucket (mm_bench.py --attn-only
+# --kv fp8); an unlisted bucket takes ATTN_LOWP's launch.
+ATTN_LOWP_FP8: dict[tuple[int, int], AttnCfg] = {}
 DECODE_ATTN = ("default", "lowp", "lowp-reg")
 """--decode-attn's choices: ``default`` (ATTN_CONFIGS, else today's launch), ``lowp``, or ``lowp-reg``
 (``lowp`` with an fp8 pool's tiles widened in registers, AttnCfg.reg; the same as ``lowp`` over a bf16 pool)."""
@@ -1275,7 +1208,7 @@ def decode_attn(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, layer: int, B
     return o
 
 
-# -- engine step 7: the decode step's projections at batch 1 as a plain Triton GEMV -----------------
+# -- GEMV: the decode step's projections at batch 1 (--kernels triton-mv) -------------------------
 
 MV_MAX_ROWS = 1  # mv_linear's kernel serves one row only: at M=2 it loses gate_up, at M=4 every shape
 
@@ -1297,15 +1230,9 @@ class MvCfg:
                 f"{'r' if self.reduce_each else 'd'}{'e' if self.evict else ''}")
 
 
-# The best config per 7B decode shape (N, K) at M=1, tuned by benchmarks/gpu/gemv_bench.py on the H200
-# (results/gemv_2026-12-03h.json; graph time, Triton vs cuBLAS, us). Looked up, never tuned at run time.
-MV_CONFIGS = {
-    (6144, 4096): MvCfg(16, 1024, 8, 1, True, "evict_first"),  # fused QKV   13.9 vs 15.4
-    (4096, 4096): MvCfg(8, 512, 4, 3, False, ""),  # O            10.2 vs 13.2
-    (28672, 4096): MvCfg(8, 512, 4, 1, True, "evict_first"),  # fused gate_up 54.0 vs 55.5
-    (4096, 14336): MvCfg(8, 512, 2, 3, False, "evict_first"),  # down         28.4 vs 31.4
-    (32000, 4096): MvCfg(8, 512, 2, 1, True, "evict_first"),  # lm_head      60.0 vs 63.9
-}
+# The launch per decode shape (N, K) at M=1 where the running GPU's tables list it (gemv_bench.py's sweep), else
+# MV_DEFAULT. Looked up, never tuned at run time.
+MV_CONFIGS: dict[tuple[int, int], MvCfg] = {}
 # Other shapes: gate_up's config (BLOCK_K 512 as four of the five winners; per-tile reduction and no
 # shared-memory pipeline: the fewest registers and no smem, so it launches at any N and K).
 MV_DEFAULT = MvCfg(8, 512, 4, 1, True, "evict_first")
@@ -1384,24 +1311,9 @@ class MmCfg:
                 f"{'t' if self.swap else ''}{'e' if self.evict else ''}")
 
 
-# The best config per (row bucket, N, K) where Triton beat cuBLAS, tuned by benchmarks/gpu/mm_bench.py on
-# the H200 for the 7B's shapes (benchmarks/gpu/results/mm_2026-12-03k.json: its table as printed, the
-# times Triton vs cuBLAS in a graph). Only ``--kernels triton-mm`` calls mm_linear in the engine; a shape
-# not listed (or another model's) is x @ w.t() (cuBLAS).
-MM_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
-    (16, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv     14.7 vs 15.7 us
-    (32, 6144, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # qkv     15.3 vs 16.1 us
-    (16, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, 'evict_first'),  # o       11.2 vs 13.4 us
-    (32, 4096, 4096): MmCfg(64, 128, 4, 6, 1, True, ''),  # o       11.9 vs 13.7 us
-    (32, 28672, 4096): MmCfg(256, 128, 4, 3, 1, True, 'evict_first'),  # gate_up 56.7 vs 57.4 us
-    (64, 28672, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # gate_up 60.1 vs 61.4 us
-    (16, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down    31.2 vs 32.2 us
-    (32, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down    32.0 vs 33.0 us
-    (64, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, ''),  # down    33.9 vs 35.9 us
-    (16, 32000, 4096): MmCfg(128, 128, 4, 3, 1, True, ''),  # lm_head 61.5 vs 65.3 us
-    (32, 32000, 4096): MmCfg(256, 128, 4, 3, 1, True, ''),  # lm_head 62.7 vs 65.8 us
-    (64, 32000, 4096): MmCfg(128, 64, 8, 3, 1, False, 'evict_first'),  # lm_head 65.1 vs 67.4 us
-}
+# The launch per (row bucket, N, K) where the running GPU's tables list it (mm_bench.py: where Triton beat cuBLAS).
+# Only ``--kernels triton-mm`` calls mm_linear in the engine; a shape not listed is x @ w.t() (cuBLAS).
+MM_CONFIGS: dict[tuple[int, int, int], MmCfg] = {}
 
 
 def mm_rows(m: int) -> int:
@@ -1476,14 +1388,9 @@ def mm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # --mm-glu on: the decode step's gate/up GEMM and SwiGLU as one _mm_kernel launch (GLU) per (row bucket, 2 x INTER,
-# K) listed here; other shapes keep the two launches. From benchmarks/gpu/mm_bench.py --glu-only's sweep on an H100
-# (results/glu_h100_2026-12-05d.json), the tables the H200 served in C's 40.8% runs (results/ib_c_h200_2026-12-05f.json,
-# ib_show_h200_2026-12-05g.json): the sweep prints this table; benchmarks/gpu/paste_tables.py pastes it.
-MM_GLU_CONFIGS: dict[tuple[int, int, int], MmCfg] = {
-    (16, 28672, 4096): MmCfg(64, 128, 4, 4, 1, True, 'evict_first'),  # 80.7 vs 85.0 us (gate/up + silu_mul)
-    (32, 28672, 4096): MmCfg(64, 128, 4, 4, 1, True, 'evict_first'),  # 81.8 vs 85.3 us (gate/up + silu_mul)
-    (64, 28672, 4096): MmCfg(32, 128, 4, 3, 1, False, 'evict_first'),  # 84.0 vs 88.0 us (gate/up + silu_mul)
-}
+# K) the running GPU's tables list (mm_bench.py --glu-only prints the winners; paste_tables.py writes them there);
+# other shapes keep the two launches.
+MM_GLU_CONFIGS: dict[tuple[int, int, int], MmCfg] = {}
 
 
 def mm_glu_linear(x: torch.Tensor, w: torch.Tensor, inter: int,
@@ -1512,15 +1419,10 @@ def _mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 # --mm-norm on: the fused launches by (kind, row bucket, N, K), kind "norm" (the RMSNorm before the GEMM in its
 # prologue: QKV, gate/up without --mm-glu, lm_head), "glu_norm" (the same in the GLU launch: gate/up with --mm-glu) or
-# "res" (the residual add after the GEMM in its epilogue, or split-K's reduction: O, down). Only the listed launches are
-# fused; any other keeps its own norm or add launch. benchmarks/gpu/mm_bench.py --fuse-only times each against today's
-# launches pair by pair (a RES launch is listed only where it wins with the norm launch it leaves) and prints this
-# table; these winners are an H100's (results/fuse_h100_2026-12-05d.json: only O and down at 64 rows won; every NORM
-# launch lost), the tables the H200 served in C's 40.8% runs (results/ib_c_h200_2026-12-05f.json).
-MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {
-    ('res', 64, 4096, 14336): MmCfg(64, 128, 4, 5, 2, True, 'evict_first'),  # down 46.7 vs 49.4 us
-    ('res', 64, 4096, 4096): MmCfg(32, 128, 4, 5, 1, False, 'evict_first'),  # o 15.5 vs 17.6 us
-}
+# "res" (the residual add after the GEMM in its epilogue, or split-K's reduction: O, down). Only the launches the
+# running GPU's tables list are fused (mm_bench.py --fuse-only times each against today's launches pair by pair: a RES
+# launch is listed only where it wins with the norm launch it leaves); any other keeps its own norm or add launch.
+MM_FUSE_CONFIGS: dict[tuple[str, int, int, int], MmCfg] = {}
 FUSE_KINDS = ("norm", "glu_norm", "res")
 
 
@@ -1595,3 +1497,25 @@ def get_ops(name: str) -> Ops:
     if name != "torch":
         _need_triton()
     return _OPS[name]
+
+
+# -- the tuned launch tables, per GPU -----------------------------------------------------------------
+
+TABLE_KINDS = {"MV_CONFIGS": MvCfg, "MM_CONFIGS": MmCfg, "MM_GLU_CONFIGS": MmCfg, "MM_FUSE_CONFIGS": MmCfg,
+               "ATTN_CONFIGS": AttnCfg, "ATTN_LOWP": AttnCfg, "ATTN_LOWP_FP8": AttnCfg}
+"""The launch tables (module globals, read at each launch) and their config types."""
+
+
+def tables_for(device: str | None) -> dict[str, dict[tuple, Any]]:
+    """The launch tables tuned for the GPU named ``device`` (torch.cuda.get_device_name) from its file in
+    tables/ (hfserve.tables); every table empty (the defaults) for a GPU without one, or for None."""
+    if device is None:
+        return {name: {} for name in TABLE_KINDS}
+    return read_tables(table_path(device), TABLE_KINDS)
+
+
+def load_tables(device: str | None) -> dict[str, dict[tuple, Any]]:
+    """Install :func:`tables_for` ``device`` as this module's tables; returns them."""
+    found = tables_for(device)
+    globals().update(found)
+    return found
