@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fast import FastModel, GraphDecoder  # noqa: E402
 
 # Sizes: the 7B run, and --small (a smoke test of this script on a tiny model).
 FULL = {"ids": 600, "steps": (500, 532), "pos4": [500, 517, 533, 560], "pos": 700, "far": 4000, "long": 4096,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from hfserve.engine import GenRequest  # noqa: E402
-from hfserve.fastengine import FastEngine  # noqa: E402
+from hfserve.fast import FastEngine  # noqa: E402
 
 
 def _spin(us: float) -> None:

@@ -76,7 +76,7 @@ def count(fm, kernels: str, batch: int) -> Counter:
 
 def tiny(layers: int):
     import torch
-    from hfserve.fastengine import FastModel
+    from hfserve.fast import FastModel
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,

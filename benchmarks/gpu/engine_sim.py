@@ -21,7 +21,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 from check_engine import cuda_time  # noqa: E402
-from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fast import FastModel, GraphDecoder  # noqa: E402
 from profile_best import breakdown  # noqa: E402
 
 

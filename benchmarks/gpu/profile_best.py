@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from check_engine import cuda_time  # noqa: E402
-from hfserve.fastengine import FastModel, GraphDecoder, set_pdl  # noqa: E402
+from hfserve.fast import FastModel, GraphDecoder, set_pdl  # noqa: E402
 from step_table import select, step_numbers  # noqa: E402
 
 

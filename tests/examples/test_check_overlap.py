@@ -62,13 +62,14 @@ def test_gc_passes_go_into_the_timeline(tiny_model: Path, tmp_path: Path, monkey
     weakly, and an engine gone has its hook taken out of gc.callbacks by the next one's start."""
     import gc
     import weakref
+    from collections import deque
 
     import step_gaps
-    from hfserve import fastengine
+    from hfserve.fast import profiling, scheduler
 
-    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)  # only the parts the hook uses
-    eng._timeline, eng._gc_t0 = fastengine.deque(), 0.0
-    hook = fastengine._gc_hook(eng)
+    eng = scheduler.FastEngine.__new__(scheduler.FastEngine)  # only the parts the hook uses
+    eng._timeline, eng._gc_t0 = deque(), 0.0
+    hook = profiling._gc_hook(eng)
     gc.callbacks.append(hook)
     try:
         junk = [[i] for i in range(300_000)]
@@ -88,9 +89,9 @@ def test_gc_passes_go_into_the_timeline(tiny_model: Path, tmp_path: Path, monkey
     gc.callbacks.append(hook)
     del eng
     assert ref() is None
-    other = fastengine.FastEngine.__new__(fastengine.FastEngine)
-    other._timeline, other._gc_t0 = fastengine.deque(), 0.0
-    h2 = fastengine._gc_hook(other)
+    other = scheduler.FastEngine.__new__(scheduler.FastEngine)
+    other._timeline, other._gc_t0 = deque(), 0.0
+    h2 = profiling._gc_hook(other)
     assert hook not in gc.callbacks and h2 not in gc.callbacks  # the dead one pruned; the new one not yet added
     gc.callbacks.append(h2)
     gc.callbacks.remove(h2)
@@ -126,13 +127,13 @@ def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_
     """HFSERVE_PROFILE: the engine profiles PROFILE_STEPS decode steps of a batch >= 32 and writes the table
     (a burst of 32 through check_overlap.py, 5 decode steps each way), and one large packed prefill."""
     import check_overlap
-    from hfserve import fastengine
+    from hfserve.fast import profiling
 
     out = tmp_path / "prof.txt"
     monkeypatch.setenv("HFSERVE_PROFILE", str(out))
-    monkeypatch.setattr(fastengine, "PROFILE_SKIP", 2)
-    monkeypatch.setattr(fastengine, "PROFILE_STEPS", 3)
-    monkeypatch.setattr(fastengine, "PROFILE_PREFILL_TOKENS", 100)
+    monkeypatch.setattr(profiling, "PROFILE_SKIP", 2)
+    monkeypatch.setattr(profiling, "PROFILE_STEPS", 3)
+    monkeypatch.setattr(profiling, "PROFILE_PREFILL_TOKENS", 100)
     check_overlap.main([str(tiny_model), "--device", "cpu", "--n", "32", "--prompt", "4", "--out-tokens", "6",
                         "--reps", "1", "--stream-us", "0"])
     text = out.read_text()
@@ -144,7 +145,7 @@ def test_profile_env_writes_the_served_steps_kernel_table(tiny_model: Path, tmp_
 
 def test_an_unwritable_step_log_is_refused_at_start_up(tiny_model: Path, tmp_path: Path, monkeypatch) -> None:
     """HFSERVE_STEP_LOG / HFSERVE_PROFILE in a folder that does not exist: one line at start-up, not a dead worker."""
-    from hfserve.fastengine import FastEngine
+    from hfserve.fast import FastEngine
 
     for var in ("HFSERVE_STEP_LOG", "HFSERVE_PROFILE"):
         with monkeypatch.context() as m:

@@ -133,7 +133,7 @@ def test_profile_steps_runs_on_the_cpu() -> None:
 
     import_interpreted()
     import profile_best
-    from hfserve.fastengine import FastModel
+    from hfserve.fast import FastModel
 
     every = json.loads((GPU / "engine_steps.json").read_text())
     steps = [every[0], every[-1]]  # the unfused one and the one with everything (interpreted: ~10 s a step)

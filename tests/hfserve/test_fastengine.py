@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fast import FastModel, GraphDecoder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -410,7 +410,7 @@ def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int],
     import asyncio
 
     from hfserve.engine import GenRequest
-    from hfserve.fastengine import FastEngine
+    from hfserve.fast import FastEngine
 
     eng = FastEngine(str(model_dir), dtype="float32", device="cpu", cuda_graphs=False, **kw)
     packed_prefill = eng.fm.prefill_packed
@@ -477,7 +477,7 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
     import time
 
     from hfserve import engine as engine_mod
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
     log: list = []
 
@@ -489,9 +489,9 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
             log.append(("launch", Decoder.k, len(tokens)))
             return None, torch.tensor([100 + Decoder.k] * len(tokens))
 
-    real_wake = fastengine.wake
-    monkeypatch.setattr(fastengine, "wake", lambda reqs: (log.append(("wake", Decoder.k)), real_wake(reqs)))
-    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
+    real_wake = scheduler.wake
+    monkeypatch.setattr(scheduler, "wake", lambda reqs: (log.append(("wake", Decoder.k)), real_wake(reqs)))
+    eng = scheduler.FastEngine.__new__(scheduler.FastEngine)
     eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = Decoder(), {2}, 4, 0, 0
     eng.fm = type("FM", (), {"move_slot": lambda *a: None})()
     loop = asyncio.new_event_loop()
@@ -499,7 +499,7 @@ def test_step_tokens_are_streamed_after_the_next_launch(monkeypatch) -> None:
                                   ignore_eos=True, logprobs=None, loop=loop) for n in (3, 5)]
     active = []
     for r in reqs:
-        s = fastengine._FSeq(r, None)
+        s = scheduler._FSeq(r, None)
         s.last, s.pos, r.n_generated = 7, 1, 1
         active.append(s)
     late: list = []
@@ -577,9 +577,9 @@ class _FakeDecoder:
 
 
 def _fake_engine(overlap: bool, log: list, moves: list):
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
-    eng = fastengine.FastEngine.__new__(fastengine.FastEngine)
+    eng = scheduler.FastEngine.__new__(scheduler.FastEngine)
     eng.decoder, eng.eos_ids, eng.max_batch, eng.chunk, eng.pack = _FakeDecoder(log), {32}, 4, 0, 0
     eng.overlap, eng._ahead = overlap, None
     eng.fm = type("FM", (), {"move_slot": lambda self, *a: moves.append(a)})()
@@ -591,7 +591,7 @@ def _fake_run(overlap: bool, specs: list[tuple[int, bool]]) -> tuple[dict, list,
     import asyncio
 
     from hfserve import engine as engine_mod
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
     log: list = []
     moves: list = []
@@ -601,7 +601,7 @@ def _fake_run(overlap: bool, specs: list[tuple[int, bool]]) -> tuple[dict, list,
                                   ignore_eos=ign, logprobs=None, loop=loop) for n, ign in specs]
     active = []
     for i, r in enumerate(reqs):
-        s = fastengine._FSeq(r, None)
+        s = scheduler._FSeq(r, None)
         s.last, s.pos, r.n_generated = 11 + i, 4, 1
         active.append(s)
     late: list = []
@@ -647,22 +647,22 @@ def test_overlap_burst_gives_the_unbatched_tokens(tiny_model: Path) -> None:
     """The real engine (CPU, tiny model) with --overlap-schedule: a burst of 6 through 4 slots (rows
     finishing at different steps, queued requests joining as slots free) decodes exactly the tokens of
     one request at a time, and its decode steps did run ahead."""
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
     fed: list[int] = []
-    real_feed = fastengine.GraphDecoder._feed
+    real_feed = scheduler.GraphDecoder._feed
 
     def feed(self, prev, n):
         fed.append(n)
         return real_feed(self, prev, n)
 
-    fastengine.GraphDecoder._feed = feed
+    scheduler.GraphDecoder._feed = feed
     try:
         ovl = _engine_outputs(tiny_model, prompts, [], max_batch_size=4, prefill_pack=64, overlap_schedule=True)
     finally:
-        fastengine.GraphDecoder._feed = real_feed
+        scheduler.GraphDecoder._feed = real_feed
     alone = _engine_outputs(tiny_model, prompts, [], max_batch_size=1)
     assert ovl == alone
     assert len(fed) >= 5 and max(fed) >= 2, fed
@@ -690,12 +690,12 @@ def test_greedy_logprobs_come_from_one_table_per_step(tiny_model: Path, monkeypa
     slots gives one request at a time's tokens and logprobs, both plain and with --overlap-schedule
     (which now runs for them: steps launched from the device), and no row's logprob is computed on
     its own: one table per decode step and per packed prefill."""
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(4, 2000, (n,), generator=gen).tolist() for n in (12, 30, 7, 21, 16, 9)]
     calls = {"table": 0, "row": 0, "fed": 0}
-    real_table, real_event, real_feed = fastengine.logprob_table, fastengine.token_event, fastengine.GraphDecoder._feed
+    real_table, real_event, real_feed = scheduler.logprob_table, scheduler.token_event, scheduler.GraphDecoder._feed
 
     def table(*a):
         calls["table"] += 1
@@ -710,9 +710,9 @@ def test_greedy_logprobs_come_from_one_table_per_step(tiny_model: Path, monkeypa
         return real_feed(self, prev, n)
 
     alone = _engine_outputs(tiny_model, prompts, [], logprobs=2, max_batch_size=1)
-    monkeypatch.setattr(fastengine, "logprob_table", table)
-    monkeypatch.setattr(fastengine, "token_event", event)
-    monkeypatch.setattr(fastengine.GraphDecoder, "_feed", feed)
+    monkeypatch.setattr(scheduler, "logprob_table", table)
+    monkeypatch.setattr(scheduler, "token_event", event)
+    monkeypatch.setattr(scheduler.GraphDecoder, "_feed", feed)
     outs = {}
     for overlap in (False, True):
         calls.update(table=0, row=0, fed=0)
@@ -894,7 +894,7 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
     import types
 
     from hfserve import hfkernels as kernels
-    from hfserve.fastengine import set_pdl
+    from hfserve.fast import set_pdl
     from triton.runtime.interpreter import InterpretedFunction
 
     fm, prompts = _prefilled(torch.float32)
@@ -948,7 +948,7 @@ def test_pdl_leaves_the_batch_1_step_alone(interpreted, monkeypatch) -> None:
     """--pdl on launches a batch-1 decode step (the GEMVs') without PDL's keywords -- on the H200 that step's graph ran
     0.43 ms slower with them -- and a batch-3 step with them; set_pdl's state is as it was after each step."""
     from hfserve import hfkernels as kernels
-    from hfserve.fastengine import set_pdl
+    from hfserve.fast import set_pdl
     from triton.runtime.interpreter import InterpretedFunction
 
     fm, prompts = _prefilled(torch.float32)
@@ -980,7 +980,7 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     one of another length and a continuation chunk attends in 2**k groups (4 + 2 + 1 of the run: one SDPA
     call each, per layer) and gives "fused"'s logits and KV; the grouping follows slots, lengths and starts."""
     import torch.nn.functional as F
-    from hfserve import fastengine
+    from hfserve.fast import model
 
     dtype = torch.float32
     tol = STEP_TOL[dtype]
@@ -1006,7 +1006,7 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
             calls.append(q.shape[0])
             return F.scaled_dot_product_attention(q, *a, **kw)
 
-    monkeypatch.setattr(fastengine, "F", SpyF())
+    monkeypatch.setattr(model, "F", SpyF())
     fm.K.copy_(K0)
     fm.V.copy_(V0)
     fm.set_prefill_attn("fused-batched")
@@ -1017,21 +1017,21 @@ def test_batched_prefill_attention_equals_per_prompt(interpreted, monkeypatch) -
     m = None
     rows = [(0, 6, 0, 0, m), (6, 12, 1, 0, m), (12, 18, 3, 0, m), (18, 24, 4, 0, m), (24, 30, 5, 0, m),
             (30, 35, 6, 0, m), (35, 41, 7, 2, m), (41, 47, 8, 0, m)]
-    assert [g[3] for g in fastengine._attn_groups(rows)] == [2, 2, 1, 1, 1, 1]
+    assert [g[3] for g in model._attn_groups(rows)] == [2, 2, 1, 1, 1, 1]
 
 
 def test_batched_prefill_calls_leave_cudnn_out_on_the_gpu_under_sdpa_auto() -> None:
     """--sdpa auto: fused-batched's calls over several prompts on a GPU may use flash, efficient or math but not
     cuDNN (a plan built per new batch size, ~78 ms each on the H200); one prompt's call, the CPU and an
     explicit --sdpa keep their backends."""
-    from hfserve import fastengine
+    from hfserve.fast import model
 
-    assert "CUDNN_ATTENTION" not in fastengine.sdpa_backends("auto", True, "cuda")
-    assert fastengine.sdpa_backends("auto", True, "cuda")[0] == "FLASH_ATTENTION"
-    assert fastengine.sdpa_backends("auto", False, "cuda") is None
-    assert fastengine.sdpa_backends("auto", True, "cpu") is None
-    assert fastengine.sdpa_backends("math", True, "cuda") == ["MATH"]
-    assert fastengine.sdpa_backends("flash", False, "cpu") == ["FLASH_ATTENTION"]
+    assert "CUDNN_ATTENTION" not in model.sdpa_backends("auto", True, "cuda")
+    assert model.sdpa_backends("auto", True, "cuda")[0] == "FLASH_ATTENTION"
+    assert model.sdpa_backends("auto", False, "cuda") is None
+    assert model.sdpa_backends("auto", True, "cpu") is None
+    assert model.sdpa_backends("math", True, "cuda") == ["MATH"]
+    assert model.sdpa_backends("flash", False, "cpu") == ["FLASH_ATTENTION"]
 
 
 @torch.inference_mode()
@@ -1112,7 +1112,7 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
     import threading
 
     from hfserve import engine as engine_mod
-    from hfserve import fastengine
+    from hfserve.fast import scheduler
 
     log: list = []
     eng = _fake_engine(False, log, [])
@@ -1136,7 +1136,7 @@ def test_prompts_arriving_during_a_prefill_pass_are_prefilled_before_the_next_de
         s.req.push("token", 101)
         s.last, s.req.n_generated = 101, 1
         if notify:
-            fastengine.wake([s.req])
+            scheduler.wake([s.req])
         return False
 
     eng._first_token, eng._prefill_some = first_token, prefill_some

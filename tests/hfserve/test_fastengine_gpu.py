@@ -19,7 +19,7 @@ pytestmark = [
                        reason="GPU tests are opt-in: INFERGOAL_GPU_TESTS=1 on a CUDA machine"),
 ]
 
-from hfserve.fastengine import FastModel, GraphDecoder  # noqa: E402
+from hfserve.fast import FastModel, GraphDecoder  # noqa: E402
 
 
 @torch.inference_mode()

@@ -37,7 +37,7 @@ def _top_level(folder: Path) -> set[str]:
 def test_the_tree_offers_the_package_alone_and_shadows_nothing() -> None:
     ours = _top_level(TREE)
     assert ours == {"hfserve", "__main__"}, sorted(ours)
-    assert {"server", "engine", "fastengine", "hfkernels", "loading"} <= _top_level(TREE / "hfserve")
+    assert {"server", "engine", "fast", "hfkernels", "loading", "tables"} <= _top_level(TREE / "hfserve")
     dists = importlib.metadata.packages_distributions()  # every installed top-level import name
     others = {name for name, d in dists.items() if d != ["infergoal"]}  # this project installs hfserve itself
     hazards = (others | _probed_by_transformers()) & (ours - {"__main__"})

@@ -17,7 +17,7 @@ def import_interpreted():
     """Import hfkernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
 
     Set at import rather than for the session, so the rest of a whole-suite run sees the env as it was.
-    A kernels module imported earlier with compiled kernels (fastengine imports it) is reloaded in
+    A kernels module imported earlier with compiled kernels (hfserve.fast imports it) is reloaded in
     place, so every holder of the module (FastModel's ``get_ops``) sees the interpreted kernels.
     """
     _vectorise_generic_reduce()

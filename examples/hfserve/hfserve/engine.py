@@ -6,7 +6,7 @@ a streamer (the default), or an own prefill + decode loop over a ``DynamicCache`
 batching when asked. The HTTP layer (server.py) hands it :class:`GenRequest` and
 :class:`ScoreRequest` jobs and reads events back on its event loop.
 
-The fast engine (fastengine.py) shares this module's job types, sampling, finish check and
+The fast engine (hfserve.fast) shares this module's job types, sampling, finish check and
 prompt scoring, so both engines stop and score by the same rule.
 """
 

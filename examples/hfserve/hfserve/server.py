@@ -14,7 +14,7 @@ Usage (``python -m hfserve`` in examples/hfserve, ``python examples/hfserve`` fr
         [--kv-cache dynamic|static] [--attn eager|sdpa] [--threads N]
 
 This file is the HTTP layer and the command line; the model work is in engine.py (and
-fastengine.py for ``--engine fast``). All model work happens on one worker thread fed by a
+hfserve.fast for ``--engine fast``). All model work happens on one worker thread fed by a
 job queue (that queue *is* the global lock of the baseline); the aiohttp event loop only
 parses, detokenizes and streams, so slow clients never stall the model.
 """
@@ -475,11 +475,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def add_fast_args(ap: argparse.ArgumentParser) -> None:
-    """Device and fast-engine knobs (fastengine.py)."""
+    """Device and fast-engine knobs (hfserve.fast)."""
     ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 ...")
     ap.add_argument("--engine", choices=["hf", "fast"], default="hf",
                     help="hf: transformers generate()/manual loops above; fast: KV pool + continuous batching"
-                         " (+ CUDA-graph decode), fastengine.py")
+                         " (+ CUDA-graph decode), hfserve.fast")
     ap.add_argument("--prefill-chunk", type=int, default=0,
                     help="fast engine: prompt tokens prefilled per step between decode steps (0 = whole prompts)")
     ap.add_argument("--prefill-pack", type=int, default=0,
@@ -573,7 +573,7 @@ def make_engine(args: argparse.Namespace, phases: Phases | None = None) -> Any:
     records where its start-up goes."""
     phases = phases or Phases()
     if args.engine == "fast":
-        from .fastengine import FastEngine
+        from .fast import FastEngine
 
         phases.mark("import")
         return FastEngine(args.model, dtype=args.dtype, device=args.device,
