@@ -6,7 +6,7 @@ real `anthropic` client. The stub records each request body; this prints charact
 split into the cacheable prefix (system + tools) and the conversation, and a token estimate
 (4 characters per token: real counts depend on the model's tokenizer; the stub cannot know them).
 
-Run: PYTHONPATH=. python benchmarks/agent_cost.py
+Run: PYTHONPATH=.:tests:tests/proposers python benchmarks/agent_cost.py  (the tests' agent helpers)
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "proposers"), str(ROOT / "tests")]
 
 import git  # noqa: E402
 from agent_env import agent_config, make_ctx  # noqa: E402

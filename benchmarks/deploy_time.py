@@ -12,7 +12,7 @@ while the standby imports), the arms alternate, and the standby arm's first laun
 yet) is not counted.
 
     python benchmarks/deploy_time.py --standby --preset tiny --rounds 5
-    python benchmarks/deploy_time.py --standby --ssh --preset tiny --rounds 5   # SSHHost, over a loopback sshd
+    PYTHONPATH=.:tests python benchmarks/deploy_time.py --standby --ssh --preset tiny --rounds 5   # SSHHost, over the tests' loopback sshd
 
 ``--ssh`` launches through an SSHHost on a loopback OpenSSH server started for the run (tests/sshd_server.py,
 as the test suite's), so each launch also pays its SSH round trips (`hostd start`, `hostd health`).
@@ -105,7 +105,6 @@ def launch(host: Any, model: Path, how: str, knobs: list[str], log_dir: Path,
 @contextmanager
 def ssh_hosts(tmp: Path):
     """A cold and a standby SSHHost on a loopback sshd started for the run."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from sshd_server import Sshd
 
     from orchestrator.hosts.ssh import SSHHost

@@ -1,10 +1,10 @@
 """Gate time per trial: the integrity + accuracy gates of two source trees, measured interleaved.
 
-    python benchmarks/gate_time.py --before ../infergoal-main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
+    PYTHONPATH=.:tests/gates python benchmarks/gate_time.py --before ../infergoal-main --after . [--rounds 4] [--knobs "--batching on"] [--model DIR]
 
 Starts one server of the demo target (examples/hfserve on the forge's tiny model, the
 baseline knobs unless ``--knobs``), then alternates A B A B: each round runs, in a fresh
-subprocess with that tree's ``gates`` package first on ``sys.path``, one warm-up gate pass (the
+subprocess run in that tree (its ``gates`` package first on the import path), one warm-up gate pass (the
 controller loads the reference once per run, so its load is not a trial's cost) and then the
 timed integrity + accuracy checks of one trial. Prints one line per round and the medians.
 """
@@ -20,14 +20,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "gates"))
 
 from gate_servers import SERVER, free_port, model_name, spawn, stop, wait_healthy  # noqa: E402
 
-# Runs inside the subprocess: the tree under test comes first on sys.path.
+# Runs inside the subprocess, in the tree under test: `python -c` puts its working directory first on the path.
 _CHILD = """
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
 from gates import accuracy, integrity
 url, name, model = sys.argv[2], sys.argv[3], sys.argv[4]
 accuracy.check(url, served_model=name, reference_model_dir=model)  # warm-up: reference load

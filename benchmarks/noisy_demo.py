@@ -1,6 +1,6 @@
 """The demo goal run repeatedly, with and without load: is the reported speedup stable?
 
-    python benchmarks/noisy_demo.py --runs 3 --json noisy.json [--goal "..."] [--load baseline|duty]
+    PYTHONPATH=.:tests python benchmarks/noisy_demo.py --runs 3 --json noisy.json [--goal "..."] [--load baseline|duty]
         [--knobs '{"batching": "on", ...}'] [--one-thread] [-o bench.scale=0.5 ...]
 
 Runs alternate quiet / loaded (quiet, loaded, quiet, loaded, ...), each in a fresh workspace
@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 from burners import Burners  # noqa: E402
 from hfserve_target import one_thread_target  # noqa: E402

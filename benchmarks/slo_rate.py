@@ -16,7 +16,7 @@ The claim: the two agree within 10%. By default it runs against the load-growing
 server (tests/bench/loadserver.py: `--slots` requests at a time, capacity slots / service time);
 ``--url``/``--model`` point it at any OpenAI-compatible server instead.
 
-Usage: ``python benchmarks/slo_rate.py [--slots 16 --ttft-ms 40 --tpot-ms 100] [--limit-ms 400]
+Usage: ``PYTHONPATH=.:tests/bench python benchmarks/slo_rate.py [--slots 16 --ttft-ms 40 --tpot-ms 100] [--limit-ms 400]
 [--json out.json]``
 """
 
@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "bench"))
 
 from orchestrator.bench import Scenario, run_scenario_sync  # noqa: E402
 from orchestrator.bench.rate import RatePolicy, at_rate, confirm_policy, find_rate  # noqa: E402

@@ -1,6 +1,6 @@
 """What the SSH host adds to a trial, against the local host, on the same target.
 
-    python benchmarks/ssh_overhead.py [--rounds 3] [--trials 4] [--json out.json]
+    PYTHONPATH=.:tests python benchmarks/ssh_overhead.py [--rounds 3] [--trials 4] [--json out.json]
 
 Starts a real sshd on a loopback port (tests/sshd_server.py: generated host and user keys), then
 runs the same short goal on the torch-free fake target alternately on `--host local` and on the
@@ -21,7 +21,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_target import write_fake_target  # noqa: E402
 from sshd_server import Sshd  # noqa: E402

@@ -1,6 +1,6 @@
 """Wall time of one run's trials on a pool of two SSH hosts against one SSH host.
 
-    python benchmarks/ssh_pool.py [--rounds 2] [--trials 7] [--json out.json]
+    PYTHONPATH=.:tests python benchmarks/ssh_pool.py [--rounds 2] [--trials 7] [--json out.json]
 
 Two real sshd on loopback ports stand for two GPU boxes (tests/sshd_server.py). The same scripted
 run (the torch-free fake target, whose speed is a knob and whose time is spent waiting, not
@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fake_target import write_fake_target  # noqa: E402
 from sshd_server import Sshd  # noqa: E402

@@ -10,7 +10,6 @@ the store must say why, and the best candidate must be the honest one.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from orchestrator.targets import load_target
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "gates"))
 
 
 def _target(tmp_path: Path, half: Path) -> Path:

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).parent))  # make `import fakeserver` work without packages
 
 
 @contextlib.asynccontextmanager

@@ -20,12 +20,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).parent))
 import fakeserver  # noqa: E402
+from aiohttp import web
 
 from orchestrator.remote.procs import free_port  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Calibrate the accuracy gate: run it over many seeds on honest and damaged servers.
 
-``python tests/gates/calibrate.py --seeds 20 [--only fp32,bf16] [--out report.json]``
+``PYTHONPATH=. python tests/gates/calibrate.py --seeds 20 [--only fp32,bf16] [--out report.json]``
 
 Starts every server named (default: the honest variants of ``HONEST`` plus the damaged/cheating
 ones of ``gate_servers.GEN_SPECS``), runs :func:`gates.accuracy.check` once per seed on each, and
@@ -22,9 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gate_servers import HONEST, start_fleet, stop_fleet  # noqa: E402
 

@@ -48,7 +48,6 @@ def test_free_port_never_hands_out_a_port_twice():
 
 
 def test_the_gate_fleet_refuses_a_url_answered_by_another_process(tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gates"))
     import gate_servers
 
     port = free_port()

@@ -7,11 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import kb_replay as R  # noqa: E402
 import kb_table as T  # noqa: E402
+import pytest
 
 from orchestrator.knowledge import KnowledgeBase  # noqa: E402
 from orchestrator.store import Store  # noqa: E402

@@ -1,9 +1,6 @@
 """The multi-fidelity replay (benchmarks/mf_replay.py) on a small synthetic table: fast, no server."""
 
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import kb_table as T  # noqa: E402
 import mf_replay as M  # noqa: E402
 

@@ -1,18 +1,14 @@
 """A goal with two objectives is searched by Optuna's multi-objective TPE on the measured values."""
 
 import math
-import sys
-from pathlib import Path
 
+import kb_table as T  # noqa: E402
 import optuna
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.proposers import get_proposer, multiobjective
 from orchestrator.review.pareto import front_of
 from orchestrator.store import Store
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import kb_table as T  # noqa: E402
 
 TARGET = T.grid_target()
 GOAL = parse_goal("maximize throughput and minimize p90 TPOT within 20 trials")

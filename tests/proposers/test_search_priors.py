@@ -1,16 +1,12 @@
 """The search proposer's prior: a similar run's measurements steer TPE until they stop fitting."""
 
 import statistics
-import sys
-from pathlib import Path
 
+import kb_table as T  # noqa: E402
 import optuna
 
 from orchestrator.proposers.search import PRIOR_HORIZON, SearchProposer, distributions
 from orchestrator.store import Store
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import kb_table as T  # noqa: E402
 
 TARGET = T.grid_target()
 

@@ -3,16 +3,12 @@ region and lost is ruled out; a value it never measured there stays open. While 
 the search proposes inside the region; when the region is used up, or the prior stops holding,
 it searches the whole space."""
 
-import sys
-from pathlib import Path
 
+import kb_table as T  # noqa: E402
 import optuna
 
 from orchestrator.proposers.search import SearchProposer, prior_region, prior_weight
 from orchestrator.store import Store
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import kb_table as T  # noqa: E402
 
 TARGET = T.grid_target()
 BASE = TARGET.baseline_knobs()  # float32, generate, batching off, batch 8, dynamic, eager, threads 0

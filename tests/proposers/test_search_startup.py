@@ -1,11 +1,7 @@
 """The start-up design: the first proposals spread over every knob's levels instead of repeating some."""
 
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import startup_hit  # noqa: E402
 
 from orchestrator.proposers.search import STARTUP_POOL, SearchProposer, _coverage, _level, distributions

@@ -3,15 +3,12 @@
 search tries one-knob swaps between the source winners (`swaps`), the knobs that mattered first.
 The probes never enter the TPE prior or the region."""
 
-import sys
-from pathlib import Path
+
+import kb_table as T  # noqa: E402
 
 from orchestrator.proposers.search import SearchProposer, neighbours, prior_weight, swaps
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import kb_table as T  # noqa: E402
 
 GRID = T.grid_target()  # max_batch_size categorical on 1..32
 B = GRID.baseline_knobs()

@@ -1,12 +1,7 @@
 """Report fixtures: the audit tests' run with every trial status (tests/review/audit_data.py)."""
 
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "audit"))  # audit_data, shared with tests/audit
-
 from audit_data import build_run  # noqa: E402
 
 from orchestrator.store import Store  # noqa: E402
