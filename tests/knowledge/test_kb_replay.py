@@ -44,7 +44,7 @@ def test_grid_and_equivalent_knob_sets():
     assert key(B) == key(B | {"max_batch_size": 32}) != key(B | {"max_batch_size": 4})
     assert key(B, "decode") == key(B | {"max_batch_size": 1}, "decode")
     assert key(B) == key(B | {"threads": 0}) != key(B | {"threads": 1})  # torch's default: 2 threads here
-    assert t.render(B, port=1, model="M", source="S", python="py")[:2] == ["py", "S/server.py"]
+    assert t.render(B, port=1, model="M", source="S", python="py")[:3] == ["py", "-m", "hfserve"]
 
 
 def _row(knobs, cand, base=(100.0, 100.0), foreign=0.1, error=None):
