@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
-from triton_interp import interpreting  # noqa: E402  (beside this file)
+from triton_interp import interpreting, tree_env  # noqa: E402  (tests/hfserve)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "gemv_bench.py"
 
@@ -104,7 +104,7 @@ def test_heaviest_variants_compile_for_the_h200() -> None:
     STAGES > 1. Compiled, not interpreted: a subprocess."""
     if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = tree_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     res = subprocess.run([sys.executable, str(SCRIPT), "--compile-only", "--limit", "6", "--jobs", "1"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

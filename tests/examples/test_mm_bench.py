@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_interp import tree_env  # tests/hfserve
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
@@ -184,8 +185,7 @@ print("wgmma", [r.get("wgmma") for r in recs[:3]])
 print("compiled", len(recs) - len(bad))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tree = SCRIPT.parents[2] / "examples" / "hfserve"  # mm_bench beside its siblings, hfserve from its tree
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPT.parent), str(tree), env.get("PYTHONPATH")) if p)
+    env = tree_env(env, str(SCRIPT.parent))  # mm_bench beside its siblings, hfserve from its tree
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "compiled 15" in res.stdout, res.stdout[-2000:]

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
-from triton_interp import import_interpreted  # noqa: E402  (beside this file)
+from triton_interp import import_interpreted, tree_env  # noqa: E402  (beside this file)
 
 K = import_interpreted()
 
@@ -492,7 +492,7 @@ def test_gemv_compiles_for_the_h200() -> None:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
     if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=tree_env())
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert f"{4 * len(K._GEMV_CONFIGS)} of {4 * len(K._GEMV_CONFIGS)} configs compile" in res.stdout
 
@@ -585,7 +585,8 @@ def test_mv_configs_compile_for_the_h200() -> None:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "compile_check.py"
     if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
-    res = subprocess.run([sys.executable, str(script), "--mv"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run([sys.executable, str(script), "--mv"], capture_output=True, text=True, timeout=300,
+                         env=tree_env())
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "6 of 6 triton-mv configs compile for sm_90 cleanly" in res.stdout
 
@@ -617,9 +618,7 @@ def test_pdl_kernels_wait_before_they_touch_memory(tmp_path) -> None:
     if not (Path(K.triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("triton without its NVIDIA backend's ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # The scripts beside compile_check.py, a toy kernel, and the engine's package from its tree.
-    tree = Path(__file__).resolve().parents[2] / "examples" / "hfserve"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path), str(script.parent), str(tree), env.get("PYTHONPATH")) if p)
+    env = tree_env(env, str(tmp_path), str(script.parent))  # a toy kernel, the scripts beside compile_check.py
     res = subprocess.run([sys.executable, str(script), "--pdl"], capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "17 of 17 --pdl kernels wait before they touch memory (sm_90)" in res.stdout, res.stdout[-2000:]

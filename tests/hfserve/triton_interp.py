@@ -13,6 +13,14 @@ import numpy as np
 HFSERVE = Path(__file__).resolve().parents[2] / "examples" / "hfserve"
 
 
+def tree_env(env: dict[str, str] | None = None, *first: str) -> dict[str, str]:
+    """``env`` (default os.environ) with ``first`` and hfserve's tree ahead on PYTHONPATH: what a subprocess
+    running a bench script needs to import the package the tests import, installed or not."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*first, str(HFSERVE), env.get("PYTHONPATH")) if p)
+    return env
+
+
 def import_interpreted():
     """Import hfkernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
 
