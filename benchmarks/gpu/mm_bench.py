@@ -12,7 +12,7 @@ the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one c
 
 GEMM. y = x @ W.T in bf16, W [N, K] row-major, x [M, K], M in {16, 32, 64} (the engine's batch buckets), at
 the Mistral-7B shapes (gemv_bench's ``SHAPES``), random weights. cuBLAS (``F.linear``, the engine's call,
-every ratio is against it) vs ``_mm_kernel`` (examples/hfserve/hfkernels.py, ``mm_gemm``): one program per
+every ratio is against it) vs ``_mm_kernel`` (examples/hfserve/hfserve/hfkernels.py, ``mm_gemm``): one program per
 BLOCK_N rows of W and per K split, BLOCK_M = the M bucket (each W tile read once), tl.dot in float32
 accumulation (wgmma where the dot's M side is >= 64; SWAP computes W @ x.T so that side is BLOCK_N),
 num_stages pipelining, evict_first on W, deterministic split-K (float32 partials, fixed-order reduce).

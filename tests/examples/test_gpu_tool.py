@@ -134,7 +134,7 @@ def test_dry_run_serves_the_variants_side_by_side(tmp_path: Path) -> None:
     servers = [ib[i + 1] for i, a in enumerate(ib) if a == "--server"]
     assert [s.split("=", 1)[0] for s in servers] == ["lpnpg", "lpnpgr"]
     assert servers[0].startswith(f"lpnpg=env HFSERVE_STEP_LOG={tmp_path}/logs/steps_lpnpg.log {{python}} "
-                                 "examples/hfserve/server.py --model {model}")
+                                 "examples/hfserve --model {model}")
     assert servers[1].endswith("--gc-freeze on --prefill-rounds 2")
     gates = [c for c in cmds if any(a.endswith("gate_demo.py") for a in c)]
     assert [g[g.index("--out") + 1] for g in gates] == [f"{tmp_path}/gate_lp1.json", f"{tmp_path}/gate_lpnp.json"]
@@ -147,9 +147,9 @@ def test_dry_run_serves_the_older_tree_where_asked(tmp_path: Path) -> None:
     ib = next(_argv(ln) for ln in r.stdout.splitlines() if "ib_baseline.py" in ln)
     servers = dict(ib[i + 1].split("=", 1) for i, a in enumerate(ib) if a == "--server")
     assert list(servers) == ["step7", "step8a", "step8"]
-    assert ".before/examples/hfserve/server.py" in servers["step7"]
+    assert ".before/examples/hfserve --model" in servers["step7"]
     assert ".before/" not in servers["step8a"] and servers["step8"].endswith("--overlap-schedule on")
-    assert servers["step7"].split("server.py")[1] == servers["step8a"].split("server.py")[1]
+    assert servers["step7"].split("examples/hfserve")[1] == servers["step8a"].split("examples/hfserve")[1]
 
 
 STUB = '''#!{python}

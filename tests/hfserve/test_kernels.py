@@ -1,6 +1,6 @@
 """The fast engine's Triton kernels agree with their torch references, on the CPU (interpreter).
 
-Each kernel is checked against the torch code it replaces (examples/hfserve/hfkernels.py keeps both),
+Each kernel is checked against the torch code it replaces (examples/hfserve/hfserve/hfkernels.py keeps both),
 in float32 and bfloat16, and "both ways": the same tolerance check must reject a deliberately wrong
 variant (perturbed eps, RoPE rotating the wrong way, attention one position short), so a pass means
 the check can see an error of that size. Last, a Llama-shaped decode step built from the triton ops

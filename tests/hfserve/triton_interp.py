@@ -1,4 +1,4 @@
-"""Import examples/hfserve/hfkernels.py with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
+"""Import examples/hfserve/hfserve/hfkernels.py with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A command runs from the repository root on a bare GPU machine. The image has torch, transformers, triton and
 most of what the orchestrator needs; the rest travels as wheels in ``.whl/`` (benchmarks/gpu/wheels.py downloads
-them) and is installed once per machine into /tmp/site. Children run with that site and the repository on
+them) and is installed once per machine into /tmp/site. Children run with that site, the repository and hfserve's tree on
 PYTHONPATH. Only 8 files come back from $OUT, so logs go to $OUT/logs/ and are packed into one logs.tgz at the
 end (see ``finish``). ``--dry-run`` prints each command instead of running it.
 """
@@ -120,7 +120,8 @@ class Ctx:
         self.env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                         GIT_PYTHON_REFRESH="quiet")
         wheels = sorted((ROOT / ".whl").glob("*.whl"))
-        path = [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+        # The project, and the hfserve package from its tree (the engine's benches import it).
+        path = [str(ROOT), str(ROOT / "examples" / "hfserve")] + [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
         if wheels:
             stamp, want = SITE / ".carried", "\n".join(w.name for w in wheels)
             if self.dry or not stamp.exists() or stamp.read_text() != want:
