@@ -6,7 +6,7 @@ between runs (the CUDA caching allocator and the pinned host cache emptied, as i
 * ``load_file``: ``safetensors.torch.load_file(f, device=...)`` per file, the old path (``--load safetensors``);
 * ``read``: the raw read bandwidth of the files (``os.preadv`` by N threads into pageable buffers, no copy): what
   the source (tmpfs under gVisor on the H200) gives at most;
-* ``pread``: examples/hfserve/loading.py's ``read_safetensors`` (the default ``--load fast``) at each
+* ``pread``: hfserve.loading's ``read_safetensors`` (the default ``--load fast``) at each
   ``--threads`` x ``--chunk-mib`` x ``--layout``, every run checked bit for bit against ``load_file``'s tensors
   (the exit status is 1 if one differs); with ``--unpinned`` also with pageable staging buffers (layout tensor,
   the first chunk size), in case pinned memory is slow or refused under the host's sandbox.
