@@ -450,7 +450,7 @@ def build_app(engine: Engine, served_name: str) -> web.Application:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options; defaults are the naive baseline."""
-    ap = argparse.ArgumentParser(description="infergoal hfserve: OpenAI-compatible transformers server")
+    ap = argparse.ArgumentParser(prog="hfserve", description="infergoal hfserve: OpenAI-compatible transformers server")
     ap.add_argument("--model", required=True, help="Hugging Face-format model directory")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
