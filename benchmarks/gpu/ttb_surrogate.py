@@ -30,7 +30,6 @@ import math
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +38,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from orchestrator.targets import load_target  # noqa: E402
 

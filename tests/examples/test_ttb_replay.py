@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
-sys.path.insert(0, str(GPU))
 
 import ttb_replay  # noqa: E402
 import ttb_surrogate  # noqa: E402

@@ -6,15 +6,11 @@ as many KV heads as query heads, or with the torch prefill attention (the cache 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "hfserve"))
-from fastengine import FastModel  # noqa: E402
+from hfserve.fast import FastModel  # noqa: E402
 
 from orchestrator.targets.failures import classify_log  # noqa: E402
 
