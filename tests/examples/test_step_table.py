@@ -141,7 +141,7 @@ def test_profile_steps_runs_on_the_cpu() -> None:
         mp.setenv("TRITON_INTERPRET", "1")
         # The last step's (triton-mv) batch-1 GEMVs interpreted would take ~1 min here: they run as
         # x @ w.t() (test_fastengine.test_mv_kernels_equal_triton holds them to triton's step).
-        mp.setattr(sys.modules["hfkernels"], "MV_MAX_ROWS", 0)
+        mp.setattr(sys.modules["hfserve.hfkernels"], "MV_MAX_ROWS", 0)
         fm = FastModel(_random_llama(torch.float32), slots=6, capacity=300)
         mp.setattr(profile_best, "cuda_time", lambda fn, reps=1: (fn(), 1.0)[1])
         real = profile_best.kernel_times  # the profiler over interpreted Triton is minutes: torch steps only
@@ -163,8 +163,8 @@ def test_profile_steps_runs_on_the_cpu() -> None:
     assert out[0]["prefill_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True}
     assert out[1]["prefill_check"]["top1_same_as_first"] and out[1]["prefill_check"]["max_abs_logit_diff_vs_first"] < 1e-3
     assert (fm.kernels, fm.prefill_attn, fm.decode_attn) == ("triton-mm", "fused-batched", "lowp")  # the last step's settings
-    assert fm.mm_glu and fm.mm_norm and sys.modules["hfkernels"].pdl_on()  # steps 11-13's (PDL: the CPU launches as before)
-    sys.modules["hfkernels"].set_pdl(False)
+    assert fm.mm_glu and fm.mm_norm and sys.modules["hfserve.hfkernels"].pdl_on()  # steps 11-13's (PDL: the CPU launches as before)
+    sys.modules["hfserve.hfkernels"].set_pdl(False)
     # The graph step's logits against the first step's: the Triton GEMVs (B decode at batch 1) agree.
     assert out[0]["decode_check"] == {"max_abs_logit_diff_vs_first": 0.0, "top1_same_as_first": True,
                                       "greedy16_same_as_first": 16}
