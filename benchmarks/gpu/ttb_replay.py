@@ -31,7 +31,6 @@ import json
 import math
 import random
 import statistics
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
