@@ -21,12 +21,12 @@ def test_the_sentence_names_score_best_threshold_noise_and_gates():
     d = why_data(number=4, status="discarded", proposer="search", score=1.52, best=1.60, min_gain=0.03, noise=0.08,
                  baseline_trial=3, gates=gates, error=None)
     s = d["sentence"]
-    assert s.startswith("#4 discarded: score 1.520x against baseline #3 did not clear 1.728x")
+    assert s.startswith("#4 discarded: score 1.520x against baseline #3 did not clear the keep line 1.728x")
     assert "best 1.600x + 8.0%, set by baseline noise 8.0%" in s and "integrity pass, performance fail" in s
     assert d["threshold"] == 1.60 * 1.08 and d["noise"] == 0.08
     kept = why_data(number=5, status="kept", proposer="search", score=2.0, best=1.6, min_gain=0.03, noise=0.01,
                     baseline_trial=0, gates=[], error=None, paired=PAIRED, screen_met=True)["sentence"]
-    assert "cleared 1.648x" in kept and "set by min_gain 3%" in kept and "may meet the goal" in kept
+    assert "cleared the keep line 1.648x" in kept and "set by min_gain 3%" in kept and "may meet the goal" in kept
     assert "paired A/B: 4.31x [4.12, 4.50] (90%, 3 paired rounds), goal met" in kept
     failed = why_data(number=6, status="invalid", proposer="search", score=None, best=1.6, min_gain=0.03, noise=0.0,
                       baseline_trial=0, gates=[], error="untrusted measurement in throughput after 3 attempts: x")
@@ -89,3 +89,63 @@ def test_why_names_the_glossary_and_calls_a_baseline_measured(tmp_path):
     r = runner.invoke(app, ["-w", str(tmp_path), "why", "0"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert r.output.startswith("run 1 trial #0 — measured (decided by baseline)") and "docs/glossary.md" in r.output
+
+
+def _keep_line_run(tmp_path, *, paired_confirms: bool):
+    """A run whose trial #1 the screen says may meet the goal (TPOT 8 -> 6 ms: 1.33x for a 1.2x goal)
+    while min_gain 60% puts its keep line at 1.6x. Its paired rounds measure it at 6 ms again
+    (`paired_confirms`) or at the baseline's 8 ms (the screen was luck)."""
+    from fake_target import write_fake_target
+    from test_fidelity import CHOICES, FakeHost, FakeSite
+
+    from orchestrator.bench.saturation import SaturationPolicy
+    from orchestrator.bench.scenarios import builtin_scenarios
+    from orchestrator.config.goal import parse_goal
+    from orchestrator.hosts.measure import TrustPolicy
+    from orchestrator.loop.controller import Controller
+    from orchestrator.proposers import ScriptedProposer
+    from orchestrator.targets import load_target
+    from orchestrator.trial.run import TrialContext
+
+    class LuckySite(FakeSite):
+        def bench(self, base_url, model, scenario, **kw):
+            if not paired_confirms and self.host.trial_no != 1 and "6.0" in self.host.argv:
+                self.host.argv[self.host.argv.index("6.0")] = "8.0"  # in its paired rounds, no faster than the baseline
+            return super().bench(base_url, model, scenario, **kw)
+
+    class LuckyHost(FakeHost):
+        def site(self):
+            return LuckySite(self)
+
+    target = load_target(write_fake_target(tmp_path / "fake.toml", choices=CHOICES))
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "scripted")
+    ctx = TrialContext(run_id=run.id, goal=parse_goal("beat the baseline by 20% on TPOT within 2 trials"), target=target,
+                       host=LuckyHost(), store=store, model_dir=tmp_path, reference_dir=tmp_path,
+                       scenarios=builtin_scenarios(0.5), run_dir=tmp_path / "run", source_dir=tmp_path, accuracy_gate=False,
+                       integrity_gate=False,
+                       trust=TrustPolicy(probe_s=0.0, settle_s=0.0, saturation=SaturationPolicy(max_client_cpu=float("inf"))))
+    reason = Controller(ctx, ScriptedProposer([{"tpot_ms": 6.0}]), min_gain=0.6).run()
+    return store, run.id, reason
+
+
+def test_a_trial_under_its_keep_line_is_not_kept_when_its_paired_ab_does_not_confirm_it(tmp_path):
+    store, rid, reason = _keep_line_run(tmp_path, paired_confirms=False)
+    t1 = store.get_trial_by_number(rid, 1)
+    best = store.get_trial(store.get_run(rid).best_trial_id)
+    assert t1.status == "discarded" and best.number == 0, (t1.status, best.number, reason)  # no candidate: the baseline
+    why = runner.invoke(app, ["-w", str(tmp_path), "--db", f"sqlite:///{tmp_path / 'db.sqlite'}", "why", "1"],
+                        env={"COLUMNS": "300"}).output
+    assert "#1 discarded: score 1.333x against baseline #0 did not clear the keep line 1.600x" in why
+    assert "a paired A/B decides" in why and "goal not met" in why and "kept" not in why.split("\n")[0]
+
+
+def test_a_trial_under_its_keep_line_is_kept_by_a_paired_ab_that_meets_the_goal(tmp_path):
+    store, rid, reason = _keep_line_run(tmp_path, paired_confirms=True)
+    t1 = store.get_trial_by_number(rid, 1)
+    assert reason.startswith("GoalMet") and t1.status == "kept" and store.get_run(rid).best_trial_id == t1.id
+    from orchestrator.trial.verdict import why_of
+
+    said = why_of(store, rid, t1.id)
+    assert said.startswith("#1 kept: its paired A/B meets the goal, though its score 1.333x against baseline #0 is under "
+                           "the keep line 1.600x"), said

@@ -267,9 +267,15 @@ class Controller:
                               rationale=f"re-run of #{trial.number} against a fresh baseline: {candidate.rationale}")
             self._execute(self._create(retry), retry)
             return
-        if status == "kept" and met:
+        if met and status in ("kept", "discarded"):  # the screen says it may meet the goal: paired A/B decides
             paired = self._confirm_paired(finished, candidate)
             if paired["met"]:
+                if status != "kept":  # under its keep line, kept now because its paired A/B meets the goal
+                    t = self.store.get_trial(trial.id)
+                    self.store.finish_trial(t.id, "kept", score=t.score, objective=t.objective, error=t.error, timings=t.timings)
+                    self._record_why(self.store.get_trial(trial.id), "kept", finished.score, finished.error, baseline,
+                                     paired=paired, screen_met=True)
+                    self.on_trial(self.store.get_trial(trial.id))
                 self.store.set_best_trial(self.ctx.run_id, trial.id)  # the confirmed winner is the answer
                 raise GoalMet(f"#{trial.number} meets every objective: paired speedup {describe(paired)} on fresh servers")
 
@@ -300,13 +306,16 @@ class Controller:
         met = perf.status == "pass" or (perf.status == "remeasure" and all(
             o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
             for o in objectives))
-        # A candidate that meets the whole goal is kept even if another scored higher on the geomean.
-        if not met and score <= self._best_score() * (1 + verdict.needed_gain(self.min_gain, baseline)):
+        under = score <= self._best_score() * (1 + verdict.needed_gain(self.min_gain, baseline))
+        if not met and under:
             return "discarded", score, objective, met
         if r.gate_drift and self.ctx.goal.accuracy_mode == "no_loss":
             # Faster but measurably different: a person decides (`infergoal approve N`).
             return "needs_approval", score, objective, met
-        return "kept", score, objective, met
+        # Under its keep line it is not kept, even when the screen says it may meet the goal (another
+        # scored higher on the geomean, or the baseline's noise set the line): its paired A/B still
+        # runs (`_settle`), and keeps it only if that meets the goal.
+        return ("discarded" if under else "kept"), score, objective, met
 
     # --- judging: the numbers come from `orchestrator.trial.verdict` ------------------------------
     def _borderline(self, r: TrialResult, baseline: Baseline) -> bool:

@@ -303,6 +303,8 @@ def _decide(store: Any, run: Any, trial: Any, trials: list[Any], gates: list[Any
     if trial.status == "kept":
         if perf is not None and perf.status == "pass":
             return "goal", f"kept: meets every objective (performance gate: {perf.reason}); score {score:.3f}x", ev
+        if score <= line["threshold"] and trial.number:  # only a paired A/B that met the goal keeps it under the line
+            return "goal", f"kept: its paired A/B meets the goal, though its score {score:.3f}x is under the {keep_words}", ev
         return "threshold", f"kept: score {score:.3f}x beat the {keep_words}", ev
     return "recorded", f"{trial.status}: score {score:.3f}x", ev
 

@@ -214,14 +214,19 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
     if error:
         head = f"#{number} {status}: {error[:160]}"
     elif proposer in BASELINES:
-        head = f"#{number} {status}: a baseline measurement ({proposer}); candidates after it are judged against it"
-    elif status == "kept":
-        how = (f"cleared {threshold:.3f}x" if (score or 0) > threshold else f"is under {threshold:.3f}x")
-        head = (f"#{number} kept: score {score:.3f}x {vs} {how} (best {best:.3f}x + {need:.1%}, set by {set_by})"
-                + ("; the performance screen says it may meet the goal" if screen_met else ""))
+        said_status = "measured" if status == "kept" else status  # a measurement is never "kept"
+        head = f"#{number} {said_status}: a baseline measurement ({proposer}); candidates after it are judged against it"
+    elif status == "kept" and (score or 0) > threshold:
+        head = (f"#{number} kept: score {score:.3f}x {vs} cleared the keep line {threshold:.3f}x (best {best:.3f}x + {need:.1%}, "
+                f"set by {set_by})" + ("; the performance screen says it may meet the goal" if screen_met else ""))
+    elif status == "kept":  # under its keep line: only a paired A/B that meets the goal keeps it
+        head = (f"#{number} kept: its paired A/B meets the goal, though its score {score:.3f}x {vs} is under the keep line "
+                f"{threshold:.3f}x (best {best:.3f}x + {need:.1%}, set by {set_by})")
     elif status == "discarded":
-        head = (f"#{number} discarded: score {score:.3f}x {vs} did not clear {threshold:.3f}x "
-                f"(best {best:.3f}x + {need:.1%}, set by {set_by}) and missed the goal")
+        head = (f"#{number} discarded: score {score:.3f}x {vs} did not clear the keep line {threshold:.3f}x "
+                f"(best {best:.3f}x + {need:.1%}, set by {set_by})"
+                + ("; the performance screen says it may meet the goal, so a paired A/B decides" if screen_met
+                   else " and missed the goal"))
     else:
         head = f"#{number} {status}: score {score if score is None else f'{score:.3f}x'} {vs}"
     sentence = f"{head}; gates: {verdicts}"
