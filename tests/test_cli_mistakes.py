@@ -220,3 +220,12 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
                        timeout=120)
     os.close(write)
     assert p.stderr == "" and p.returncode == 141, (p.returncode, p.stderr)
+
+
+def test_a_speedup_without_its_unit_is_echoed_as_typed_with_the_expected_form(tmp_path):
+    """`by 1.5 within 2 trials` was echoed as 'improve throughput by 1 5' with no word on what was wrong."""
+    r = _cli(tmp_path, "goal", "improve throughput by 1.5 within 2 trials")
+    line = _lines(r.output)[0]  # the accepted forms follow it
+    assert r.exit_code == EXIT_CODES["bad_input"] and line.startswith("error: could not understand 'improve throughput by 1.5'")
+    assert "'by 1.5x' (a ratio) or 'by 50%'" in line and "1 5" not in line
+    assert parse_goal("improve throughput by 1.5x within 2 trials").objectives[0].value == 0.5  # with its unit: accepted

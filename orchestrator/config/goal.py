@@ -557,9 +557,12 @@ def _parse_goal(text: str) -> GoalSpec:
         s,
     )
 
-    leftover = re.sub(r"\b(?:and|,|the|while|with)\b|[,;.]", " ", s).strip()
+    # A dot inside a number stays (`by 1.5` is echoed as typed, not as `by 1 5`).
+    leftover = " ".join(re.sub(r"\b(?:and|,|the|while|with)\b|[,;]|(?<!\d)\.|\.(?!\d)", " ", s).split())
     if leftover:
-        raise GoalError(f"could not understand {leftover!r} in goal {original.strip()!r}.\n{ACCEPTED_FORMS}")
+        unitless = re.search(r"\bby\s+(\d+(?:\.\d+)?)(?!\s*(?:x|%|\d))", leftover)
+        hint = (f": a change needs its unit, e.g. 'by {unitless.group(1)}x' (a ratio) or 'by 50%'" if unitless else "")
+        raise GoalError(f"could not understand {leftover!r} in goal {original.strip()!r}{hint}.\n{ACCEPTED_FORMS}")
     if not objectives:
         raise GoalError(f"the goal names no measurable objective.\n{ACCEPTED_FORMS}")
     try:
