@@ -24,9 +24,11 @@ from orchestrator.config.workspace import Config, ConfigError, Workspace
 from orchestrator.core.exitcodes import classify_stop
 from orchestrator.core.oneline import one_line
 from orchestrator.core.tomlfile import validation_message
-from orchestrator.hosts import LocalHost, get_hosts
+from orchestrator.hosts import HostError, LocalHost, get_hosts, on_gpus
+from orchestrator.hosts.gpus import GpuPlan, GpuPool, gpu_memory_bytes, plan_gpus
 from orchestrator.hosts.measure import TrustPolicy
 from orchestrator.hosts.runlease import (
+    SHARE_HINT,
     HostLeases,
     Lease,
     LeaseHeld,
@@ -41,6 +43,7 @@ from orchestrator.proposers import RunBound, get_proposer
 from orchestrator.review.study import StudyError, save_study
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
+from orchestrator.targets.parallel import ModelShape, check_fit
 from orchestrator.trial.run import TrialContext
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
@@ -122,8 +125,13 @@ def start_run(
     # Before the run row: an unreachable host (any of a pool) leaves no empty run behind.
     fingerprint, *others = [h.fingerprint() for h in hosts]
     floors = _floors(ws)  # a floors file that cannot be used is refused here, before the run row
+    gpus = _gpu_plan(ws.config, hosts)
+    # The baseline must fit this host (GPUs per trial, the model's heads, the card's memory).
+    _fit(target, gpus, fingerprint)(target.baseline_knobs())
     # The host's own lease, for runs of other workspaces and users; refused before the run row too.
-    with HostLeases(hosts, run_identity(ws.root), share=ws.config.allow_concurrent_runs) as host_leases:
+    # A GPU pool leases each GPU per trial instead (orchestrator.hosts.gpus); one at least must be free.
+    _gpu_free(ws, ws.config, gpus, hosts, ws.config.allow_concurrent_runs)
+    with HostLeases([] if gpus.pool else hosts, run_identity(ws.root), share=ws.config.allow_concurrent_runs) as host_leases:
         run = store.create_run(
             name=name or f"{target.name}: {goal.describe()}"[:200],
             goal_text=goal.text, goal_json=goal.model_dump(mode="json"), goal_hash=goal.digest,
@@ -170,7 +178,9 @@ def resume_run(
     hosts = get_hosts(config.host, state_dir=ws.state_dir, model_cache=config.model_cache, standby=config.standby,
                       standby_idle_s=config.standby_idle_s)
     share = share_host or config.allow_concurrent_runs
-    with HostLeases(hosts, run_identity(ws.root, run.id), share=share) as host_leases, _held(store, run.id, config, hosts, share=share):
+    gpus = _gpu_plan(config, hosts)
+    _gpu_free(ws, config, gpus, hosts, share, run.id)
+    with HostLeases([] if gpus.pool else hosts, run_identity(ws.root, run.id), share=share) as host_leases, _held(store, run.id, config, hosts, share=share):
         def run_is_live(rid: int) -> bool:
             r = store.get_run(rid)
             return r is not None and is_live(r)
@@ -267,6 +277,7 @@ def _drive(
 
     hf_logging.disable_progress_bar()  # the accuracy gate loads the reference in-process; keep the live view clean
 
+    gpus = _gpu_plan(config, hosts)
     ctx = TrialContext(
         run_id=run_id, goal=goal, target=target, host=host, store=store,
         model_dir=model_dir, reference_dir=reference,
@@ -282,6 +293,7 @@ def _drive(
     )
     kb = KnowledgeBase(ws.kb_read_dirs, write_dir=ws.kb_write_dir)
     fingerprint = host.fingerprint()
+    ctx.fit = _fit(target, gpus, fingerprint, model_dir)
     workload = workload_key(goal.scenarios, config.bench.scale)
     warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload, slo=goal.slo)
     if warm and not store.list_trials(run_id):
@@ -302,8 +314,22 @@ def _drive(
     knobs = dict(repeats=config.bench.repeats, baseline_repeats=config.bench.baseline_repeats,
                  min_gain=config.min_gain, on_trial=on_trial, probe=config.probe_winner,
                  screen_fraction=config.bench.screen_fraction)
-    controller = (Controller(ctx, proposer, **knobs) if len(hosts) == 1
-                  else PoolController(ctx, proposer, pool=HostPool(hosts), **knobs))
+    pool: Any = None
+    if gpus.pool:
+        make = on_gpus(config.host, state_dir=ws.state_dir, model_cache=config.model_cache, standby=config.standby,
+                       standby_idle_s=config.standby_idle_s)
+
+        def bind(ids: str) -> Any:
+            h = make(ids)
+            h.run_id = run_id  # pidfiles name their run, for the orphan sweep
+            return h
+
+        pool = GpuPool(bind, list(gpus.pool), run_identity(ws.root, run_id), models=gpus.pool)
+        store.add_event(run_id, "gpus", f"trials on GPUs {', '.join(gpus.pool)} of {host.name}, one trial per GPU set "
+                        "at once", data={"gpus": gpus.pool})
+    elif len(hosts) > 1:
+        pool = HostPool(hosts)
+    controller = Controller(ctx, proposer, **knobs) if pool is None else PoolController(ctx, proposer, pool=pool, **knobs)
     try:
         reason = controller.run()
     except KeyboardInterrupt:
@@ -317,7 +343,7 @@ def _drive(
         # Wall time of this invocation (after the model is ready): the report compares it with the
         # engine's own time to show what the orchestrator itself costs.
         store.add_event(run_id, "session", "session ended", data={"wall_s": time.perf_counter() - t_session})
-        for h in hosts:  # SSH hosts: end the measurement worker and the connection
+        for h in [*hosts, *(pool.hosts if isinstance(pool, GpuPool) else ())]:  # SSH: end the worker and the connection
             getattr(h, "close", lambda: None)()
     if classify_stop(reason) == "failed":  # e.g. the baseline could not be served: not a finished run
         store.set_run_status(run_id, "failed", stop_reason=reason)
@@ -347,6 +373,34 @@ def _write_back(kb: Any, store: Store, run_id: int, target: TargetSpec, fingerpr
     if written:
         store.add_event(run_id, "kb.write_back", f"finding written{' (run interrupted, unconfirmed)' if interrupted else ''}: "
                         f"{written}", data={"path": str(written), "interrupted": bool(interrupted)})
+
+
+def _gpu_plan(config: Config, hosts: list[Any]) -> GpuPlan:
+    try:
+        return plan_gpus(config.gpus, hosts)
+    except HostError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _gpu_free(ws: Workspace, config: Config, gpus: GpuPlan, hosts: list[Any], share: bool, run_id: int | None = None) -> None:
+    """A GPU pool's run starts only while one of its GPUs is free (each is leased per trial later)."""
+    if not gpus.pool or share:
+        return
+    pool = GpuPool(on_gpus(config.host, state_dir=ws.state_dir, standby=False), list(gpus.pool), run_identity(ws.root, run_id))
+    slot = pool.take(1)
+    for h in pool.hosts:
+        getattr(h, "close", lambda: None)()
+    if slot is None:
+        raise LeaseHeld(f"every GPU of the run ({', '.join(gpus.pool)}) on {hosts[0].name} is in use by "
+                        f"{pool.held_by_others()}; {SHARE_HINT}")
+    pool.release(slot)
+
+
+def _fit(target: TargetSpec, gpus: GpuPlan, fingerprint: dict[str, Any], model_dir: Path | None = None) -> Callable[[dict[str, Any]], None]:
+    """The check of a knob set against this host and model (`targets.parallel.check_fit`)."""
+    shape = ModelShape.read(model_dir or resolve_model(target.model))
+    memory = None if gpus.pool and not any(gpus.pool.values()) else gpu_memory_bytes(fingerprint)  # simulated GPUs: unknown
+    return lambda knobs: check_fit(target, knobs, gpus_on_host=gpus.per_trial, shape=shape, gpu_memory_bytes=memory)
 
 
 def _floors(ws: Workspace) -> dict[str, Any] | None:

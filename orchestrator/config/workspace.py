@@ -87,6 +87,11 @@ class Config(BaseModel):
     """SQLAlchemy URL; empty = SQLite at `.infergoal/infergoal.db`."""
     host: str = "local"
     """`local`, `ssh://user@host:port`, a name from `infergoal hosts add`, or several, comma-separated (a pool)."""
+    gpus: int | list[int] | str = "auto"
+    """The GPUs of the host trials run on, one trial per GPU set at once (orchestrator/hosts/gpus.py):
+    `auto` = those `nvidia-smi -L` lists on the host (`CUDA_VISIBLE_DEVICES` where set; an SSH host
+    registered with `--gpus` keeps its set); a count (`gpus = 4`: ids 0-3) or a list of ids
+    (`gpus = [0, 2]`), also to simulate GPUs. One GPU or none: one trial at a time, as always."""
     model_cache: str = "auto"
     """A RAM-backed copy of the model that trials launch from (orchestrator.remote.modelcache), on a
     local host: `auto` = in /dev/shm where a CUDA GPU is visible, none on CPU-only hosts; `off`; or a
@@ -126,6 +131,17 @@ class Config(BaseModel):
     agent: AgentConfig = AgentConfig()
     """The code agent (`proposer = "claude"` or `"hybrid"`): model, key source, spend limit."""
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: Any) -> Any:
+        if isinstance(v, bool) or isinstance(v, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in v):
+            raise ValueError(f"gpus = {v!r}: write auto, a count (gpus = 4) or a list of GPU ids (gpus = [0, 1])")
+        if isinstance(v, str) and v != "auto":
+            raise ValueError(f"gpus = {v!r}: write auto, a count (gpus = 4) or a list of GPU ids (gpus = [0, 1])")
+        if isinstance(v, int) and v < 1 or isinstance(v, list) and (not v or min(v) < 0 or len(set(v)) != len(v)):
+            raise ValueError(f"gpus = {v!r}: a count of at least 1, or distinct GPU ids (0 and up)")
+        return v
 
     @field_validator("db")
     @classmethod

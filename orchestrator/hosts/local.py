@@ -68,8 +68,13 @@ class LocalHost:
     """The run whose servers this host starts; recorded in each pidfile for the orphan sweep."""
 
     def __init__(self, state_dir: str | Path, *, model_cache: str = "off", standby: bool = True,
-                 standby_idle_s: float | None = None) -> None:
+                 standby_idle_s: float | None = None, gpus: str = "") -> None:
         self.state_dir = Path(state_dir)
+        self.gpus = gpus
+        """The GPU set its servers see (`CUDA_VISIBLE_DEVICES`) and its lease holds, e.g. "1" or "0,1";
+        empty: what this process sees (orchestrator.hosts.gpus makes one per GPU set of a pool)."""
+        if gpus:
+            self.name = f"local:gpu{gpus}"
         self.model_cache = resolve(model_cache)
         """Where trials' models are copied to load from RAM (orchestrator.remote.modelcache); None: not copied."""
         self.pid_dir = self.state_dir / "servers"
@@ -87,14 +92,17 @@ class LocalHost:
 
     def take_lease(self, identity: dict[str, Any]) -> hostlock.HostLock:
         """This machine's host lease for the GPUs this process sees (`CUDA_VISIBLE_DEVICES`, else all);
-        raises `hostlock.Busy` naming the holders. Held by this process: its exit frees it."""
-        return hostlock.acquire(identity, os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        raises `hostlock.Busy` naming the holders. Held by this process: its exit frees it. A host bound
+        to a GPU set (`gpus`) leases those GPUs alone."""
+        return hostlock.acquire(identity, self.gpus or os.environ.get("CUDA_VISIBLE_DEVICES", ""))
 
     def start(self, argv: list[str], *, env: dict[str, str] | None, cwd: str | None, log_path: str | Path,
               preload: Sequence[str] = ()) -> Proc:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         full_env = self.base_env | (env or {})
+        if self.gpus:
+            full_env["CUDA_VISIBLE_DEVICES"] = self.gpus
         if self.use_standby and eligible(argv, preload, cwd):
             cwd = cwd or os.getcwd()
             proc = self._start_on_standby(argv, full_env, cwd, log_path, preload)

@@ -70,6 +70,11 @@ class SSHHost:
         self._host_cores = 0
         """The host's usable cores (from its last `start` answer): `quiet(server=True)` pauses below QUIET_CORES."""
 
+    @property
+    def gpus(self) -> str:
+        """The GPU set its servers see (`--gpus`, `CUDA_VISIBLE_DEVICES`); empty: all."""
+        return self.spec.gpus
+
     # --- plumbing ----------------------------------------------------------------------------
     @property
     def workdir(self) -> str:

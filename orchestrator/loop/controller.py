@@ -183,7 +183,9 @@ class Controller:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
             self._record_skips(candidate)
             try:
-                return Candidate(**{**candidate.__dict__, "knobs": self.ctx.target.validate_knobs(candidate.knobs)})
+                knobs = self.ctx.target.validate_knobs(candidate.knobs)
+                self.ctx.fit(knobs)  # GPUs, heads and memory of this host and model (targets.parallel)
+                return Candidate(**{**candidate.__dict__, "knobs": knobs})
             except ConstraintViolated as e:
                 self.store.finish_trial(self._create(candidate).id, "failed",
                                         error=f"start-up failure (constraint_violated, not launched): {e}")

@@ -23,6 +23,7 @@ from orchestrator.targets.engineknob import compose, read_multi
 from orchestrator.targets.engineknob import resolve as resolve_engine
 from orchestrator.targets.ibyaml import import_search_space
 from orchestrator.targets.launch import render_argv, render_env
+from orchestrator.targets.parallel import Parallel, check_parallel
 from orchestrator.targets.space import active_only, check_constraints, check_space
 
 # TargetError, ConstraintViolated, Knob and KnobRule live in base.py (the helpers raise and read them
@@ -87,6 +88,9 @@ class TargetSpec(BaseModel):
     constraints: list[KnobRule] = Field(default_factory=list)
     """Rules between knobs, checked before launch: a knob set breaking one is never deployed."""
     capabilities: Capabilities = Field(default_factory=Capabilities)
+    parallel: Parallel = Field(default_factory=Parallel)
+    """The knobs that spread one server over several GPUs, and the rules that refuse a knob set the
+    host or the model cannot take (orchestrator/targets/parallel.py). Unset: one GPU per trial."""
     version: str = ""
     """The engine version the knobs' flags were checked against."""
     version_command: str = ""
@@ -186,6 +190,7 @@ def load_target(path: str | Path) -> TargetSpec:
     except ValidationError as e:
         raise TargetError(f"{path}: {validation_message(e, TargetSpec)}") from None
     check_space(spec, str(path))
+    check_parallel(spec, spec.parallel, str(path))
     return spec
 
 

@@ -66,6 +66,9 @@ class TrialContext:
     """When a measurement is redone (client saturated, host busier) and the baseline re-measured."""
     rate: RatePolicy = RatePolicy()
     """How an SLO goal's request-rate search steps (`orchestrator.bench.rate`)."""
+    fit: Callable[[dict[str, Any]], None] = lambda knobs: None
+    """Raises `ConstraintViolated` for knobs this host or model cannot take (`targets.parallel.check_fit`:
+    GPUs per trial, heads, memory); checked with the target's own constraints, before launch."""
 
 
 @dataclass
@@ -148,6 +151,11 @@ def run_trial(
             cwd = placed_source(ctx.target, engine, str(source)) if ctx.target.variants else str(source)
             proc = ctx.host.start(argv, env=env, cwd=cwd, log_path=log_path, preload=engine.preload)
             ctx.store.start_trial(trial.id, result.launch_cmd, str(log_path))
+            if gpus := getattr(ctx.host, "gpus", ""):  # which GPUs: a pool's trials, and paired A/B, say so
+                model = getattr(ctx.host, "gpu_model", "") or ""
+                ctx.store.add_event(ctx.run_id, "trial.gpus", f"#{trial.number} on GPU {gpus}"
+                                    f"{f' ({model})' if model else ''} of {ctx.host.name.split(':gpu')[0]}",
+                                    trial_id=trial.id, data={"host": ctx.host.name, "gpus": gpus, "gpu_model": model})
             if proc.standby:  # the record says this deploy skipped the imports
                 ctx.store.add_event(ctx.run_id, "trial.standby",
                                     f"#{trial.number} launched in a standby interpreter (preloaded {' '.join(engine.preload)})",
