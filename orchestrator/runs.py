@@ -44,6 +44,7 @@ from orchestrator.review.study import StudyError, save_study
 from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
 from orchestrator.targets.parallel import ModelShape, check_fit
+from orchestrator.targets.spec import check_paths
 from orchestrator.trial.run import TrialContext
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
@@ -115,6 +116,8 @@ def start_run(
     is refused before the run row exists, so an invalid request leaves nothing behind.
     """
     target = load_target(ws.target_path)
+    # Its files before anything slow (a model build, a host probe): on a local host its commands too.
+    check_paths(target, local=ws.config.host in ("", "local"))
     # Refuses an unknown proposer, a missing script file, or (for the agent) a missing key.
     get_proposer(ws.config.proposer, seed=ws.config.seed, agent=ws.config.agent)
     resolve_model(target.model)

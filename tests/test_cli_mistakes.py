@@ -229,3 +229,47 @@ def test_a_speedup_without_its_unit_is_echoed_as_typed_with_the_expected_form(tm
     assert r.exit_code == EXIT_CODES["bad_input"] and line.startswith("error: could not understand 'improve throughput by 1.5'")
     assert "'by 1.5x' (a ratio) or 'by 50%'" in line and "1 5" not in line
     assert parse_goal("improve throughput by 1.5x within 2 trials").objectives[0].value == 0.5  # with its unit: accepted
+
+
+def test_a_copied_target_whose_source_is_gone_is_refused_before_any_model_or_run(tmp_path):
+    """examples/targets/hfserve.toml copied elsewhere: `source = "../hfserve"` names nothing there. Refused
+    at once (bad input, no run row), not after the model build when the baseline launches."""
+    copy = tmp_path / "mine" / "hfserve.toml"
+    copy.parent.mkdir()
+    copy.write_text((ROOT / "examples" / "targets" / "hfserve.toml").read_text())
+    r = runner.invoke(app, ["-w", str(tmp_path / "ws"), "-o", 'model_cache="/nonexistent"', "goal",
+                            "improve throughput by 2x within 2 trials", "-t", str(copy)])
+    assert r.exit_code == EXIT_CODES["bad_input"], r.output
+    assert f"source {tmp_path / 'hfserve'} is not a folder" in r.output and "fix `source`" in r.output
+    db = tmp_path / "ws" / ".infergoal" / "infergoal.db"
+    assert not db.exists() or Store(f"sqlite:///{db}").latest_run() is None
+
+
+_TARGET = """name = "t"
+source = "{source}"
+prefix = "{prefix}"
+launch = "{{{{ python }}}} {{{{ source }}}}/server.py --port {{{{ port }}}}"
+"""
+
+
+def test_target_paths_and_commands_are_checked_both_ways(tmp_path):
+    import pytest
+
+    from orchestrator.targets import TargetError, load_target
+    from orchestrator.targets.spec import check_paths
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "server.py").write_text("")
+
+    def target(name, source, prefix=""):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(_TARGET.format(source=source, prefix=prefix))
+        return load_target(path)
+
+    check_paths(target("good", engine, "taskset -c 0"), local=True)  # its files and its launcher found: accepted
+    with pytest.raises(TargetError, match="names .*/server.py, which does not exist under source"):
+        check_paths(target("no_server", tmp_path), local=True)
+    with pytest.raises(TargetError, match="starts 'no-such-launcher-xyz', which is not on PATH here"):
+        check_paths(target("no_launcher", engine, "no-such-launcher-xyz -c 0"), local=True)
+    check_paths(target("remote", engine, "no-such-launcher-xyz -c 0"), local=False)  # a remote host's programs are its own

@@ -11,6 +11,7 @@ and `orchestrator/targets/launch.py`; see docs/architecture.md "Engines as targe
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from orchestrator.targets.space import active_only, check_constraints, check_spa
 
 # TargetError, ConstraintViolated, Knob and KnobRule live in base.py (the helpers raise and read them
 # without importing this module); they are exported here too, where callers have always found them.
-__all__ = ["Capabilities", "ConstraintViolated", "Knob", "KnobRule", "TargetError", "TargetSpec", "load_target"]
+__all__ = ["Capabilities", "ConstraintViolated", "Knob", "KnobRule", "TargetError", "TargetSpec", "check_paths", "load_target"]
 
 # Names the launch template gets besides the knobs.
 _RESERVED = frozenset({"python", "port", "model", "source", "served_model_name", "flags"})
@@ -162,6 +163,40 @@ class TargetSpec(BaseModel):
     def launch_env(self, knobs: dict[str, Any]) -> dict[str, str]:
         """The environment variables for these knobs (templated `env` plus knobs' `env_var`)."""
         return render_env(self, knobs)
+
+
+def check_paths(spec: TargetSpec, *, local: bool) -> None:
+    """Refuse a target whose files are not there, before a model is built or a run created: its
+    `source` folder, the files under it its launch command names (`{{ source }}/server.py`), and on a
+    local host the `python` it names and the program its command starts. A target copied elsewhere
+    with `source = "../hfserve"` failed only when the baseline launched, after minutes of model
+    building. Raises `TargetError` naming the path, the key and the file it came from."""
+    where = spec.path or spec.name
+    for variant in spec.variants.values():
+        check_paths(variant, local=local)
+    if spec.variants:
+        return
+    source = Path(spec.source)
+    if not source.is_dir():
+        raise TargetError(f"{where}: source {spec.source} is not a folder (a relative source resolves against the "
+                          "target file's folder); fix `source`, or leave it out for an engine installed as a package")
+    try:
+        argv = spec.render(spec.baseline_knobs(), port=1, model="MODEL", source=str(source), python="PYTHON")
+    except (TargetError, jinja2.TemplateError, ValueError):
+        return  # refused by the template check already, with its own words
+    for arg in argv:
+        if arg.startswith(f"{source}/") and not Path(arg).exists():
+            raise TargetError(f"{where}: the launch command names {arg}, which does not exist under source {source}; "
+                              "fix `source` or `launch`")
+    if not local:
+        return  # the interpreter and the program are the remote host's
+    python = spec.python or ""
+    if python and "{" not in python and not Path(python).exists() and not shutil.which(python):
+        raise TargetError(f"{where}: python {python} does not exist here; fix `python` (an interpreter or a venv folder)")
+    program = argv[0] if argv else "PYTHON"  # the prefix's program when there is one (`taskset`, `numactl`)
+    if program != "PYTHON" and not shutil.which(program):
+        raise TargetError(f"{where}: the launch command starts {program!r}, which is not on PATH here; install it, "
+                          "or fix `launch` / `prefix`")
 
 
 def load_target(path: str | Path) -> TargetSpec:
