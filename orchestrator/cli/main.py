@@ -267,8 +267,10 @@ def show(
     meas = [_trial_dict(m) for m in store.measurements(t.id)]
     why, paired = why_of(store, rid, t.id), latest_paired(store, rid, t.id)
     hosts = [e.data for e in store.events(rid, kind="measure.host") if e.trial_id == t.id]
+    ran = [e for e in store.events(rid, kind="trial.gpus") if e.trial_id == t.id]  # a GPU pool's trial
     if as_json:
-        return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts})
+        return emit({"trial": _trial_dict(t), "gates": gates, "measurements": meas, "why": why, "paired": paired, "host": hosts}
+                    | ({"gpus": ran[-1].data} if ran else {}))
     from orchestrator.review.trials import knob_text, measurement_note, score_text, shown_status
 
     said = score_text(t.score, (paired or {}).get("score"), unit="x")
@@ -285,6 +287,8 @@ def show(
                       + (f", {h['attempts']} attempts" if h["attempts"] > 1 else "")
                       + (f", prompts drawn {h['prompts']['prompt_seed']}" if (h.get("prompts") or {}).get("prompt_seed") is not None else ""),
                       highlight=False)
+    if ran:
+        console.print(f"  ran on: {escape(ran[-1].message.split(' on ', 1)[-1])}", highlight=False)
     for k in ("proposer", "rationale", "commit", "launch_cmd", "log_path", "error"):
         if getattr(t, k):
             console.print(f"  {k}: {escape(str(getattr(t, k)))}", highlight=False)

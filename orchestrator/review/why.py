@@ -240,6 +240,9 @@ def explain_trial(store: Any, run_id: int, number: int) -> Why:
     drawn = _prompt_draws(events, trial)
     if drawn:  # which prompts its measurements asked: a draw of their own each (orchestrator.bench.prompts)
         evidence["prompts"] = drawn
+    ran = [e.message for e in events if e.kind == "trial.gpus" and e.trial_id == trial.id]
+    if ran:  # a GPU pool's trial: which GPUs (the baseline, sentinels and paired rounds say so too)
+        evidence["ran_on"] = ran[-1].split(" on ", 1)[-1]
     during = [x for x in lease_losses(events) if _while_measured(x, trial)]
     if during:  # its numbers may come from a shared host
         evidence["host_lease"] = "; ".join(lease_words(x) for x in during)

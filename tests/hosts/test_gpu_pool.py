@@ -22,6 +22,7 @@ from orchestrator.hosts import get_host
 from orchestrator.hosts.gpus import GpuPool, GpusBusy, plan_gpus, resolve_gpus
 from orchestrator.hosts.runlease import LeaseHeld, run_identity
 from orchestrator.remote import hostlock
+from orchestrator.review.why import explain_trial
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 
@@ -115,6 +116,11 @@ def test_n_trials_on_n_simulated_gpus_none_used_twice_at_once(tmp_path):
         gpus = events[t.id]["gpus"]
         assert _seen_gpus(t) == gpus, "the server saw the GPUs the record names, and only them"
         assert len(gpus.split(",")) == t.knobs["tp"], "a trial takes as many GPUs as its tensor size"
+    # `why` and `show` say which GPUs a trial ran on; the baseline's too.
+    assert explain_trial(store, out.run_id, 0).evidence["ran_on"] == f"GPU {events[trials[0].id]['gpus']} of local"
+    shown = subprocess.run([sys.executable, "-m", "orchestrator.cli", "show", str(trials[1].number)], cwd=tmp_path,
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert f"ran on: GPU {events[trials[1].id]['gpus']} of local" in shown.stdout, shown.stdout + shown.stderr
     # No GPU used twice at once: no server found one of its GPUs locked by another live server.
     assert not [t.number for t in trials if "CLASH" in Path(t.log_path).read_text()]
     starts = sorted(t.started_at for t in trials[1:])
