@@ -298,9 +298,12 @@ def _drive(
     fingerprint = host.fingerprint()
     ctx.fit = _fit(target, gpus, fingerprint, model_dir)
     workload = workload_key(goal.scenarios, config.bench.scale)
-    warm = kb.warm_start(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload, slo=goal.slo)
+    plan = kb.priors(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload, slo=goal.slo)
+    warm, warm_from = [p["knobs"] for p in plan], [p["entry"] for p in plan]
     if warm and not store.list_trials(run_id):
-        store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base", data={"knobs": warm})
+        store.add_event(run_id, "kb.warm_start", f"{len(warm)} prior knob set(s) from the knowledge base: "
+                        + ", ".join(f"{p['entry']} (similarity {p['similarity']:.2f})" for p in plan),
+                        data={"knobs": warm, "entries": warm_from})
     priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if priors and not store.list_trials(run_id):
         from orchestrator.proposers.search import prior_weight
@@ -310,7 +313,7 @@ def _drive(
                         + (f"; {len(priors) - len(own)} probe(s) of their winners rank the swaps" if len(own) < len(priors) else ""),
                         data={"entries": sorted({p["entry"] for p in priors}), "weight": round(prior_weight(own), 4),
                               "probes": len(priors) - len(own)})
-    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, agent=config.agent, priors=priors,
+    proposer = get_proposer(config.proposer, seed=config.seed, warm_start=warm, warm_from=warm_from, agent=config.agent, priors=priors,
                             objectives=goal.objectives if goal.multi_objective else ())
     if isinstance(proposer, RunBound):  # the code agent needs the run's worktree, store and KB
         proposer.bind(ctx, kb)

@@ -20,13 +20,14 @@ __all__ = ["Candidate", "Proposer", "RunBound", "ScriptedProposer", "SearchPropo
 
 def get_proposer(
     spec: str, *, seed: int = 0, warm_start: Sequence[dict[str, Any]] = (), agent: Any = None,
-    priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
+    priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (), warm_from: Sequence[str] = (),
 ) -> Proposer:
     """Pick a proposer by key: `search` (default), `scripted:FILE.json` (a list of knob dicts),
     `claude` (the code agent; `agent` is its AgentConfig) or `hybrid` (agent + knob search).
-    `objectives`: two of them make the search multi-objective (a goal with a Pareto front)."""
+    `objectives`: two of them make the search multi-objective (a goal with a Pareto front); `warm_from`: the
+    knowledge-base entry of each `warm_start` knob set, which its trial's rationale names."""
     if spec in ("", "search"):
-        return SearchProposer(seed=seed, warm_start=warm_start, priors=priors, objectives=objectives)
+        return SearchProposer(seed=seed, warm_start=warm_start, priors=priors, objectives=objectives, warm_from=warm_from)
     if spec.startswith("scripted:"):
         path = Path(spec.split(":", 1)[1])
         if not path.is_file():

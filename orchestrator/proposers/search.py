@@ -147,7 +147,7 @@ class SearchProposer:
     def __init__(self, seed: int = 0, n_startup: int = 4, warm_start: Sequence[dict[str, Any]] = (),
                  priors: Sequence[dict[str, Any]] = (), objectives: Sequence[Any] = (),
                  startup: str = "cover", walk: bool = True, max_untried: int | None = MAX_UNTRIED,
-                 attribute: bool = True, rank: int = RANK_POOL) -> None:
+                 attribute: bool = True, rank: int = RANK_POOL, warm_from: Sequence[str] = ()) -> None:
         if startup not in STARTUP_DESIGNS:
             raise ValueError(f"startup must be one of {', '.join(STARTUP_DESIGNS)}, not {startup!r}")
         self.seed = seed
@@ -160,6 +160,8 @@ class SearchProposer:
         self.objectives = list(objectives) if len(objectives) > 1 else []
         self.n_startup = n_startup
         self.warm_start = list(warm_start)
+        self.warm_from = list(warm_from)
+        """The knowledge-base entry each warm-start knob set comes from (same order), named in its rationale."""
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
 
@@ -244,14 +246,15 @@ class SearchProposer:
         seen = {knob_key(t.knobs) for t in history}
         regions = failed_regions(target, history)
         skipped: list[dict[str, Any]] = []  # proposals inside a failed region, for the loop to record
-        for knobs in self.warm_start:
+        for i, knobs in enumerate(self.warm_start):
             try:
                 knobs = target.validate_knobs(knobs)
             except ValueError:
                 continue
             if knob_key(knobs) not in seen and not _inside(regions, knobs, "warm start", skipped):
-                return _with_skips(Candidate(knobs=knobs, rationale="warm start: a prior best from the knowledge base",
-                                             proposer=self.name), skipped)
+                entry = self.warm_from[i] if i < len(self.warm_from) else ""
+                said = f"the best knob set of knowledge-base entry {entry}" if entry else "a prior best from the knowledge base"
+                return _with_skips(Candidate(knobs=knobs, rationale=f"warm start: {said}", proposer=self.name), skipped)
         refused = refused_values(target, history)  # values the engine refused at start-up (bad_flag)
         blame = attribute(target, history) if self.attribute else None
         if blame is not None:

@@ -54,3 +54,14 @@ def test_priors_are_dropped_once_the_transferred_winner_loses_or_the_run_has_its
     own = [TARGET.baseline_knobs() | {"max_batch_size": m, "attn": a} for m in T.BATCH_GRID for a in ("eager", "sdpa")]
     assert len(p._prior_trials(_history(store, own[:PRIOR_HORIZON - 1]), TARGET, dists)) == 40
     assert p._prior_trials(_history(store, own[:PRIOR_HORIZON]), TARGET, dists) == []
+
+
+def test_a_warm_start_names_the_knowledge_base_entry_it_took_its_knobs_from():
+    knobs = dict(TARGET.baseline_knobs())
+    name, spec = next(iter(TARGET.knobs.items()))
+    knobs[name] = next(v for v in (spec.choices or [spec.high, spec.low]) if v != knobs[name])
+    c = SearchProposer(warm_start=[knobs], warm_from=["finding-hfserve-0123456789"]).propose([], TARGET)
+    assert c.knobs == TARGET.validate_knobs(knobs)
+    assert c.rationale == "warm start: the best knob set of knowledge-base entry finding-hfserve-0123456789"
+    plain = SearchProposer(warm_start=[knobs]).propose([], TARGET)  # provenance unknown: said so plainly
+    assert plain.rationale == "warm start: a prior best from the knowledge base"
