@@ -15,7 +15,8 @@ the time the machine was away. Measured to:
 (b) the first paired outcome that met the goal (the `paired` event; `GoalMet` follows it).
 
 Also the median trial time and the per-trial deploy / gates / bench / other / idle split (the
-report's own `trial_timeline`). headline.json is updated, not replaced: `time_to_best_<kind>_s`
+report's own `trial_timeline`), and the baseline's re-measures (sentinels): their GPU-seconds and share
+of the run's. headline.json is updated, not replaced: `time_to_best_<kind>_s`
 (the value is (a), (b) beside it) and `median_trial_s`, each naming the database; a figure not
 reached is null with a `why`. `--kind` defaults to warm when the run started from the knowledge
 base (a `kb.warm_start` or `kb.priors` event), else cold. The database is read from a copy.
@@ -38,7 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from orchestrator.core.roles import NOT_SEARCH  # noqa: E402
+from orchestrator.core.roles import NOT_SEARCH, SENTINEL  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402
 
 __all__ = ["analyse", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
@@ -194,8 +195,11 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
         median["why"] = "no finished trial"
     first = min((t.started_at for t in trials if t.started_at), default=None)
     median["before_first_trial_s"] = round(gpu_seconds(spans, first), 1) if first else None  # start-up, on the clock
+    sentinel_s = sum(float(t.timings["trial"]) for t in done if t.proposer == SENTINEL)
     return {"db": str(db), "run": {"id": rid, "name": name, "goal": goal.get("text", "")},
             "kind": "warm" if warm else "cold", "gpu_s_total": round(total, 1),
+            "sentinels": {"trials": sum(1 for t in done if t.proposer == SENTINEL), "gpu_s": round(sentinel_s, 1),
+                          "share": round(sentinel_s / total, 4) if total else None},
             "sessions": len(spans), "best_known": {"label": best.get("label") or _label(best.get("knobs", {})),
                                                    "screen_score": target, "basis": basis,
                                                    "within": WITHIN},
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     if res["best_reached"]:
         br = res["best_reached"]
         print(f"  best reached: #{br['number']} {br['score']}x at {br['at_s']} s ({br['knobs']})")
+    sn = res["sentinels"]
+    print(f"  sentinels: {sn['trials']} baseline re-measure(s), {sn['gpu_s']} GPU-s"
+          + (f", {sn['share']:.1%} of the run" if sn["share"] is not None else ""))
     print(f"  median trial {m['value']} s over {m['trials']}; median split {m['split_median_s']}; "
           f"{m['before_first_trial_s']} s from the run's start to its first trial")
     for r in m["per_trial"]:

@@ -69,6 +69,7 @@ def _db(tmp_path: Path, *, reach: bool) -> Path:
 
 def test_counts_only_live_sessions_and_the_screening_score(tmp_path: Path) -> None:
     res = time_to_best.analyse(_db(tmp_path, reach=True), BEST)
+    assert res["sentinels"] == {"trials": 1, "gpu_s": 20.0, "share": round(20.0 / res["gpu_s_total"], 4)}
     assert res["kind"] == "cold" and res["sessions"] == 2
     a, b = res["kept_within_5pct"], res["paired_goal_met"]
     # #3 kept at 1150.5 s of wall time = 100 s of session 1 + 50.5 s of session 2; screening 9.9 >= 9.5
