@@ -25,11 +25,21 @@ Sub-checks, in order (each recorded in ``details["checks"]``):
                     the same reply are a cache keyed on less than the prompt (its length, say),
                     which a timing comparison cannot see: every probe would be a hit. The
                     accuracy gate's generation check judges every reply against the reference too.
+8. ``cross_launch`` - the same rule across launches: a request an earlier launch of the same run
+                    answered (``seen``: a measured request of the bench, in the bench's own shape,
+                    kept by the orchestrator) is sent again, then a fresh one of its shape (other
+                    random ids, same lengths and fields). A reply to the old request in under
+                    ``cache_time_ratio`` of the fresh one's time, on every pair of two attempts, is a
+                    response cache kept across launches (on disk, say), however new its response
+                    ids and however ordinary its streaming pace. An honest prefix cache kept across
+                    launches saves only the old request's prefill; ``seen`` requests are chosen
+                    decode-heavy, so that stays well inside the ratio. Skipped in a run's first launch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import secrets
 import time
@@ -261,6 +271,58 @@ def _check_no_cache(base_url: str, model: str, prompt_sets: Sequence[Sequence[An
                   f"{len(prompt_sets)} attempts: response cache")
 
 
+def _fresh_like(body: Mapping[str, Any], rng: random.Random, tok: Any) -> dict[str, Any]:
+    """`body` with its prompt replaced by a never-seen one of the same token length (ids for ids,
+    text for text, a chat message's content for a chat request): the same shape, nothing to replay."""
+    out = json.loads(json.dumps(body))
+
+    def like(prompt: Any) -> Any:
+        if isinstance(prompt, list):
+            return _random_ids(rng, tok, len(prompt))
+        return tok.decode(_random_ids(rng, tok, len(tok(str(prompt), add_special_tokens=False)["input_ids"])))
+
+    if "messages" in out:
+        out["messages"] = [dict(m, content=like(m.get("content", ""))) for m in out["messages"]]
+    else:
+        out["prompt"] = like(out.get("prompt", ""))
+    return out
+
+
+def _timed_stream(base_url: str, body: Mapping[str, Any], timeout: float) -> float:
+    """Seconds from sending `body` (streamed, as the bench sends it) to the end of its reply."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    t0 = time.perf_counter()
+    post_stream(base_url, path, dict(body), timeout=timeout)
+    return time.perf_counter() - t0
+
+
+def _check_cross_launch(base_url: str, seen: Sequence[Mapping[str, Any]], rng: random.Random, tok: Any,
+                        ratio_limit: float, timeout: float, record: dict[str, Any]) -> str:
+    """Each request an earlier launch answered, then a fresh one of its shape; every old one fast, on
+    both attempts, is a cache kept across launches. The old one goes first: a cold first request of
+    its shape makes it slower, never faster, so no warm-up is needed to keep an honest server safe."""
+    if not seen:
+        return "skipped: no earlier launch of this run answered a request yet"
+    trials = [s.get("trial") for s in seen]
+    ratio = 0.0
+    for attempt in (1, 2):
+        old_s, fresh_s = [], []
+        for s in seen:
+            old_s.append(_timed_stream(base_url, s["body"], timeout))
+            fresh_s.append(_timed_stream(base_url, _fresh_like(s["body"], rng, tok), timeout))
+        ratio = max(o / max(f, 1e-9) for o, f in zip(old_s, fresh_s, strict=True))
+        record[f"attempt{attempt}"] = {"seen_s": old_s, "fresh_s": fresh_s, "time_ratio": ratio}
+        record.update(time_ratio=ratio, trials=trials)
+        if ratio >= ratio_limit:
+            return (f"requests the launches of trials {', '.join(f'#{t}' for t in trials)} answered, sent again: "
+                    f"{ratio:.2f}x a fresh one's time (attempt {attempt})")
+    first = record["attempt2"]
+    said = ", ".join(f"#{t}'s in {o:.3f} s vs {f:.3f} s" for t, o, f in zip(trials, first["seen_s"], first["fresh_s"], strict=True))
+    raise _Failed(f"requests earlier launches answered came back in at most {ratio:.2f}x the time of fresh ones of their "
+                  f"shape (< {ratio_limit}) on 2 attempts ({said}): a response cache kept across launches "
+                  "(new response ids and an ordinary streaming pace do not make a replay a computation)")
+
+
 def check(
     base_url: str,
     *,
@@ -273,6 +335,7 @@ def check(
     seed: int | None = None,
     thresholds: Mapping[str, Any] | None = None,
     capabilities: Mapping[str, Any] | None = None,
+    seen: Sequence[Mapping[str, Any]] | None = None,
 ) -> GateResult:
     """Run the integrity probes against the server at ``base_url``.
 
@@ -287,6 +350,9 @@ def check(
         thresholds: parsed thresholds dict (default ``gates/thresholds.toml``).
         capabilities: what the engine's API lacks (a target's ``[capabilities]``); the probes are
             then asked and counted as :mod:`gates.api` says, recorded in ``details["api"]``.
+        seen: requests earlier launches of the same run answered, newest first, each
+            ``{"body": the request body as the bench sent it, "trial": its trial number}``, for the
+            ``cross_launch`` probe (None or empty: skipped, a run's first launch).
 
     Returns:
         ``pass`` or ``fail``; the reason names the first failing sub-check.
@@ -345,6 +411,9 @@ def check(
             [[mode.prompt(_tokenizer(tokenizer_dir), _random_ids(rng, _tokenizer(tokenizer_dir), int(cfg["cache_prompt_tokens"])))[0]
               for _ in range(int(cfg["cache_probes"]) + 1)] for _ in range(2)],
             n_cache, float(cfg["cache_time_ratio"]), timeout, state.setdefault("cache", {}), mode)),
+        ("cross_launch", lambda: _check_cross_launch(
+            base_url, list(seen or ())[: int(cfg["cross_launch_probes"])], rng, _tokenizer(tokenizer_dir),
+            float(cfg["cache_time_ratio"]), timeout, state.setdefault("cross_launch", {}))),
     ]
     for name, run in steps:
         t0 = time.perf_counter()
@@ -352,7 +421,7 @@ def check(
             note = run()
         except _Failed as exc:
             checks.append({"name": name, "status": "fail", "detail": str(exc), "duration_s": time.perf_counter() - t0})
-            details.update({k: v for k, v in state.items() if k in ("findings", "probe", "cache")})
+            details.update({k: v for k, v in state.items() if k in ("findings", "probe", "cache", "cross_launch")})
             return GateResult("integrity", "fail", f"{name}: {exc}", details, time.perf_counter() - start)
         except (GateHTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
             checks.append({"name": name, "status": "fail", "detail": f"error: {exc}",
@@ -361,6 +430,6 @@ def check(
                               time.perf_counter() - start)
         status = "skipped" if note.startswith("skipped") else "pass"
         checks.append({"name": name, "status": status, "detail": note, "duration_s": time.perf_counter() - t0})
-    details.update({k: v for k, v in state.items() if k in ("probe", "cache")})
+    details.update({k: v for k, v in state.items() if k in ("probe", "cache", "cross_launch")})
     return GateResult("integrity", "pass", "all integrity probes passed" + mode.note("integrity"), details,
                       time.perf_counter() - start)

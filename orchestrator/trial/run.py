@@ -226,6 +226,8 @@ def run_trial(
                 err = _audit(ctx, site, trial, bench, margin)
             if err:
                 result.status_hint = "invalid"
+        if err is None:  # one of its requests, for the next launches' cross-launch probe (gates/integrity.py)
+            remember_request(ctx, trial, bench.outputs, engine.capabilities.model_dump())
         if err:
             # A count violation, an untrusted measurement or a failed audit makes the trial invalid;
             # anything else is a failure.
@@ -279,6 +281,7 @@ def _run_gates(
             listening_pids=ctx.host.listening_pids(port),
             diff_text=diff_text,
             capabilities=caps,
+            seen=seen_requests(ctx.store, ctx.run_id, trial),
         )
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
@@ -362,6 +365,50 @@ def audit_samples(outputs: list[tuple[Any, list[Any]]], tokenizer: Any, n: int, 
         share = -(-(n - len(picked)) // (len(pools) - i))  # what is left, split over the pools left
         picked += rng.sample(pool, min(share, len(pool)))
     return picked[:n]
+
+
+SEEN = "integrity.seen"
+"""The event kind of a measured request kept for later launches' cross-launch probe (`remember_request`)."""
+SEEN_MIN_OUTPUT = 8
+"""Fewest output tokens of a request kept for the cross-launch probe: decode must dominate its time, so an
+honest prefix cache kept across launches (it saves the prefill) stays inside the probe's ratio."""
+
+
+def remember_request(ctx: TrialContext, trial: Any, outputs: list[tuple[Any, list[Any]]], caps: dict[str, Any] | None) -> None:
+    """Keep one of `trial`'s measured requests in the store (a `SEEN` event): the body the bench sent, as
+    the bench sent it, for a later launch's integrity gate to send again (`seen_requests`). The most
+    decode-heavy one of at least `SEEN_MIN_OUTPUT` output tokens; none when no request qualifies."""
+    from gates.api import ApiMode
+    from orchestrator.bench.loadgen import build_payload
+    from orchestrator.bench.prompts import PromptFactory, load_tokenizer
+
+    mode = ApiMode.of(caps)
+    best = max(((sc, r) for sc, reqs in outputs if sc.arrival != "trace" for r in reqs
+                if r.success and r.output_tokens >= SEEN_MIN_OUTPUT),
+               key=lambda x: x[1].output_tokens / max(x[1].prompt_tokens, 1), default=None)
+    if best is None:
+        return
+    sc, rec = best
+    prompt = PromptFactory(sc, load_tokenizer(ctx.tokenizer), text=ctx.target.api == "chat" or not mode.prompt_ids).make(rec.index)
+    body = build_payload(ctx.target.api, ctx.target.served_model_name, prompt, mode)
+    e2e = rec.e2e_ns / 1e9 if rec.e2e_ns is not None else None
+    ctx.store.add_event(ctx.run_id, SEEN, f"#{trial.number}: request {rec.index} of {sc.name} kept for later launches' cross-launch probe",
+                        data={"trial": trial.number, "scenario": sc.name, "index": rec.index, "e2e_s": e2e, "body": body},
+                        trial_id=trial.id)
+
+
+def seen_requests(store: Any, run_id: int, trial: Any, n: int = 4) -> list[dict[str, Any]]:
+    """Up to `n` requests earlier launches of the run answered (`remember_request`), one per launch, those of
+    the launches most like `trial`'s first (its commit, then the most knobs alike, then the newest): a cache
+    kept across launches is most likely shared by launches of the same code and knobs."""
+    kept = {e.trial_id: e.data for e in store.events(run_id, kind=SEEN) if e.trial_id != trial.id and isinstance(e.data, dict)}
+    knobs = trial.knobs or {}
+
+    def alike(tid: int) -> tuple[bool, int, int]:
+        t = store.get_trial(tid)
+        return (t.commit == trial.commit, sum(1 for k, v in (t.knobs or {}).items() if knobs.get(k) == v), t.number)
+
+    return [{"body": kept[tid]["body"], "trial": kept[tid]["trial"]} for tid in sorted(kept, key=alike, reverse=True)[:n]]
 
 
 def _audit(ctx: TrialContext, site: Site, trial: Any, bench: _Bench, margin: float) -> str | None:

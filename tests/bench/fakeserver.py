@@ -8,6 +8,13 @@ Fault injection for failure tests: ``--fault {http500,reset,malformed,hang,usage
 every ``--fault-every`` th request (``usage_lie``: usage reports one token more than streamed;
 ``short``: one token fewer than asked, usage agreeing).
 
+Caches kept across launches (in a file), for the fresh-prompt and cross-launch tests:
+``--prefix-cache FILE`` an honest KV prefix cache: ``--prefill-ms`` per prompt token is paid only
+for the tokens after the longest prefix (in blocks of 16) any launch prefilled; every output token
+still takes ``--tpot-ms``. ``--response-cache FILE`` a cheat: a request an earlier launch answered
+is replayed token by token at ``--replay-tpot-ms`` (a fast but ordinary pace) with a fresh response
+id; a repeat first seen in this launch takes its first time again, so an in-launch probe sees nothing.
+
 Run: ``python tests/bench/fakeserver.py --port 8123 --ttft-ms 20 --tpot-ms 5``.
 """
 
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -37,6 +45,50 @@ class FakeState:
         self.empty_first_chunk = empty_first_chunk
         self.count = 0
         self.bodies: list[dict] = []  # every request body, for tests that inspect prompts
+        self.prefill_s = 0.0
+        self.prefix_file: Path | None = None  # honest KV prefix cache kept across launches
+        self.response_file: Path | None = None  # a response cache kept across launches (a cheat)
+        self.replay_tpot_s = 0.0
+        self.earlier: set[str] = set()  # what earlier launches wrote to the file
+
+    def keep_across_launches(self, prefix_file: str = "", response_file: str = "") -> None:
+        for attr, name in (("prefix_file", prefix_file), ("response_file", response_file)):
+            if name:
+                path = Path(name)
+                setattr(self, attr, path)
+                if path.exists():
+                    self.earlier |= set(path.read_text().split())
+
+    def remember(self, keys: list[str]) -> None:
+        path = self.prefix_file or self.response_file
+        if path is not None and keys:
+            with path.open("a") as fh:
+                fh.write("".join(k + "\n" for k in keys))
+
+
+def _tokens(body: dict) -> list:
+    """The prompt as a list of tokens (ids, or words of its text)."""
+    p = body["messages"][0].get("content", "") if "messages" in body else body.get("prompt", "")
+    return p if isinstance(p, list) else str(p).split()
+
+
+def _key(tokens: list) -> str:
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24]
+
+
+def _timing(st: FakeState, body: dict) -> tuple[float, float, list[str]]:
+    """(time to the first token, time between tokens, keys to keep) for this request."""
+    toks = _tokens(body)
+    if st.response_file is not None:  # keyed on the whole request
+        key = _key([toks, body.get("max_tokens"), bool(body.get("stream"))])
+        if key in st.earlier:
+            return 0.0, st.replay_tpot_s, []
+        return st.ttft_s + st.prefill_s * len(toks), st.tpot_s, [key]
+    if st.prefix_file is not None:  # the longest prefilled prefix, in blocks of 16
+        blocks = [_key(toks[:i]) for i in range(16, len(toks) + 1, 16)]
+        hit = max((16 * (i + 1) for i, k in enumerate(blocks) if k in st.earlier), default=0)
+        return st.ttft_s + st.prefill_s * (len(toks) - hit), st.tpot_s, blocks
+    return st.ttft_s + st.prefill_s * len(toks), st.tpot_s, []
 
 
 def _prompt_len(body: dict) -> int:
@@ -91,10 +143,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     if st.empty_first_chunk:  # like vLLM chat's role-only first chunk
         await resp.write(chunk(None))
-    await _sleep(st.ttft_s)
+    ttft_s, tpot_s, keep = _timing(st, body)
+    await _sleep(ttft_s)
     for i in range(n):
         if i:
-            await _sleep(st.tpot_s)
+            await _sleep(tpot_s)
         if faulty and i == n // 2:
             if st.fault == "reset":
                 request.transport.close()  # abrupt close mid-stream
@@ -113,6 +166,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
                                                  "choices": [], "usage": usage}).encode() + b"\n\n")
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
+    st.remember(keep)
     return resp
 
 
@@ -162,6 +216,10 @@ def main() -> None:
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--eos-after", type=int, default=None)
     ap.add_argument("--empty-first-chunk", action="store_true")
+    ap.add_argument("--prefill-ms", type=float, default=0.0, help="per prompt token not in the prefix cache")
+    ap.add_argument("--prefix-cache", default="", help="file: an honest KV prefix cache kept across launches")
+    ap.add_argument("--response-cache", default="", help="file: replay what earlier launches answered (a cheat)")
+    ap.add_argument("--replay-tpot-ms", type=float, default=0.5, help="--response-cache: the replay's pace")
     ap.add_argument("--slow-once", default="", help="marker file: the first server started with it (the file is "
                     "absent) runs 3x slower between tokens, later ones at speed (a stalled screen measurement)")
     ap.add_argument("--hold-while", default="", help="file: while it exists the server does not listen yet (a test "
@@ -180,8 +238,11 @@ def main() -> None:
         pass
     # On SIGTERM, in-flight requests (a `hang` fault's) get 1 s, not aiohttp's 60: the host's stop would
     # wait out its whole grace (10 s) and then kill, on every hanging candidate's teardown.
-    web.run_app(make_app(a.ttft_ms, a.tpot_ms, a.fault, a.fault_every, a.eos_after, a.empty_first_chunk),
-                host=a.host, port=a.port, print=None, access_log=None, shutdown_timeout=1.0)
+    app = make_app(a.ttft_ms, a.tpot_ms, a.fault, a.fault_every, a.eos_after, a.empty_first_chunk)
+    st = app[STATE]
+    st.prefill_s, st.replay_tpot_s = a.prefill_ms / 1000.0, a.replay_tpot_ms / 1000.0
+    st.keep_across_launches(a.prefix_cache, a.response_cache)
+    web.run_app(app, host=a.host, port=a.port, print=None, access_log=None, shutdown_timeout=1.0)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_honest_servers_pass(fleet: dict[str, Served], name: str) -> None:
     MEASURED[name] = {"status": result.status, "reason": result.reason, **result.details}
     assert result.status == "pass", result.reason
     names = [c["name"] for c in result.details["checks"]]
-    assert names == ["diff", "process", "models", "max_tokens", "usage", "prompt_dependence", "no_cache"]
+    assert names == ["diff", "process", "models", "max_tokens", "usage", "prompt_dependence", "no_cache", "cross_launch"]
     assert result.details["cache"]["time_ratio"] > 0.35
 
 
