@@ -1,7 +1,8 @@
 """How much noise fresh prompts add to a paired ratio: fixed vs fresh prompts, side by side in one run.
 
     python benchmarks/fresh_prompts_noise.py --rounds 12 --json fresh_noise.json [--scale 0.25]
-        [--scenario throughput] [--knobs '{"batching": "on"}'] [--fresh-servers]
+        [--scenario throughput] [--base-knobs '{"threads": 1}']
+        [--knobs '{"batching": "on", "max_batch_size": 6, "attn": "sdpa", "threads": 1}'] [--fresh-servers]
 
 The CPU demo target (examples/targets/hfserve.toml, the forge's tiny model): paired rounds, each a
 half on the baseline's knobs then one on the candidate's, measuring one goal scenario. By default the
@@ -107,14 +108,18 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=0.25, help="bench.scale of the scenario")
     ap.add_argument("--fresh-servers", action="store_true", help="launch each half anew (as the loop's paired rounds)")
     ap.add_argument("--scenario", default="throughput")
-    ap.add_argument("--knobs", type=json.loads, default={"batching": "on"}, help="the candidate's knobs")
+    ap.add_argument("--base-knobs", type=json.loads, default={"threads": 1},
+                    help="the baseline's knobs over the target's defaults (one torch thread: on a shared 2-core host "
+                         "any other runnable task stalls every OpenMP region, docs/results.md)")
+    ap.add_argument("--knobs", type=json.loads, default={"batching": "on", "max_batch_size": 6, "attn": "sdpa", "threads": 1},
+                    help="the candidate's knobs over the baseline's (default: the demo's winner)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     target = load_target(TARGET)
     model = str(default_model())
     scenario = builtin_scenarios(args.scale)[args.scenario]
     higher = scenario.direction == "higher"
-    base = target.baseline_knobs()
+    base = {**target.baseline_knobs(), **args.base_knobs}
     ratios: dict[str, list[float]] = {"fixed": [], "fresh": []}
     t0 = time.monotonic()
     servers = [Server(target, base, model), Server(target, {**base, **args.knobs}, model)]
@@ -126,7 +131,7 @@ def main() -> int:
     finally:
         for s in servers:
             s.stop()
-    out = {"scenario": args.scenario, "scale": args.scale, "knobs": args.knobs, "rounds": args.rounds,
+    out = {"scenario": args.scenario, "scale": args.scale, "base_knobs": args.base_knobs, "knobs": args.knobs, "rounds": args.rounds,
            "fresh_servers": args.fresh_servers, "wall_s": round(time.monotonic() - t0, 1),
            **{way: summary(r) for way, r in ratios.items()}}
     out["log_sd_fresh_over_fixed"] = round(out["fresh"]["log_sd"] / max(out["fixed"]["log_sd"], 1e-9), 3)

@@ -165,9 +165,13 @@ def test_the_probe_sends_the_requests_of_launches_most_like_this_one(tmp_path):
         (2, "", {"cache": "off", "tpot_ms": 6.0}), (3, "abc", {"cache": "on", "tpot_ms": 6.0}),
         (4, "", {"cache": "on", "tpot_ms": 6.0}))]
     for t in rows[:4]:
-        store.add_event(run.id, "integrity.seen", "kept", data={"trial": t.number, "body": {"prompt": [t.number]}}, trial_id=t.id)
+        store.add_event(run.id, "integrity.seen", "kept", data={"trial": t.number, "body": {"prompt": [t.number], "logprobs": 0}},
+                        trial_id=t.id)
     seen = seen_requests(store, run.id, rows[4], n=2)
     # #4 is knobs {cache on, 6 ms} at the base commit: #1 and #2 share its commit and one knob each, the newest first;
     # #3 has both knobs but another commit; its own request is never sent back to it.
-    assert [s["trial"] for s in seen] == [2, 1] and seen[0]["body"] == {"prompt": [2]}
+    assert [s["trial"] for s in seen] == [2, 1] and seen[0]["body"] == {"prompt": [2], "logprobs": 0}
     assert [s["trial"] for s in seen_requests(store, run.id, rows[3], n=4)] == [2, 1, 0]
+    # Sent as the bench would send it to this launch's engine: without the fields it refuses; no ids to a text-only one.
+    assert seen_requests(store, run.id, rows[4], n=1, capabilities={"token_ids": False})[0]["body"] == {"prompt": [2]}
+    assert seen_requests(store, run.id, rows[4], capabilities={"prompt_ids": False}) == []

@@ -281,7 +281,7 @@ def _run_gates(
             listening_pids=ctx.host.listening_pids(port),
             diff_text=diff_text,
             capabilities=caps,
-            seen=seen_requests(ctx.store, ctx.run_id, trial),
+            seen=seen_requests(ctx.store, ctx.run_id, trial, capabilities=caps),
         )
         ctx.store.add_gate_result(trial.id, r.gate, r.status, r.reason, r.details, r.duration_s)
         if r.status == "fail":
@@ -390,25 +390,32 @@ def remember_request(ctx: TrialContext, trial: Any, outputs: list[tuple[Any, lis
         return
     sc, rec = best
     prompt = PromptFactory(sc, load_tokenizer(ctx.tokenizer), text=ctx.target.api == "chat" or not mode.prompt_ids).make(rec.index)
-    body = build_payload(ctx.target.api, ctx.target.served_model_name, prompt, mode)
+    # Every field the bench may send: a later launch's engine (an engine knob) gets the ones it takes (`seen_requests`).
+    body = build_payload(ctx.target.api, ctx.target.served_model_name, prompt)
     e2e = rec.e2e_ns / 1e9 if rec.e2e_ns is not None else None
     ctx.store.add_event(ctx.run_id, SEEN, f"#{trial.number}: request {rec.index} of {sc.name} kept for later launches' cross-launch probe",
                         data={"trial": trial.number, "scenario": sc.name, "index": rec.index, "e2e_s": e2e, "body": body},
                         trial_id=trial.id)
 
 
-def seen_requests(store: Any, run_id: int, trial: Any, n: int = 4) -> list[dict[str, Any]]:
+def seen_requests(store: Any, run_id: int, trial: Any, n: int = 4, capabilities: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Up to `n` requests earlier launches of the run answered (`remember_request`), one per launch, those of
     the launches most like `trial`'s first (its commit, then the most knobs alike, then the newest): a cache
-    kept across launches is most likely shared by launches of the same code and knobs."""
-    kept = {e.trial_id: e.data for e in store.events(run_id, kind=SEEN) if e.trial_id != trial.id and isinstance(e.data, dict)}
+    kept across launches is most likely shared by launches of the same code and knobs. Each body is sent as
+    the bench would send it to `trial`'s engine (`capabilities`: the fields it refuses left out); a prompt of
+    ids to an engine that takes only text is not sent."""
+    from gates.api import ApiMode
+
+    mode = ApiMode.of(capabilities)
+    kept = {e.trial_id: e.data for e in store.events(run_id, kind=SEEN) if e.trial_id != trial.id and isinstance(e.data, dict)
+            and (mode.prompt_ids or not isinstance(e.data["body"].get("prompt"), list))}
     knobs = trial.knobs or {}
 
     def alike(tid: int) -> tuple[bool, int, int]:
         t = store.get_trial(tid)
         return (t.commit == trial.commit, sum(1 for k, v in (t.knobs or {}).items() if knobs.get(k) == v), t.number)
 
-    return [{"body": kept[tid]["body"], "trial": kept[tid]["trial"]} for tid in sorted(kept, key=alike, reverse=True)[:n]]
+    return [{"body": mode.body(kept[tid]["body"]), "trial": kept[tid]["trial"]} for tid in sorted(kept, key=alike, reverse=True)[:n]]
 
 
 def _audit(ctx: TrialContext, site: Site, trial: Any, bench: _Bench, margin: float) -> str | None:
