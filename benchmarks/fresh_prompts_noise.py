@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 from gates.performance import bootstrap_interval  # noqa: E402
 from orchestrator.bench import builtin_scenarios, run_scenario_sync  # noqa: E402
 from orchestrator.bench.prompts import fresh_seed  # noqa: E402
-from orchestrator.models.forge import default_model  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
 
 TARGET = ROOT / "examples" / "targets" / "hfserve.toml"
@@ -114,9 +113,12 @@ def main() -> int:
     ap.add_argument("--knobs", type=json.loads, default={"batching": "on", "max_batch_size": 6, "attn": "sdpa", "threads": 1},
                     help="the candidate's knobs over the baseline's (default: the demo's winner)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--model", default=None, help="model folder (default: the forge's tiny model, made once)")
     args = ap.parse_args()
     target = load_target(TARGET)
-    model = str(default_model())
+    if args.model is None:
+        from orchestrator.models.forge import default_model  # torch: only where the model is made
+    model = args.model or str(default_model())
     scenario = builtin_scenarios(args.scale)[args.scenario]
     higher = scenario.direction == "higher"
     base = {**target.baseline_knobs(), **args.base_knobs}
