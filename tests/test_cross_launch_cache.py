@@ -26,11 +26,11 @@ from gates import integrity
 from orchestrator.bench import Scenario, run_scenario_sync
 from orchestrator.bench.loadgen import build_payload
 from orchestrator.bench.prompts import PromptFactory, load_tokenizer
-from orchestrator.goal import parse_goal
+from orchestrator.config.goal import parse_goal
+from orchestrator.config.workspace import Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.trial import seen_requests
-from orchestrator.workspace import Workspace
+from orchestrator.trial.run import seen_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
@@ -125,11 +125,11 @@ def test_a_goal_run_with_a_cross_launch_cache_meets_no_goal_the_honest_server_ca
     answers and the paired rounds replay each other's: a paired ratio past the goal (GoalMet, where the
     shared host's stalls leave every round alone). With fresh prompts it replays nothing and meets nothing."""
     if prompts == "fixed":  # every measurement asks the same draw: the old behaviour, for the attack to work on
-        import orchestrator.paired
-        import orchestrator.trial
+        import orchestrator.trial.paired
+        import orchestrator.trial.run
 
-        monkeypatch.setattr(orchestrator.trial, "fresh_seed", lambda: 1)
-        monkeypatch.setattr(orchestrator.paired, "fresh_seed", lambda: 1)
+        monkeypatch.setattr(orchestrator.trial.run, "fresh_seed", lambda: 1)
+        monkeypatch.setattr(orchestrator.trial.paired, "fresh_seed", lambda: 1)
     kept = tmp_path / "responses.txt"
     target = write_fake_target(
         tmp_path / "fake.toml", choices=(8.0, 6.0, 7.0),
