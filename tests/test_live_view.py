@@ -85,3 +85,10 @@ def test_stopped_before_the_run_exists_says_nothing_was_saved(capsys):
         live.drive(running, 2, True)
     said = capsys.readouterr().err
     assert "run 7 is saved" in said and "infergoal resume" in said
+
+
+def test_a_warning_recorded_on_a_row_is_printed_under_it():
+    view = live._Progress(2, False, notes=lambda t: ["the baseline's noise 56.4% is larger than ..."] if t.number == 0 else [])
+    lines = _lines(view, [_row(0, "baseline", "kept", score=1.0), _row(1, "search", "kept", score=1.4)])
+    assert lines[0].startswith("#0") and lines[1].strip().startswith("warning: the baseline's noise 56.4%")
+    assert lines[2].startswith("#1") and len(lines) == 3

@@ -91,10 +91,11 @@ def test_why_names_the_glossary_and_calls_a_baseline_measured(tmp_path):
     assert r.output.startswith("run 1 trial #0 — measured (decided by baseline)") and "docs/glossary.md" in r.output
 
 
-def _keep_line_run(tmp_path, *, paired_confirms: bool):
+def _keep_line_run(tmp_path, *, paired_confirms: bool, noisy: bool = False):
     """A run whose trial #1 the screen says may meet the goal (TPOT 8 -> 6 ms: 1.33x for a 1.2x goal)
     while min_gain 60% puts its keep line at 1.6x. Its paired rounds measure it at 6 ms again
-    (`paired_confirms`) or at the baseline's 8 ms (the screen was luck)."""
+    (`paired_confirms`) or at the baseline's 8 ms (the screen was luck). `noisy`: the baseline's two
+    repeats measure 8 and 12 ms (a 40% spread, more than the goal's 25% step)."""
     from fake_target import write_fake_target
     from test_fidelity import CHOICES, FakeHost, FakeSite
 
@@ -109,6 +110,9 @@ def _keep_line_run(tmp_path, *, paired_confirms: bool):
 
     class LuckySite(FakeSite):
         def bench(self, base_url, model, scenario, **kw):
+            if noisy and self.host.trial_no == 0:
+                self.host.calls = getattr(self.host, "calls", 0) + 1
+                self.host.argv[self.host.argv.index("--tpot-ms") + 1] = "12.0" if self.host.calls % 2 == 0 else "8.0"
             if not paired_confirms and self.host.trial_no != 1 and "6.0" in self.host.argv:
                 self.host.argv[self.host.argv.index("6.0")] = "8.0"  # in its paired rounds, no faster than the baseline
             return super().bench(base_url, model, scenario, **kw)
@@ -117,6 +121,7 @@ def _keep_line_run(tmp_path, *, paired_confirms: bool):
         def site(self):
             return LuckySite(self)
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     target = load_target(write_fake_target(tmp_path / "fake.toml", choices=CHOICES))
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     run = store.create_run("r", "g", {}, "h", {}, {}, "fake", "scripted")
@@ -149,3 +154,16 @@ def test_a_trial_under_its_keep_line_is_kept_by_a_paired_ab_that_meets_the_goal(
     said = why_of(store, rid, t1.id)
     assert said.startswith("#1 kept: its paired A/B meets the goal, though its score 1.333x against baseline #0 is under "
                            "the keep line 1.600x"), said
+
+
+def test_a_baseline_noisier_than_the_goal_says_so_when_measured_and_in_the_verdict(tmp_path):
+    from orchestrator.trial.verdict import NOISE_HIGH
+
+    store, rid, reason = _keep_line_run(tmp_path / "noisy", paired_confirms=False, noisy=True)
+    [said] = store.events(rid, kind=NOISE_HIGH)
+    assert said.trial_id == store.get_trial_by_number(rid, 0).id  # recorded on the baseline, as it was measured
+    assert said.message.startswith("the baseline's noise 40.0% is larger than the 25.0% change the goal asks for")
+    for what in ("bench.baseline_repeats", "taskset", "a quieter host"):
+        assert what in said.message and what in reason, reason
+    store, rid, reason = _keep_line_run(tmp_path / "quiet", paired_confirms=False)  # repeats that agree: nothing said
+    assert not store.events(rid, kind=NOISE_HIGH) and "noise" not in reason

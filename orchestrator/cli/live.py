@@ -57,8 +57,10 @@ class _Progress:
     """Rich live view: a bar over trials, a line for the step in flight, the wall time so far."""
 
     def __init__(self, budget_trials: int | None, quiet: bool, done: int = 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, notes: Callable[[Any], list[str]] | None = None) -> None:
         self.quiet = quiet
+        self.notes = notes or (lambda t: [])
+        """A finished row -> warnings the run recorded on it (a baseline noisier than the goal), printed under it."""
         self.t0 = clock()
         self.clock = _WallClock(self.t0, clock)
         self.progress = Progress(
@@ -95,6 +97,8 @@ class _Progress:
             from orchestrator.core.oneline import summarize_failure
 
             line += f"\n      [dim red]{escape(summarize_failure(t.error, 200))}[/]"
+        for note in self.notes(t):
+            line += f"\n      [bold yellow]warning:[/] {escape(note)}"
         self.progress.console.print(line, highlight=False)
 
 
@@ -129,7 +133,15 @@ def drive(fn: Any, budget_trials: int | None, as_json: bool, done: int = 0, **kw
     from orchestrator.hosts.runlease import LeaseHeld
 
     started: list[int] = []
-    view = _Progress(budget_trials, as_json, done)
+
+    def noise_notes(t: Any) -> list[str]:  # said when the baseline is measured, not only at the stop
+        from orchestrator.trial.verdict import NOISE_HIGH
+
+        if t.number != 0 or not started:
+            return []
+        return [e.message for e in get_store().events(started[0], kind=NOISE_HIGH, trial_id=t.id)]
+
+    view = _Progress(budget_trials, as_json, done, notes=noise_notes)
 
     def on_run(run_id: int) -> None:
         started.append(run_id)

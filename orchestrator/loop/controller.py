@@ -113,6 +113,9 @@ class Controller:
             reason = f"{type(stop).__name__}: {stop}"
             if not isinstance(stop, (GoalMet, Refused)):
                 reason = self._confirm_best(reason)
+            noisy = self.store.events(self.ctx.run_id, kind=verdict.NOISE_HIGH)
+            if noisy and not reason.startswith("GoalMet"):  # the verdict says it too, with what to do
+                reason += f"; {noisy[-1].message}"
             return reason
         raise AssertionError("the loop ends only with a stop")  # pragma: no cover
 
@@ -253,6 +256,10 @@ class Controller:
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
         self._record_why(trial, status, score, result.error, baseline, screen_met=met)
         if is_baseline and status == "kept" and trial.number == 0:
+            base = self._baseline()
+            if (warning := verdict.noise_warning(base.noise, self._smallest_step())) is not None:
+                self.store.add_event(self.ctx.run_id, verdict.NOISE_HIGH, warning, trial_id=trial.id,
+                                     data={"noise": base.noise, "step": self._smallest_step()})
             per_request = {o.scenario: o.key.split("_ms_")[0] + "_ms" for o in self.ctx.goal.objectives if "_ms_" in o.key}
             refusal = scale_refusal(self.ctx.scenarios, self.ctx.goal.scenarios, self.ctx.trust,
                                     result.metrics, margin=self._smallest_step(), per_request=per_request,

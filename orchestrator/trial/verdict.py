@@ -22,7 +22,7 @@ from orchestrator.trial.paired import describe
 from orchestrator.trial.run import TrialResult, objective_label
 
 __all__ = [
-    "ASSUMED_NOISE", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",
+    "ASSUMED_NOISE", "NOISE_HIGH", "noise_warning", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",
     "speed_of_light", "speed_of_light_limits", "speedup_caps", "why_data", "why_of", "why_record",
 ]
 
@@ -73,6 +73,22 @@ def baseline_noise(newest: dict[str, list[float]], measured: Sequence[dict[str, 
     if n > 1:
         return noise_of(pooled), f"across {n} baseline measurements"
     return ASSUMED_NOISE, "assumed"
+
+
+NOISE_HIGH = "noise.high"
+"""The event kind that says a run's baseline is noisier than the change its goal asks for."""
+
+
+def noise_warning(noise: float, step: float) -> str | None:
+    """What to say when the baseline's spread between repeats (`noise`) is larger than the smallest change
+    the goal asks a measurement to resolve (`step`, 0.5 for "by 1.5x"); None when it is not. Every keep
+    line then sits at least `noise` above the best, and a screen that says "met" is luck more often
+    than not: the run says so when its baseline is measured, and again in its stop reason."""
+    if noise <= step:
+        return None
+    return (f"the baseline's noise {noise:.1%} is larger than the {step:.1%} change the goal asks for, so this run's "
+            "verdicts are unreliable: raise bench.baseline_repeats and bench.repeats, pin the server to cores "
+            "(target prefix = \"taskset -c 0-3\"), or measure on a quieter host")
 
 
 def noise_words(noise: float, basis: str = "") -> str:
