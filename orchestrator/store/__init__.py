@@ -4,6 +4,7 @@
 out frozen records; see :mod:`orchestrator.store.store` for the full contract.
 """
 
+from .database import SchemaTooNew, StoreError
 from .records import (
     GATE_STATUSES,
     RUN_STATUSES,
@@ -18,7 +19,7 @@ from .records import (
     TrialRecord,
     TrialStatus,
 )
-from .store import DuplicateTrial, NotFound, SchemaTooNew, Store, StoreError
+from .store import DuplicateTrial, NotFound, Store
 
 __all__ = [
     "GATE_STATUSES",

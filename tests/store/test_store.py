@@ -27,7 +27,7 @@ from orchestrator.store import (
     StoreError,
     TrialRecord,
 )
-from orchestrator.store.store import _explain
+from orchestrator.store.database import Database, explain
 from orchestrator.store.tables import SCHEMA_VERSION
 
 if TYPE_CHECKING:
@@ -425,25 +425,25 @@ def test_sqlite_open_waits_out_a_lock_that_skips_the_busy_handler(tmp_path: Path
     """SQLite answers "locked" at once, without its busy handler, where waiting could deadlock (several connections
     turning one fresh file into WAL): opening the store retries that until the busy timeout, each time on a new
     connection; any other error is raised at once, and a lock that outlasts the timeout is explained."""
-    real = Store._init_schema
+    real = Database._init_schema
     calls: list[float] = []
 
-    def flaky(self: Store, fail: int, err: str) -> None:
+    def flaky(self: Database, fail: int, err: str) -> None:
         calls.append(time.monotonic())
         if len(calls) <= fail:
             raise OperationalError("CREATE TABLE runs", {}, sqlite3.OperationalError(err))
         real(self)
 
-    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 2, "database is locked"))
+    monkeypatch.setattr(Database, "_init_schema", lambda self: flaky(self, 2, "database is locked"))
     with Store(f"sqlite:///{tmp_path / 'a.db'}", busy_timeout_s=5) as store:
         assert store.list_runs() == [] and len(calls) == 3
     calls.clear()
-    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 99, "no such table: runs"))
+    monkeypatch.setattr(Database, "_init_schema", lambda self: flaky(self, 99, "no such table: runs"))
     with pytest.raises(StoreError, match="no such table"):
         Store(f"sqlite:///{tmp_path / 'b.db'}", busy_timeout_s=5)
     assert len(calls) == 1  # not a lock: no retry
     calls.clear()
-    monkeypatch.setattr(Store, "_init_schema", lambda self: flaky(self, 10**6, "database is locked"))
+    monkeypatch.setattr(Database, "_init_schema", lambda self: flaky(self, 10**6, "database is locked"))
     t0 = time.monotonic()
     with pytest.raises(StoreError, match="(?s)locked.*busy timeout"):
         Store(f"sqlite:///{tmp_path / 'c.db'}", busy_timeout_s=0.4)
@@ -461,7 +461,7 @@ def test_sqlite_open_waits_out_a_lock_that_skips_the_busy_handler(tmp_path: Path
 )
 def test_errors_say_what_to_do(driver_message: str, advice: str) -> None:
     exc = OperationalError("INSERT ...", {}, Exception(driver_message))
-    err = _explain(exc, "recording an event", "sqlite:///x.db")
+    err = explain(exc, "recording an event", "sqlite:///x.db")
     assert isinstance(err, StoreError)
     assert "recording an event failed on sqlite:///x.db" in str(err)
     assert driver_message in str(err) and advice in str(err)
