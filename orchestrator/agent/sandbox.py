@@ -238,6 +238,3 @@ class EngineWorktree:
             self.repo.git.execute(["git", *_AUTHOR, "commit", "-q", "--no-verify", "-m", message or "agent trial"])
         head = self.repo.head.commit.hexsha
         return None if head == self.base_commit else head
-
-    def diff_stat(self) -> str:
-        return self.repo.git.diff("--stat", self.base_commit) or "(no change from the base commit)"

@@ -157,19 +157,6 @@ class SSHHost:
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(res["log"])
 
-    def fetch_log(self, proc: Proc) -> Path | None:
-        """Copy the server's log (its last 4 MB) next to the trial's other files; the host keeps its own."""
-        local = self._local_logs.get(proc.log_path)
-        if local is None:
-            return None
-        try:
-            rc, out, _ = self.conn.exec(remote_cmd("tail", "-c", "4000000", proc.log_path))
-        except HostError:
-            return None
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(out)
-        return local
-
     def log_tail(self, proc: Proc, lines: int = 30) -> str:
         return self.hostd("tail", proc.log_path, "--lines", str(lines))["tail"]
 

@@ -78,7 +78,6 @@ class _Worker:
     def __init__(self, host: ShippedHost) -> None:
         self.host = host
         self.chan: paramiko.Channel | None = None
-        self.restarts = -1
 
     def _open(self) -> None:
         self.host.ship_code()
@@ -102,7 +101,6 @@ class _Worker:
             raise HostError(f"{self.host.name}: the measurement worker did not start; see "
                             f"{w}/logs/worker-{self.host.owner}.log on the host (it needs aiohttp, numpy, pydantic, "
                             "and torch + transformers for the accuracy gate)")
-        self.restarts += 1
 
     def call(self, op: str, *, wait_s: float = 3600.0, **req: Any) -> dict:
         try:

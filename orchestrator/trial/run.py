@@ -83,8 +83,6 @@ class TrialResult:
     """objective label -> one value per measurement repeat."""
     timings: dict[str, float] = field(default_factory=dict)
     launch_cmd: str = ""
-    failure_kind: str | None = None
-    """Why the server did not start (orchestrator/targets/failures.py KINDS), if it did not."""
     host: list[dict[str, Any]] = field(default_factory=list)
     """The host's state during each used measurement (`orchestrator.hosts.state.window`)."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -237,7 +235,7 @@ def run_trial(
         result.status_hint, result.error = "failed", f"{type(e).__name__}: {e}"
         if not healthy and proc is not None:  # say why it did not start, from its own log
             why = classify_startup(proc.log_path, timed_out=isinstance(e, ServerTimeout))
-            result.failure_kind, result.error = why.kind, f"{why.message(str(e))} [{result.error}]"
+            result.error = f"{why.message(str(e))} [{result.error}]"
     except Exception as e:  # noqa: BLE001 - a broken candidate must not kill the run
         # A tampered gate or a full disk is the run's problem, not this candidate's.
         if type(e).__name__ == "GateTampered" or (isinstance(e, OSError) and e.errno == errno.ENOSPC):
