@@ -53,6 +53,8 @@ class ReportData:
     beat: bool = False
     """Whether the best candidate beat the baseline: its paired interval clears 1.0 (`paired.beat_baseline`)."""
     glossary: str = GLOSSARY
+    throughput: list[dict[str, Any]] = field(default_factory=list)
+    """A throughput goal's baseline and best, per host and per GPU (`output_throughput_per_gpu`), whichever it named."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +130,29 @@ def build_report_data(store: Any, run_id: int) -> ReportData:
         overhead_pct=100 * overhead / total if total else 0.0, gate_rejections=rejections,
         paired=paired, budget_line=budget_line(len(split_trials(trials)[0]), goal.budget.trials, len(split_trials(trials)[1])),
         pareto=front.to_dict() if front else None, beat=beat_baseline(paired),
+        throughput=_throughput(store, goal, base, best),
     )
+
+
+def _throughput(store: Any, goal: Any, base: Any, best: Any) -> list[dict[str, Any]]:
+    """For a throughput goal: the baseline's and the best trial's output tok/s per host and per GPU."""
+    scenarios = {o.scenario for o in goal.objectives if o.key.startswith("output_throughput")}
+    rows = []
+    for name, t in (("baseline", base), ("best", best)):
+        if t is None:
+            continue
+        for scenario in sorted(scenarios):
+            got: dict[str, list[float]] = {}
+            for m in store.measurements(t.id):
+                if m.scenario == scenario and m.metric in ("output_throughput", "output_throughput_per_gpu"):
+                    got.setdefault(m.metric, []).append(m.value)
+            if "output_throughput" in got:
+                host = sum(got["output_throughput"]) / len(got["output_throughput"])
+                per_gpu = sum(got["output_throughput_per_gpu"]) / len(got["output_throughput_per_gpu"]) \
+                    if got.get("output_throughput_per_gpu") else None
+                rows.append({"trial": name, "number": t.number, "scenario": scenario, "per_host": host, "per_gpu": per_gpu,
+                             "gpus": round(host / per_gpu) if per_gpu else None})
+    return rows
 
 
 def _plot(data: ReportData, out: Path) -> Path:

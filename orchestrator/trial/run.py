@@ -32,6 +32,7 @@ from orchestrator.targets import TargetSpec
 from orchestrator.targets.adapters import capability_verdict, record_engine
 from orchestrator.targets.failures import classify as classify_startup
 from orchestrator.targets.launch import placed_source
+from orchestrator.targets.parallel import gpus_needed
 
 __all__ = ["TrialContext", "TrialResult", "accuracy_reference", "objective_label", "reached_rate", "run_trial"]
 
@@ -186,7 +187,7 @@ def run_trial(
             return False
 
         bench = _Bench(ctx, trial, base_url, trial_dir, proc, site, host_ref, engine.capabilities.model_dump(),
-                       draw=fresh_seed() if prompts is None else prompts)
+                       draw=fresh_seed() if prompts is None else prompts, gpus=gpus_needed(ctx.target, candidate.knobs))
         err, full = None, None
         if screen is None:
             if gated_out():
@@ -454,6 +455,8 @@ class _Bench:
     firsts: dict[str, tuple[Any, dict[str, Any]]] = field(default_factory=dict)
     """Goal scenario -> (result, host window) of its short pass's first requests (`Scenario.part`), which
     the full bench continues (`orchestrator.bench.passes`)."""
+    gpus: int = 1
+    """GPUs the trial's server took: `output_throughput_per_gpu` is the host's tok/s over them."""
 
     def prompt_seed(self, rep: int, attempt: int) -> int:
         """The prompts of measurement `rep`'s `attempt` (0 = first): the trial's draw for the first attempt of
@@ -579,6 +582,8 @@ class _Bench:
                     return bad_counts
                 if untrusted:  # never judged on: not stored as a measurement
                     return f"untrusted measurement in {name} after {attempts} attempts: {'; '.join(untrusted)}"
+                if "output_throughput" in res.metrics:  # per host and per GPU, for goals and the report
+                    res.metrics["output_throughput_per_gpu"] = res.metrics["output_throughput"] / self.gpus
                 metrics = dict(res.metrics)
                 if first is not None:  # which requests came from which pass, beside the numbers
                     metrics.update(short_pass_requests=float(first[0].scenario.measured_requests),

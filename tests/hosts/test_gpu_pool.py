@@ -197,3 +197,21 @@ def test_the_gpus_setting_both_ways(tmp_path):
         resolve_gpus([0, 5], found)
     with pytest.raises(Exception, match="applies to one host"):
         plan_gpus(2, [host, get_host("local", state_dir=tmp_path / ".infergoal", gpus="1")])
+
+
+def test_a_throughput_per_gpu_goal_counts_the_gpus_and_the_report_shows_both(tmp_path):
+    # The same server on two GPUs (tp=2) makes the same tok/s per host: half as many per GPU.
+    target = _target(tmp_path, tpot=(8.0, 4.0), tp=(1, 2))
+    ws = _ws(tmp_path, target, [{"tpot_ms": 8.0, "tp": 2}], "2")
+    out = start_run(ws, parse_goal("improve throughput per GPU by 2x within 2 trials"))
+    store = Store(ws.db_url)
+    base, two = (store.get_trial_by_number(out.run_id, n) for n in (0, 1))
+    for t, gpus in ((base, 1), (two, 2)):
+        m = {x.metric: x.value for x in store.measurements(t.id) if x.scenario == "throughput"}
+        assert m["output_throughput_per_gpu"] == pytest.approx(m["output_throughput"] / gpus)
+    assert two.status == "discarded" and two.score < 0.75, (two.status, two.score)
+    from orchestrator.report import write_report
+
+    report = write_report(store, out.run_id, tmp_path / "report").read_text()
+    assert "| throughput | trial | scenario | tok/s per host | GPUs | tok/s per GPU |" in report
+    assert "| baseline | #0 | throughput |" in report and "| 1 |" in report

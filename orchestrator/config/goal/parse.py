@@ -53,7 +53,8 @@ class GoalError(ValueError):
     """A goal that cannot be understood. The message shows the accepted forms."""
 
 
-_ALIASES = {"latency": "e2e", "output throughput": "throughput", "tok/s": "throughput"}
+_ALIASES = {"latency": "e2e", "output throughput": "throughput", "tok/s": "throughput", "throughput per host": "throughput",
+            "tok/s per host": "throughput", "throughput per gpu": "throughput_per_gpu", "tok/s per gpu": "throughput_per_gpu"}
 # Units a threshold may be written in, per metric unit, with the factor to the metric's unit.
 _UNITS: dict[str, dict[str, float]] = {
     "ms": {"ms": 1.0, "s": 1000.0, "sec": 1000.0, "seconds": 1000.0},
@@ -64,18 +65,19 @@ ACCEPTED_FORMS = """\
 Accepted goal forms (clauses combine with "and" or ","):
   beat the baseline by 20% on TTFT and TPOT
   improve throughput by 2x
-  get p90 TTFT under 150 ms        |  get throughput above 500 tok/s
+  get p90 TTFT under 150 ms        |  get throughput above 500 tok/s  |  improve throughput per GPU by 2x
   maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms   (SLO goals: one per goal)
   maximize goodput at p99 TTFT under 1 s  |  minimize p90 TPOT with throughput above 500 tok/s
   maximize throughput and minimize p90 TPOT [with p90 TTFT under 300 ms]   (two objectives: a Pareto front)
   without accuracy loss
   within 30m  |  within 2h  |  within 12 trials  |  within 1h and 20 trials  |  within $20 (agent spend)
-Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99).
+Metrics: ttft, tpot, itl, e2e, throughput (optionally prefixed by mean, median, p50, p90, p95, p99);
+  throughput is per host, `throughput per GPU` divides it by the GPUs a trial's server takes.
 Example: infergoal goal "beat the baseline by 20% on TTFT and TPOT without accuracy loss within 30m"
 A goal may also be a TOML file: see examples/goals/."""
 
 
-_METRIC_RE = r"(?:(?P<stat>mean|median|p50|p90|p95|p99)\s+)?(?P<metric>[a-z][a-z0-9 /]*?)"
+_METRIC_RE = r"(?:(?P<stat>mean|median|p50|p90|p95|p99)\s+)?(?P<metric>[a-z][a-z0-9_ /]*?)"
 _NUM = r"(?P<num>\d+(?:\.\d+)?)"
 
 

@@ -52,6 +52,12 @@ METRICS: dict[str, MetricInfo] = {
     "throughput": MetricInfo(
         scenario="throughput", key_prefix="output_throughput", direction="maximize", unit="tok/s", has_stats=False
     ),
+    # Per GPU: the host's output tok/s over the GPUs the trial's server took (`targets.parallel.gpus_needed`),
+    # so a knob set spending 4 GPUs for 3x the tokens scores below one GPU's.
+    "throughput_per_gpu": MetricInfo(
+        scenario="throughput", key_prefix="output_throughput_per_gpu", direction="maximize", unit="tok/s",
+        has_stats=False
+    ),
 }
 # What an SLO goal maximizes, measured by the request-rate search (`orchestrator.bench.rate`) in
 # the `slo` scenario: the highest request rate meeting every limit, or the goodput at it. Not in
