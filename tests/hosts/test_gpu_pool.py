@@ -215,3 +215,22 @@ def test_a_throughput_per_gpu_goal_counts_the_gpus_and_the_report_shows_both(tmp
     report = write_report(store, out.run_id, tmp_path / "report").read_text()
     assert "| throughput | trial | scenario | tok/s per host | GPUs | tok/s per GPU |" in report
     assert "| baseline | #0 | throughput |" in report and "| 1 |" in report
+
+
+def test_a_pool_of_hosts_still_takes_one_trial_per_host(tmp_path, monkeypatch):
+    """The HostPool path (a comma-separated `host`) without an SSH server: two hosts of this machine,
+    each bound to its own GPU set, as two registered `--gpus` entries of one box would be."""
+    import orchestrator.runs as runs
+
+    state = tmp_path / ".infergoal"
+    monkeypatch.setattr(runs, "get_hosts", lambda spec, **kw: [get_host("local", state_dir=state, gpus=g) for g in "01"])
+    target = _target(tmp_path, tpot=(4.0, 8.0, 7.0, 6.0, 5.0))
+    ws = _ws(tmp_path, target, [{"tpot_ms": v, "tp": 1} for v in (8.0, 7.0, 6.0, 5.0)], '"auto"')
+    out = start_run(ws, parse_goal("beat the baseline by 90% on TPOT within 5 trials"))
+    store = Store(ws.db_url)
+    trials = store.list_trials(out.run_id)
+    assert len(trials) == 5 and [t.number for t in trials] == list(range(5)), [(t.number, t.status) for t in trials]
+    ran = {e.trial_id: e.data["host"] for e in store.events(out.run_id, kind="trial.gpus")}
+    assert set(ran.values()) == {"local:gpu0", "local:gpu1"}, "both hosts took trials"
+    assert not [t.number for t in trials if "CLASH" in Path(t.log_path).read_text()]
+    assert sorted(t.started_at for t in trials[1:])[1] < sorted(t.finished_at for t in trials[1:])[0], "in parallel"
