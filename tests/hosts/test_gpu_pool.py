@@ -234,3 +234,19 @@ def test_a_pool_of_hosts_still_takes_one_trial_per_host(tmp_path, monkeypatch):
     assert set(ran.values()) == {"local:gpu0", "local:gpu1"}, "both hosts took trials"
     assert not [t.number for t in trials if "CLASH" in Path(t.log_path).read_text()]
     assert sorted(t.started_at for t in trials[1:])[1] < sorted(t.finished_at for t in trials[1:])[0], "in parallel"
+
+
+def test_gpus_are_found_from_nvidia_smi_and_cuda_visible_devices(monkeypatch):
+    from orchestrator.hosts.gpus import detect_local, gpu_memory_bytes
+
+    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1b2c)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-3d4e)\n"
+               "GPU 2: NVIDIA H100 80GB HBM3 (UUID: GPU-5f60)\n")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert detect_local(lambda argv: listing) == {g: "NVIDIA H100 80GB HBM3" for g in "012"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert list(detect_local(lambda argv: listing)) == ["2", "0"], "the ids this process may use, no others"
+    assert detect_local(lambda argv: None) == {"2": "", "0": ""}, "no nvidia-smi: the visible ids, models unknown"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert detect_local(lambda argv: None) == {}, "no GPU: one trial at a time, as always"
+    assert gpu_memory_bytes({"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"]}) == 81559 * 1024**2
+    assert gpu_memory_bytes({"gpus": []}) is None
