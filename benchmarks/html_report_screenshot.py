@@ -2,7 +2,7 @@
 
     PYTHONPATH=.:tests:tests/audit:tests/report python benchmarks/html_report_screenshot.py [OUT.png]
 
-The run is tests/review/audit_data.py's (every trial status, built through the store API, so its
+The run is tests/review/review_runs.py's (every trial status, built through the store API, so its
 numbers are illustrative), plus a sentinel and a paired A/B round of the best trial (measurements,
 marked under the trial they measure) and speed-of-light floors,
 so every section of the page has something to show.
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from audit_data import add_measurements, build_run
+from review_runs import add_measurements, build_run
 from chromium import inspect_page
 
 from orchestrator.report.html import write_html_report

@@ -75,7 +75,7 @@ def _seed_run(tmp_path):
     return store, run.id
 
 
-def test_audit_commands_and_json(tmp_path):
+def test_review_commands_and_json(tmp_path):
     store, rid = _seed_run(tmp_path)
     r = _invoke(tmp_path, "trials", "--json")
     rows = json.loads(r.output)

@@ -1,4 +1,4 @@
-"""Contracts change only by a person: the loop proposes, `infergoal kb approve/reject` decides, audited."""
+"""Contracts change only by a person: the loop proposes, `infergoal kb approve/reject` decides, finished_run."""
 
 import json
 

@@ -1,8 +1,8 @@
-"""Report fixtures: the audit tests' run with every trial status (tests/review/audit_data.py)."""
+"""Report fixtures: the review tests' run with every trial status (tests/review/review_runs.py)."""
 
 
 import pytest
-from audit_data import build_run  # noqa: E402
+from review_runs import build_run  # noqa: E402
 
 from orchestrator.store import Store  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The report's plots and tables tell trials from measurements, in the data and in Chromium.
 
-The run is audit_data's ROWS run plus a sentinel (#10) and a paired round of #7 (#11, #12):
+The run is review_runs.py's ROWS run plus a sentinel (#10) and a paired round of #7 (#11, #12):
 9 trials and 4 measurements (#8's legacy confirm among them).
 """
 
@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 
 import pytest
-from audit_data import add_measurements
 from chromium import CHROMIUM
+from review_runs import add_measurements
 
 from orchestrator.report.html import build_html_data, write_html_report
 from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg

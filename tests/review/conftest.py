@@ -1,13 +1,13 @@
-"""Fixtures for the audit tests: a finished run with every trial status, in a workspace."""
+"""Fixtures for the review tests: a finished run with every trial status, in a workspace."""
 
 import pytest
-from audit_data import build_run
+from review_runs import build_run
 
 from orchestrator.store import Store
 
 
 @pytest.fixture
-def audited(tmp_path):
+def finished_run(tmp_path):
     """(workspace root, store, run id): the ROWS run in `tmp_path/.infergoal/infergoal.db`."""
     state = tmp_path / ".infergoal"
     state.mkdir()

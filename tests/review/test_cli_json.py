@@ -9,7 +9,7 @@ trials and measurements add up to the budget line the table prints. In-process, 
 import json
 
 import typer
-from audit_data import add_measurements
+from review_runs import add_measurements
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -38,8 +38,8 @@ def _json(root, *args, ok=True):
     return json.loads(r.stdout)
 
 
-def test_every_data_command_takes_json_and_its_output_parses(audited, tmp_path):
-    root, store, rid = audited
+def test_every_data_command_takes_json_and_its_output_parses(finished_run, tmp_path):
+    root, store, rid = finished_run
     add_measurements(store, rid)
     sol = tmp_path / "sol.json"
     sol.write_text(json.dumps({"ceilings": {}, "floors": {"decode_tpot_ms": 1.02}}))
@@ -71,8 +71,8 @@ def test_every_data_command_takes_json_and_its_output_parses(audited, tmp_path):
         assert set(out) == {"outcome", "exit_code", "error"}, (name, out)
 
 
-def test_trials_json_says_trial_or_measurement_and_matches_the_budget_line(audited):
-    root, store, rid = audited
+def test_trials_json_says_trial_or_measurement_and_matches_the_budget_line(finished_run):
+    root, store, rid = finished_run
     add_measurements(store, rid)
     rows = _json(root, "trials")
     kinds = {r["number"]: (r["measurement"], r["of"]) for r in rows}

@@ -13,8 +13,8 @@ def _numbers(ts):
     return [t.number for t in ts]
 
 
-def test_filters_and_sorting(audited):
-    _, store, rid = audited
+def test_filters_and_sorting(finished_run):
+    _, store, rid = finished_run
     ts = store.list_trials(rid)
     assert _numbers(select_trials(ts, status=["invalid", "failed"])) == [1, 4, 5]
     assert _numbers(select_trials(ts, proposer="agent")) == [6, 9]
@@ -29,8 +29,8 @@ def test_filters_and_sorting(audited):
             select_trials(ts, **bad)
 
 
-def test_lineage_runs_back_through_the_incumbents(audited):
-    _, store, rid = audited
+def test_lineage_runs_back_through_the_incumbents(finished_run):
+    _, store, rid = finished_run
     steps = lineage(store, rid, 8)
     assert [(s.number, s.parent) for s in steps] == [(8, 7), (7, 2), (2, 0), (0, None)]
     assert steps[0].changed == {} and steps[1].changed == {"tpot_ms": [6.0, 4.0]}
@@ -39,10 +39,10 @@ def test_lineage_runs_back_through_the_incumbents(audited):
     assert lineage(store, rid, 3)[0].parent == 2
 
 
-def test_lineage_lists_the_commits_between_parent_and_child(audited, tmp_path):
+def test_lineage_lists_the_commits_between_parent_and_child(finished_run, tmp_path):
     import git
 
-    _, store, rid = audited
+    _, store, rid = finished_run
     repo = git.Repo.init(tmp_path / "engine")
     (tmp_path / "engine" / "a.py").write_text("x = 1\n")
     repo.index.add(["a.py"])
@@ -59,8 +59,8 @@ def test_lineage_lists_the_commits_between_parent_and_child(audited, tmp_path):
     assert steps[0].parent == 0 and steps[0].commits == [f"{child[:12]} fuse the decode loop"]
 
 
-def test_export_files_parse_back(audited, tmp_path):
-    root, store, rid = audited
+def test_export_files_parse_back(finished_run, tmp_path):
+    root, store, rid = finished_run
     out = tmp_path / "export"
     manifest = export_run(store, rid, out, run_dir=root / ".infergoal" / "runs" / str(rid))
     rows = list(csv.DictReader((out / "trials.csv").open()))
@@ -85,7 +85,7 @@ def test_export_files_parse_back(audited, tmp_path):
     assert len(jsonl) == 4 and all(json.loads(line)["success"] for line in jsonl)
 
 
-def test_export_without_the_run_folder_still_has_the_tables(audited, tmp_path):
-    _, store, rid = audited
+def test_export_without_the_run_folder_still_has_the_tables(finished_run, tmp_path):
+    _, store, rid = finished_run
     manifest = export_run(store, rid, tmp_path / "x", run_dir=tmp_path / "gone")
     assert manifest["bench_exports"] == {} and (tmp_path / "x" / "trials.csv").is_file()

@@ -23,8 +23,8 @@ def test_storage_url_sits_next_to_the_store():
         study_storage_url("sqlite://")
 
 
-def test_study_holds_every_scored_and_failed_trial(audited):
-    _, store, rid = audited
+def test_study_holds_every_scored_and_failed_trial(finished_run):
+    _, store, rid = finished_run
     url = save_study(store, rid)
     study = optuna.load_study(study_name=study_name(rid), storage=url)
     by_number = {t.user_attrs["infergoal_number"]: t for t in study.trials}
@@ -47,8 +47,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # starts a server
-def test_optuna_dashboard_reads_the_finished_run(audited):
-    _, store, rid = audited
+def test_optuna_dashboard_reads_the_finished_run(finished_run):
+    _, store, rid = finished_run
     url = save_study(store, rid)
     port = _free_port()
     dash = Path(sys.executable).with_name("optuna-dashboard")
@@ -81,7 +81,7 @@ def test_optuna_dashboard_reads_the_finished_run(audited):
 def test_postgres_keeps_the_study_in_the_same_database_in_its_own_schema(tmp_path):
     import os
 
-    from audit_data import build_run
+    from review_runs import build_run
     from sqlalchemy import create_engine, inspect, text
 
     from orchestrator.store import Store

@@ -7,8 +7,8 @@ import signal
 import sys
 
 import pytest
-from audit_data import add_measurements, build_run
 from fake_target import write_fake_target
+from review_runs import add_measurements, build_run
 
 from orchestrator.core.roles import LOOP_ADDED
 from orchestrator.store import Store

@@ -10,8 +10,8 @@ from orchestrator.review.actions import DecisionError
 
 
 @pytest.fixture
-def no_files(audited):
-    root, store, rid = audited
+def no_files(finished_run):
+    root, store, rid = finished_run
     shutil.rmtree(root / ".infergoal" / "runs")  # only the database is left
     return store, rid
 

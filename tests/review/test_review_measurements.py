@@ -1,6 +1,6 @@
 """Measurements are not trials; `why` is prose and a table; knobs as key=value.
 
-The run is audit_data's ROWS run plus a sentinel (#10) and one paired round of #7 (#11, #12):
+The run is review_runs.py's ROWS run plus a sentinel (#10) and one paired round of #7 (#11, #12):
 9 trials of a 12-trial budget, and 4 measurements (#8's legacy confirm among them).
 """
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import typer
-from audit_data import add_measurements, build_run
+from review_runs import add_measurements, build_run
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -28,8 +28,8 @@ STOP = "GoalMet: #7 meets every objective, confirmed by a clean relaunch (#8)"
 
 
 @pytest.fixture
-def measured(audited):
-    root, store, rid = audited
+def measured(finished_run):
+    root, store, rid = finished_run
     add_measurements(store, rid)
     return root, store, rid
 
