@@ -1,6 +1,6 @@
 """Regenerate docs/report_html.png: the HTML report of the audit tests' run, shot in headless Chromium.
 
-    PYTHONPATH=.:tests:tests/audit:tests/report python benchmarks/html_report_screenshot.py [OUT.png]
+    PYTHONPATH=.:tests:tests/review:tests/report python benchmarks/html_report_screenshot.py [OUT.png]
 
 The run is tests/review/review_runs.py's (every trial status, built through the store API, so its
 numbers are illustrative), plus a sentinel and a paired A/B round of the best trial (measurements,
@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from review_runs import add_measurements, build_run
 from chromium import inspect_page
+from review_runs import add_measurements, build_run
 
 from orchestrator.report.html import write_html_report
 from orchestrator.review import decide, record_action
