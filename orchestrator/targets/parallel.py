@@ -117,7 +117,7 @@ def check_fit(target: Any, knobs: dict[str, Any], *, gpus_on_host: int, shape: M
 
     `gpus_on_host`: the GPUs the run may use (at least 1: a CPU host serves one replica);
     `shape` None skips the model's rules; `gpu_memory_bytes` None (unknown, or simulated GPUs)
-    skips the memory rule."""
+    skips the memory rule, as does a target without `[parallel]`."""
     sub, own = target.resolve(knobs)
     p: Parallel = sub.parallel
     tp, dp = _size(own, p.tensor), _size(own, p.data)
@@ -131,8 +131,8 @@ def check_fit(target: Any, knobs: dict[str, Any], *, gpus_on_host: int, shape: M
     if shape.kv_heads % tp and tp % shape.kv_heads:
         raise ConstraintViolated(f"{p.tensor}={tp} neither divides the model's {shape.kv_heads} KV heads nor is a "
                                  f"multiple of them")
-    if gpu_memory_bytes is None:
-        return
+    if gpu_memory_bytes is None or not (p.tensor or p.data or p.memory_fraction):
+        return  # the card unknown, or an engine that did not say how it spreads over GPUs
     fraction = float(own.get(p.memory_fraction) or 0.9) if p.memory_fraction else 0.9
     dtype = str(own.get("dtype", "auto"))
     kv = shape.kv_bytes(p.context_tokens, tp, _DTYPE_BYTES.get(dtype, 2)) if p.context_tokens else 0

@@ -67,6 +67,8 @@ def test_weights_and_kv_must_fit_the_card(tmp_path):
         check_fit(v, v.validate_knobs(tp4 | {"gpu_memory_utilization": 0.5}), gpus_on_host=8, shape=big,
                   gpu_memory_bytes=80 * GIB)
     check_fit(v, v.validate_knobs(tp4), gpus_on_host=8, shape=big, gpu_memory_bytes=None)  # unknown card: not judged
+    h = load_target(EX / "hfserve.toml")  # no [parallel]: the engine did not say how it uses the card
+    check_fit(h, h.baseline_knobs(), gpus_on_host=1, shape=big, gpu_memory_bytes=80 * GIB)
 
 
 def test_parallel_names_must_be_number_knobs(tmp_path):
