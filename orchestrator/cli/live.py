@@ -28,14 +28,7 @@ from rich.text import Text
 
 from orchestrator.cli.common import console, err, get_store, get_workspace
 from orchestrator.cli.errors import ERRORS, emit, fail
-from orchestrator.review.trials import (
-    is_measurement,
-    knob_text,
-    measured_trial,
-    paired_scores,
-    score_text,
-    shown_status,
-)
+from orchestrator.review import trials as listing
 
 __all__ = ["drive", "finish", "resume_progress"]
 
@@ -77,7 +70,7 @@ class _Progress:
     def trial(self, t: Any) -> None:
         from orchestrator.core.roles import LOOP_ADDED
 
-        status = shown_status(t)
+        status = listing.shown_status(t)
         before = self.shown.get(t.number)
         self.shown[t.number] = status
         if t.proposer not in LOOP_ADDED and before is None:  # the bar counts the budget's trials; re-measures are listed only
@@ -87,8 +80,8 @@ class _Progress:
         colour = {"kept": "green", "measured": "cyan", "discarded": "white", "failed": "red",
                   "invalid": "magenta"}.get(status, "yellow")
         label, who = f"#{t.number:<3}", t.proposer
-        if is_measurement(t):  # a paired round, sentinel or re-run: a measurement of a trial, not one
-            of = measured_trial(t)
+        if listing.is_measurement(t):  # a paired round, sentinel or re-run: a measurement of a trial, not one
+            of = listing.measured_trial(t)
             label, who = f"↳{t.number:<3}", f"{t.proposer} of #{of}" if of is not None else t.proposer
         # A row told again (a paired round redone after it was measured) says so, and why (its error).
         said = status if before is None or before == status else f"{status} (was {before})"
@@ -190,8 +183,8 @@ def finish(outcome: Any, as_json: bool, report: bool) -> None:
         console.print(f"\n[bold]run {outcome.run_id}[/] {outcome.outcome.replace('_', ' ')}: "
                       f"{escape(summarize_failure(outcome.stop_reason))}", highlight=False)
         if best and best.number:
-            said = score_text(best.score, paired_scores(store, run.id).get(best.id), unit="x")
-            console.print(f"best: trial #{best.number}, score {said} — knobs {escape(knob_text(best.knobs))}", highlight=False)
+            said = listing.score_text(best.score, listing.paired_scores(store, run.id).get(best.id), unit="x")
+            console.print(f"best: trial #{best.number}, score {said} — knobs {escape(listing.knob_text(best.knobs))}", highlight=False)
         if path:
             console.print(f"report: {path}")
     if code:

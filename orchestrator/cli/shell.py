@@ -21,17 +21,10 @@ import time
 from typing import Any
 
 from orchestrator.config.workspace import Workspace
+from orchestrator.review import trials as listing
 from orchestrator.review.actions import DecisionError, decide, record_action, who_am_i
 from orchestrator.review.facts import why_facts
 from orchestrator.review.leaseloss import lease_words
-from orchestrator.review.trials import (
-    is_measurement,
-    knob_text,
-    measured_trial,
-    paired_scores,
-    score_text,
-    shown_status,
-)
 from orchestrator.review.why import explain_run, explain_trial
 from orchestrator.runs import open_store
 from orchestrator.store import StoreError
@@ -162,7 +155,7 @@ class Shell(cmd.Cmd):
                     if t.status in _DONE and t.id not in self._seen:
                         self._seen.add(t.id)
                         score = f"{t.score:.3f}x" if t.score else "—"
-                        self.say(f"  {self._label(t)} {shown_status(t)} {score} {knob_text(t.knobs)}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
+                        self.say(f"  {self._label(t)} {listing.shown_status(t)} {score} {listing.knob_text(t.knobs)}" + (f" ({t.error.splitlines()[0][:100]})" if t.error else ""))
             if child is not None and child.poll() is not None:
                 run = self.store.get_run(self.run_id) if self.run_id else None
                 self.say(f"run {self.run_id} {run.status if run else 'ended'}: {run.stop_reason if run else f'exit {child.returncode}'}")
@@ -228,7 +221,7 @@ class Shell(cmd.Cmd):
         bg = "background: running" if self._running() else ("background: idle" if self.child is None else f"background: exited {self.child.returncode}")
         told = explain_run(self.store, run.id)
         lost = "" if not told["lease_lost"] else f" — {lease_words(told['lease_lost'][-1])}"
-        said = score_text(best.score, paired_scores(self.store, run.id).get(best.id), unit="x") if best else ""
+        said = listing.score_text(best.score, listing.paired_scores(self.store, run.id).get(best.id), unit="x") if best else ""
         self.say(f"run {run.id} {run.status}: {told['budget_line']}" + (f", best #{best.number} {said}" if said else "")
                  + (f", in flight #{inflight[0]}" if inflight else "") + (f" — {run.stop_reason}" if run.stop_reason else "") + lost + f" [{bg}]")
         return None
@@ -242,18 +235,18 @@ class Shell(cmd.Cmd):
 
     def do_trials(self, arg: str) -> None:
         """/trials — the current run's trials."""
-        paired = paired_scores(self.store, self.run_id) if self.run_id else {}
+        paired = listing.paired_scores(self.store, self.run_id) if self.run_id else {}
         for t in self.store.list_trials(self.run_id) if self.run_id else []:
-            score = score_text(t.score, paired.get(t.id), unit="x") or "—"
-            self.say(f"{self._label(t):<5} {shown_status(t):<14} {score:>8}  {t.proposer:<9} {knob_text(t.knobs)}")
+            score = listing.score_text(t.score, paired.get(t.id), unit="x") or "—"
+            self.say(f"{self._label(t):<5} {listing.shown_status(t):<14} {score:>8}  {t.proposer:<9} {listing.knob_text(t.knobs)}")
         return None
 
     @staticmethod
     def _label(t: Any) -> str:
         """`#7` for a trial; `↳#8` for a measurement of one (a paired round, a sentinel, a re-run)."""
-        if not is_measurement(t):
+        if not listing.is_measurement(t):
             return f"#{t.number}"
-        of = measured_trial(t)
+        of = listing.measured_trial(t)
         return f"↳#{t.number}" + (f" ({t.proposer} of #{of})" if of is not None else f" ({t.proposer})")
 
     def _number(self, arg: str, command: str) -> int | None:
@@ -273,7 +266,7 @@ class Shell(cmd.Cmd):
         if t is None:
             return self.say(f"run {self.run_id} has no trial #{arg}") if n is not None else None
         self.say(f"#{t.number} {t.status}" + (f" {t.score:.3f}x" if t.score else "") + f" — {t.proposer}: {t.rationale}")
-        self.say(f"  knobs: {knob_text(t.knobs)}\n  launch: {t.launch_cmd}")
+        self.say(f"  knobs: {listing.knob_text(t.knobs)}\n  launch: {t.launch_cmd}")
         for g in self.store.gate_results(t.id):
             self.say(f"  gate {g.gate}: {g.status} — {g.reason}")
         if t.error:

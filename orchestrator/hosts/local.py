@@ -23,16 +23,8 @@ from orchestrator.hosts.runlease import pid_alive
 from orchestrator.hosts.site import LocalSite
 from orchestrator.hosts.standby import QUIET_CORES, Standby, eligible, spawn
 from orchestrator.hosts.state import snapshot
-from orchestrator.remote import hostlock
+from orchestrator.remote import hostlock, procs
 from orchestrator.remote.modelcache import resolve
-from orchestrator.remote.procs import (
-    free_port,
-    group_exists,
-    group_pids,
-    kill_group,
-    listening_pids,
-    log_tail,
-)
 
 __all__ = ["LocalHost"]
 
@@ -155,7 +147,7 @@ class LocalHost:
             os.kill(sb.pid, signal.SIGCONT)  # a paused one (`quiet`) would not act on the TERM
         except ProcessLookupError:
             pass
-        kill_group(sb.pid, 2.0, reap=sb.popen.poll)
+        procs.kill_group(sb.pid, 2.0, reap=sb.popen.poll)
         try:
             sb.popen.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
@@ -233,7 +225,7 @@ class LocalHost:
     def stop(self, proc: Proc, grace_s: float = 10.0) -> None:
         p = getattr(self, "_popen", {}).pop(proc.pid, None)
         # Reap our child while waiting: a zombie leader still "exists" to killpg(pgid, 0).
-        kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
+        procs.kill_group(proc.pgid, grace_s, reap=p.poll if p is not None else None)
         if p is not None:
             try:
                 p.wait(timeout=grace_s)
@@ -262,8 +254,8 @@ class LocalHost:
                 dead = run_id is not None and not run_is_live(int(run_id))
             if not dead:
                 continue
-            if group_exists(pgid) and _is_our_server(pgid, data.get("argv")):
-                kill_group(pgid, 5.0)
+            if procs.group_exists(pgid) and _is_our_server(pgid, data.get("argv")):
+                procs.kill_group(pgid, 5.0)
                 killed.append(pgid)
             f.unlink(missing_ok=True)
         return killed
@@ -273,7 +265,7 @@ class LocalHost:
         while True:
             interrupts.check()  # a SIGINT swallowed while the server was spawned (`orchestrator.core.interrupts`)
             if not self.alive(proc):
-                raise ServerCrashed(f"server exited before it became healthy; last log lines:\n{log_tail(proc.log_path)}")
+                raise ServerCrashed(f"server exited before it became healthy; last log lines:\n{procs.log_tail(proc.log_path)}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
@@ -282,15 +274,15 @@ class LocalHost:
                 pass
             if time.monotonic() - t0 > timeout_s:
                 raise ServerTimeout(
-                    f"server not healthy at {url} after {timeout_s:.0f}s; last log lines:\n{log_tail(proc.log_path)}"
+                    f"server not healthy at {url} after {timeout_s:.0f}s; last log lines:\n{procs.log_tail(proc.log_path)}"
                 )
             time.sleep(0.25)
 
     def listening_pids(self, port: int) -> set[int]:
-        return listening_pids(port)
+        return procs.listening_pids(port)
 
     def group_pids(self, proc: Proc) -> set[int]:
-        return group_pids(proc.pgid)
+        return procs.group_pids(proc.pgid)
 
     def fingerprint(self) -> dict:
         fp = {
@@ -330,7 +322,7 @@ class LocalHost:
         return snapshot(self.group_pids(proc) if proc is not None else (), gpus=gpus)
 
     def free_port(self) -> int:
-        return free_port()
+        return procs.free_port()
 
     def site(self) -> Any:
         """Measurement in this process (see orchestrator.hosts.site)."""

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import fields
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -45,6 +46,8 @@ from .records import (
 from .tables import EventModel, GateResultModel, MeasurementModel, RunModel, TrialModel, utcnow
 
 __all__ = ["DuplicateTrial", "NotFound", "Store"]
+
+R = TypeVar("R")
 
 
 class NotFound(StoreError, KeyError):
@@ -166,24 +169,24 @@ class Store:
             )
             session.add(row)
             session.flush()
-            return _run_record(row)
+            return _record(RunRecord, row)
 
     def get_run(self, run_id: int) -> RunRecord | None:
         """Return the run, or ``None`` if there is none with this id."""
         with self._session("reading a run", write=False) as session:
             row = session.get(RunModel, run_id)
-            return None if row is None else _run_record(row)
+            return None if row is None else _record(RunRecord, row)
 
     def latest_run(self) -> RunRecord | None:
         """Return the most recently created run, or ``None`` if there are none."""
         with self._session("reading the latest run", write=False) as session:
             row = session.scalars(select(RunModel).order_by(RunModel.id.desc()).limit(1)).first()
-            return None if row is None else _run_record(row)
+            return None if row is None else _record(RunRecord, row)
 
     def list_runs(self) -> list[RunRecord]:
         """Return all runs, oldest first."""
         with self._session("listing runs", write=False) as session:
-            return [_run_record(r) for r in session.scalars(select(RunModel).order_by(RunModel.id))]
+            return [_record(RunRecord, r) for r in session.scalars(select(RunModel).order_by(RunModel.id))]
 
     def set_run_status(self, run_id: int, status: str, stop_reason: str | None = None) -> RunRecord:
         """Set a run's status (and, when given, why it stopped)."""
@@ -195,7 +198,7 @@ class Store:
                 row.stop_reason = stop_reason
             row.updated_at = utcnow()
             session.flush()
-            return _run_record(row)
+            return _record(RunRecord, row)
 
     def set_best_trial(self, run_id: int, trial_id: int) -> RunRecord:
         """Point the run at its best trial so far; the trial must belong to the run."""
@@ -207,7 +210,7 @@ class Store:
             row.best_trial_id = trial_id
             row.updated_at = utcnow()
             session.flush()
-            return _run_record(row)
+            return _record(RunRecord, row)
 
     # -- trials -----------------------------------------------------------------------------
 
@@ -253,7 +256,7 @@ class Store:
             except IntegrityError as exc:
                 # Lost a race with another writer between the check above and the insert.
                 raise DuplicateTrial(f"run {run_id} already has trial number {number}") from exc
-            return _trial_record(row)
+            return _record(TrialRecord, row)
 
     def start_trial(self, trial_id: int, launch_cmd: str, log_path: str | None) -> TrialRecord:
         """Mark a trial ``running``, with the launch command and server log path."""
@@ -264,7 +267,7 @@ class Store:
             row.log_path = None if log_path is None else str(log_path)
             row.started_at = utcnow()
             session.flush()
-            return _trial_record(row)
+            return _record(TrialRecord, row)
 
     def finish_trial(
         self,
@@ -289,7 +292,7 @@ class Store:
             row.timings_json = None if timings is None else _dumps(dict(timings))
             row.finished_at = utcnow()
             session.flush()
-            return _trial_record(row)
+            return _record(TrialRecord, row)
 
     def set_trial_status(self, trial_id: int, status: str) -> TrialRecord:
         """Change only a trial's status (approve / reject of a ``needs_approval`` trial)."""
@@ -298,7 +301,7 @@ class Store:
             row = _get(session, TrialModel, trial_id, "trial")
             row.status = status
             session.flush()
-            return _trial_record(row)
+            return _record(TrialRecord, row)
 
     def reset_trial(self, trial_id: int) -> TrialRecord:
         """Return an interrupted (``pending`` or ``running``) trial to a clean ``pending`` state.
@@ -325,13 +328,13 @@ class Store:
             row.score = None
             row.objective_json = row.timings_json = None
             session.flush()
-            return _trial_record(row)
+            return _record(TrialRecord, row)
 
     def get_trial(self, trial_id: int) -> TrialRecord | None:
         """Return the trial, or ``None`` if there is none with this id."""
         with self._session("reading a trial", write=False) as session:
             row = session.get(TrialModel, trial_id)
-            return None if row is None else _trial_record(row)
+            return None if row is None else _record(TrialRecord, row)
 
     def get_trial_by_number(self, run_id: int, number: int) -> TrialRecord | None:
         """Return trial ``number`` of a run, or ``None``."""
@@ -339,7 +342,7 @@ class Store:
             row = session.scalars(
                 select(TrialModel).where(TrialModel.run_id == run_id, TrialModel.number == number)
             ).first()
-            return None if row is None else _trial_record(row)
+            return None if row is None else _record(TrialRecord, row)
 
     def list_trials(self, run_id: int) -> list[TrialRecord]:
         """Return a run's trials ordered by number (baseline first)."""
@@ -347,7 +350,7 @@ class Store:
             rows = session.scalars(
                 select(TrialModel).where(TrialModel.run_id == run_id).order_by(TrialModel.number)
             )
-            return [_trial_record(r) for r in rows]
+            return [_record(TrialRecord, r) for r in rows]
 
     def unfinished_trials(self, run_id: int) -> list[TrialRecord]:
         """Return a run's ``pending`` or ``running`` trials ordered by number (what resume redoes)."""
@@ -357,7 +360,7 @@ class Store:
                 .where(TrialModel.run_id == run_id, TrialModel.status.in_(UNFINISHED_TRIAL_STATUSES))
                 .order_by(TrialModel.number)
             )
-            return [_trial_record(r) for r in rows]
+            return [_record(TrialRecord, r) for r in rows]
 
     # -- measurements, gates, events ----------------------------------------------------------
 
@@ -375,7 +378,7 @@ class Store:
             ]
             session.add_all(rows)
             session.flush()
-            return [_measurement_record(r) for r in rows]
+            return [_record(MeasurementRecord, r) for r in rows]
 
     def measurements(self, trial_id: int) -> list[MeasurementRecord]:
         """Return a trial's measurements in the order they were recorded."""
@@ -385,7 +388,7 @@ class Store:
                 .where(MeasurementModel.trial_id == trial_id)
                 .order_by(MeasurementModel.id)
             )
-            return [_measurement_record(r) for r in rows]
+            return [_record(MeasurementRecord, r) for r in rows]
 
     def add_gate_result(
         self,
@@ -411,7 +414,7 @@ class Store:
             )
             session.add(row)
             session.flush()
-            return _gate_record(row)
+            return _record(GateRecord, row)
 
     def gate_results(self, trial_id: int) -> list[GateRecord]:
         """Return a trial's gate results in the order they were recorded."""
@@ -421,7 +424,7 @@ class Store:
                 .where(GateResultModel.trial_id == trial_id)
                 .order_by(GateResultModel.id)
             )
-            return [_gate_record(r) for r in rows]
+            return [_record(GateRecord, r) for r in rows]
 
     def add_event(
         self,
@@ -450,7 +453,7 @@ class Store:
             )
             session.add(row)
             session.flush()
-            return _event_record(row)
+            return _record(EventRecord, row)
 
     def events(self, run_id: int | None = None, kind: str | None = None, *,
                trial_id: int | None = None) -> list[EventRecord]:
@@ -463,7 +466,7 @@ class Store:
                 query = query.where(EventModel.kind == kind)
             if trial_id is not None:
                 query = query.where(EventModel.trial_id == trial_id)
-            return [_event_record(r) for r in session.scalars(query.order_by(EventModel.id))]
+            return [_record(EventRecord, r) for r in session.scalars(query.order_by(EventModel.id))]
 
     # -- run lease (policy in orchestrator/hosts/runlease.py) ------------------------------------------
 
@@ -480,12 +483,12 @@ class Store:
         with self._session("claiming a run") as session:
             row = _get(session, RunModel, run_id, "run")
             others = session.scalars(select(RunModel).where(RunModel.status == "running", RunModel.id != run_id))
-            check(_run_record(row), [_run_record(o) for o in others])
+            check(_record(RunRecord, row), [_record(RunRecord, o) for o in others])
             now = utcnow()
             row.owner_host, row.owner_pid, row.heartbeat_at = owner_host, owner_pid, now
             row.status, row.updated_at = "running", now
             session.flush()
-            return _run_record(row)
+            return _record(RunRecord, row)
 
     def heartbeat(self, run_id: int, owner_pid: int) -> bool:
         """Renew the lease; ``False`` if this process no longer holds it."""
@@ -514,82 +517,8 @@ def _get(session: Session, model: type[Any], key: int, what: str) -> Any:
     return row
 
 
-def _run_record(row: RunModel) -> RunRecord:
-    return RunRecord(
-        id=row.id,
-        name=row.name,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        status=row.status,
-        goal_text=row.goal_text,
-        goal=_loads(row.goal_json),
-        goal_hash=row.goal_hash,
-        target=_loads(row.target_json),
-        config=_loads(row.config_json),
-        host=row.host,
-        proposer=row.proposer,
-        stop_reason=row.stop_reason,
-        best_trial_id=row.best_trial_id,
-        owner_host=row.owner_host,
-        owner_pid=row.owner_pid,
-        heartbeat_at=row.heartbeat_at,
-    )
-
-
-def _trial_record(row: TrialModel) -> TrialRecord:
-    return TrialRecord(
-        id=row.id,
-        run_id=row.run_id,
-        number=row.number,
-        status=row.status,
-        commit=row.commit,
-        knobs=_loads(row.knobs_json),
-        rationale=row.rationale,
-        prediction=row.prediction,
-        proposer=row.proposer,
-        launch_cmd=row.launch_cmd,
-        score=row.score,
-        objective=_loads(row.objective_json),
-        error=row.error,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        timings=_loads(row.timings_json),
-        log_path=row.log_path,
-        optuna_trial_number=row.optuna_trial_number,
-    )
-
-
-def _measurement_record(row: MeasurementModel) -> MeasurementRecord:
-    return MeasurementRecord(
-        id=row.id,
-        trial_id=row.trial_id,
-        scenario=row.scenario,
-        metric=row.metric,
-        value=row.value,
-        repeat=row.repeat,
-    )
-
-
-def _gate_record(row: GateResultModel) -> GateRecord:
-    return GateRecord(
-        id=row.id,
-        trial_id=row.trial_id,
-        gate=row.gate,
-        status=row.status,
-        reason=row.reason,
-        details=_loads(row.details_json),
-        duration_s=row.duration_s,
-        created_at=row.created_at,
-    )
-
-
-def _event_record(row: EventModel) -> EventRecord:
-    return EventRecord(
-        id=row.id,
-        run_id=row.run_id,
-        trial_id=row.trial_id,
-        ts=row.ts,
-        kind=row.kind,
-        message=row.message,
-        data=_loads(row.data_json),
-    )
+def _record(kind: type[R], row: Any) -> R:
+    """The frozen record of an ORM row: each field is the row's column of that name, or its
+    `<name>_json` column decoded (``knobs`` from ``knobs_json``)."""
+    return kind(**{f.name: _loads(getattr(row, f"{f.name}_json")) if hasattr(row, f"{f.name}_json")
+                   else getattr(row, f.name) for f in fields(kind)})

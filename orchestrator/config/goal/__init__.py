@@ -1,34 +1,7 @@
 """Goals: the model (`spec`: `GoalSpec` and its parts) and how one is read from text or TOML (`parse`)."""
 
-from orchestrator.config.goal.parse import ACCEPTED_FORMS, GoalError, load_goal, parse_goal
-from orchestrator.config.goal.spec import (
-    METRICS,
-    SLO_METRICS,
-    SLO_SCENARIO,
-    STATS,
-    Budget,
-    Constraint,
-    GoalSpec,
-    MetricInfo,
-    Objective,
-    SloGoal,
-    SloLimit,
-)
+from orchestrator.config.goal import parse, spec
+from orchestrator.config.goal.parse import *  # noqa: F403 - as parse.__all__ names them
+from orchestrator.config.goal.spec import *  # noqa: F403 - as spec.__all__ names them
 
-__all__ = [
-    "ACCEPTED_FORMS",
-    "METRICS",
-    "SLO_METRICS",
-    "SLO_SCENARIO",
-    "STATS",
-    "Budget",
-    "Constraint",
-    "GoalError",
-    "GoalSpec",
-    "MetricInfo",
-    "Objective",
-    "SloGoal",
-    "SloLimit",
-    "load_goal",
-    "parse_goal",
-]
+__all__ = [*parse.__all__, *spec.__all__]
