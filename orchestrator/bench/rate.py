@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.core.oneline import plain_number
+
 from .results import ScenarioResult
 from .saturation import SaturationPolicy, saturation_reasons
 from .scenarios import Scenario
@@ -141,10 +143,10 @@ class RateSearch:
         last = self.steps[-1].why if self.steps else "no step ran"
         if self.unconfirmed_rate > 0:  # a rate passed once, but no confirmation step held
             low = min(s.rate for s in self.steps if s.confirm)
-            return (f"SLO met once at {self.unconfirmed_rate:.3g} req/s but not confirmed by {self.confirmations} "
-                    f"longer step(s) down to {low:.3g} req/s ({last})")
+            return (f"SLO met once at {plain_number(self.unconfirmed_rate)} req/s but not confirmed by {self.confirmations} "
+                    f"longer step(s) down to {plain_number(low)} req/s ({last})")
         tried = min((s.rate for s in self.steps), default=0.0)
-        return f"SLO not met at any rate down to {tried:.3g} req/s ({last})"
+        return f"SLO not met at any rate down to {plain_number(tried)} req/s ({last})"
 
     def metrics(self) -> dict[str, float]:
         """The measurement at the found rate, with the search's answer (`slo_rate`, `slo_goodput`)."""
@@ -193,13 +195,13 @@ def judge(result: ScenarioResult, limits: Limits, policy: RatePolicy = RatePolic
         return False, False, "client-bound: " + "; ".join(sat)
     if m.get("failed", 0) > 0 or m.get("completed", 0) == 0:
         return False, True, f"{int(m.get('failed', 0))} request(s) failed"
-    broken = [f"{key} {m.get(key, math.inf):.4g} > {most:g}" for key, most in limits if not m.get(key, math.inf) <= most]
+    broken = [f"{key} {plain_number(m.get(key, math.inf))} > {plain_number(float(most))}" for key, most in limits if not m.get(key, math.inf) <= most]
     if broken:
         return False, True, "; ".join(broken)
     growth = _growth(result)
     if growth > policy.max_growth:
         return False, True, f"queue growing: E2E of the last requests {growth:.1f}x the first"
-    return True, True, "; ".join(f"{key} {m[key]:.4g} <= {most:g}" for key, most in limits) or "no failures"
+    return True, True, "; ".join(f"{key} {plain_number(m[key])} <= {plain_number(float(most))}" for key, most in limits) or "no failures"
 
 
 def _cpu_s() -> float:

@@ -6,9 +6,11 @@ wrong is the *last* meaningful one (`ValueError: ...`), not the first (`Tracebac
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any
 
-__all__ = ["last_meaningful_line", "one_line", "summarize_failure"]
+__all__ = ["last_meaningful_line", "one_line", "plain_number", "summarize_failure"]
 
 # Lines that are traceback scaffolding, not the error.
 _NOISE = re.compile(
@@ -55,3 +57,16 @@ def summarize_failure(text: str | None, limit: int = 300) -> str:
         head, why = last_meaningful_line(text, limit), ""
     out = f"{head} — {why}" if why and why != head else head
     return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+def plain_number(v: Any) -> str:
+    """A number as a person reads it: about 3 significant digits, no float noise and never scientific
+    notation (`1040`, not `1.04e+03`; `0.000012`, not `1.2e-05`)."""
+    if isinstance(v, bool) or not isinstance(v, float) or not math.isfinite(v):
+        return str(v)
+    size = abs(v)
+    if size >= 999.5:
+        return f"{v:.0f}"
+    if size == 0 or size >= 1e-4:
+        return f"{v:.3g}"
+    return f"{v:.{2 - math.floor(math.log10(size))}f}"

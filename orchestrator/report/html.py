@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from orchestrator.core.oneline import plain_number
 from orchestrator.report.render import build_report_data
 from orchestrator.report.svg import best_so_far_svg, pareto_front, pareto_svg, timeline_svg, trial_timeline
 from orchestrator.review.actions import human_actions
@@ -100,7 +101,7 @@ def _speed_of_light(store: Any, run_id: int, trials: list[Any]) -> list[dict[str
             if values and isinstance(floor, (int, float)) and floor > 0:
                 v = sum(values) / len(values)
                 pct = 100 * (v / floor if higher else floor / v)
-                rows.append({"trial": t.number, "label": f"{scenario}:{metric} vs floor {floor:.4g}", "pct": pct})
+                rows.append({"trial": t.number, "label": f"{scenario}:{metric} vs floor {plain_number(float(floor))}", "pct": pct})
     return rows
 
 

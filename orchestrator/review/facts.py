@@ -6,9 +6,9 @@ rounded for a reader, nested records become `key=value` pairs, nothing is cut mi
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+from orchestrator.core.oneline import plain_number
 from orchestrator.trial.paired import describe
 from orchestrator.trial.verdict import noise_words
 
@@ -21,19 +21,6 @@ sentinel, measured...), relative to the infergoal repository."""
 # Evidence keys that are abbreviations, as the why table says them.
 _WORDS = {"k_sigma": "standard errors a change must clear (k_sigma)", "se": "standard error", "ci_low": "interval low",
           "ci_high": "interval high", "lo": "interval low", "hi": "interval high"}
-
-
-def plain_number(v: Any) -> str:
-    """A number as a person reads it: about 3 significant digits, no float noise and never scientific
-    notation (`1040`, not `1.04e+03`; `0.000012`, not `1.2e-05`)."""
-    if isinstance(v, bool) or not isinstance(v, float) or not math.isfinite(v):
-        return str(v)
-    size = abs(v)
-    if size >= 999.5:
-        return f"{v:.0f}"
-    if size == 0 or size >= 1e-4:
-        return f"{v:.3g}"
-    return f"{v:.{2 - math.floor(math.log10(size))}f}"
 
 
 _num = plain_number

@@ -24,6 +24,7 @@ from orchestrator.bench.rate import RatePolicy
 from orchestrator.bench.slo import slo_measure
 from orchestrator.config.goal import SLO_SCENARIO, GoalSpec
 from orchestrator.core.candidate import Candidate
+from orchestrator.core.oneline import plain_number
 from orchestrator.core.roles import BASELINES
 from orchestrator.hosts import Host, HostError, Proc, ServerTimeout
 from orchestrator.hosts.measure import TrustPolicy, bench_trusted
@@ -535,7 +536,7 @@ class _Bench:
                     scenario = scenario.model_copy(update={"prompt_seed": drawn})
                     if slo:  # the rate search, every step a bench; near the rate this knob set already reached
                         return slo_measure(ctx.goal.slo, scenario, bench_one, ctx.rate, near=near,
-                                           on_step=lambda st: ctx.on_step(f"{label}: {st.rate:.3g} req/s "
+                                           on_step=lambda st: ctx.on_step(f"{label}: {plain_number(st.rate)} req/s "
                                                                           f"{'ok' if st.passed else 'broke'}"))
                     return bench_one(scenario)
 

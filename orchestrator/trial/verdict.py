@@ -237,7 +237,8 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
                 f"set by {set_by})" + ("; the performance screen says it may meet the goal" if screen_met else ""))
     elif status == "kept":  # under its keep line: only a paired A/B that meets the goal keeps it
         head = (f"#{number} kept: its paired A/B meets the goal, though its score {score:.3f}x {vs} is under the keep line "
-                f"{threshold:.3f}x (best {best:.3f}x + {need:.1%}, set by {set_by})")
+                f"{threshold:.3f}x (best {best:.3f}x + {need:.1%}, set by {set_by})"
+                + ("; the performance screen said it may meet the goal" if screen_met else ""))
     elif status == "discarded":
         head = (f"#{number} discarded: score {score:.3f}x {vs} did not clear the keep line {threshold:.3f}x "
                 f"(best {best:.3f}x + {need:.1%}, set by {set_by})"
