@@ -382,13 +382,7 @@ class Store:
 
     def measurements(self, trial_id: int) -> list[MeasurementRecord]:
         """Return a trial's measurements in the order they were recorded."""
-        with self._session("reading measurements", write=False) as session:
-            rows = session.scalars(
-                select(MeasurementModel)
-                .where(MeasurementModel.trial_id == trial_id)
-                .order_by(MeasurementModel.id)
-            )
-            return [_record(MeasurementRecord, r) for r in rows]
+        return self._of_trial(MeasurementModel, MeasurementRecord, trial_id, "reading measurements")
 
     def add_gate_result(
         self,
@@ -418,13 +412,13 @@ class Store:
 
     def gate_results(self, trial_id: int) -> list[GateRecord]:
         """Return a trial's gate results in the order they were recorded."""
-        with self._session("reading gate results", write=False) as session:
-            rows = session.scalars(
-                select(GateResultModel)
-                .where(GateResultModel.trial_id == trial_id)
-                .order_by(GateResultModel.id)
-            )
-            return [_record(GateRecord, r) for r in rows]
+        return self._of_trial(GateResultModel, GateRecord, trial_id, "reading gate results")
+
+    def _of_trial(self, model: Any, kind: type[R], trial_id: int, action: str) -> list[R]:
+        """A trial's rows of one table (measurements, gate results), as records, in the order recorded."""
+        with self._session(action, write=False) as session:
+            rows = session.scalars(select(model).where(model.trial_id == trial_id).order_by(model.id))
+            return [_record(kind, r) for r in rows]
 
     def add_event(
         self,
