@@ -218,12 +218,17 @@ def test_goal_toml_bytes_are_loaded_or_refused_with_goal_error(tmp_path, raw):
 
 # --- target TOML --------------------------------------------------------------------------
 
+def _mangled_target(tmp_path, data) -> Path:
+    """A target file drawn from one of the valid bases with keys dropped, added or given odd values."""
+    f = tmp_path / "target.toml"
+    f.write_text(to_toml(data.draw(mutated_dict(data.draw(st.sampled_from(_target_bases(tmp_path)))))))
+    return f
+
+
 @FAST
 @given(data=st.data())
 def test_target_toml_is_loaded_or_refused_with_target_error(tmp_path, data):
-    mutated = data.draw(mutated_dict(data.draw(st.sampled_from(_target_bases(tmp_path)))))
-    f = tmp_path / "target.toml"
-    f.write_text(to_toml(mutated))
+    f = _mangled_target(tmp_path, data)
     try:
         spec = load_target(f)
     except TargetError as e:
@@ -236,9 +241,7 @@ def test_target_toml_is_loaded_or_refused_with_target_error(tmp_path, data):
 @CLI
 @given(data=st.data())
 def test_goal_with_a_mangled_target_never_tracebacks_or_leaves_a_run(tmp_path, data):
-    mutated = data.draw(mutated_dict(data.draw(st.sampled_from(_target_bases(tmp_path)))))
-    f = tmp_path / "target.toml"
-    f.write_text(to_toml(mutated))
+    f = _mangled_target(tmp_path, data)
     r = runner.invoke(app, ["-w", str(tmp_path), "-o", 'proposer="nope"', "goal", "--target", str(f),
                             "beat the baseline by 20% on TPOT within 3 trials"])
     _no_traceback(r)

@@ -33,12 +33,18 @@ def test_the_sentence_names_score_best_threshold_noise_and_gates():
     assert failed["sentence"].startswith("#6 invalid: untrusted measurement")
 
 
-def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
+def _run_with_a_baseline(tmp_path):
+    """A throughput run in the workspace's store whose baseline (#0, batching off) was measured at 200 tok/s."""
     store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
     run = store.create_run("r", "improve throughput by 2.5x", {"objectives": [{"metric": "throughput", "value": 1.5}]},
                            "h", {"name": "t"}, {}, "local", "search")
     t0 = store.create_trial(run.id, 0, commit="", knobs={"batching": "off"}, rationale="", proposer="baseline")
     store.finish_trial(t0.id, "kept", score=1.0, objective={"throughput:output_throughput": 200.0})
+    return store, run
+
+
+def test_show_status_and_report_give_the_paired_ratio_and_the_reason(tmp_path):
+    store, run = _run_with_a_baseline(tmp_path)
     t1 = store.create_trial(run.id, 1, commit="", knobs={"batching": "on"}, rationale="", proposer="search")
     store.finish_trial(t1.id, "kept", score=4.31, objective={"throughput:output_throughput": 900.0})
     store.set_best_trial(run.id, t1.id)
@@ -81,11 +87,7 @@ def test_why_numbers_are_never_scientific_and_abbreviations_are_said():
 
 
 def test_why_names_the_glossary_and_calls_a_baseline_measured(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / '.infergoal' / 'infergoal.db'}")
-    run = store.create_run("r", "improve throughput by 2.5x", {"objectives": [{"metric": "throughput", "value": 1.5}]},
-                           "h", {"name": "t"}, {}, "local", "search")
-    t0 = store.create_trial(run.id, 0, commit="", knobs={"batching": "off"}, rationale="", proposer="baseline")
-    store.finish_trial(t0.id, "kept", score=1.0, objective={"throughput:output_throughput": 200.0})
+    store, run = _run_with_a_baseline(tmp_path)
     r = runner.invoke(app, ["-w", str(tmp_path), "why", "0"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert r.output.startswith("run 1 trial #0 — measured (decided by baseline)") and "docs/glossary.md" in r.output
