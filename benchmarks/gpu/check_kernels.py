@@ -7,7 +7,7 @@ kernel's max |error| against its torch reference, then times each kernel pair (t
 and a whole decode step built from either op set, eager and as a CUDA graph, at batch 1 and 8.
 
 Measured 2026-12-01 (H200, Triton 3.6.0, torch 2.11.0+cu130; positions drawn in [512, 1024), bucket 1024)
-by a compact copy of this script over the same hfkernels.py, graph-replayed, triton vs torch:
+by a compact copy of this script over the same hfserve.hfkernels, graph-replayed, triton vs torch:
 batch 1: rmsnorm 1.6 vs 13.4 us, add_rmsnorm 2.0 vs 14.8, silu_mul 1.5 vs 3.7, rope_store 1.8 vs 31.8,
 decode_attn 21.0 vs 30.6; whole step 4.87 vs 7.07 ms (logits max |d| 0.125, top-1 equal).
 batch 8: 2.0/18.4, 2.1/20.1, 1.6/4.9, 1.9/34.4, 42.8/66.8 us; step 5.47 vs 8.73 ms.

@@ -4,7 +4,7 @@
 
 Builds a tiny random Llama (FastModel over transformers' LlamaForCausalLM, head_dim 16) for each
 layer count, runs one eager decode step per ``--kernels`` setting and counts what would be a CUDA
-kernel on the GPU: every Triton launch (hfkernels.py's kernels, counted at their launcher) and every
+kernel on the GPU: every Triton launch (hfserve.hfkernels' kernels, counted at their launcher) and every
 aten op that computes (matmuls, elementwise, reductions, index/gather, copies; views, reshapes,
 ``empty`` allocations and other metadata ops are not kernels). The per-layer count is the
 difference between two layer counts, so the step's fixed part (embedding, final norm, lm_head,
@@ -60,7 +60,7 @@ def count(fm, kernels: str, batch: int) -> Counter:
 
     saved = {n: getattr(K, n) for n in dir(K) if n.startswith("_") and n.endswith(("_kernel", "_tuned"))}
     for n, f in saved.items():
-        setattr(K, n, Launcher(n.lstrip("_"), f))
+        K.rebind(n, Launcher(n.lstrip("_"), f))
     try:
         fm.set_kernels(kernels)
         tokens = torch.tensor([5] * batch)
@@ -69,7 +69,7 @@ def count(fm, kernels: str, batch: int) -> Counter:
             fm.decode(tokens, pos, 256)
     finally:
         for n, f in saved.items():
-            setattr(K, n, f)
+            K.rebind(n, f)
         fm.set_kernels("torch")
     return seen
 
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.splits:  # the H200's batch-1 plan at a 1024 bucket is 8 splits (two launches); the tiny bucket's is 1
         orig = K.decode_attn
-        K.decode_attn = lambda *a, **k: orig(*a, **{**k, "splits": args.splits})
+        K.rebind("decode_attn", lambda *a, **k: orig(*a, **{**k, "splits": args.splits}))
         K._OPS = {n: type(o)(**{**o.__dict__, "decode_attn": K.decode_attn}) if n != "torch" else o
                   for n, o in K._OPS.items()}
     lo, hi = args.layers

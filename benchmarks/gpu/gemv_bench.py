@@ -10,7 +10,7 @@ Mistral-7B decode shapes (``SHAPES``: fused QKV, O, fused gate_up, down, lm_head
 
 * cuBLAS through torch: ``F.linear(x, W)`` (what the engine calls: the baseline every ratio is against),
   ``torch.matmul(x, W.t())`` and, at M=1, ``torch.mv(W, x[0])``;
-* ``gemv()``: a plain (unfused) Triton GEMV (``_gemv_kernel``, kept in examples/hfserve/hfserve/hfkernels.py,
+* ``gemv()``: a plain (unfused) Triton GEMV (``_gemv_kernel``, kept in hfserve.hfkernels,
   where ``--kernels triton-mv`` serves with it), one program per BLOCK_N rows of W and per K split. Each
   program streams [BLOCK_N, BLOCK_K] tiles of W along K (contiguous: 16-byte vector loads, the rows of a
   warp side by side), multiplies them in fp32 by the matching slice of each of the M rows of x (held in
@@ -108,19 +108,17 @@ FIRST_CALL_S: list[float] = []  # per config, the first launch's seconds (~ms wh
 INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
-# The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in examples/hfserve/hfserve/hfkernels.py,
+# The kernels (``_gemv_kernel``, its split-K ``_splitk_reduce_kernel``) live in hfserve.hfkernels,
 # where the engine's ``--kernels triton-mv`` launches them; this script tunes and times them. Under the
-# interpreter they must be hfkernels.py's interpreted ones: a kernels module imported earlier with compiled
+# interpreter they must be hfserve.hfkernels' interpreted ones: a kernels module imported earlier with compiled
 # kernels (a test process) is reloaded in place with TRITON_INTERPRET set, as tests/hfserve/triton_interp does.
 from hfserve import hfkernels as kernels  # noqa: E402
 
 if INTERPRET:
-    import importlib  # noqa: E402
-
     from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
     if not isinstance(kernels._gemv_kernel, InterpretedFunction):
-        kernels = importlib.reload(kernels)
+        kernels = kernels.reloaded()
 _gemv_kernel = kernels._gemv_kernel
 _splitk_reduce_kernel = kernels._splitk_reduce_kernel
 

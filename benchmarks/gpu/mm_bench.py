@@ -12,7 +12,7 @@ the 4.27 TB/s copy ceiling) + attention 1.44 (~78%) + the rest. Two parts, one c
 
 GEMM. y = x @ W.T in bf16, W [N, K] row-major, x [M, K], M in {16, 32, 64} (the engine's batch buckets), at
 the Mistral-7B shapes (gemv_bench's ``SHAPES``), random weights. cuBLAS (``F.linear``, the engine's call,
-every ratio is against it) vs ``_mm_kernel`` (examples/hfserve/hfserve/hfkernels.py, ``mm_gemm``): one program per
+every ratio is against it) vs ``_mm_kernel`` (hfserve.hfkernels, ``mm_gemm``): one program per
 BLOCK_N rows of W and per K split, BLOCK_M = the M bucket (each W tile read once), tl.dot in float32
 accumulation (wgmma where the dot's M side is >= 64; SWAP computes W @ x.T so that side is BLOCK_N),
 num_stages pipelining, evict_first on W, deterministic split-K (float32 partials, fixed-order reduce).
@@ -21,10 +21,10 @@ SPLIT_K 1/2/4/8 within shared memory, accumulator registers and K; stage 2 STAGE
 case's 2 best; the best 3 timed again at full length. Timing, checks and the compile pool are gemv_bench's
 (imported): CUDA graphs of 20 calls over distinct weight copies (L2 never holds the weights), every timed
 config checked against float64 (``check``), kernels compiled ahead in ``--jobs`` processes (``_AOTDriver``).
-It prints, and writes in the JSON (``mm_configs``), the ``MM_CONFIGS`` table for hfkernels.py: the winners
+It prints, and writes in the JSON (``mm_configs``), the ``MM_CONFIGS`` table for hfserve.hfkernels: the winners
 where Triton beat cuBLAS by more than ``--margin`` (1%), and the step gain they add up to (32 layers).
 
-Attention. ``decode_attn`` (hfkernels.py: ``_decode_attn_kernel`` unsplit, ``_decode_attn_split_kernel`` +
+Attention. ``decode_attn`` (hfserve.hfkernels: ``_decode_attn_kernel`` unsplit, ``_decode_attn_split_kernel`` +
 ``_attn_reduce_kernel`` split-KV) at batch 64 and 4, 32 q / 8 kv heads of 128, positions uniform in
 511..639 (C's served range; context bucket 1024), graphs of 20 calls over 16 layers' KV (4.3 GB, never in
 L2): every splits x BLOCK_N x warps x stages x bf16-or-float32 dots (``attn_space()``) against today's launch
@@ -95,7 +95,7 @@ import time  # noqa: E402
 from dataclasses import astuple, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports hfkernels.py the right way)
+import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports hfserve.hfkernels the right way)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402

@@ -8,8 +8,8 @@ decode step at the burst's batch) with torch.profiler, and writes them as JSON; 
 that JSON into a markdown table (GEMM / fused / attention / other / between kernels, per part and
 step) and a plot of each scenario's % of its speed-of-light floor per step (SVG or PNG by suffix).
 
-Kinds of kernel: ``gemm`` (cuBLAS / CUTLASS matmuls), ``fused`` (hfkernels.py's Triton norms, RoPE +
-store and SwiGLU), ``attention`` (SDPA's flash / memory-efficient kernels, softmax, hfkernels.py's
+Kinds of kernel: ``gemm`` (cuBLAS / CUTLASS matmuls), ``fused`` (hfserve.hfkernels' Triton norms, RoPE +
+store and SwiGLU), ``attention`` (SDPA's flash / memory-efficient kernels, softmax, hfserve.hfkernels'
 decode attention and its split reduction), ``other`` (the unfused norms, RoPE, elementwise work and
 copies), and ``between``: the part's wall time minus the sum of its kernels (launch gaps and host
 work; for a CUDA-graph decode step, the replay's wall time).

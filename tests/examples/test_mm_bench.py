@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from triton_interp import tree_env  # tests/hfserve
+from triton_interp import patch_kernels, tree_env  # tests/hfserve
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
@@ -83,7 +83,7 @@ def _tiny_attention(monkeypatch, rng: random.Random, cfgs: list, bad) -> None:
     monkeypatch.setattr(M.G, "eager_us", lambda calls, reps: rng.uniform(20, 30))
     monkeypatch.setattr(M, "attn_space", lambda B, fp8=False: cfgs)
     real_attn = M.kernels.decode_attn
-    monkeypatch.setattr(M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
+    patch_kernels(monkeypatch, M.kernels, "decode_attn", lambda q, K_, V_, li, B, pos, ctx, scale, cfg=None:
                         real_attn(q, K_, V_, li, B, pos - int(cfg == bad), ctx, scale, cfg=cfg))
     for name, val in (("NH", 4), ("NKV", 2), ("HD", 16), ("ATTN_CTX", 64), ("ATTN_LAYERS", 2), ("POS_LO", 20),
                       ("POS_HI", 60)):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_interp import patch_kernels  # tests/hfserve
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
 
@@ -141,7 +142,7 @@ def test_profile_steps_runs_on_the_cpu() -> None:
         mp.setenv("TRITON_INTERPRET", "1")
         # The last step's (triton-mv) batch-1 GEMVs interpreted would take ~1 min here: they run as
         # x @ w.t() (test_fastengine.test_mv_kernels_equal_triton holds them to triton's step).
-        mp.setattr(sys.modules["hfserve.hfkernels"], "MV_MAX_ROWS", 0)
+        patch_kernels(mp, sys.modules["hfserve.hfkernels"], "MV_MAX_ROWS", 0)
         fm = FastModel(_random_llama(torch.float32), slots=6, capacity=300)
         mp.setattr(profile_best, "cuda_time", lambda fn, reps=1: (fn(), 1.0)[1])
         real = profile_best.kernel_times  # the profiler over interpreted Triton is minutes: torch steps only

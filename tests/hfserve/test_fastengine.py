@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from triton_interp import patch_kernels  # tests/hfserve
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -176,7 +177,7 @@ def test_torch_kernels_are_the_code_before(dtype) -> None:
 
 @pytest.fixture
 def interpreted(monkeypatch):
-    """hfkernels.py's Triton kernels on the CPU (interpreter), for the tests that run kernels="triton"."""
+    """hfserve.hfkernels' Triton kernels on the CPU (interpreter), for the tests that run kernels="triton"."""
     pytest.importorskip("triton", reason="triton is not installed")
     from triton_interp import import_interpreted  # beside this file
 
@@ -291,10 +292,10 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
     def late(x, d, lnw, eps, w, cos, sin, pos_, K, V, layer):
         return orig(x, d, lnw, eps, w, cos, sin, pos_ + 1, K, V, layer)
 
-    monkeypatch.setattr(kernels, "norm_qkv_rope", late)
+    patch_kernels(monkeypatch, kernels, "norm_qkv_rope", late)
     assert not close(run("triton-gemv"), want)  # both ways: the perturbed kernel is caught
-    monkeypatch.setattr(kernels, "norm_qkv_rope", orig)
-    monkeypatch.setattr(kernels, "GEMV_MAX_ROWS", 2)  # batch 3 > 2: the unfused triton step
+    patch_kernels(monkeypatch, kernels, "norm_qkv_rope", orig)
+    patch_kernels(monkeypatch, kernels, "GEMV_MAX_ROWS", 2)  # batch 3 > 2: the unfused triton step
     assert close(run("triton-gemv"), want) and calls
 
 
@@ -318,16 +319,16 @@ def test_mv_kernels_equal_triton(dtype, interpreted, monkeypatch) -> None:
     want, want_ids = run("triton", 1)
     Kw, Vw = fm.K.clone(), fm.V.clone()
     cfgs, real = [], kernels.mv_gemv
-    monkeypatch.setattr(kernels, "mv_gemv", lambda x, w, cfg, **kw: cfgs.append(tuple(w.shape)) or real(x, w, cfg, **kw))
+    patch_kernels(monkeypatch, kernels, "mv_gemv", lambda x, w, cfg, **kw: cfgs.append(tuple(w.shape)) or real(x, w, cfg, **kw))
     got, got_ids = run("triton-mv", 1)
     n = len(fm.layers)
     assert len(cfgs) == 4 * n + 1 and cfgs[-1] == tuple(fm.lm_head.shape)  # every projection a GEMV launch
     assert close(got, want), (got - want).abs().max()
     assert got_ids == want_ids
     assert close(fm.K, Kw) and close(fm.V, Vw)  # the K/V rows the QKV GEMV produced
-    monkeypatch.setattr(kernels, "mv_gemv", lambda x, w, cfg, **kw: real(x, w, cfg, nt_short=1))
+    patch_kernels(monkeypatch, kernels, "mv_gemv", lambda x, w, cfg, **kw: real(x, w, cfg, nt_short=1))
     assert not close(run("triton-mv", 1)[0], want)  # both ways: the GEMV one K tile short is caught
-    monkeypatch.setattr(kernels, "mv_gemv", real)
+    patch_kernels(monkeypatch, kernels, "mv_gemv", real)
     cfgs.clear()
     want2, _ = run("triton", 2)
     got2, _ = run("triton-mv", 2)
@@ -384,8 +385,8 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
     assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
     if dtype == torch.float32:  # the prefill's rows kernel, here on a few rows (bit-equal: one dtype is enough)
         with monkeypatch.context() as m:
-            m.setattr(kernels, "ROPE_ROWS_MIN", 1)
-            m.setattr(kernels, "ROPE_ROWS", 4)
+            patch_kernels(m, kernels, "ROPE_ROWS_MIN", 1)
+            patch_kernels(m, kernels, "ROPE_ROWS", 4)
             assert close(fm.prefill_packed(parts, all_logits=True), want) and close(fm.K, Kw)
     fm.set_kernels("triton")  # with the fused norms and SwiGLU as well
     assert close(fm.prefill_packed(parts, all_logits=True), want)
@@ -395,11 +396,9 @@ def test_fused_prefill_attention_equals_torch(dtype, interpreted, monkeypatch) -
     def shifted(qkv, cos, sin, pos, K, V, layer, q_out=None, slots=None, rows=None):
         return orig(qkv, cos, sin, pos + 1, K, V, layer, q_out, slots, rows)
 
-    kernels.rope_store = shifted
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        patch_kernels(mp, kernels, "rope_store", shifted)
         assert not close(fm.prefill_packed(parts, all_logits=True), want)
-    finally:
-        kernels.rope_store = orig
 
 
 def _engine_outputs(model_dir: Path, prompts: list[list[int]], sizes: list[int], logprobs: int | None = None,
@@ -752,16 +751,16 @@ def test_mm_kernels_equal_triton(interpreted, monkeypatch) -> None:
     cfg = kernels.MmCfg(32, 32, 4, 2)
     L0 = fm.layers[0]
     shapes = {tuple(t.shape) for t in (L0["qkv"], L0["o"], L0["gu"], L0["down"], fm.lm_head)}
-    monkeypatch.setattr(kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
+    patch_kernels(monkeypatch, kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
     seen, real = [], kernels.mm_gemm
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(tuple(w.shape)) or real(x, w, c, **kw))
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(tuple(w.shape)) or real(x, w, c, **kw))
     got, got_ids = run("triton-mm")
     assert len(seen) == 4 * len(fm.layers) + 1 and seen[-1] == tuple(fm.lm_head.shape)
     assert close(got, want), (got - want).abs().max()
     assert got_ids == want_ids and close(fm.K, Kw) and close(fm.V, Vw)
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=1))
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=1))
     assert not close(run("triton-mm")[0], want)  # both ways: one K tile short is caught
-    monkeypatch.setattr(kernels, "MM_CONFIGS", {})
+    patch_kernels(monkeypatch, kernels, "MM_CONFIGS", {})
     assert torch.equal(run("triton-mm")[0], want)
 
 
@@ -777,28 +776,28 @@ def test_mm_glu_is_the_two_launches_in_one(interpreted, monkeypatch) -> None:
     cfg = kernels.MmCfg(32, 32, 4, 2)
     L0 = fm.layers[0]
     shapes = {tuple(t.shape) for t in (L0["qkv"], L0["o"], L0["gu"], L0["down"], fm.lm_head)}
-    monkeypatch.setattr(kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
-    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    patch_kernels(monkeypatch, kernels, "MM_CONFIGS", {(16, n, k): cfg for n, k in shapes})
+    patch_kernels(monkeypatch, kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
 
     def run(glu: bool) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         return (*_one_step(fm, prompts, K0, V0, "triton-mm", mm_glu=glu), fm.K.clone())
 
     want, want_ids, want_k = run(False)
     seen, real = [], kernels.mm_gemm
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
     got, got_ids, got_k = run(True)
     assert seen.count(fm.inter) == len(fm.layers) and len(seen) == 4 * len(fm.layers) + 1  # gate/up + SwiGLU: 1 launch
     assert torch.equal(got, want) and got_ids == want_ids and torch.equal(got_k, want_k)
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=int(bool(kw.get("glu"))), **kw))
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: real(x, w, c, nt_short=int(bool(kw.get("glu"))), **kw))
     assert not torch.allclose(run(True)[0], want, atol=1e-3)  # both ways: the GLU launch one K tile short is caught
-    monkeypatch.setattr(kernels, "mm_gemm", real)
-    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {})
+    patch_kernels(monkeypatch, kernels, "mm_gemm", real)
+    patch_kernels(monkeypatch, kernels, "MM_GLU_CONFIGS", {})
     assert torch.equal(run(True)[0], want)  # nothing listed: the two launches
-    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    patch_kernels(monkeypatch, kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
     fm.set_kernels("triton-mm")
     fm.set_mm_glu(True)
     seen.clear()
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(kw.get("glu", 0)) or real(x, w, c, **kw))
     _one_step(fm, prompts, K0, V0, "triton")  # a later set_kernels away from triton-mm: no GLU launch is left
     assert not seen
     fm.set_kernels("triton")
@@ -823,20 +822,20 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     K0, V0 = fm.K.clone(), fm.V.clone()
     L0 = fm.layers[0]
     cfgs = {(16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["o"], L0["gu"], fm.lm_head)}
-    monkeypatch.setattr(kernels, "MM_CONFIGS", cfgs)
-    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    patch_kernels(monkeypatch, kernels, "MM_CONFIGS", cfgs)
+    patch_kernels(monkeypatch, kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
     fuse = {("norm", 16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["gu"], fm.lm_head)}
     fuse |= {("res", 16, *L0["o"].shape): kernels.MmCfg(16, 32, 4, 2, 1, True),
              ("res", 16, *L0["down"].shape): kernels.MmCfg(32, 32, 4, 2, 2),  # split-K: the add in the reduction
              ("glu_norm", 16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)}
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", fuse)
 
     def run(**kw: bool) -> tuple[torch.Tensor, list[int], torch.Tensor]:
         return (*_one_step(fm, prompts, K0, V0, "triton-mm", **kw), fm.K.clone())
 
     want, want_ids, want_k = run()
     seen, real = [], kernels.mm_gemm
-    monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(
+    patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, **kw: seen.append(
         ("n" if kw.get("norm") else "") + ("r" if kw.get("res") is not None else "") + ("g" if kw.get("glu") else ""))
         or real(x, w, c, **kw))
     norms, ops = [], kernels._OPS["triton-mm"]  # the step's norm launches, counted where FastModel takes them
@@ -853,12 +852,12 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
         assert seen.count("ng") == (n if glu else 0) and len(seen) == 4 * n + 1, seen
         assert not norms  # no norm launch left in the step
         assert close(got, want) and got_ids == want_ids and close(got_k, want_k), (got - want).abs().max()
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "glu_norm"
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "glu_norm"
                                                      and k[2:] != tuple(L0["gu"].shape)})
     seen.clear()
     got = run(mm_norm=True, mm_glu=True)[0]  # gate/up's fused launches not listed: ln2's norm launch, the GLU launch
     assert seen.count("g") == n and seen.count("ng") == 0 and len(norms) == n and close(got, want), seen
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "res"})
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", {k: v for k, v in fuse.items() if k[0] != "res"})
     seen.clear()
     norms.clear()
     got = run(mm_norm=True)[0]  # no residual add listed: GEMM + add_rmsnorm (today's two launches, not three), the
@@ -868,13 +867,13 @@ def test_mm_norm_folds_the_norms_into_the_gemms(dtype, interpreted, monkeypatch)
     norms.clear()
     got = run(mm_norm=True, mm_glu=True)[0]  # with --mm-glu: its GLU launch over add_rmsnorm's rows
     assert seen.count("g") == n and "r" not in seen and len(norms) == 2 * n and close(got, want), seen
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", fuse)
     short = {"n": lambda kw: bool(kw.get("norm")), "r": lambda kw: kw.get("res") is not None}
     for which in ("n", "r"):  # both ways: a short norm GEMM, or a short residual add, is caught
-        monkeypatch.setattr(kernels, "mm_gemm", lambda x, w, c, _s=short[which], **kw: real(x, w, c, nt_short=int(_s(kw)), **kw))
+        patch_kernels(monkeypatch, kernels, "mm_gemm", lambda x, w, c, _s=short[which], **kw: real(x, w, c, nt_short=int(_s(kw)), **kw))
         assert not close(run(mm_norm=True)[0], want), which
-    monkeypatch.setattr(kernels, "mm_gemm", real)
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", {})
+    patch_kernels(monkeypatch, kernels, "mm_gemm", real)
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", {})
     fb = run(mm_norm=True)[0]  # nothing listed: the norm and add_rmsnorm launches, the unfused step bit for bit
     assert torch.equal(fb, want)
     fm.set_kernels("triton-mv")
@@ -902,12 +901,12 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
     L0 = fm.layers[0]
     cfgs = {(16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["o"], L0["gu"], fm.lm_head)}
     cfgs[(16, *L0["down"].shape)] = kernels.MmCfg(32, 32, 4, 2, 2)  # split-K: its reduction launch too
-    monkeypatch.setattr(kernels, "MM_CONFIGS", cfgs)
-    monkeypatch.setattr(kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
+    patch_kernels(monkeypatch, kernels, "MM_CONFIGS", cfgs)
+    patch_kernels(monkeypatch, kernels, "MM_GLU_CONFIGS", {(16, *L0["gu"].shape): kernels.MmCfg(16, 32, 4, 2)})
     fuse = {("norm", 16, *t.shape): kernels.MmCfg(32, 32, 4, 2) for t in (L0["qkv"], L0["gu"], fm.lm_head)}
     fuse |= {("res", 16, *L0["o"].shape): kernels.MmCfg(16, 32, 4, 2, 1, True),
              ("res", 16, *L0["down"].shape): kernels.MmCfg(32, 32, 4, 2, 2)}
-    monkeypatch.setattr(kernels, "MM_FUSE_CONFIGS", fuse)
+    patch_kernels(monkeypatch, kernels, "MM_FUSE_CONFIGS", fuse)
     want = _one_step(fm, prompts, K0, V0, "triton-mm")
     launches = []
     run = InterpretedFunction.run
@@ -915,7 +914,7 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
         (self.fn.__name__, {k for k in kw if k in ("PDL", "launch_pdl", "PF", "PF_LINES")})) or run(self, *a, **kw))
     pdl = kernels._pdl
     # the interpreter runs the keywords' off path (PDL False): what is checked is that every launch passes them
-    monkeypatch.setattr(kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} | (
+    patch_kernels(monkeypatch, kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} | (
         {"PF": 0, "PF_LINES": 1} if block_k else {}))
     got = _one_step(fm, prompts, K0, V0, "triton-mm")
     assert torch.equal(got[0], want[0]) and got[1] == want[1]
@@ -926,7 +925,7 @@ def test_pdl_reaches_every_triton_launch_of_the_decode_step(interpreted, monkeyp
             "_attn_reduce_kernel", "_mm_kernel", "_splitk_reduce_kernel", "_gemv_kernel"} <= names, names
     assert all({"PDL", "launch_pdl"} <= kw for _, kw in launches), [n for n, kw in launches if "PDL" not in kw]
     assert all({"PF", "PF_LINES"} <= kw for n, kw in launches if n in ("_mm_kernel", "_gemv_kernel"))
-    monkeypatch.setattr(kernels, "_pdl", pdl)
+    patch_kernels(monkeypatch, kernels, "_pdl", pdl)
     try:
         fm.set_kernels("triton")
         set_pdl(fm, True)  # on: CPU tensors launch as before (no keywords); a CUDA one gets them
@@ -958,7 +957,7 @@ def test_pdl_leaves_the_batch_1_step_alone(interpreted, monkeypatch) -> None:
     monkeypatch.setattr(InterpretedFunction, "run", lambda self, *a, **kw: launches.append(
         (self.fn.__name__, "PDL" in kw)) or run(self, *a, **kw))
     # _pdl as on a GPU, keyed on set_pdl's state as the real one is (the interpreter runs the keywords' off path)
-    monkeypatch.setattr(kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} if kernels.pdl_on()
+    patch_kernels(monkeypatch, kernels, "_pdl", lambda t, block_k=0: {"PDL": False, "launch_pdl": False} if kernels.pdl_on()
                         else {})
     try:
         fm.set_kernels("triton-mm")
@@ -1088,7 +1087,7 @@ def test_the_engine_asks_for_its_pools_launch(interpreted, monkeypatch) -> None:
     from hfserve import hfkernels as kernels
 
     for name, table in kernels.tables_for("NVIDIA H200").items():  # the H200's tables: ATTN_LOWP lists (4, 1024)
-        monkeypatch.setattr(kernels, name, table)
+        patch_kernels(monkeypatch, kernels, name, table)
     fp8cfg = kernels.AttnCfg(1, 64, 4, 1, True, True)
     monkeypatch.setitem(kernels.ATTN_LOWP_FP8, (4, 1024), fp8cfg)
     got = {}

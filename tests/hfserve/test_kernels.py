@@ -1,6 +1,6 @@
 """The fast engine's Triton kernels agree with their torch references, on the CPU (interpreter).
 
-Each kernel is checked against the torch code it replaces (examples/hfserve/hfserve/hfkernels.py keeps both),
+Each kernel is checked against the torch code it replaces (hfserve.hfkernels keeps both),
 in float32 and bfloat16, and "both ways": the same tolerance check must reject a deliberately wrong
 variant (perturbed eps, RoPE rotating the wrong way, attention one position short), so a pass means
 the check can see an error of that size. Last, a Llama-shaped decode step built from the triton ops
@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton", reason="triton is not installed: the kernels cannot run, even interpreted")
 
-from triton_interp import import_interpreted, tree_env  # noqa: E402  (beside this file)
+from triton_interp import import_interpreted, patch_kernels, tree_env  # noqa: E402  (beside this file)
 
 K = import_interpreted()
 
@@ -33,7 +33,7 @@ K = import_interpreted()
 def _h200_tables(monkeypatch):
     """The launch tables the engine serves on the H200 (hfserve/tables/NVIDIA_H200.json), as each test's."""
     for name, table in K.tables_for("NVIDIA H200").items():
-        monkeypatch.setattr(K, name, table)
+        patch_kernels(monkeypatch, K, name, table)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -329,7 +329,7 @@ def test_decode_attention_compiles_once_for_every_bucket(monkeypatch) -> None:
 
     kernels = {n: getattr(K, n) for n in ("_decode_attn_split_kernel", "_attn_reduce_kernel", "_decode_attn_kernel")}
     for name, fn in kernels.items():
-        monkeypatch.setattr(K, name, Rec(fn))
+        patch_kernels(monkeypatch, K, name, Rec(fn))
     nh, nkv, hd, cap = 32, 8, 128, 4608  # 7b-peaked
     q = torch.empty(64, nh, hd)
     pool = torch.empty(1, 64, nkv, cap, hd)
@@ -465,7 +465,7 @@ def test_gemv_gpu_launch_path(epi, monkeypatch) -> None:
         runs.append(1)
         return [float(len(runs))] * len(quantiles or [0])
 
-    monkeypatch.setattr(K, "_autotuned", lambda device: True)
+    patch_kernels(monkeypatch, K, "_autotuned", lambda device: True)
     monkeypatch.setitem(tuned.__dict__, "do_bench", bench)  # a cached_property: the instance's own value
     monkeypatch.setattr(tuned, "cache", {})
     dtype = torch.bfloat16
@@ -504,8 +504,8 @@ def test_launches_per_layer() -> None:
     import count_launches
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K, "decode_attn", K.decode_attn)  # count_launches pins the splits by rebinding these
-        mp.setattr(K, "_OPS", dict(K._OPS))
+        patch_kernels(mp, K, "decode_attn", K.decode_attn)  # count_launches pins the splits by rebinding these
+        patch_kernels(mp, K, "_OPS", dict(K._OPS))
         res = count_launches.main(["--splits", "8", "--kernels", "triton", "triton-gemv"])
     assert (res["triton"]["per_layer"], res["triton"]["fixed"]) == (10, 5)
     assert (res["triton-gemv"]["per_layer"], res["triton-gemv"]["fixed"]) == (6, 5)
@@ -548,7 +548,7 @@ def test_mv_linear_picks_the_table_and_falls_back() -> None:
     seen = []
     real = K.mv_gemv
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K, "mv_gemv", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
+        patch_kernels(mp, K, "mv_gemv", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
         x2, _ = _mv_case(torch.bfloat16, *MV_SHAPES["ragged"], m=K.MV_MAX_ROWS + 1)
         assert torch.equal(K.mv_linear(x2, w), x2 @ w.t())
         xs = _rand(600, 2, dtype=torch.bfloat16, seed=3).t()[:1]  # [1, 600], stride 2 along K
@@ -678,7 +678,7 @@ def test_mm_gemm_glu_is_gemm_then_silu_mul(dtype) -> None:
             assert not close(K.mm_gemm(x, w, cfg, glu=inter, nt_short=1), want, dtype), (m, cfg.label())
     cfg = K.MmCfg(16, 64, 4, 2)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K, "MM_GLU_CONFIGS", {(64, 2 * inter, 320): cfg})
+        patch_kernels(mp, K, "MM_GLU_CONFIGS", {(64, 2 * inter, 320): cfg})
         assert torch.equal(K.mm_glu_linear(x, w, inter), K.mm_gemm(x, w, cfg, glu=inter))
         assert K.mm_glu_linear(x[:20], w, inter) is None  # the 32-row bucket is not listed
         assert K.mm_glu_linear(x[:1], w, inter) is None  # one row: the GEMV's
@@ -741,7 +741,7 @@ def test_mm_gemm_res_is_the_residual_add(dtype) -> None:
             assert not close(K.mm_gemm(x, w, cfg, res=r0.clone(), nt_short=1), want, dtype), (m, cfg.label())
     cfg = K.MmCfg(16, 64, 4, 2)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K, "MM_FUSE_CONFIGS", {("res", 64, 40, 320): cfg, ("res", 32, 40, 320): K.MmCfg(32, 32, 4, 3, 2),
+        patch_kernels(mp, K, "MM_FUSE_CONFIGS", {("res", 64, 40, 320): cfg, ("res", 32, 40, 320): K.MmCfg(32, 32, 4, 3, 2),
                                           ("norm", 64, 40, 320): cfg, ("norm", 32, 40, 320): K.MmCfg(32, 32, 4, 3, 2)})
         r = r0.clone()
         assert torch.equal(K.mm_res_linear(x, w, r), K.mm_gemm(x, w, cfg, res=r0.clone()))
@@ -768,8 +768,8 @@ def test_mm_linear_falls_back_unless_listed() -> None:
     seen = []
     real = K.mm_gemm
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(K, "MM_CONFIGS", {})
-        mp.setattr(K, "mm_gemm", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
+        patch_kernels(mp, K, "MM_CONFIGS", {})
+        patch_kernels(mp, K, "mm_gemm", lambda x_, w_, cfg, **kw: seen.append(cfg) or real(x_, w_, cfg, **kw))
         assert torch.equal(K.mm_linear(x, w), x @ w.t())  # empty table
         cfg = MM_CFGS[1]
         mp.setitem(K.MM_CONFIGS, (32, 40, 320), cfg)
@@ -800,7 +800,7 @@ def test_decode_attn_launch_config(cfg, monkeypatch) -> None:
     assert not close(K.decode_attn(q, K0, V0, 1, B, POS - 1, CTX, scale, cfg=cfg), want, dtype)
     seen = []
     real = K.decode_attn_partials
-    monkeypatch.setattr(K, "decode_attn_partials", lambda *a: seen.append(a[-2:]) or real(*a))
+    patch_kernels(monkeypatch, K, "decode_attn_partials", lambda *a: seen.append(a[-2:]) or real(*a))
     monkeypatch.setitem(K.ATTN_CONFIGS, (B, CTX), cfg)
     assert close(K.decode_attn(q, K0, V0, 1, B, POS, CTX, scale), want, dtype)
     assert seen == ([] if cfg.splits == 1 else [(cfg.splits, cfg)])

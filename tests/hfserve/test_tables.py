@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from triton_interp import patch_kernels  # tests/hfserve
 
 pytest.importorskip("torch")
 
@@ -33,7 +34,7 @@ def test_each_shipped_gpu_has_its_tables_and_another_gpu_gets_the_defaults() -> 
 
 def test_load_tables_installs_them_where_the_launches_read_them(monkeypatch) -> None:
     for name in K.TABLE_KINDS:
-        monkeypatch.setattr(K, name, getattr(K, name))  # restored after the test
+        patch_kernels(monkeypatch, K, name, getattr(K, name))  # restored after the test
     K.load_tables("NVIDIA H200")
     assert K.mv_config(6144, 4096) == K.MvCfg(16, 1024, 8, 1, True, "evict_first")
     assert K.decode_attn_config("lowp", 4, 1024) == K.ATTN_LOWP[(4, 1024)] != K.ATTN_LOWP_DEFAULT

@@ -1,8 +1,7 @@
-"""Import examples/hfserve/hfserve/hfkernels.py with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
+"""Import hfserve.hfkernels with its Triton kernels interpreted (TRITON_INTERPRET=1), for CPU tests."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ def tree_env(env: dict[str, str] | None = None, *first: str) -> dict[str, str]:
 
 
 def import_interpreted():
-    """Import hfkernels.py with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
+    """Import hfserve.hfkernels with TRITON_INTERPRET=1 (read when @triton.jit runs), then restore the env.
 
     Set at import rather than for the session, so the rest of a whole-suite run sees the env as it was.
     A kernels module imported earlier with compiled kernels (hfserve.fast imports it) is reloaded in
@@ -35,8 +34,17 @@ def import_interpreted():
         from triton.runtime.interpreter import InterpretedFunction
 
         if not isinstance(mod._rmsnorm_kernel, InterpretedFunction):  # imported earlier, compiled
-            mod = importlib.reload(mod)
+            mod = mod.reloaded()
         return mod
+
+
+def patch_kernels(mp, kernels, name: str, value) -> None:
+    """``mp.setattr`` (a pytest MonkeyPatch) of ``name`` on the kernels package and on every kernel module that
+    binds it (hfserve.hfkernels.gemm, ...), so a test's stand-in is what every launcher reads."""
+    mp.setattr(kernels, name, value)
+    for kind in kernels._KINDS:
+        if name in vars(kind):
+            mp.setattr(kind, name, value)
 
 
 @contextmanager
@@ -54,7 +62,7 @@ def interpreting() -> Iterator[None]:
 
 
 def _vectorise_generic_reduce() -> None:
-    """Triton 3.6's interpreter runs ``tl.reduce`` with a combine function of its own (hfkernels.py's
+    """Triton 3.6's interpreter runs ``tl.reduce`` with a combine function of its own (hfserve.hfkernels'
     ``_add`` and ``_fmax``: see the note there) one element at a time: a Python call of the combine
     function per element, most of an interpreted decode step's time. Replace it, once per process,
     with the same left fold over the reduced axis done a whole slice at a time: ``acc = x[0]``, then

@@ -535,7 +535,7 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine: longest prompt+output; sizes the preallocated KV pool")
     ap.add_argument("--kernels", choices=["torch", "triton", "triton-gemv", "triton-mv", "triton-mm"], default="torch",
                     help="fast engine with --cuda-graphs on: the decode step's norms, RoPE, attention and SwiGLU"
-                         " (and prefill's norms and SwiGLU) as fused Triton kernels (hfkernels.py); triton-gemv:"
+                         " (and prefill's norms and SwiGLU) as fused Triton kernels (hfserve.hfkernels); triton-gemv:"
                          " also the decode step's QKV and gate/up GEMVs (batch <= 16) with the norm fused before"
                          " and RoPE + KV store / SwiGLU after them; triton-mv: triton, and at decode batch 1 the"
                          " five projections (QKV, O, gate/up, down, lm_head) as plain Triton GEMVs; triton-mm:"

@@ -18,7 +18,7 @@ plain torch over the checkpoint's own weights (QKV and gate/up fused into single
   grouped (GQA) batched matmul that reads each cached key once;
 * a choice of kernels (``--kernels torch|triton``): ``torch`` is the plain code below; ``triton``
   runs the decode step's norms (each residual add fused with the norm after it), RoPE + KV store,
-  attention (split-KV flash-decoding) and SwiGLU as hfkernels.py's fused Triton kernels, and prefill's
+  attention (split-KV flash-decoding) and SwiGLU as hfserve.hfkernels' fused Triton kernels, and prefill's
   norms and SwiGLU likewise. ``--prefill-attn fused`` does prefill's RoPE + KV store as one Triton
   launch over all packed rows and lets SDPA read the pool's K/V in place (GQA) instead of a copy. Worth it only under CUDA graphs:
   launched eagerly, each Triton call costs more host time than it saves on the GPU.

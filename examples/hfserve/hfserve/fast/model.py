@@ -150,7 +150,7 @@ class FastModel:
         return self.K.dtype != self.dtype
 
     def set_kernels(self, kernels: str) -> None:
-        """``"torch"`` (the plain code), ``"triton"`` (hfkernels.py), ``"triton-gemv"`` (the same, and at
+        """``"torch"`` (the plain code), ``"triton"`` (hfserve.hfkernels), ``"triton-gemv"`` (the same, and at
         decode batch <= 16 the QKV and gate/up GEMVs fused with norm, RoPE + store, SwiGLU:
         :meth:`_decode_gemv`) or ``"triton-mv"`` (``triton``, and at decode batch 1 the five projections
         as plain Triton GEMVs: kernels.mv_linear in :meth:`_decode_fused`); graphs keep what they captured. On a
