@@ -1,6 +1,6 @@
 """How much noise fresh prompts add to a paired ratio: fixed vs fresh prompts, side by side in one run.
 
-    python benchmarks/fresh_prompts_noise.py --rounds 12 --json fresh_noise.json [--scale 0.25]
+    PYTHONPATH=. python benchmarks/fresh_prompts_noise.py --rounds 12 --json fresh_noise.json [--scale 0.25]
         [--scenario throughput] [--base-knobs '{"threads": 1}']
         [--knobs '{"batching": "on", "max_batch_size": 6, "attn": "sdpa", "threads": 1}'] [--fresh-servers]
 
@@ -30,7 +30,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from gates.performance import bootstrap_interval  # noqa: E402
 from orchestrator.bench import builtin_scenarios, run_scenario_sync  # noqa: E402
@@ -56,7 +55,8 @@ class Server:
         port = _port()
         argv = self.target.render(self.target.validate_knobs(self.knobs), port=port, model=self.model,
                                   source=str(self.target.source), python=sys.executable)
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd=self.target.source)  # the engine runs in its tree, as a trial's does
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
         while True:

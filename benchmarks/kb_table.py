@@ -196,7 +196,8 @@ class Server:
         argv = target.render(_with_defaults(knobs), port=self.port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
         t0 = time.time()
         with open(log, "ab") as fh:
-            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                         cwd=ROOT / "examples" / "hfserve")  # in its tree, as a trial's server runs
         self.error = _wait_ready(self.proc, self.url, 120)
         self.ready_s = round(time.time() - t0, 2)
 

@@ -33,7 +33,6 @@ from orchestrator.store import Store
 from orchestrator.trial.run import seen_requests
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import fakeserver  # noqa: E402
 
 DECODE = Scenario(name="decode", prompt_tokens=32, output_tokens=32, num_requests=4, warmup_requests=1, seed=2)
