@@ -457,7 +457,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--served-model-name", default=None, help="default: basename of --model")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     ap.add_argument("--decode-loop", choices=["generate", "manual"], default="generate")
-    ap.add_argument("--batching", choices=["off", "on"], default="off")
+    _switch(ap, "--batching")
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--kv-cache", choices=["dynamic", "static"], default="dynamic")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default=None,
@@ -472,6 +472,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     check_fast_args(args)
     return args
+
+
+def _switch(ap: argparse.ArgumentParser, flag: str, help: str | None = None) -> None:
+    """An option that is ``off`` (the default) or ``on``."""
+    ap.add_argument(flag, choices=["off", "on"], default="off", help=help)
 
 
 def add_fast_args(ap: argparse.ArgumentParser) -> None:
@@ -500,35 +505,35 @@ def add_fast_args(ap: argparse.ArgumentParser) -> None:
                     help="fast engine with --kernels triton*: the KV pool's dtype; fp8: float8 e4m3 with scale 1"
                          " (vLLM's --kv-cache-dtype fp8 without calibrated scales), half the bytes each decode step's"
                          " attention reads; values rounded (the gates judge it)")
-    ap.add_argument("--overlap-schedule", choices=["off", "on"], default="off",
-                    help="fast engine: launch each greedy decode step from the last step's ids on the device"
-                         " before the host reads them, so the host's per-step work (ids, events, streaming)"
-                         " overlaps the device step (SGLang's overlap scheduler, vLLM's async scheduling)")
+    _switch(ap, "--overlap-schedule",
+            help="fast engine: launch each greedy decode step from the last step's ids on the device"
+                 " before the host reads them, so the host's per-step work (ids, events, streaming)"
+                 " overlaps the device step (SGLang's overlap scheduler, vLLM's async scheduling)")
     ap.add_argument("--prefill-rounds", type=int, choices=[1, 2], default=1,
                     help="fast engine: prefill passes in a row before a decode step when prompts arrive during a"
                          " pass; 2: those prompts are prefilled at once (a burst decodes together, sooner),"
                          " 1: after one decode step of the rows there (arrivals spread out: lower TTFT)")
-    ap.add_argument("--mm-glu", choices=["off", "on"], default="off",
-                    help="fast engine with --kernels triton-mm: at decode batch 2..64 the gate/up GEMM and SwiGLU in"
-                         " one skinny-GEMM launch where hfkernels.MM_GLU_CONFIGS lists the shape (same rounding as"
-                         " the two launches; the [batch, 2 x intermediate] tensor between them never written)")
-    ap.add_argument("--mm-norm", choices=["off", "on"], default="off",
-                    help="fast engine with --kernels triton-mm: at decode batch 2..64 each RMSNorm folded into the"
-                         " skinny GEMM after it (QKV, gate/up, lm_head: the norm's scale applied to the dot) and each"
-                         " residual add into the GEMM before it (O, down), where hfkernels' launch tables list the shape:"
-                         " no norm launch left; rounded once where the norm rounds twice (the accuracy gate judges it)")
-    ap.add_argument("--gc-freeze", choices=["off", "on"], default="off",
-                    help="once the engine is built: collect, then gc.freeze() what start-up left (the model's, the"
-                         " libraries' objects): the collector's later passes scan only what serving allocates, so a"
-                         " full pass no longer holds the GIL for ~0.1-0.3 s in the middle of a burst (vLLM and SGLang"
-                         " freeze the same way)")
-    ap.add_argument("--pdl", choices=["off", "on"], default="off",
-                    help="fast engine with the Triton kernels, Hopper (sm_90+): launch the decode step's Triton"
-                         " kernels with programmatic dependent launch: each is placed while the kernel before it"
-                         " finishes and waits on it first (the GEMMs prefetch their first weight tiles into L2 meanwhile);"
-                         " not at batch 1, where the H200's step ran slower with it")
-    ap.add_argument("--cuda-graphs", choices=["off", "on"], default="off",
-                    help="fast engine: replay the decode step as CUDA graphs (GPU only)")
+    _switch(ap, "--mm-glu",
+            help="fast engine with --kernels triton-mm: at decode batch 2..64 the gate/up GEMM and SwiGLU in"
+                 " one skinny-GEMM launch where hfkernels.MM_GLU_CONFIGS lists the shape (same rounding as"
+                 " the two launches; the [batch, 2 x intermediate] tensor between them never written)")
+    _switch(ap, "--mm-norm",
+            help="fast engine with --kernels triton-mm: at decode batch 2..64 each RMSNorm folded into the"
+                 " skinny GEMM after it (QKV, gate/up, lm_head: the norm's scale applied to the dot) and each"
+                 " residual add into the GEMM before it (O, down), where hfkernels' launch tables list the shape:"
+                 " no norm launch left; rounded once where the norm rounds twice (the accuracy gate judges it)")
+    _switch(ap, "--gc-freeze",
+            help="once the engine is built: collect, then gc.freeze() what start-up left (the model's, the"
+                 " libraries' objects): the collector's later passes scan only what serving allocates, so a"
+                 " full pass no longer holds the GIL for ~0.1-0.3 s in the middle of a burst (vLLM and SGLang"
+                 " freeze the same way)")
+    _switch(ap, "--pdl",
+            help="fast engine with the Triton kernels, Hopper (sm_90+): launch the decode step's Triton"
+                 " kernels with programmatic dependent launch: each is placed while the kernel before it"
+                 " finishes and waits on it first (the GEMMs prefetch their first weight tiles into L2 meanwhile);"
+                 " not at batch 1, where the H200's step ran slower with it")
+    _switch(ap, "--cuda-graphs",
+            help="fast engine: replay the decode step as CUDA graphs (GPU only)")
     ap.add_argument("--sdpa", choices=["auto", "flash", "efficient", "math"], default="auto",
                     help="fast engine: SDPA backend for prefill")
     ap.add_argument("--max-model-len", type=int, default=4608,
