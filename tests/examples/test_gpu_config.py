@@ -169,23 +169,29 @@ def test_wheels_for_the_gpu_machine_are_the_orchestrators_closure_minus_the_imag
     assert not set(pins) & mod.IMAGE and "torch" not in pins and "jinja2" not in pins
 
 
-def test_mm_glu_is_a_knob_of_the_skinny_gemm_only() -> None:
-    """--mm-glu (gate/up + SwiGLU in one skinny-GEMM launch) is a knob only with --kernels triton-mm under CUDA
-    graphs: rendered, it parses; with any other kernels it is not in the knob set, and the server refuses it in
-    one line."""
+@pytest.mark.parametrize(("knob", "beside", "kernels", "refusal"), [
+    ("mm_glu", {}, "triton-mv", "--mm-glu on needs --kernels triton-mm, not triton-mv"),
+    ("mm_norm", {"mm_glu": "on"}, "triton", "--mm-norm on needs --kernels triton-mm, not triton"),
+])
+def test_skinny_gemm_fusions_are_knobs_of_the_skinny_gemm_only(
+        knob: str, beside: dict[str, str], kernels: str, refusal: str) -> None:
+    """--mm-glu (gate/up + SwiGLU in one skinny-GEMM launch) and --mm-norm (the norms folded into the skinny GEMMs,
+    with --mm-glu beside it) are knobs only with --kernels triton-mm under CUDA graphs: rendered, each parses; with
+    any other kernels it is not in the knob set, and the server refuses it in one line."""
     target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
     parse = _server_parser()
-    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_glu": "on"}
+    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, knob: "on"} | beside
     knobs = active_only(target, base | {"kernels": "triton-mm"})
-    assert knobs["mm_glu"] == "on"
+    assert knobs[knob] == "on"
     args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
-    assert (args.kernels, args.mm_glu) == ("triton-mm", "on")
+    assert (args.kernels, getattr(args, knob)) == ("triton-mm", "on")
+    assert {k: getattr(args, k) for k in beside} == beside
     for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
-        assert "mm_glu" not in active_only(target, base | {"kernels": kern})
-    assert target.knobs["mm_glu"].default == "off" and "mm_glu" not in target.baseline_knobs()
-    with pytest.raises(SystemExit, match="--mm-glu on needs --kernels triton-mm, not triton-mv"):
-        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", "triton-mv",
-               "--mm-glu", "on"])
+        assert knob not in active_only(target, base | {"kernels": kern})
+    assert target.knobs[knob].default == "off" and knob not in target.baseline_knobs()
+    with pytest.raises(SystemExit, match=refusal):
+        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", kernels,
+               "--" + knob.replace("_", "-"), "on"])
 
 
 def test_pdl_is_a_knob_of_the_triton_kernels() -> None:
@@ -203,22 +209,3 @@ def test_pdl_is_a_knob_of_the_triton_kernels() -> None:
     assert target.knobs["pdl"].default == "off" and "pdl" not in target.baseline_knobs()
     with pytest.raises(SystemExit, match="--pdl on needs --kernels triton"):
         parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--pdl", "on"])
-
-
-def test_mm_norm_is_a_knob_of_the_skinny_gemm_only() -> None:
-    """--mm-norm (the norms folded into the skinny GEMMs) is a knob only with --kernels triton-mm under CUDA graphs:
-    rendered, it parses (with --mm-glu beside it); with any other kernels it is not in the knob set, and the server
-    refuses it in one line."""
-    target = load_target(ROOT / "examples/targets/hfserve_gpu.toml")
-    parse = _server_parser()
-    base = {"engine": "fast-graphs", "batching": "on", "max_batch_size": 64, "mm_norm": "on", "mm_glu": "on"}
-    knobs = active_only(target, base | {"kernels": "triton-mm"})
-    assert knobs["mm_norm"] == "on"
-    args = parse(target.render(knobs, port=8000, model="/m", source="/s")[3:])
-    assert (args.kernels, args.mm_norm, args.mm_glu) == ("triton-mm", "on", "on")
-    for kern in ("torch", "triton", "triton-gemv", "triton-mv"):
-        assert "mm_norm" not in active_only(target, base | {"kernels": kern})
-    assert target.knobs["mm_norm"].default == "off" and "mm_norm" not in target.baseline_knobs()
-    with pytest.raises(SystemExit, match="--mm-norm on needs --kernels triton-mm, not triton"):
-        parse(["--model", "/m", "--port", "1", "--engine", "fast", "--cuda-graphs", "on", "--kernels", "triton",
-               "--mm-norm", "on"])
