@@ -85,16 +85,18 @@ def test_goal_toml_matches_text_form():
     assert toml.accuracy_mode == "no_loss" and toml.budget.trials == 12
 
 
-def test_bad_goal_files(tmp_path):
-    with pytest.raises(GoalError, match="does not exist"):
-        load_goal(tmp_path / "missing.toml")
-    bad = tmp_path / "bad.toml"
-    bad.write_text("objectives = [ {metric = 'tpot'")
-    with pytest.raises(GoalError, match="not valid TOML"):
-        load_goal(bad)
-    bad.write_text("[[objectives]]\nmetric = 'vibes'\nvalue = 0.2\n")
-    with pytest.raises(GoalError, match="unknown metric"):
-        load_goal(bad)
-    bad.write_text("[[objectives]]\nmetric = 'tpot'\nvalue = 0.2\n[budget]\nwall = 'soon'\n")
-    with pytest.raises(GoalError, match="budget.wall"):
-        load_goal(bad)
+@pytest.mark.parametrize(("text", "match"), [
+    (None, "does not exist"),
+    ("objectives = [ {metric = 'tpot'", "not valid TOML"),
+    ("[[objectives]]\nmetric = 'vibes'\nvalue = 0.2\n", "unknown metric"),
+    ("[[objectives]]\nmetric = 'tpot'\nvalue = 0.2\n[budget]\nwall = 'soon'\n", "budget.wall"),
+    ("[slo]\nmaximize = 'rate'\nminimize = 'tpot'\n[[slo.limits]]\nmetric = 'ttft'\nvalue = 300\n",
+     "exactly one of maximize or minimize"),
+    ("[[objectives]]\nmetric = 'rate'\nkind = 'best'\n", "needs the goal's"),
+])
+def test_bad_goal_files(tmp_path, text, match):
+    path = tmp_path / "goal.toml"
+    if text is not None:  # None: the file is missing
+        path.write_text(text)
+    with pytest.raises(GoalError, match=match):
+        load_goal(path)

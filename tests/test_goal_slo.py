@@ -46,6 +46,15 @@ def test_other_goals_keep_their_digest():
     assert parse_goal("beat the baseline by 20% on TPOT").digest == "d29aac42124cb6db"
 
 
+def _refusal(text: str) -> tuple[str, list[str]]:
+    """The first line of the error a goal text is refused with, and the lines after it (the accepted forms)."""
+    with pytest.raises(GoalError) as e:
+        parse_goal(text)
+    first, *rest = str(e.value).splitlines()
+    assert "Accepted goal forms" in rest[0]
+    return first, rest
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("maximize throughput with p101 TTFT under 300 ms", "unknown percentile 'p101'"),
     ("maximize throughput with p90 TTFT under 300", "has no unit; write e.g. 300 ms"),
@@ -63,11 +72,9 @@ def test_other_goals_keep_their_digest():
     ("maximize throughput with p90 TTFT under 300 ms and p99 TTFT under 1 s", "limits each metric once"),
 ])
 def test_bad_slo_goals_are_refused_in_one_clear_line(text, fragment):
-    with pytest.raises(GoalError) as e:
-        parse_goal(text)
-    first, *rest = str(e.value).splitlines()
+    first, rest = _refusal(text)
     assert fragment in first
-    assert "Accepted goal forms" in rest[0] and any("maximize throughput with" in line for line in rest)
+    assert any("maximize throughput with" in line for line in rest)
 
 
 def test_plain_forms_do_not_take_the_slo_metrics():
@@ -75,17 +82,10 @@ def test_plain_forms_do_not_take_the_slo_metrics():
         parse_goal("beat the baseline by 20% on goodput")
 
 
-def test_slo_goal_toml_matches_text_form(tmp_path):
+def test_slo_goal_toml_matches_text_form():
     toml = load_goal(EXAMPLES / "slo_throughput.toml")
     text = parse_goal("maximize throughput with p90 TTFT under 300 ms and p90 TPOT under 40 ms within 1h")
     assert toml.slo == text.slo and toml.objectives == text.objectives and toml.budget == text.budget
-    bad = tmp_path / "bad.toml"
-    bad.write_text("[slo]\nmaximize = 'rate'\nminimize = 'tpot'\n[[slo.limits]]\nmetric = 'ttft'\nvalue = 300\n")
-    with pytest.raises(GoalError, match="exactly one of maximize or minimize"):
-        load_goal(bad)
-    bad.write_text("[[objectives]]\nmetric = 'rate'\nkind = 'best'\n")
-    with pytest.raises(GoalError, match="needs the goal's"):
-        load_goal(bad)
 
 
 def test_two_objectives_trade_off_one_maximized_one_minimized(tmp_path):
@@ -115,11 +115,9 @@ def test_two_objectives_trade_off_one_maximized_one_minimized(tmp_path):
     ("maximize throughput and minimize p90 tpot with throughput above 5 tok/s", "takes latency limits"),
 ])
 def test_bad_two_objective_goals_are_refused_with_the_accepted_forms(text, fragment):
-    with pytest.raises(GoalError) as e:
-        parse_goal(text)
-    first, *rest = str(e.value).splitlines()
+    first, rest = _refusal(text)
     assert fragment in first
-    assert "Accepted goal forms" in rest[0] and any("maximize throughput and minimize p90 TPOT" in line for line in rest)
+    assert any("maximize throughput and minimize p90 TPOT" in line for line in rest)
 
 
 def test_a_second_objective_in_toml_must_be_a_latency_at_the_slo_rate(tmp_path):

@@ -31,13 +31,17 @@ def test_knob_validation():
         t.validate_knobs({"max_batch_size": 4096})
 
 
-def test_bad_target_files(tmp_path):
-    with pytest.raises(TargetError, match="does not exist"):
-        load_target(tmp_path / "missing.toml")
+@pytest.mark.parametrize(("text", "match", "loads"), [
+    (None, "does not exist", False),
+    ('name = "x"\nlaunch = "run"\n[knobs.a]\ntype = "categorical"\nchoices = [1, 2]\ndefault = 3\n', "knobs.a", False),
+    ('name = "x"\nlaunch = "run --port {{ port }} --x {{ nope }}"\n', "undefined variable", True),
+])
+def test_bad_target_files(tmp_path, text, match, loads):
+    """Refused when loaded, or (a template's undefined variable) when rendered."""
     f = tmp_path / "t.toml"
-    f.write_text('name = "x"\nlaunch = "run"\n[knobs.a]\ntype = "categorical"\nchoices = [1, 2]\ndefault = 3\n')
-    with pytest.raises(TargetError, match="knobs.a"):
-        load_target(f)
-    f.write_text('name = "x"\nlaunch = "run --port {{ port }} --x {{ nope }}"\n')
-    with pytest.raises(TargetError, match="undefined variable"):
-        load_target(f).render({}, port=1, model="m", source=".")
+    if text is not None:  # None: the file is missing
+        f.write_text(text)
+    with pytest.raises(TargetError, match=match):
+        target = load_target(f)
+        assert loads, "a target file that must be refused loaded"
+        target.render({}, port=1, model="m", source=".")
