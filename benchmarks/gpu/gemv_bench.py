@@ -73,6 +73,7 @@ if __name__ == "__main__":  # before triton is imported: @triton.jit reads TRITO
         os.environ.pop("TRITON_INTERPRET", None)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -83,6 +84,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -616,6 +618,11 @@ def layer_sequence(cases: list[Case], rows: list[dict], weights: dict, reps: int
     return out
 
 
+def cell(row: dict, key: str, fmt: str) -> str:
+    """A table cell: ``row[key]`` formatted, ``-`` where the row has no such value."""
+    return format(row[key], fmt) if key in row else "-"
+
+
 def table(res: dict) -> str:
     """The stdout table: graph times (us per call), GB/s of weights, speedup = cuBLAS / Triton (> 1: Triton
     faster), eager times, max |error| vs float64, the winning config (configs timed / stage-1 grid)."""
@@ -623,9 +630,7 @@ def table(res: dict) -> str:
              f"{'triton us':>9} {'GB/s':>5} {'speedup':>7} | {'eager cuBLAS/triton us':>22} | "
              f"{'err cuBLAS/triton':>17} | best (timed/stage-1 grid, failed)"]
     for r in res["cases"]:
-        def f(key: str, fmt: str, r=r) -> str:
-            return format(r[key], fmt) if key in r else "-"
-
+        f = functools.partial(cell, r)
         lines.append(f"{r['shape']:8} {r['M']:>1} {r['weight_mb']:6.1f} | {f('linear_graph_us', '9.1f')} "
                      f"{f('linear_gbs', '5.0f')} {f('matmul_graph_us', '7.1f')} {f('mv_graph_us', '7.1f'):>7} | "
                      f"{f('triton_graph_us', '9.1f'):>9} {f('triton_gbs', '5.0f'):>5} {r['speedup_vs_cublas']:7.3f} | "
@@ -641,12 +646,37 @@ def table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def bench_parser(doc: str, budget_s: float, budget_help: str) -> argparse.ArgumentParser:
+    """The options this bench and mm_bench share: device, output file, replays, wall budget."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--out", default="")
     ap.add_argument("--reps", type=int, default=25, help="graph replays per final timing (median)")
-    ap.add_argument("--budget-s", type=float, default=90.0, help="rough wall budget of the tuning (GPU)")
+    ap.add_argument("--budget-s", type=float, default=budget_s, help=budget_help)
+    return ap
+
+
+def run(args: argparse.Namespace, smoke: Callable[[str], dict], what: Callable[[dict], str],
+        gpu: Callable[[argparse.Namespace], dict], table: Callable[[dict], str], json_default=None) -> int:
+    """The smoke run (``--device cpu``: a line per check, ``what`` names it) or the GPU run (its table); the
+    result written to ``--out``; exit 1 where a check failed."""
+    if args.device == "cpu":
+        if not INTERPRET:
+            raise SystemExit("--device cpu needs TRITON_INTERPRET=1 when triton is imported (run as a script)")
+        res = smoke(args.bug)
+        for r in res["rows"]:
+            print(f"{what(r)} err {r['err']:.3e} tol {r['tol']:.3e} {'ok' if r['ok'] else 'FAIL'}")
+        print("smoke", "ok" if res["ok"] else "FAILED", f"({len(res['rows'])} checks, bug={args.bug!r})")
+    else:
+        res = gpu(args)
+        print(table(res))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1, default=json_default) + "\n")
+    return 0 if res.get("ok", True) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser(__doc__, 90.0, "rough wall budget of the tuning (GPU)")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
     ap.add_argument("--compile-only", action="store_true", help="compile the space for --arch, no GPU")
@@ -657,20 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.compile_only:
         return compile_only(args)
-    if args.device == "cpu":
-        if not INTERPRET:
-            raise SystemExit("--device cpu needs TRITON_INTERPRET=1 when triton is imported (run as a script)")
-        res = smoke(args.bug)
-        for r in res["rows"]:
-            print(f"{r['shape']:8} N={r['N']:<4} K={r['K']:<4} M={r['M']} {r['cfg']:22} err {r['err']:.3e} "
-                  f"tol {r['tol']:.3e} {'ok' if r['ok'] else 'FAIL'}")
-        print("smoke", "ok" if res["ok"] else "FAILED", f"({len(res['rows'])} checks, bug={args.bug!r})")
-    else:
-        res = gpu(args)
-        print(table(res))
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
-    return 0 if res.get("ok", True) else 1
+    return run(args, smoke, lambda r: f"{r['shape']:8} N={r['N']:<4} K={r['K']:<4} M={r['M']} {r['cfg']:22}", gpu, table)
 
 
 if __name__ == "__main__":

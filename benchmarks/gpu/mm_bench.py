@@ -87,13 +87,12 @@ if __name__ == "__main__":  # before triton is imported: @triton.jit reads TRITO
     if "--compile-only" in sys.argv:
         os.environ.pop("TRITON_INTERPRET", None)
 
-import argparse  # noqa: E402
+import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 from dataclasses import astuple, replace  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import gemv_bench as G  # noqa: E402  (timing, checks, compile pool; it imports hfserve.hfkernels the right way)
 import torch  # noqa: E402
@@ -736,9 +735,7 @@ def table(res: dict) -> str:
     lines = [f"{'shape':8} {'M':>2} {'MB':>6} | {'cuBLAS us':>9} {'GB/s':>5} {'%ceil':>5} | {'triton us':>9} "
              f"{'GB/s':>5} {'%ceil':>5} {'speedup':>7} | {'eager cuBLAS/triton':>19} | winner  best (timed/grid, failed)"]
     for r in res["cases"]:
-        def f(key: str, fmt: str, r=r) -> str:
-            return format(r[key], fmt) if key in r else "-"
-
+        f = functools.partial(G.cell, r)
         lines.append(f"{r['shape']:8} {r['M']:>2} {r['weight_mb']:6.1f} | {f('cublas_graph_us', '9.1f')} "
                      f"{f('cublas_gbs', '5.0f')} {f('cublas_pct', '5.1f')} | {f('triton_graph_us', '9.1f'):>9} "
                      f"{f('triton_gbs', '5.0f'):>5} {f('triton_pct', '5.1f'):>5} {r['speedup']:7.3f} | "
@@ -798,11 +795,7 @@ def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS, attn_cfgs=
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--out", default="")
-    ap.add_argument("--reps", type=int, default=25, help="graph replays per final timing (median)")
-    ap.add_argument("--budget-s", type=float, default=110.0, help="rough wall budget of tuning and sweep (GPU)")
+    ap = G.bench_parser(__doc__, 110.0, "rough wall budget of tuning and sweep (GPU)")
     ap.add_argument("--margin", type=float, default=0.01, help="a winner must beat the baseline by this fraction")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: min(16, cpus))")
     ap.add_argument("--bug", choices=BUGS, default="", help="smoke: inject a deliberate kernel error")
@@ -819,20 +812,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--kv {','.join(bad)}: choose from {', '.join(KV_DTYPES)}")
     if args.compile_only:
         return compile_only(args)
-    if args.device == "cpu":
-        if not G.INTERPRET:
-            raise SystemExit("--device cpu needs TRITON_INTERPRET=1 when triton is imported (run as a script)")
-        G.smoke_setup()
-        res = smoke(args.bug)
-        for r in res["rows"]:
-            print(f"{r['what']:28} {r['cfg']:18} err {r['err']:.3e} tol {r['tol']:.3e} {'ok' if r['ok'] else 'FAIL'}")
-        print("smoke", "ok" if res["ok"] else "FAILED", f"({len(res['rows'])} checks, bug={args.bug!r})")
-    else:
-        res = gpu(args)
-        print(table(res))
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    return 0 if res.get("ok", True) else 1
+    return G.run(args, _smoke_run, lambda r: f"{r['what']:28} {r['cfg']:18}", gpu, table, json_default=str)
+
+
+def _smoke_run(bug: str) -> dict:
+    G.smoke_setup()
+    return smoke(bug)
 
 
 if __name__ == "__main__":
