@@ -21,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, declared_attr, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
 __all__ = [
@@ -141,28 +141,35 @@ class TrialModel(Base):
     run: Mapped[RunModel] = relationship(back_populates="trials")
 
 
-class MeasurementModel(Base):
+class _OfATrial:
+    """A row of one trial: its own id first, then the trial's (deleted with the trial), indexed as
+    ``ix_<table>_trial``."""
+
+    # sort_order: before the table's own columns (a mixin's come after them by default).
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, sort_order=-1)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), nullable=False, sort_order=-1)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Index, ...]:
+        return (Index(f"ix_{cls.__tablename__}_trial", "trial_id"),)
+
+
+class MeasurementModel(_OfATrial, Base):
     """One metric value of one bench scenario in one trial (one row per repeat)."""
 
     __tablename__ = "measurements"
-    __table_args__ = (Index("ix_measurements_trial", "trial_id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
     scenario: Mapped[str] = mapped_column(String(128), nullable=False)
     metric: Mapped[str] = mapped_column(String(128), nullable=False)
     value: Mapped[float] = mapped_column(Float, nullable=False)
     repeat: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
 
 
-class GateResultModel(Base):
+class GateResultModel(_OfATrial, Base):
     """The outcome of one gate (integrity, accuracy, performance, ...) in one trial."""
 
     __tablename__ = "gate_results"
-    __table_args__ = (Index("ix_gate_results_trial", "trial_id"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    trial_id: Mapped[int] = mapped_column(ForeignKey("trials.id", ondelete="CASCADE"), nullable=False)
     gate: Mapped[str] = mapped_column(String(64), nullable=False)
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     reason: Mapped[str] = mapped_column(Text, nullable=False)
