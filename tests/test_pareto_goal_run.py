@@ -4,7 +4,7 @@
 import json
 
 import pytest
-from fake_target import FAKE_SERVER_DIR
+from fake_target import FAKE_SERVER_DIR, target_head
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -18,14 +18,7 @@ from orchestrator.store import Store
 pytestmark = pytest.mark.slow  # launches (fake) servers
 
 # More slots: more throughput under concurrent load; a slower token: more TPOT. The two knobs trade.
-TARGET = f'''
-name = "loadserver"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{FAKE_SERVER_DIR}"
-ready_timeout_s = 30
-launch = """{{{{ python }}}} {{{{ source }}}}/loadserver.py --port {{{{ port }}}} --slots {{{{ slots }}}} --ttft-ms 5 --tpot-ms {{{{ tpot }}}}"""
+TARGET = target_head("loadserver", FAKE_SERVER_DIR) + '''launch = """{{ python }} {{ source }}/loadserver.py --port {{ port }} --slots {{ slots }} --ttft-ms 5 --tpot-ms {{ tpot }}"""
 [knobs.slots]
 type = "categorical"
 choices = [1, 4]

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_target import target_head
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -33,14 +34,9 @@ def _target(tmp_path: Path, half: Path) -> Path:
     # the proxies' `bash -c` launches start cold (orchestrator.hosts.standby.eligible).
     preload = json.dumps(list(load_target(ROOT / "examples" / "targets" / "hfserve.toml").preload))
     t = tmp_path / "hacks.toml"
-    t.write_text(f'''
-name = "hfserve-hacks"
-engine = "hfserve"
-model = "forge:tiny"
-served_model_name = "tiny"
-source = "{tree}"
-ready_timeout_s = 300  # "split" starts two servers and a proxy at once: on a loaded 2-core CI box > 120 s once
-preload = {preload}
+    # ready_timeout_s: "split" starts two servers and a proxy at once: on a loaded 2-core CI box > 120 s once
+    t.write_text(target_head("hfserve-hacks", tree, engine="hfserve", served_model_name="tiny", ready_timeout_s=300)
+                 + f'''preload = {preload}
 launch = """
 {{% if variant in ("constant", "cache") %}}
 bash -c "{{{{ python }}}} -m hfserve --model {{{{ model }}}} --port {{{{ port + 1 }}}} --served-model-name tiny --batching {{{{ batching }}}} &

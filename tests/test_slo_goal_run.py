@@ -4,7 +4,7 @@ goal's limits, over the baseline's (tests/bench/loadserver.py: its capacity is s
 import json
 
 import pytest
-from fake_target import FAKE_SERVER_DIR
+from fake_target import FAKE_SERVER_DIR, target_head
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -14,14 +14,7 @@ from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow  # launches (fake) servers; each trial is a rate search (~5-15 s)
 
-TARGET = f'''
-name = "loadserver"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{FAKE_SERVER_DIR}"
-ready_timeout_s = 30
-launch = """{{{{ python }}}} {{{{ source }}}}/loadserver.py --port {{{{ port }}}} --slots {{{{ slots }}}} --ttft-ms 40 --tpot-ms 50"""
+TARGET = target_head("loadserver", FAKE_SERVER_DIR) + '''launch = """{{ python }} {{ source }}/loadserver.py --port {{ port }} --slots {{ slots }} --ttft-ms 40 --tpot-ms 50"""
 [knobs.slots]
 type = "categorical"
 choices = [4, 16, 1]

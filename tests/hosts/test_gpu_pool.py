@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fake_target import FAKE_SERVER_DIR
+from fake_target import FAKE_SERVER_DIR, target_head
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -57,14 +57,7 @@ def _target(tmp_path: Path, tpot=(8.0, 6.0, 5.0, 4.0, 7.0), tp=(1,)) -> Path:
     '''))
     (tmp_path / "claims").mkdir()
     path = tmp_path / "fake-gpu.toml"
-    path.write_text(f'''
-name = "fake-gpu"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{FAKE_SERVER_DIR}"
-ready_timeout_s = 30
-launch = "{{{{ python }}}} {wrap} {tmp_path / 'claims'} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}"
+    path.write_text(target_head("fake-gpu", FAKE_SERVER_DIR) + f'''launch = "{{{{ python }}}} {wrap} {tmp_path / 'claims'} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}"
 [parallel]
 tensor = "tp"
 [knobs.tpot_ms]

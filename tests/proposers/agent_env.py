@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import git
+from fake_target import target_head
 
 from orchestrator.agent.config import AgentConfig
 from orchestrator.config.goal import parse_goal
@@ -40,14 +41,7 @@ def make_engine_repo(tmp: Path) -> Path:
 
 def write_target(tmp: Path, repo_dir: Path) -> Path:
     t = tmp / "engine.toml"
-    t.write_text(f'''
-name = "fake-engine"
-engine = "fake"
-model = "forge:tiny"
-served_model_name = "fake"
-source = "{repo_dir}"
-ready_timeout_s = 30
-launch = "{{{{ python }}}} {{{{ source }}}}/fakeserver.py --port {{{{ port }}}} --ttft-ms 5 --tpot-ms {{{{ tpot_ms }}}}"
+    t.write_text(target_head("fake-engine", repo_dir) + '''launch = "{{ python }} {{ source }}/fakeserver.py --port {{ port }} --ttft-ms 5 --tpot-ms {{ tpot_ms }}"
 [knobs.tpot_ms]
 type = "categorical"
 choices = [8.0, 6.0, 4.0]
