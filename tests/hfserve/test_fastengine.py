@@ -216,6 +216,18 @@ def _step_close(dtype: torch.dtype):
     return lambda a, b: torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
 
 
+def _torch_step(dtype: torch.dtype):
+    """A decode step of three prefilled prompts with kernels="torch" (GraphDecoder, no graphs): the model, the
+    prompts, the decoder, the step's tokens and positions, the KV pool before it; the step's logits (3 rows)
+    and ids, the KV pool after it."""
+    fm, prompts = _prefilled(dtype)
+    dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
+    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
+    K0, V0 = fm.K.clone(), fm.V.clone()
+    want, want_ids = dec.step(toks, pos)
+    return fm, prompts, dec, toks, pos, K0, V0, want[:3].clone(), want_ids, fm.K.clone(), fm.V.clone()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.inference_mode()
 def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
@@ -226,12 +238,7 @@ def test_triton_kernels_equal_torch(dtype, interpreted) -> None:
     tol = STEP_TOL[dtype]
     close = _step_close(dtype)
 
-    fm, prompts = _prefilled(dtype)
-    dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
-    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
-    K0, V0 = fm.K.clone(), fm.V.clone()
-    want, want_ids = dec.step(toks, pos)
-    want, Kw, Vw = want[:3].clone(), fm.K.clone(), fm.V.clone()
+    fm, prompts, dec, toks, pos, K0, V0, want, want_ids, Kw, Vw = _torch_step(dtype)
     fm.K.copy_(K0)
     fm.V.copy_(V0)
     fm.set_kernels("triton")
@@ -265,12 +272,7 @@ def test_gemv_kernels_equal_torch(dtype, interpreted, monkeypatch) -> None:
 
     close = _step_close(dtype)
 
-    fm, prompts = _prefilled(dtype)
-    dec = GraphDecoder(fm, max_batch=3, use_graphs=False)
-    toks, pos = [int(p[-1]) for p in prompts], [len(p) - 1 for p in prompts]
-    K0, V0 = fm.K.clone(), fm.V.clone()
-    want, _ = dec.step(toks, pos)
-    want, Kw, Vw = want[:3].clone(), fm.K.clone(), fm.V.clone()
+    fm, _, dec, toks, pos, K0, V0, want, _, Kw, Vw = _torch_step(dtype)
 
     def run(kern: str) -> torch.Tensor:
         fm.K.copy_(K0)

@@ -397,13 +397,19 @@ def decode_step(ops, m: dict, tokens, pos, ctx, Kp, Vp, cos, sin):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_step_triton_equals_torch(dtype) -> None:
+    _step_equals_torch(dtype, decode_step, "triton")
+
+
+def _step_equals_torch(dtype, step, kernels: str) -> None:
+    """``step`` with ``kernels``' ops against decode_step with torch's: logits, greedy ids and the KV pool
+    within 4x the per-kernel tolerance; both ways: the step with attention one position short fails it."""
     m = _tiny_llama(dtype)
     cos, sin = _tables(dtype)
     tokens = torch.tensor([3, 17, 42])
     K0, V0 = _pool(dtype, 12)  # a "prefilled" cache: everything before pos is some earlier prompt
     Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
     want, want_ids = decode_step(K.get_ops("torch"), m, tokens, POS, CTX, Kr, Vr, cos, sin)
-    got, got_ids = decode_step(K.get_ops("triton"), m, tokens, POS, CTX, Kt, Vt, cos, sin)
+    got, got_ids = step(K.get_ops(kernels), m, tokens, POS, CTX, Kt, Vt, cos, sin)
     # Errors compound over two layers and three GEMMs on rounded inputs: 4x the per-kernel tolerance.
     tol = 4 * TOL[dtype]
     assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
@@ -412,7 +418,7 @@ def test_decode_step_triton_equals_torch(dtype) -> None:
     assert torch.allclose(Vt.float(), Vr.float(), rtol=tol, atol=tol)
     # Both ways: the same step with attention one position short is caught by the same check.
     Kb, Vb = K0.clone(), V0.clone()
-    bad, _ = decode_step(K.get_ops("triton"), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
+    bad, _ = step(K.get_ops(kernels), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
     assert not torch.allclose(bad, want, rtol=tol, atol=tol)
 
 
@@ -435,21 +441,7 @@ def decode_step_gemv(ops, m: dict, tokens, pos, ctx, Kp, Vp, cos, sin):
 def test_decode_step_gemv_equals_torch(dtype) -> None:
     """The 6-launch layer (fused GEMVs) against the torch step: logits, greedy ids, the KV pool; the
     same check catches the step with attention one position short."""
-    m = _tiny_llama(dtype)
-    cos, sin = _tables(dtype)
-    tokens = torch.tensor([3, 17, 42])
-    K0, V0 = _pool(dtype, 12)
-    Kr, Vr, Kt, Vt = K0.clone(), V0.clone(), K0.clone(), V0.clone()
-    want, want_ids = decode_step(K.get_ops("torch"), m, tokens, POS, CTX, Kr, Vr, cos, sin)
-    got, got_ids = decode_step_gemv(K.get_ops("triton-gemv"), m, tokens, POS, CTX, Kt, Vt, cos, sin)
-    tol = 4 * TOL[dtype]  # as test_decode_step_triton_equals_torch
-    assert torch.allclose(got, want, rtol=tol, atol=tol), (got - want).abs().max()
-    assert torch.equal(got_ids, want_ids)
-    assert torch.allclose(Kt.float(), Kr.float(), rtol=tol, atol=tol)
-    assert torch.allclose(Vt.float(), Vr.float(), rtol=tol, atol=tol)
-    Kb, Vb = K0.clone(), V0.clone()
-    bad, _ = decode_step_gemv(K.get_ops("triton-gemv"), m, tokens, POS - 1, CTX, Kb, Vb, cos, sin)
-    assert not torch.allclose(bad, want, rtol=tol, atol=tol)
+    _step_equals_torch(dtype, decode_step_gemv, "triton-gemv")
 
 
 @pytest.mark.parametrize("epi", ["gu", "qkv"])
