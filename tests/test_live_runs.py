@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from fake_target import write_fake_target
+from process_groups import group_alive
 
 from orchestrator.hosts.runlease import is_live
 from orchestrator.store import Store
@@ -38,13 +39,6 @@ def _dead_pid() -> int:
     p.wait()
     return p.pid
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def _servers_by_run(ws: Path) -> dict[int, set[int]]:
@@ -141,7 +135,7 @@ def test_resume_with_two_live_runs_touches_no_live_server(tmp_path, tiny_model):
     for r in Store(f"sqlite:///{db}").list_runs()[:2]:
         assert r.status == "stopped" and r.heartbeat_at is None, r
     deadline = time.monotonic() + 15
-    while (left := {pg for pgs in _servers_by_run(tmp_path).values() for pg in pgs if _group_alive(pg)}):
+    while (left := {pg for pgs in _servers_by_run(tmp_path).values() for pg in pgs if group_alive(pg)}):
         assert time.monotonic() < deadline, (left, _servers_by_run(tmp_path), [Path(f"/proc/{pg}/cmdline").read_bytes() for pg in left])
         time.sleep(0.2)
 
@@ -173,4 +167,4 @@ def test_a_run_started_with_sigint_ignored_still_stops_cleanly_on_sigint(tmp_pat
         pytest.fail("SIGINT was ignored: the run had to be killed")
     run = Store(f"sqlite:///{db}").list_runs()[0]
     assert run.status == "stopped" and run.heartbeat_at is None, (run, errs)
-    assert not any(_group_alive(pg) for pgs in _servers_by_run(tmp_path).values() for pg in pgs)
+    assert not any(group_alive(pg) for pgs in _servers_by_run(tmp_path).values() for pg in pgs)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_groups import group_alive
 from sshd_server import SSHD, Sshd, keygen
 from typer.testing import CliRunner
 
@@ -190,13 +191,6 @@ os.kill(os.getpid(), 9)
 """
 
 
-def _group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
 
 @pytest.mark.slow  # launches servers on the host
 def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, sshd):
@@ -214,15 +208,15 @@ def test_hosts_clean_after_kill_minus_9_stops_only_our_servers(tmp_path, ws, ssh
                          log_path=tmp_path / "o" / "p" / "s.log")
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     try:
-        assert _group_alive(ours), "a detached server outlives its orchestrator"
+        assert group_alive(ours), "a detached server outlives its orchestrator"
         res = CliRunner().invoke(app, ["-w", str(ws), "hosts", "clean", "box", "--json"])
         assert res.exit_code == 0, res.output
         assert json.loads(res.output)["killed"] == [ours]
         deadline = time.monotonic() + 10
-        while _group_alive(ours) and time.monotonic() < deadline:
+        while group_alive(ours) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _group_alive(ours)
-        assert _group_alive(theirs.pgid) and bystander.poll() is None, "only this workspace's servers are stopped"
+        assert not group_alive(ours)
+        assert group_alive(theirs.pgid) and bystander.poll() is None, "only this workspace's servers are stopped"
         assert json.loads(CliRunner().invoke(app, ["-w", str(ws), "hosts", "clean", "box", "--json"]).output)["killed"] == []
     finally:
         other.stop(theirs, grace_s=2)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_target import write_fake_target
+from process_groups import group_alive
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -114,13 +115,6 @@ def _own(trials):
     return [t for t in trials if t.proposer not in ("sentinel", "paired", "retry")]
 
 
-def _group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
 
 def _wait_for(cond, timeout, what):
     deadline = time.monotonic() + timeout
@@ -158,11 +152,11 @@ def test_kill_minus_9_of_the_orchestrator_then_resume_stops_the_orphan_on_the_ho
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     time.sleep(1)
-    assert _group_alive(pgid), "a server detached on the host outlives its orchestrator"
+    assert group_alive(pgid), "a server detached on the host outlives its orchestrator"
     r = subprocess.run([*cli, "resume", "--json", "--no-report"], capture_output=True, text=True, timeout=600)
     # Exit 0 = goal met, 1 = stopped on budget (README "Exit codes"); either way the run ended normally.
     assert r.returncode in (0, 1) and json.loads(r.stdout)["outcome"] in ("goal_met", "stopped"), r.stdout + r.stderr
-    assert not _group_alive(pgid), "resume stopped the orphan through its pidfile on the host"
+    assert not group_alive(pgid), "resume stopped the orphan through its pidfile on the host"
     store = Store(ws.db_url)
     run_id = json.loads(r.stdout)["run"]
     swept = [e.data["orphans_killed"] for e in store.events(run_id, kind="resume") if e.data and "orphans_killed" in e.data]
