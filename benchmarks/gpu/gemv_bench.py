@@ -84,7 +84,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from dataclasses import asdict, dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -389,22 +389,26 @@ def smoke_setup() -> None:
         pass
 
 
-def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS) -> dict:
-    """Interpreted (TRITON_INTERPRET=1) on the CPU: every cfg at every tiny shape and its Ms, against the
-    float64 x @ W.T, cuBLAS's role played by torch's CPU ``x @ W.T`` in bf16. No timing."""
-    smoke_setup()
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for name, (n, k, ms) in (shapes or SMOKE_SHAPES).items():
+def smoke_cases(shapes: dict, g: torch.Generator) -> Iterator[tuple]:
+    """The smoke runs' GEMM cases, every shape at each of its Ms, drawn from ``g`` in order: (shape, N, K, M,
+    x, W, the float64 x @ W.T, the max |error| of torch's CPU bf16 x @ W.T against it: cuBLAS's role)."""
+    for name, (n, k, ms) in shapes.items():
         w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
         for m in ms:
             x = torch.randn(m, k, generator=g).to(torch.bfloat16)
             ref = x.double() @ w.double().t()
-            want = x @ w.t()
-            err_c = (want.double() - ref).abs().max().item()
-            for c in cfgs:
-                rec = check(gemv(x, w, c, bug), ref, err_c)
-                rows.append({"shape": name, "N": n, "K": k, "M": m, "cfg": c.label(), "err_cublas": err_c, **rec})
+            yield name, n, k, m, x, w, ref, ((x @ w.t()).double() - ref).abs().max().item()
+
+
+def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS) -> dict:
+    """Interpreted (TRITON_INTERPRET=1) on the CPU: every cfg at every tiny shape and its Ms, against the
+    float64 x @ W.T, cuBLAS's role played by torch's CPU ``x @ W.T`` in bf16. No timing."""
+    smoke_setup()
+    rows = []
+    for name, n, k, m, x, w, ref, err_c in smoke_cases(shapes or SMOKE_SHAPES, torch.Generator().manual_seed(0)):
+        for c in cfgs:
+            rec = check(gemv(x, w, c, bug), ref, err_c)
+            rows.append({"shape": name, "N": n, "K": k, "M": m, "cfg": c.label(), "err_cublas": err_c, **rec})
     return {"ok": all(r["ok"] for r in rows), "bug": bug, "rows": rows}
 
 

@@ -773,15 +773,10 @@ def smoke(bug: str = "", shapes: dict | None = None, cfgs=SMOKE_CFGS, attn_cfgs=
     assert bug in BUGS
     g = torch.Generator().manual_seed(0)
     rows = []
-    for name, (n, k, ms) in (shapes or SMOKE_SHAPES).items():
-        w = (torch.randn(n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
-        for m in ms:
-            x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-            ref = x.double() @ w.double().t()
-            err_c = ((x @ w.t()).double() - ref).abs().max().item()
-            for c in cfgs:
-                y = kernels.mm_gemm(x, w, c, nt_short=int(bug == "skip_k_tile"))
-                rows.append({"what": f"mm {name} N={n} K={k} M={m}", "cfg": c.label(), **G.check(y, ref, err_c)})
+    for name, n, k, m, x, w, ref, err_c in G.smoke_cases(shapes or SMOKE_SHAPES, g):
+        for c in cfgs:
+            y = kernels.mm_gemm(x, w, c, nt_short=int(bug == "skip_k_tile"))
+            rows.append({"what": f"mm {name} N={n} K={k} M={m}", "cfg": c.label(), **G.check(y, ref, err_c)})
     B, nh, nkv, hd, ctx = 3, 4, 2, 16, 64
     Kp, Vp = (torch.randn(2, B, nkv, ctx + 16, hd, generator=g).to(torch.bfloat16) for _ in range(2))
     q = torch.randn(B, nh, hd, generator=g).to(torch.bfloat16)
