@@ -12,13 +12,9 @@ from __future__ import annotations
 import json
 import random
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
 
+import fakeserver
 import pytest
 from fake_target import write_fake_target
 
@@ -32,9 +28,6 @@ from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.trial.run import seen_requests
 
-ROOT = Path(__file__).resolve().parent.parent
-import fakeserver  # noqa: E402
-
 DECODE = Scenario(name="decode", prompt_tokens=32, output_tokens=32, num_requests=4, warmup_requests=1, seed=2)
 
 
@@ -47,24 +40,8 @@ def _port() -> int:
 @contextmanager
 def launch(*args: str):
     """One launch of the fake server (its own process); its cache file outlives it."""
-    port = _port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "bench" / "fakeserver.py"), "--port", str(port),
-                             "--tpot-ms", "5", *args])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+    with fakeserver.launched(_port(), "--tpot-ms", "5", *args) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _probe(url: str, seen: list[dict], tok) -> tuple[str | None, dict]:

@@ -25,7 +25,12 @@ import asyncio
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from aiohttp import web
@@ -204,6 +209,34 @@ def make_tokenizer(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     fast.save_pretrained(str(out))
     return out
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    """Poll ``url``/health until the server started as ``proc`` answers; RuntimeError if it exits first or
+    ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"the server at {url} did not start") from None
+            time.sleep(0.05)
+
+
+@contextmanager
+def launched(port: int, *args: str, script: str | Path = __file__, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``script`` (this server by default) on ``port`` with ``args``, in its own process until the block ends
+    (its CPU is not the client's); yields its base URL once it answers."""
+    proc = subprocess.Popen([sys.executable, str(script), "--port", str(port), *args], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:

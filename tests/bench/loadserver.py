@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -52,25 +49,9 @@ def make_app(slots: int, ttft_ms: float, tpot_ms: float) -> web.Application:
 @contextmanager
 def running(slots: int, ttft_ms: float, tpot_ms: float) -> Iterator[str]:
     """The server in its own process (its CPU is not the client's); yields its base URL."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--port", str(port), "--slots", str(slots),
-                             "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms)],
-                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("load server did not start") from None
-                time.sleep(0.1)
+    with fakeserver.launched(free_port(), "--slots", str(slots), "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms),
+                             script=__file__, env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def main() -> None:

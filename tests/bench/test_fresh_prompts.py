@@ -11,8 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import fakeserver
@@ -110,20 +108,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def fake_url():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "bench" / "fakeserver.py"), "--port", str(port),
-                             "--tpot-ms", "1"])
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    with fakeserver.launched(_free_port(), "--tpot-ms", "1") as url:
+        yield url
 
 
 @pytest.mark.parametrize("extra", [

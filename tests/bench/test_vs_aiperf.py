@@ -10,8 +10,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import fakeserver
@@ -22,7 +20,6 @@ from orchestrator.remote.procs import free_port
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
 TTFT_MS, TPOT_MS, OSL, ISL, N, CONC = 60.0, 12.0, 16, 32, 32, 4
 
 
@@ -41,19 +38,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(HERE / "fakeserver.py"), "--port", str(port),
-                             "--ttft-ms", str(TTFT_MS), "--tpot-ms", str(TPOT_MS)])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(10)
+    with fakeserver.launched(_free_port(), "--ttft-ms", str(TTFT_MS), "--tpot-ms", str(TPOT_MS)) as url:
+        yield url
 
 
 def test_ttft_tpot_throughput_match_aiperf(server: str, tmp_path: Path) -> None:
