@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from orchestrator.hosts import LocalHost
+from local_server import local_server
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -28,17 +27,9 @@ _STATE = Path(tempfile.mkdtemp(prefix="ibnaive-test-"))
 
 @pytest.fixture(scope="module")
 def naive(tiny_model: Path) -> Iterator[str]:
-    host = LocalHost(_STATE)
-    port = host.free_port()
-    proc = host.start([sys.executable, str(SERVER), "--model", str(tiny_model), "--port", str(port),
-                       "--device", "cpu", "--served-model-name", "tiny"],
-                      env=None, cwd=None, log_path=_STATE / f"server-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        host.wait_healthy(url + "/health", 120, proc)
+    with local_server(_STATE, lambda port: [sys.executable, str(SERVER), "--model", str(tiny_model), "--port", str(port),
+                                            "--device", "cpu", "--served-model-name", "tiny"]) as url:
         yield url
-    finally:
-        host.stop(proc)
 
 
 def _stream(url: str, body: dict, stamps: list[float] | None = None) -> list[dict]:

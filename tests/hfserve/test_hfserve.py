@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from local_server import local_server
 
 from orchestrator.hosts import LocalHost
 
@@ -39,17 +40,9 @@ def model_dir(tiny_model: Path) -> Path:
 
 
 def _start(model: Path, *knobs: str) -> Iterator[str]:
-    # The project's own host: own process group, health wait with a timeout, TERM then KILL.
-    host = LocalHost(_STATE)
-    port = host.free_port()
-    proc = host.start([sys.executable, "-m", "hfserve", "--model", str(model), "--port", str(port), *knobs],
-                      env=None, cwd=str(TREE), log_path=_STATE / f"server-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        host.wait_healthy(url + "/health", 120, proc)
+    with local_server(_STATE, lambda port: [sys.executable, "-m", "hfserve", "--model", str(model), "--port", str(port),
+                                            *knobs], cwd=TREE) as url:
         yield url
-    finally:
-        host.stop(proc)
 
 
 @pytest.fixture(scope="module")
