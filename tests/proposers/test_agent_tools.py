@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from agent_env import make_ctx, make_engine_repo
+from agent_env import SLOW_LINE, make_ctx, make_engine_repo
 
 from orchestrator.agent.sandbox import EngineWorktree
 from orchestrator.agent.schema import tool_schema
@@ -38,7 +38,7 @@ def test_schemas_are_plain_dicts_from_the_typed_methods(box):
 def test_files_inside_the_worktree_work(box):
     assert "fakeserver.py" in box.call("list_files", {})[0]
     assert "gates" not in box.call("list_files", {})[0], "protected folders are not even listed"
-    out, err = box.call("edit_file", {"path": "fakeserver.py", "old": "tpot_ms / 1000.0", "new": "tpot_ms / 2000.0"})
+    out, err = box.call("edit_file", {"path": "fakeserver.py", "old": SLOW_LINE, "new": SLOW_LINE.replace("1000.0", "2000.0")})
     assert not err and "tpot_ms / 2000.0" in (box.wt.root / "fakeserver.py").read_text()
     assert "fakeserver.py:" in box.call("grep", {"pattern": "2000"})[0]
     box.call("write_file", {"path": "pkg/new.py", "content": "X = 1\n"})
@@ -120,7 +120,7 @@ def test_history_knowledge_and_skills(box):
 
 
 def test_commit_contains_the_edits_and_never_the_gates(box):
-    box.call("edit_file", {"path": "fakeserver.py", "old": "tpot_ms / 1000.0", "new": "tpot_ms / 2000.0"})
+    box.call("edit_file", {"path": "fakeserver.py", "old": SLOW_LINE, "new": SLOW_LINE.replace("1000.0", "2000.0")})
     commit = box.wt.commit("halve the decode cost")
     assert commit and commit != box.wt.base_commit
     c = box.wt.repo.commit(commit)
