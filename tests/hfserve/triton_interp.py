@@ -130,3 +130,15 @@ def _cache_np_dtypes() -> None:
 
     interpreter._slow_get_np_dtype = slow
     interpreter._get_np_dtype = get_np_dtype
+
+
+def same_rounding(got, want) -> bool:
+    """Two launches that round at the same points give the same tensor: bit for bit where the output is 16 bits
+    wide. In float32 the interpreter's tile dot is numpy's matmul, whose summation order follows the BLAS kernel this
+    CPU picks for the tile's shape (a fused launch's half-width dots may take another), so there the two agree
+    within a few float32 ulps (relative 1e-5) instead; a tile left out or a wrong rounding point is far beyond."""
+    import torch
+
+    if got.dtype != torch.float32:
+        return torch.equal(got, want)
+    return got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)

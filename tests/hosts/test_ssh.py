@@ -264,8 +264,9 @@ def test_public_surface():
     import orchestrator.hosts.sshconn as sshconn
     import orchestrator.loop.pool as pool
 
-    assert hosts_pkg.__all__ == ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts"]
+    assert hosts_pkg.__all__ == ["Host", "HostError", "LocalHost", "Proc", "ServerCrashed", "ServerTimeout", "get_host", "get_hosts",
+                                 "host_gpus", "on_gpus"]
     assert ssh.__all__ == ["PACKAGE_ROOT", "RemoteLease", "SSHHost", "owner_id"]
     assert sorted(sshconn.__all__) == ["ConnectionLost", "HostAuthFailed", "HostKeyChanged", "HostKeyUnknown", "HostSpec",
                                        "SSHConnection", "parse_ssh_url", "remote_cmd", "trust_host"]
-    assert pool.__all__ == ["HostPool", "NoHostsLeft", "PoolController"]
+    assert pool.__all__ == ["GpusHeld", "HostPool", "NoHostsLeft", "PoolController"]

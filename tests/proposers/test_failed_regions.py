@@ -210,7 +210,7 @@ def test_why_names_the_region_a_failed_trial_marked_and_the_run_lists_them():
 def test_the_loop_records_each_skip_once_and_the_region_in_the_failed_trials_why():
     target, store = small_target(), Store("sqlite://")
     run, history = _store_history(store, target, [({}, "kept", 1.0, None), (K, "failed", None, OOM)])
-    ctx = SimpleNamespace(store=store, target=target, run_id=run.id, on_step=lambda step: None)
+    ctx = SimpleNamespace(store=store, target=target, run_id=run.id, on_step=lambda step: None, fit=lambda knobs: None)
     loop = Controller(ctx, SearchProposer(warm_start=[K | {"max_batch_size": 32}, K | {"max_batch_size": 8}]))
     assert loop._propose().knobs == K | {"max_batch_size": 8}
     loop._propose()  # proposed again from the same history: the same skip is not recorded twice
