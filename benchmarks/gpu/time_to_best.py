@@ -1,7 +1,7 @@
 """Time to best from one run database: GPU-seconds of the loop until it found and confirmed the best.
 
     python benchmarks/gpu/time_to_best.py RUN_DB [--best-known benchmarks/gpu/best_known.json]
-        [--run-id N] [--kind cold|warm] [--out benchmarks/gpu/results/headline.json] [--print-only]
+        [--run-id N] [--kind cold|warm] [--headline benchmarks/gpu/results/headline.json]
 
 The clock runs from the run's start (`infergoal goal`; the model forge happens before
 it and is not counted) and only while a session of the run was live: a run resumed on a fresh
@@ -11,12 +11,16 @@ the time the machine was away. Measured to:
 (a) the first kept search trial whose *screening* score (the first `trial.why` of the trial; a
     paired confirmation later overwrites the trial's score) is within 5% of the best known
     setting's screening score for this goal (`--best-known`: measured for the goal's objective
-    metrics, else the geometric mean of its paired per-metric ratios over them, the loop's score);
+    metrics, else the geometric mean of its paired per-metric ratios over them, the loop's score).
+    The best known setting is the file's entry for the run's card (the GPU named in the run's
+    `run.start` fingerprint) and model preset (the target's `forge:PRESET`); with no such entry, (a)
+    is not reached, says why in one line, and the run's own best is reported;
 (b) the first paired outcome that met the goal (the `paired` event; `GoalMet` follows it).
 
 Also the median trial time and the per-trial deploy / gates / bench / other / idle split (the
-report's own `trial_timeline`), and the baseline's re-measures (sentinels): their GPU-seconds and share
-of the run's. headline.json is updated, not replaced: `time_to_best_<kind>_s`
+report's own `trial_timeline`; a baseline, sentinel or paired row reads `measured`, as the CLI
+shows it), and the baseline's re-measures (sentinels): their GPU-seconds and share of the run's.
+Only with `--headline PATH` is that headline.json updated (not replaced): `time_to_best_<kind>_s`
 (the value is (a), (b) beside it) and `median_trial_s`, each naming the database; a figure not
 reached is null with a `why`. `--kind` defaults to warm when the run started from the knowledge
 base (a `kb.warm_start` or `kb.priors` event), else cold. The database is read from a copy.
@@ -41,8 +45,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from orchestrator.core.roles import NOT_SEARCH, SENTINEL  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402
+from orchestrator.review.trials import shown_status  # noqa: E402
 
-__all__ = ["analyse", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
+__all__ = ["analyse", "entry_for", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
 
 WITHIN = 0.05  # "within 5% of the best known setting"
 
@@ -121,6 +126,35 @@ def _label(knobs: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(knobs.items()))
 
 
+def entry_for(best: dict[str, Any], card: str | None, preset: str | None) -> tuple[dict[str, Any] | None, str]:
+    """(the best known entry for ``card`` and ``preset``, a line saying which or why none). A file without
+    `entries` is one setting for any card and model (an explicit --best-known of one entry)."""
+    if "entries" not in best:
+        return best, "the one setting of --best-known (any card, any model)"
+    for e in best["entries"]:
+        if card and e.get("card", "").lower() == card.lower() and e.get("preset") == preset:
+            ev = e.get("evidence", {})
+            where = f"{ev['db']} #{ev['trial']}" if ev.get("db") else "no run database"
+            return e, f"the entry for {e['card']} / {preset} ({where})"
+    cards = sorted({f"{e.get('card')} / {e.get('preset')}" for e in best["entries"]})
+    return None, (f"no best known setting for {card or 'a run whose database names no GPU'} / {preset or '?'} "
+                  f"(entries: {'; '.join(cards)}): the run's own best is reported instead")
+
+
+def _card(events: list[tuple[datetime, str, Any, dict[str, Any]]]) -> str | None:
+    """The GPU the run ran on: the first name in its first `run.start` fingerprint (nvidia-smi's name)."""
+    for _, kind, _, data in events:
+        gpus = (data.get("fingerprint") or {}).get("gpus") if kind == "run.start" else None
+        if gpus:
+            return str(gpus[0]).split(",")[0].strip()
+    return None
+
+
+def _preset(target_json: str | None) -> str | None:
+    model = str(json.loads(target_json or "{}").get("model") or "")
+    return model.removeprefix("forge:") or None
+
+
 def target_score(best: dict[str, Any], metrics: list[str]) -> tuple[float | None, str]:
     """(the best known setting's screening score for a goal on ``metrics``, where it comes from)."""
     for s in best.get("screen", []):
@@ -137,13 +171,13 @@ def target_score(best: dict[str, Any], metrics: list[str]) -> tuple[float | None
 def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[str, Any]:
     """Every figure of the run, as a dict (see the module docstring)."""
     rows = _read(db, {
-        "run": ("select id, name, goal_json, updated_at from runs "
+        "run": ("select id, name, goal_json, updated_at, target_json from runs "
                 + ("where id = ?" if run_id is not None else "order by id desc limit 1"),
                 (run_id,) if run_id is not None else ()),
         "trials": ("select id, number, status, proposer, score, knobs_json, timings_json, started_at, finished_at "
                    "from trials where run_id = ? order by number", ()),
         "events": ("select ts, kind, trial_id, data_json from events where run_id = ? order by ts, id", ())})
-    rid, name, goal_json, updated = rows["run"][0]
+    rid, name, goal_json, updated, target_json = rows["run"][0]
     goal = json.loads(goal_json)
     trials = [_Trial(i, n, st, pr, sc, json.loads(kj or "{}"), json.loads(tj) if tj else None, _ts(sa), _ts(fa))
               for i, n, st, pr, sc, kj, tj, sa, fa in rows["trials"]]
@@ -152,7 +186,9 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
     spans = sessions([(ts, k) for ts, k, _, _ in events], last)
     total = sum((b - a).total_seconds() for a, b in spans)
     metrics = [o["metric"] for o in goal.get("objectives", [])]
-    target, basis = target_score(best, metrics)
+    card, preset = _card(events), _preset(target_json)
+    entry, which = entry_for(best, card, preset)
+    target, basis = target_score(entry, metrics) if entry is not None else (None, which)
     by_id = {t.id: t for t in trials}
     warm = any(k in ("kb.warm_start", "kb.priors") for _, k, _, _ in events)
 
@@ -186,7 +222,7 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
     done = [t for t in trials if t.timings and t.timings.get("trial")]
     rows = trial_timeline(done)
     for r, t in zip(rows, done, strict=True):
-        r.update(proposer=t.proposer, trial=round(float(t.timings["trial"]), 2),
+        r.update(proposer=t.proposer, status=shown_status(t), trial=round(float(t.timings["trial"]), 2),
                  **{k: round(float(v), 2) for k, v in r.items() if isinstance(v, float)})
     split = {s: round(statistics.median(r[s] for r in rows), 2) for s in ("deploy", "gates", "bench", "other", "idle")} if rows else {}
     median = {"value": round(statistics.median(float(t.timings["trial"]) for t in done), 2) if done else None,
@@ -200,9 +236,10 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
             "kind": "warm" if warm else "cold", "gpu_s_total": round(total, 1),
             "sentinels": {"trials": sum(1 for t in done if t.proposer == SENTINEL), "gpu_s": round(sentinel_s, 1),
                           "share": round(sentinel_s / total, 4) if total else None},
-            "sessions": len(spans), "best_known": {"label": best.get("label") or _label(best.get("knobs", {})),
-                                                   "screen_score": target, "basis": basis,
-                                                   "within": WITHIN},
+            "sessions": len(spans), "card": card, "preset": preset,
+            "best_known": {"entry": which, "label": (entry.get("label") or _label(entry.get("knobs", {})))
+                           if entry is not None else None, "evidence": (entry or {}).get("evidence"),
+                           "screen_score": target, "basis": basis, "within": WITHIN},
             "best_reached": ({"number": best_seen[2].number, "score": round(best_seen[1], 3),
                               "at_s": round(gpu_seconds(spans, best_seen[0]), 1), "knobs": _label(best_seen[2].knobs)}
                              if best_seen else None),
@@ -247,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best-known", type=Path, default=Path(__file__).with_name("best_known.json"))
     ap.add_argument("--run-id", type=int, default=None)
     ap.add_argument("--kind", choices=("cold", "warm"), default=None, help="default: warm when the run started from the KB")
-    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "headline.json")
-    ap.add_argument("--print-only", action="store_true", help="print, do not write headline.json")
+    ap.add_argument("--headline", type=Path, default=None, metavar="PATH",
+                    help="also write time_to_best_<kind>_s and median_trial_s into this headline.json "
+                         "(e.g. benchmarks/gpu/results/headline.json); default: print only")
     args = ap.parse_args(argv)
     try:
         res = analyse(args.db, json.loads(args.best_known.read_text()), args.run_id)
@@ -257,11 +295,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kind = args.kind or res["kind"]
     a, b, m = res["kept_within_5pct"], res["paired_goal_met"], res["median_trial"]
-    print(f"run {res['run']['name']} ({kind}, {res['sessions']} session(s), {res['gpu_s_total']:.0f} GPU-s): "
-          f"best known {res['best_known']['screen_score'] or float('nan'):.2f}x ({res['best_known']['basis']})")
-    print(f"  (a) kept within 5%: {a['value'] if a['value'] is not None else 'not reached'} s"
+    bk = res["best_known"]
+    print(f"run {res['run']['name']} ({kind}, {res['sessions']} session(s), {res['gpu_s_total']:.0f} GPU-s) "
+          f"on {res['card'] or 'an unnamed GPU'}, model {res['preset'] or '?'}")
+    if bk["screen_score"] is not None:
+        print(f"  best known: {bk['screen_score']:.2f}x, {bk['entry']}: {bk['basis']}")
+    else:
+        print(f"  best known: none: {bk['basis']}")
+    def shown(v: float | None) -> str:
+        return f"{v} s" if v is not None else "not reached"
+
+    print(f"  (a) kept within 5%: {shown(a['value'])}"
           + (f" (#{a['trial']['number']} {a['trial']['score']}x)" if "trial" in a else f": {a.get('why')}"))
-    print(f"  (b) paired GoalMet: {b['value'] if b['value'] is not None else 'not reached'} s" + ("" if b["value"] else f": {b['why']}"))
+    print(f"  (b) paired GoalMet: {shown(b['value'])}" + ("" if b["value"] else f": {b['why']}"))
     if res["best_reached"]:
         br = res["best_reached"]
         print(f"  best reached: #{br['number']} {br['score']}x at {br['at_s']} s ({br['knobs']})")
@@ -273,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in m["per_trial"]:
         print(f"   #{r['number']:<3} {r['proposer']:<9} {r['status']:<10} trial {r['trial']:6.1f}  deploy {r['deploy']:5.1f}"
               f"  gates {r['gates']:5.1f}  bench {r['bench']:5.1f}  other {r['other']:5.1f}  idle {r['idle']:5.1f}")
-    if not args.print_only:
-        update_headline(args.out, res, kind, _rel(args.db))
-        print(f"wrote time_to_best_{kind}_s, median_trial_s -> {args.out}")
+    if args.headline:
+        update_headline(args.headline, res, kind, _rel(args.db))
+        print(f"wrote time_to_best_{kind}_s, median_trial_s -> {args.headline}")
     return 0
 
 

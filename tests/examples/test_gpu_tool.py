@@ -178,7 +178,7 @@ elif a[:2] == ["-m", "orchestrator.cli"]:
     else:
         print("trials of", os.getcwd())
 elif a[0].endswith("time_to_best.py"):
-    json.dump({{"db": a[1], "kind": a[a.index("--kind") + 1]}}, open(a[a.index("--out") + 1], "w"))
+    json.dump({{"db": a[1], "kind": a[a.index("--kind") + 1]}}, open(a[a.index("--headline") + 1], "w"))
 '''
 
 

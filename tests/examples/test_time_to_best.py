@@ -19,6 +19,16 @@ GOAL = {"text": "4x on TPOT and throughput", "objectives": [
     {"kind": "relative", "metric": "throughput", "stat": "p50", "value": 3.0}]}
 BEST = {"label": "engine=fast", "paired_ratios": {"tpot": 5.0, "throughput": 20.0},
         "screen": [{"metrics": ["throughput", "tpot"], "score": 10.0, "basis": "measured"}]}
+CARD = "NVIDIA H100 80GB HBM3"
+
+
+def _per_card(h100_score: float) -> dict:
+    """A best-known file of entries: the run's card (H100) and preset, the H200, another preset on the H100."""
+    def entry(card: str, preset: str, score: float) -> dict:
+        return {"card": card, "preset": preset, "label": f"{card} {preset}", "evidence": {"db": "results/x.db", "trial": 4},
+                "screen": [{"metrics": ["tpot", "throughput"], "score": score, "basis": "measured"}]}
+    return {"entries": [entry("NVIDIA H200", "7b-peaked", 20.0), entry(CARD, "3b-peaked", 30.0),
+                        entry(CARD, "7b-peaked", h100_score)]}
 
 
 def _at(s: float) -> str:
@@ -30,14 +40,14 @@ def _db(tmp_path: Path, *, reach: bool) -> Path:
     #0 baseline, #1 kept 5.0x, #2 sentinel, #3 kept (9.9x screening, later paired 10.5x, met)."""
     path = tmp_path / "run.db"
     store = Store(f"sqlite:///{path}")
-    run = store.create_run("r", GOAL["text"], GOAL, "h", {}, {}, "local", "search")
+    run = store.create_run("r", GOAL["text"], GOAL, "h", {"model": "forge:7b-peaked"}, {}, "local", "search")
     events: list[tuple[int, float]] = []  # (event id, seconds from T0)
     trials: list[tuple[int, float, float]] = []  # (trial id, start, end)
 
     def event(kind: str, s: float, data: dict, trial_id: int | None = None) -> None:
         events.append((store.add_event(run.id, kind, kind, data=data, trial_id=trial_id).id, s))
 
-    event("run.start", 0, {})
+    event("run.start", 0, {"fingerprint": {"gpus": [f"{CARD}, 81559 MiB, 580.159.04"]}})
     last = None
     for n, proposer, status, score, start, end in (
             (0, "baseline", "kept", 1.0, 10, 40), (1, "search", "kept", 5.0, 41, 90),
@@ -79,6 +89,8 @@ def test_counts_only_live_sessions_and_the_screening_score(tmp_path: Path) -> No
     m = res["median_trial"]
     assert m["trials"] == 4 and m["value"] == 25.0  # trials of 30, 49, 20, 19 s
     assert [r["number"] for r in m["per_trial"]] == [0, 1, 2, 3]
+    # the baseline and the sentinel were measured, not kept as candidates (as the CLI says)
+    assert [r["status"] for r in m["per_trial"]] == ["measured", "kept", "measured", "kept"]
     assert m["split_median_s"]["deploy"] == 5.0 and m["before_first_trial_s"] == 10.0
 
 
@@ -89,7 +101,9 @@ def test_not_reached_is_null_with_a_why_and_the_headline_keeps_other_fields(tmp_
     assert res["best_known"]["screen_score"] == 10.0 and res["best_known"]["basis"].startswith("derived")
     out = tmp_path / "headline.json"
     out.write_text(json.dumps({"tpot_b_ms": {"value": 4.9}}))
-    assert time_to_best.main([str(db), "--best-known", str(_write(tmp_path, derived)), "--out", str(out)]) == 0
+    assert time_to_best.main([str(db), "--best-known", str(_write(tmp_path, derived))]) == 0
+    assert json.loads(out.read_text()) == {"tpot_b_ms": {"value": 4.9}}  # no --headline: nothing written
+    assert time_to_best.main([str(db), "--best-known", str(_write(tmp_path, derived)), "--headline", str(out)]) == 0
     head = json.loads(out.read_text())
     assert head["tpot_b_ms"] == {"value": 4.9}
     ttb = head["time_to_best_cold_s"]
@@ -98,6 +112,48 @@ def test_not_reached_is_null_with_a_why_and_the_headline_keeps_other_fields(tmp_
     assert ttb["best_reached"]["number"] == 1 and ttb["source"].endswith("run.db")
     assert ttb["gpu_s_total"] == 210.0  # 100 s + (1210 - 1100) s
     assert head["median_trial_s"]["value"] == 25.0
+
+
+def test_the_entry_of_the_runs_card_and_preset(tmp_path: Path, capsys) -> None:
+    """The H100 run is judged against the H100's 7B entry, not the H200's nor another preset's: at 9.9x it is
+    within 5% of a 10.2x entry, and not of a 10.5x one."""
+    db = _db(tmp_path, reach=True)
+    res = time_to_best.analyse(db, _per_card(10.2))
+    assert res["card"] == CARD and res["preset"] == "7b-peaked"
+    assert res["best_known"]["screen_score"] == 10.2 and res["best_known"]["label"] == f"{CARD} 7b-peaked"
+    assert "results/x.db #4" in res["best_known"]["entry"]
+    assert res["kept_within_5pct"]["trial"]["number"] == 3
+    res = time_to_best.analyse(db, _per_card(10.5))
+    assert res["kept_within_5pct"]["value"] is None and "10.50x" in res["kept_within_5pct"]["why"]
+    assert time_to_best.main([str(db), "--best-known", str(_write(tmp_path, _per_card(10.2)))]) == 0
+    out = capsys.readouterr().out
+    assert f"on {CARD}, model 7b-peaked" in out and f"best known: 10.20x, the entry for {CARD} / 7b-peaked" in out
+    assert "#0   baseline  measured" in out and "#2   sentinel  measured" in out
+
+
+def test_a_card_with_no_entry_says_so_and_reports_the_runs_own_best(tmp_path: Path, capsys) -> None:
+    db = _db(tmp_path, reach=True)
+    best = _per_card(10.2)
+    best["entries"] = [e for e in best["entries"] if e["card"] != CARD or e["preset"] != "7b-peaked"]
+    res = time_to_best.analyse(db, best)
+    assert res["best_known"]["screen_score"] is None and res["kept_within_5pct"]["value"] is None
+    assert res["kept_within_5pct"]["why"].startswith(f"no best known setting for {CARD} / 7b-peaked")
+    assert res["best_reached"]["number"] == 3 and res["best_reached"]["score"] == 9.9
+    assert time_to_best.main([str(db), "--best-known", str(_write(tmp_path, best))]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "best known" in ln]
+    assert lines[0].strip().startswith(f"best known: none: no best known setting for {CARD} / 7b-peaked")
+    assert "the run's own best is reported instead" in lines[0]
+
+
+def test_the_shipped_file_has_the_h100_entry_from_its_run() -> None:
+    """best_known.json's H100 7B entry is the best kept screening score of the H100 runs it names."""
+    best = json.loads((GPU / "best_known.json").read_text())
+    h100 = next(e for e in best["entries"] if e["card"] == CARD and e["preset"] == "7b-peaked")
+    res = time_to_best.analyse(GPU / h100["evidence"]["db"], best)
+    assert res["card"] == CARD and res["best_reached"]["number"] == h100["evidence"]["trial"]
+    assert res["best_reached"]["score"] == h100["screen"][0]["score"]
+    other = time_to_best.analyse(GPU / "results/h100_ttb_cold_7b_seed1_2026-12-06.db", best)
+    assert other["best_reached"]["score"] < h100["screen"][0]["score"]
 
 
 def _write(tmp_path: Path, best: dict) -> Path:

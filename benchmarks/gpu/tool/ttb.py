@@ -204,7 +204,7 @@ def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path) -> None:
                     er.write(f"== {f}\n" + "\n".join(text.splitlines()[-40:]) + "\n")
     if ctx.dry or out_db.exists():
         ctx.py(str((GPU / "time_to_best.py").relative_to(ROOT)), str(out_db), "--kind", kind,
-               "--best-known", str(best_known.relative_to(ROOT)), "--out", str(ctx.out / "time_to_best.json"))
+               "--best-known", str(best_known.relative_to(ROOT)), "--headline", str(ctx.out / "time_to_best.json"))
 
 
 # -- the loop's trials through SSH on this machine's loopback (benchmarks/gpu/ssh_host.sh: the carried sshd) ---
