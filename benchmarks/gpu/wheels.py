@@ -1,11 +1,17 @@
 """Download into .whl/ the wheels the GPU machine lacks to run the orchestrator (the GPU tool installs them).
 
-    python3 benchmarks/gpu/wheels.py [--dest .whl] [--dry-run]
+    python3 benchmarks/gpu/wheels.py [--dest .whl] [--serve] [--dry-run]
 
 The device image (library device/KINDS.md, "Python packages already there") holds torch, transformers, triton,
 numpy, aiohttp, jinja2, rich, typer...; the orchestrator's own dependencies (pyproject's `dependencies`) and what
 they need are read from this machine's .venv (the versions the tests ran with), and those the image lacks are
 downloaded for CPython 3.12 on manylinux x86_64 (the device README's recipe), one version each.
+
+``--serve`` adds what `transformers serve` needs (examples/targets/transformers-serve-gpu.toml; the GPU tool's
+tserve-* experiments): its serving extra, which the image lacks (fastapi, starlette, uvicorn, openai), and
+transformers itself at this machine's version, where the image's 5.17.0 lists only the Hugging Face cache on
+/v1/models, not a model served from a folder, so the integrity gate's model check fails there. Every experiment of
+that call then runs this transformers: build .whl without it for the others.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ httpx huggingface-hub idna jinja2 kiwisolver markdown-it-py markupsafe matplotli
 pillow pip propcache psutil pygments pyparsing python-dateutil pyyaml regex requests rich safetensors setuptools
 shellingham six sympy tokenizers torch tqdm transformers triton typer typing-extensions urllib3 wheel yarl
 zipp""".split())
+SERVE = ["fastapi", "starlette", "uvicorn", "openai"]
+SERVE_FORCED = ["transformers"]  # carried although the image has it (another version)
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
 
 
@@ -62,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         os.execv(venv, [str(venv), __file__, *(sys.argv[1:] if argv is None else argv)])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dest", default=str(ROOT / ".whl"))
+    ap.add_argument("--serve", action="store_true", help="also what `transformers serve` needs (see above)")
     ap.add_argument("--dry-run", action="store_true", help="print the NAME==VERSION list only")
     a = ap.parse_args(argv)
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    want = {n: v for n, v in closure([re.split(r"[ <>=!~\[]", d, maxsplit=1)[0] for d in deps]).items() if n not in IMAGE}
+    roots = [re.split(r"[ <>=!~\[]", d, maxsplit=1)[0] for d in deps] + (SERVE if a.serve else [])
+    want = {n: v for n, v in closure(roots).items() if n not in IMAGE}
+    if a.serve:
+        want |= {n: v for n, v in closure(SERVE_FORCED).items() if n in SERVE_FORCED}
     pins = [f"{n}=={v}" for n, v in sorted(want.items())]
     print("\n".join(pins))
     if a.dry_run:

@@ -294,3 +294,38 @@ def test_finish_keeps_databases_and_results_before_logs(tmp_path: Path) -> None:
     kept = ctx.finish()
     assert kept[0] == "run.db" and kept[-1] == "more.tgz" and len(kept) == 8
     assert sqlite3.connect(tmp_path / "run.db") is not None
+
+
+def test_dry_run_tserve_goal_ends_the_loop_in_time_for_the_grid(tmp_path: Path) -> None:
+    """tserve-goal: the goal run's loop ends 45 + 25 s (collection, SIGINT grace) and the step's reserve (170 s)
+    before the limit; the grid then reads the run's database from $OUT and gets the rest."""
+    e = mf.load().experiment("tserve-goal")
+    ttb_step, grid = e.steps
+    r = tool("run", "tserve-goal", "--dry-run", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    loop = next(ln for ln in r.stdout.splitlines() if "orchestrator.cli goal" in ln)
+    assert f"timeout -s INT -k 25 {e.limit_s - 45 - 25 - ttb_step['reserve_s']} " in loop and "--name tserve-goal" in loop
+    assert "no best known setting for this target: time_to_best.py not run" in r.stdout
+    assert "time_to_best.py" not in r.stdout.replace("time_to_best.py not run", "")
+    cmd = _argv(next(ln for ln in r.stdout.splitlines() if ln.startswith("$ ") and "tserve_grid.py" in ln))
+    assert cmd[5] == str(grid["timeout_s"]) and cmd[cmd.index("--db") + 1] == f"{tmp_path}/tserve-goal.db"
+    assert cmd[cmd.index("--budget-s") + 1] == "125" and int(grid["timeout_s"]) < ttb_step["reserve_s"]
+
+
+def test_a_run_without_a_best_known_setting_or_floors(tmp_path: Path) -> None:
+    """The transformers serve run (stubbed loop): its workspace serves the GPU target on the preset, no floors, and
+    no time_to_best.py without a best known setting."""
+    ws_root = tmp_path / "root"
+    r, calls = _ttb(tmp_path, tmp_path / "out", ws_root, "--goal", "goal_tserve.toml", "--target",
+                    "examples/targets/transformers-serve-gpu.toml", "--floors", "", "--best-known", "",
+                    "--name", "tserve-goal")
+    assert r.returncode == 0, r.stdout + r.stderr
+    from orchestrator.config.workspace import Workspace
+    from orchestrator.targets.spec import load_target
+
+    ws = ws_root / "tserve-goal"
+    target = load_target(ws / "target.toml")
+    assert target.engine == "transformers-serve" and target.model == "forge:tiny"
+    assert Workspace(ws).config.bench.floors in (None, "") and "trials = 5" in (ws / "goal.toml").read_text()
+    assert "no best known setting" in r.stdout and not (tmp_path / "out" / "time_to_best.json").exists()
+    assert not any(c["argv"][0].endswith("time_to_best.py") for c in calls)

@@ -37,7 +37,7 @@ SPEC: dict[str, dict[str, Any]] = {
     "ttb": {"preset": "7b-peaked", "goal": "goal_4x.toml", "kind": "cold", "seed": 0, "trials": 0, "wall_s": 0,
             "name": "", "kb_from": "", "host": "local", "scenarios": "scenarios.toml", "floors": "results/sol.json",
             "screen_fraction": 0.25, "repeats": 1, "target": "examples/targets/hfserve_gpu.toml",
-            "paired_reserve_s": 0, "best_known": "best_known.json"},
+            "paired_reserve_s": 0, "best_known": "best_known.json", "reserve_s": 0},
 }
 KINDS = tuple(SPEC)
 EXPERIMENT_KEYS = {"about", "card", "limit_s", "steps"}

@@ -136,8 +136,9 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
     host_line, sshd = "", None
     if p["host"] == "ssh":
         host_line = f'host = "{SSH_HOST}"'
+    after = LOOP_MARGIN_S + INT_GRACE_S + p["reserve_s"]  # the reserve: the experiment's steps after this one
     if p["paired_reserve_s"] and not p["wall_s"]:  # end on its own budget, the paired confirmation inside the limit
-        p = {**p, "wall_s": max(60, ctx.left(LOOP_MARGIN_S + INT_GRACE_S + p["paired_reserve_s"]))}
+        p = {**p, "wall_s": max(60, ctx.left(after + p["paired_reserve_s"]))}
     if not ctx.dry:
         workspace(ws, p, host_line=host_line, extra_toml=extra_toml)
         restore(ctx, ws, name, state, p["kb_from"], p["kind"])
@@ -155,7 +156,7 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
             rc = 1
         else:
             cmd = ["goal", str(ws / "goal.toml"), "--name", name] if state_now == "none" else ["resume"]
-            left = ctx.left(LOOP_MARGIN_S + INT_GRACE_S)
+            left = ctx.left(after)
             if not ctx.dry and left <= 60:
                 raise Failed(f"no time left for the loop ({left}s): give a longer --limit")
             ctx.log(f"loop in {ws}: infergoal {' '.join(cmd)} for {left}s")
@@ -172,13 +173,13 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
             ssh_down(ctx, sshd, ws_root)
     ctx.sh([ctx.python, "-m", "orchestrator.cli", "trials"], cwd=ws, log=ctx.out / "trials.txt")
     ctx.tail(ctx.out / "trials.txt", 30)
-    collect(ctx, ws, name, p["kind"], GPU / p["best_known"])
+    collect(ctx, ws, name, p["kind"], GPU / p["best_known"] if p["best_known"] else None)
     return rc
 
 
-def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path) -> None:
-    """$OUT: NAME.db (a consistent copy), NAME.kb.tgz, time_to_best.json; in logs/ where each deploy's seconds went
-    and the end of every server log with a traceback."""
+def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path | None) -> None:
+    """$OUT: NAME.db (a consistent copy), NAME.kb.tgz, time_to_best.json (only against a best known setting); in
+    logs/ where each deploy's seconds went and the end of every server log with a traceback."""
     db = ws / ".infergoal" / "infergoal.db"
     out_db = ctx.out / f"{name}.db"
     if ctx.dry:
@@ -202,7 +203,9 @@ def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path) -> None:
                 st.writelines(f"{f}:{ln}\n" for ln in text.splitlines() if any(k in ln for k in keys))
                 if "Traceback" in text:
                     er.write(f"== {f}\n" + "\n".join(text.splitlines()[-40:]) + "\n")
-    if ctx.dry or out_db.exists():
+    if best_known is None:
+        ctx.log("no best known setting for this target: time_to_best.py not run")
+    elif ctx.dry or out_db.exists():
         ctx.py(str((GPU / "time_to_best.py").relative_to(ROOT)), str(out_db), "--kind", kind,
                "--best-known", str(best_known.relative_to(ROOT)), "--headline", str(ctx.out / "time_to_best.json"))
 

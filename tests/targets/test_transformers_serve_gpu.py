@@ -1,0 +1,166 @@
+"""The GPU target for `transformers serve` (examples/targets/transformers-serve-gpu.toml) and the grid script that
+measures its knobs beside a goal run's best (benchmarks/gpu/tserve_grid.py), on the CPU.
+
+Every knob's every value renders a command that the installed `transformers serve` parses into exactly those
+settings (its own option parser, nothing launched); the constraints refuse what the server refuses at start-up
+and accept the rest. The grid script's real run against the CPU target is in the slow test at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.targets import ConstraintViolated, TargetError, load_target
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_TARGET = ROOT / "examples" / "targets" / "transformers-serve-gpu.toml"
+CPU_TARGET = ROOT / "examples" / "targets" / "transformers-serve.toml"
+GRID = ROOT / "benchmarks" / "gpu" / "tserve_grid.py"
+sys.path.insert(0, str(GRID.parent))
+import tserve_grid  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def serve_parser():
+    """`transformers serve`'s own option parser (typer's click command over transformers' Serve)."""
+    typer = pytest.importorskip("typer")
+    serve = pytest.importorskip("transformers.cli.serve")
+    app = typer.Typer()
+    app.command()(serve.Serve)
+    cmd = typer.main.get_command(app)
+
+    def parse(argv: list[str]) -> dict:
+        i = argv.index("serve")  # after `python -m transformers.cli.transformers serve`
+        return cmd.make_context("serve", argv[i + 1:]).params
+
+    return parse
+
+
+def test_gpu_target_renders_every_knob_value_as_the_server_parses_it(serve_parser) -> None:
+    t = load_target(GPU_TARGET)
+    assert t.engine == "transformers-serve" and t.model == "forge:2b-peaked" and not t.capabilities.ignore_eos
+    base = serve_parser(t.render(t.baseline_knobs(), port=8000, model="/m", source="/s"))
+    assert (base["device"], base["dtype"], base["force_model"]) == ("cuda", "bfloat16", t.served_model_name)
+    # The defaults: generate() per request, SDPA; nothing of continuous batching passed.
+    assert base["continuous_batching"] is False and base["attn_implementation"] == "sdpa"
+    assert (base["cb_block_size"], base["cb_max_batch_tokens"], base["cb_use_cuda_graph"]) == (None, None, None)
+    assert base["compile"] is False
+    cb = {"continuous_batching": True}
+    for name, knob in t.knobs.items():
+        values = (False, True) if knob.type == "bool" else knob.choices
+        for v in values:
+            asked = ({} if name == "attn_implementation" and v == "flex_attention" else cb) | {name: v}
+            knobs = t.validate_knobs(asked)
+            p = serve_parser(t.render(knobs, port=8000, model="/m", source="/s"))
+            assert p["continuous_batching"] is knobs["continuous_batching"]
+            if name == "attn_implementation":
+                assert p["attn_implementation"] == v
+            elif name == "cb_block_size":
+                assert p["cb_block_size"] == v
+            elif name == "cb_max_batch_tokens":
+                assert p["cb_max_batch_tokens"] == (v or None)  # 0: the server sizes it
+            elif name == "cb_cuda_graph":
+                assert p["cb_use_cuda_graph"] == {"auto": None, "on": True, "off": False}[v]
+    # Without continuous batching its knobs do not exist, so they cannot be passed.
+    off = t.validate_knobs({"continuous_batching": False, "cb_block_size": 64, "cb_cuda_graph": "on"})
+    assert set(off) == {"continuous_batching", "attn_implementation"}
+    assert not any(a.startswith("--cb") for a in t.render(off, port=8000, model="/m", source="/s"))
+
+
+def test_gpu_target_refuses_what_the_server_refuses_and_accepts_the_rest() -> None:
+    t = load_target(GPU_TARGET)
+    with pytest.raises(ConstraintViolated, match="flex_attention is refused at start-up"):
+        t.validate_knobs({"continuous_batching": True, "attn_implementation": "flex_attention"})
+    assert t.validate_knobs({"attn_implementation": "flex_attention"})["attn_implementation"] == "flex_attention"
+    for attn in ("sdpa", "eager"):
+        assert t.validate_knobs({"continuous_batching": True, "attn_implementation": attn})["cb_block_size"] == 256
+    with pytest.raises(TargetError, match="cb_block_size"):
+        t.validate_knobs({"continuous_batching": True, "cb_block_size": 48})
+    with pytest.raises(TargetError, match="unknown knob"):
+        t.validate_knobs({"compile": True})  # left out of the GPU space (minutes of torch.compile at start-up)
+
+
+def test_grid_points_fold_repeats_list_refusals_and_put_the_goal_best_second(tmp_path: Path) -> None:
+    t = load_target(GPU_TARGET)
+    grid = tserve_grid.parse_grid(t, ["continuous_batching=false,true", "attn_implementation=sdpa,flex_attention"])
+    assert grid == {"continuous_batching": [False, True], "attn_implementation": ["sdpa", "flex_attention"]}
+    best = {"trial": 3, "knobs": {"continuous_batching": True, "attn_implementation": "sdpa", "cb_block_size": 64},
+            "score": 5.1}
+    pts = tserve_grid.points(t, grid, best)
+    assert [p["label"] for p in pts][:2] == ["default", "goal #3"]
+    by = {p["label"]: p for p in pts}
+    assert by["continuous_batching=False attn_implementation=sdpa"]["same_as"] == "default"
+    assert "refused" in by["continuous_batching=True attn_implementation=flex_attention"]
+    assert "same_as" not in by["continuous_batching=True attn_implementation=sdpa"]  # block 256, not the best's 64
+    assert by["goal #3"]["knobs"]["cb_block_size"] == 64
+    for bad, said in ((["nope=1"], "a knob of"), (["cb_block_size=48"], "not one of"),
+                      (["continuous_batching=maybe"], "not a bool"), (["attn_implementation"], "NAME=V1,V2")):
+        with pytest.raises(TargetError, match=said):
+            tserve_grid.parse_grid(t, bad)
+
+
+def test_grid_reads_the_goal_runs_best_kept_search_trial(tmp_path: Path) -> None:
+    from orchestrator.config.goal import load_goal
+    from orchestrator.store import Store
+
+    db = tmp_path / "run.db"
+    assert tserve_grid.goal_best(db) is None  # no database yet
+    store = Store(f"sqlite:///{db}")
+    g = load_goal(GRID.parent / "goal_tserve.toml")
+    assert g.scenarios == ["throughput"] and g.accuracy_mode == "gated" and g.budget.trials == 6
+    run = store.create_run("tserve-goal", g.text, g.model_dump(mode="json"), g.digest, {"name": "t"}, {}, "local",
+                           "search")
+    assert tserve_grid.goal_best(db)["trial"] is None  # a run with nothing kept beyond the baseline
+    for number, proposer, status, score, knobs in (
+            (0, "baseline", "kept", 1.0, {}),
+            (1, "search", "kept", 3.2, {"continuous_batching": True}),
+            (2, "search", "discarded", 9.0, {"attn_implementation": "eager"}),
+            (3, "paired", "kept", 7.0, {"continuous_batching": True}),
+            (4, "search", "kept", 4.4, {"continuous_batching": True, "cb_block_size": 64})):
+        tr = store.create_trial(run.id, number, commit="c", knobs=knobs, rationale="", proposer=proposer)
+        store.finish_trial(tr.id, status, score=score, objective={"throughput.output_throughput": score})
+    best = tserve_grid.goal_best(db)
+    assert (best["trial"], best["score"], best["knobs"]) == (4, 4.4, {"continuous_batching": True, "cb_block_size": 64})
+
+
+def test_grid_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(GRID), "/m", "--target", str(GPU_TARGET), "--grid", "warp=9",
+                        "--out", str(tmp_path / "g.json")], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.startswith("tserve_grid: --grid 'warp=9'") and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_grid_runs_against_real_transformers_serve(tmp_path: Path, tiny_model) -> None:
+    """The grid end to end on the CPU target (forge:tiny): each point one real server, the bench's C, one table."""
+    for mod in ("fastapi", "uvicorn", "accelerate"):
+        pytest.importorskip(mod, reason="transformers serve needs fastapi, uvicorn and accelerate")
+    scen = tmp_path / "sc.toml"
+    scen.write_text("[throughput]\nprompt_tokens = 64\noutput_tokens = 8\nnum_requests = 4\nconcurrency = 4\n"
+                    "warmup_requests = 1\nseed = 3\n")
+    out = tmp_path / "grid.json"
+    r = subprocess.run([sys.executable, str(GRID), str(tiny_model), "--target", str(CPU_TARGET), "--scenarios",
+                        str(scen), "--grid", "continuous_batching=false,true", "--grid", "cb_num_blocks=32,256", "--grid", "cb_block_size=16",
+                        "--db", str(tmp_path / "none.db"), "--out", str(out), "--budget-s", "240"],
+                       capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    by = {p["label"]: p for p in res["points"]}
+    assert res["goal_run"] is None and "goal run: no run in" in r.stdout
+    assert by["default"]["score"] == pytest.approx(1.0)
+    # The cb_* knobs only exist with batching on: both batching-off points are the defaults, measured once.
+    assert by["continuous_batching=False cb_num_blocks=32 cb_block_size=16"]["same_as"] == "default"
+    assert by["continuous_batching=False cb_num_blocks=256 cb_block_size=16"]["same_as"] == "default"
+    # 32 blocks of 16 tokens cannot hold one 1024-token sequence: the target refuses it, nothing launched.
+    assert "refused" in by["continuous_batching=True cb_num_blocks=32 cb_block_size=16"]
+    on = by["continuous_batching=True cb_num_blocks=256 cb_block_size=16"]
+    m = on["result"]["scenarios"]["throughput"]
+    assert m["completed"] == 4 and m["failed"] == 0 and on["score"] > 0
+    assert "--continuous-batching" in on["result"]["command"] and (tmp_path / "grid_logs" / "server_0.log").exists()
+    table = r.stdout[r.stdout.index("point "):]
+    assert "x default" in table and "refused" in table and "(= default)" in table
