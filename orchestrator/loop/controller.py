@@ -45,7 +45,7 @@ from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.search import neighbours
 from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
-from orchestrator.trial import fidelity, verdict
+from orchestrator.trial import fidelity, goalbars, verdict
 from orchestrator.trial.paired import describe, latest_paired, run_paired
 from orchestrator.trial.run import TrialContext, TrialResult, objective_label, run_trial
 from orchestrator.trial.verdict import Baseline
@@ -181,6 +181,8 @@ class Controller:
             self.ctx.on_step("propose")
             # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
             search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
+            if hasattr(self.proposer, "goal"):  # the goal's bars as the search's constraints
+                self.proposer.goal = self._steer()
             candidate = self.proposer.propose(search, self.ctx.target)
             if candidate is None:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
@@ -254,7 +256,9 @@ class Controller:
         timings["record"] = _now() - t_rec
         timings["total"] = timings.get("trial", 0.0) + timings["record"] + timings.get("propose", 0.0)
         self.store.finish_trial(trial.id, status, score=score, objective=objective, error=result.error, timings=timings)
-        self._record_why(trial, status, score, result.error, baseline, screen_met=met)
+        bars = self._bars(baseline) if baseline is not None and not result.error and trial.proposer not in NEVER_KEPT else None
+        goal = goalbars.screen(bars, objective, baseline.values, self.ctx.goal.objectives) if bars is not None else None
+        self._record_why(trial, status, score, result.error, baseline, screen_met=met, goal=goal)
         if is_baseline and status == "kept" and trial.number == 0:
             base = self._baseline()
             if (warning := verdict.noise_warning(base.noise, self._smallest_step())) is not None:
@@ -276,17 +280,23 @@ class Controller:
                               rationale=f"re-run of #{trial.number} against a fresh baseline: {candidate.rationale}")
             self._execute(self._create(retry), retry)
             return
-        if met and status in ("kept", "discarded"):  # the screen says it may meet the goal: paired A/B decides
-            paired = self._confirm_paired(finished, candidate)
-            if paired["met"]:
-                if status != "kept":  # under its keep line, kept now because its paired A/B meets the goal
-                    t = self.store.get_trial(trial.id)
-                    self.store.finish_trial(t.id, "kept", score=t.score, objective=t.objective, error=t.error, timings=t.timings)
-                    self._record_why(self.store.get_trial(trial.id), "kept", finished.score, finished.error, baseline,
-                                     paired=paired, screen_met=True)
-                    self.on_trial(self.store.get_trial(trial.id))
-                self.store.set_best_trial(self.ctx.run_id, trial.id)  # the confirmed winner is the answer
-                raise GoalMet(f"#{trial.number} meets every objective: paired speedup {describe(paired)} on fresh servers")
+        if met and status in ("kept", "discarded"):  # its screen clears every bar: paired A/B decides
+            pick = self._to_confirm(baseline) or finished  # of the unconfirmed ones, the largest goal margin
+            self._confirm_goal(pick, candidate if pick.id == trial.id else _candidate_of(pick), baseline)
+
+    def _confirm_goal(self, trial: Any, candidate: Candidate, baseline: Baseline) -> None:
+        """Paired A/B of a trial whose screen clears every bar; `GoalMet` when its paired rounds meet the goal."""
+        paired = self._confirm_paired(trial, candidate)
+        if not paired["met"]:
+            return
+        if trial.status != "kept":  # under its keep line, kept now because its paired A/B meets the goal
+            t = self.store.get_trial(trial.id)
+            self.store.finish_trial(t.id, "kept", score=t.score, objective=t.objective, error=t.error, timings=t.timings)
+            self._record_why(self.store.get_trial(trial.id), "kept", trial.score, trial.error, baseline,
+                             paired=paired, screen_met=True)
+            self.on_trial(self.store.get_trial(trial.id))
+        self.store.set_best_trial(self.ctx.run_id, trial.id)  # the confirmed winner is the answer
+        raise GoalMet(f"#{trial.number} meets every objective: paired speedup {describe(paired)} on fresh servers")
 
     def _verdict(self, trial: Any, r: TrialResult, baseline: Baseline | None) -> tuple[str, float | None, dict, bool]:
         """(status, score, objective values, whether the performance gate says the goal is met)."""
@@ -310,11 +320,10 @@ class Controller:
         perf = verdict.perf_gate(r, baseline, objectives)
         self.store.add_gate_result(trial.id, perf.gate, perf.status,
                                    perf.reason, perf.details, perf.duration_s)
-        # The screen can only say "possibly met" (passed, or borderline with every objective met on
-        # the point estimate); the paired A/B confirmation decides (see _execute).
-        met = perf.status == "pass" or (perf.status == "remeasure" and all(
-            o.met(r.mean(objective_label(o.scenario, o.key)), baseline.values[objective_label(o.scenario, o.key)])
-            for o in objectives))
+        # The screen can only say "possibly met": every objective clears its bar by the noise and what
+        # failed paired rounds showed (`goalbars`); the paired A/B confirmation decides (see _settle).
+        bars = self._bars(baseline)
+        met = perf.status != "fail" and bars is not None and bars.clears(goalbars.ratios(objective, baseline.values, objectives))
         under = score <= self._best_score() * (1 + verdict.needed_gain(self.min_gain, baseline))
         if not met and under:
             return "discarded", score, objective, met
@@ -334,6 +343,31 @@ class Controller:
         kept = [t.score for t in self.store.list_trials(self.ctx.run_id)
                 if t.status == "kept" and t.score and t.proposer not in NOT_SEARCH and t.number]
         return max(kept, default=1.0)
+
+    # --- the goal's bars: which trial earns a paired A/B, what the search is told (`trial.goalbars`) ----
+    def _bars(self, baseline: Baseline) -> goalbars.Bars | None:
+        return goalbars.bars(self.ctx.goal.objectives, baseline.values, baseline.noise,
+                             [e.data or {} for e in self.store.events(self.ctx.run_id, kind=PAIRED)])
+
+    def _screens(self, unconfirmed: bool = False) -> list[tuple[Any, dict[str, float]]]:
+        """(trial, its screening speedups) of the search's measured trials (`unconfirmed`: of those no paired
+        A/B judged yet, and not ended on a short bench)."""
+        trials = [t for t in self._history() if t.status in ("kept", "discarded") and t.number
+                  and t.proposer not in NOT_SEARCH + BASELINES]
+        if unconfirmed:
+            trials = [t for t in trials if not fidelity.is_screened(t) and latest_paired(self.store, self.ctx.run_id, t.id) is None]
+        return goalbars.screens(self.store, self.ctx.run_id, trials)
+
+    def _steer(self) -> dict[int, float]:
+        """Trial number -> its goal constraint for the search, once a paired confirmation missed (`goalbars.steer`)."""
+        if not self.store.events(self.ctx.run_id, kind=PAIRED):
+            return {}
+        return goalbars.steer(self._bars(self._baseline()), self._screens())
+
+    def _to_confirm(self, baseline: Baseline) -> Any | None:
+        """The unconfirmed trial whose screen clears every bar by the largest goal margin, or None."""
+        bars = self._bars(baseline)
+        return goalbars.to_confirm(bars, self._screens(unconfirmed=True)) if bars is not None else None
 
     def _baseline(self) -> Baseline:
         """The newest good baseline measurement (trial #0 or a sentinel): candidates are judged against it."""
@@ -405,10 +439,17 @@ class Controller:
         """Paired A/B of `trial` against the baseline; its score becomes the paired ratio.
         Its re-told why keeps what the screen said of it (a winner confirmed at the stop may have missed)."""
         screen_met = bool(verdict.why_record(self.store, self.ctx.run_id, trial.id).get("screen_met"))
+        bars_before = self._bars(self._baseline())
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
                          on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
+        # what its screen said, per objective: a miss raises that objective's bar for later screens (`goalbars.raised`)
+        out["screen"] = (verdict.why_record(self.store, self.ctx.run_id, trial.id).get("goal") or {}).get("ratios") or {}
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
                              data=out, trial_id=trial.id)
+        for label, said in goalbars.raised_words(bars_before, self._bars(self._baseline()), trial.number, out["screen"],
+                                                 self.ctx.goal.objectives):
+            self.store.add_event(self.ctx.run_id, "goal.bar", said, trial_id=trial.id,
+                                 data={"objective": label, **self._bars(self._baseline()).to_dict()})
         if out["score"]:  # the trial's number becomes the paired one: it is the better estimate
             self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
                                     error=trial.error, timings=trial.timings)
@@ -426,6 +467,8 @@ class Controller:
         best = self.store.get_trial(run.best_trial_id) if run.best_trial_id else None
         if best is None or best.number == 0:
             return reason
+        # an unconfirmed trial whose screen clears every bar goes first (the largest goal margin), else the best score
+        best = self._to_confirm(self._baseline()) or best
         paired = latest_paired(self.store, self.ctx.run_id, best.id) or self._confirm_paired(best, _candidate_of(best))
         if paired["met"]:
             return (f"GoalMet: #{best.number} meets every objective: paired speedup {describe(paired)} on fresh "
@@ -438,14 +481,16 @@ class Controller:
         return min(steps, default=1.0)
 
     def _record_why(self, trial: Any, status: str, score: float | None, error: str | None, baseline: Baseline | None,
-                    paired: dict[str, Any] | None = None, screen_met: bool = False) -> None:
+                    paired: dict[str, Any] | None = None, screen_met: bool = False, goal: dict[str, Any] | None = None) -> None:
+        if goal is None:  # a re-told why keeps what the screen said against the bars
+            goal = verdict.why_record(self.store, self.ctx.run_id, trial.id).get("goal")
         best = max([t.score for t in self.store.list_trials(self.ctx.run_id) if t.status == "kept" and t.score
                     and t.proposer not in NOT_SEARCH and t.number and t.id != trial.id], default=1.0)
         d = verdict.why_data(number=trial.number, status=status, proposer=trial.proposer, score=score, best=best,
                      min_gain=self.min_gain, noise=baseline.noise if baseline else 0.0,
                      noise_basis=baseline.noise_basis if baseline else "",
                      baseline_trial=baseline.trial if baseline else None, gates=self.store.gate_results(trial.id),
-                     error=error, paired=paired, screen_met=screen_met,
+                     error=error, paired=paired, screen_met=screen_met, goal=goal,
                      # The proposer sees only the search's own trials, so only they mark regions.
                      region=None if trial.proposer in LOOP_ADDED else region_of(self.ctx.target, trial.number,
                                                                                    trial.knobs, status, error))

@@ -10,6 +10,8 @@ the trials inside them as infeasible (Optuna's constraint-aware TPE: a `failed_r
 value > 0, the region in the trial's user attrs), and a hard filter re-asks when it still proposes
 inside one; warm starts, swaps and transferred priors inside one are skipped too. Every skipped
 proposal travels to the loop in `Candidate.extra["skipped"]`, which records it as `search.skip`.
+Once a paired confirmation missed the goal, TPE also sees each trial's shortfall under the goal's
+bars as a constraint (`SearchProposer.goal`, set by the loop from `orchestrator.trial.goalbars`).
 
 A crash condemns its cause, not its region (`orchestrator.targets.attribution`): TPE is told a crashed
 trial as a failure of its suspect levels alone (those no served trial carried), a crash with several
@@ -49,6 +51,8 @@ FAILED_VALUE = 0.0
 _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
 # The Optuna constraint a knob set inside a failed region breaks (> 0: infeasible).
 REGION_CONSTRAINT = "failed_region"
+# The Optuna constraint a trial that misses one of the goal's bars breaks (`SearchProposer.goal`).
+GOAL_CONSTRAINT = "goal_bars"
 
 
 # Multi-fidelity screening (`orchestrator.trial.fidelity`): a candidate whose short-bench score falls
@@ -164,6 +168,11 @@ class SearchProposer:
         """The knowledge-base entry each warm-start knob set comes from (same order), named in its rationale."""
         self.priors = [p for p in priors if not p.get("probe")]
         self.probes = [p for p in priors if p.get("probe")]
+        self.goal: dict[int, float] = {}
+        """Trial number -> its goal constraint (`trial.goalbars.Bars.constraint`: the shortfall under the goal's bars,
+        > 0 when it misses one), set by the loop once a paired confirmation missed the goal. TPE is told it as the
+        GOAL_CONSTRAINT, so trials that meet every bar rank above those that miss, and those by how little they
+        miss; a trial it does not name (a failure, a draw told as failed) counts as missing by more than any."""
 
     def stop_bar(self, history: Sequence[Any], margin: float = SCREEN_MARGIN, startup: int | None = None) -> float | None:
         """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
@@ -437,7 +446,7 @@ class SearchProposer:
                     continue
             study.add_trial(optuna.trial.create_trial(
                 params=params, distributions={k: dists[k] for k in params}, **told,
-                constraints={REGION_CONSTRAINT: 1.0} if inside else None,
+                constraints=_constraints(self.goal, t.number, inside is not None),
                 user_attrs={REGION_CONSTRAINT: inside.describe()} if inside else None))
         if self.startup == "cover" and _complete(study) < self.n_startup:
             cand = self._cover(history, target, dists, seen, refused, regions)
@@ -450,6 +459,8 @@ class SearchProposer:
         for _ in range(50):
             trial = study.ask()
             params = _suggest(trial, target, dists)
+            for name, value in (_constraints(self.goal, None) or {}).items():  # a draw not proposed misses the goal
+                trial.set_constraint(name, value)
             try:  # constraints between knobs: a combination that cannot start is never proposed
                 target.validate_knobs(params)
             except ConstraintViolated:
@@ -537,6 +548,16 @@ def _told(t: Any, objectives: Sequence[Any], failed: Any) -> dict[str, Any]:
     if is_stopped(t) and t.score:
         return {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: float(t.score)}}
     return {"value": t.score if t.status in ("kept", "discarded") and t.score else FAILED_VALUE}
+
+
+def _constraints(goal: dict[int, float], number: int | None, inside: bool = False) -> dict[str, float] | None:
+    """The Optuna constraints of trial `number` (None: a draw told as failed): REGION_CONSTRAINT inside a failed
+    region; GOAL_CONSTRAINT while the loop steers by the goal's bars (`SearchProposer.goal`), a trial it does
+    not name missing them by more than any it names. None when neither applies."""
+    out = {REGION_CONSTRAINT: 1.0} if inside else {}
+    if goal:
+        out[GOAL_CONSTRAINT] = goal[number] if number in goal else 1.0 + max(max(goal.values()), 0.0)
+    return out or None
 
 
 def _filled(target: TargetSpec, steps: list[tuple[str, Any, dict[str, Any]]]) -> list[tuple[str, Any, dict[str, Any]]]:

@@ -216,11 +216,12 @@ def borderline(r: TrialResult, baseline: Baseline, objectives: Sequence[Any], *,
 def why_data(*, number: int, status: str, proposer: str, score: float | None, best: float, min_gain: float,
              noise: float, baseline_trial: int | None, gates: list[Any], error: str | None,
              paired: dict[str, Any] | None = None, screen_met: bool = False, noise_basis: str = "",
-             region: Any = None) -> dict[str, Any]:
+             region: Any = None, goal: dict[str, Any] | None = None) -> dict[str, Any]:
     """The facts behind a verdict, and the sentence that says them (stored as a `trial.why` event).
 
     `noise_basis`: how the noise is known (`Baseline.noise_basis`); an assumed one is said so.
-    `region`: the failed region the trial marked (`targets.regions.FailedRegion`), if it marked one."""
+    `region`: the failed region the trial marked (`targets.regions.FailedRegion`), if it marked one.
+    `goal`: its screening speedups against the goal's bars (`trial.goalbars`: ratios, margin, clears, words)."""
     need = max(min_gain, noise)
     threshold = best * (1 + need)
     said = noise_words(noise, noise_basis)
@@ -247,6 +248,10 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
     else:
         head = f"#{number} {status}: score {score if score is None else f'{score:.3f}x'} {vs}"
     sentence = f"{head}; gates: {verdicts}"
+    if goal and goal.get("words") and proposer not in BASELINES:
+        sentence += f"; goal bars: {goal['words']}: " + (
+            ("clears every bar" + (", so a paired A/B decides" if screen_met else "")) if goal.get("clears")
+            else "misses a bar, so its screen sends it to no paired A/B")
     if paired:
         sentence += f"; paired A/B: {describe(paired)}, goal {'met' if paired['met'] else 'not met'}"
     if region is not None:
@@ -254,6 +259,7 @@ def why_data(*, number: int, status: str, proposer: str, score: float | None, be
     return {"score": score, "best": best, "threshold": threshold, "needed_gain": need, "noise": noise,
             "min_gain": min_gain, "noise_basis": noise_basis, "baseline_trial": baseline_trial, "screen_met": screen_met,
             "gates": {g.gate: g.status for g in gates}, "paired": paired, "sentence": sentence,
+            **({"goal": goal} if goal else {}),
             **({"region": region.to_dict()} if region is not None else {})}
 
 

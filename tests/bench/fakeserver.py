@@ -4,6 +4,7 @@ Honours ``max_tokens``, ``ignore_eos`` (always generates max_tokens; without it,
 ``--eos-after`` tokens if set), ``stream_options.include_usage`` (a final usage-only chunk).
 Timing: ``--ttft-ms`` before the first token, ``--tpot-ms`` between tokens.  Each token is the
 word `` wN`` (one token for the whitespace tokenizer made by :func:`make_tokenizer`).
+A server that varies between launches: ``--first-tpot-ms X --first-marker FILE [--first-launches K]`` (the first K at X ms).
 Fault injection for failure tests: ``--fault {http500,reset,malformed,hang,usage_lie,short}`` on
 every ``--fault-every`` th request (``usage_lie``: usage reports one token more than streamed;
 ``short``: one token fewer than asked, usage agreeing).
@@ -255,6 +256,11 @@ def main() -> None:
     ap.add_argument("--replay-tpot-ms", type=float, default=0.5, help="--response-cache: the replay's pace")
     ap.add_argument("--slow-once", default="", help="marker file: the first server started with it (the file is "
                     "absent) runs 3x slower between tokens, later ones at speed (a stalled screen measurement)")
+    ap.add_argument("--first-tpot-ms", type=float, default=None, help="with --first-marker: the first --first-launches "
+                    "servers started with it run this many ms between tokens, later ones --tpot-ms (a screen measured "
+                    "on a lucky launch)")
+    ap.add_argument("--first-marker", default="", help="file counting the launches for --first-tpot-ms (a line each)")
+    ap.add_argument("--first-launches", type=int, default=1)
     ap.add_argument("--hold-while", default="", help="file: while it exists the server does not listen yet (a test "
                     "keeps a run's trial in flight for as long as it needs, whatever the machine's speed)")
     a = ap.parse_args()
@@ -263,6 +269,12 @@ def main() -> None:
     if a.slow_once and not os.path.exists(a.slow_once):
         open(a.slow_once, "w").close()
         a.tpot_ms *= 3
+    if a.first_tpot_ms is not None and a.first_marker:
+        with open(a.first_marker, "a+") as fh:
+            fh.seek(0)
+            if len(fh.readlines()) < a.first_launches:
+                a.tpot_ms = a.first_tpot_ms
+            fh.write("launch\n")
     try:  # uvloop if present: the server must not be the bottleneck in ceiling runs
         import uvloop
 
