@@ -11,7 +11,8 @@ combination the target's constraints refuse is listed, not launched; one equal t
 once. Each point is one server launched from the target (on this machine), the goal's scenarios (from the
 scenarios file) run against it by the loop's own bench client, the server stopped; no gates. The score is the
 goal's: the geometric mean of its objectives' speedups over the defaults point. The goal run's own score (its
-database, against its own baseline) stands beside it. Points that would start past --budget-s are skipped.
+database, against its own baseline) stands beside it. Points that would start past --budget-s are skipped; on
+SIGTERM (a time limit) the point being measured is stopped, the rest skipped, and what was measured is written.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import argparse
 import itertools
 import json
 import math
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,13 +69,29 @@ def parse_grid(target: Any, specs: list[str]) -> dict[str, list[Any]]:
     return grid
 
 
+class Stopped(Exception):
+    """SIGTERM (the command's time limit): the points measured so far are written and shown."""
+
+
+def _stopped(signum: int, frame: Any) -> None:
+    raise Stopped
+
+
 def goal_best(db: Path) -> dict[str, Any] | None:
-    """The run's best kept trial beyond the baseline (knobs, score, number), or None (no run, nothing kept)."""
+    """The run's best kept trial beyond the baseline (knobs, score, number), or None (no run, nothing kept). Read
+    from a copy: the database beside the results stays one file."""
     from orchestrator.store import Store
 
     if not db.exists():
         return None
-    store = Store(f"sqlite:///{db}", read_only=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in (db, db.with_name(db.name + "-wal")):  # a live database's last writes are in its WAL
+            if part.exists():
+                shutil.copy(part, Path(tmp) / part.name)
+        return _best(Store(f"sqlite:///{Path(tmp) / db.name}"))
+
+
+def _best(store: Any) -> dict[str, Any] | None:
     run = store.latest_run()
     if run is None:
         return None
@@ -202,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     host = LocalHost(logs / "state", standby=False)
     took: list[float] = []
     by_label: dict[str, dict[str, Any]] = {}
+    stopped = False
+    signal.signal(signal.SIGTERM, _stopped)
     for i, p in enumerate(rows):
+        if stopped and "knobs" in p:
+            p["skipped"] = "stopped"
+            continue
         if "knobs" not in p:
             print(f"{p['label']}: refused, not launched ({p['refused']})", flush=True)
             continue
@@ -221,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             p["result"] = measure(host, target, a.model, p["knobs"], scenarios, logs / f"server_{i}.log", a.timeout_s)
         except (HostError, OSError) as e:
             p["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        except Stopped:
+            p["skipped"], stopped = "stopped", True
+            print(f"{p['label']}: stopped at the command's limit; the rest skipped", flush=True)
+            continue
         took.append(time.monotonic() - t0)
         by_label[p["label"]] = p
         print(f"[{time.monotonic() - start:.0f}s] {p['label']}: "

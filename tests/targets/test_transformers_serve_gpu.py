@@ -2,20 +2,22 @@
 measures its knobs beside a goal run's best (benchmarks/gpu/tserve_grid.py), on the CPU.
 
 Every knob's every value renders a command that the installed `transformers serve` parses into exactly those
-settings (its own option parser, nothing launched); the constraints refuse what the server refuses at start-up
-and accept the rest. The grid script's real run against the CPU target is in the slow test at the end.
+settings (its own option parser, nothing launched); what the target leaves out is refused, every combination of
+what it has is accepted. The grid script's real run against the CPU target is in the slow test at the end.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.targets import ConstraintViolated, TargetError, load_target
+from orchestrator.targets import TargetError, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TARGET = ROOT / "examples" / "targets" / "transformers-serve-gpu.toml"
@@ -50,54 +52,64 @@ def test_gpu_target_renders_every_knob_value_as_the_server_parses_it(serve_parse
     assert base["continuous_batching"] is False and base["attn_implementation"] == "sdpa"
     assert (base["cb_block_size"], base["cb_max_batch_tokens"], base["cb_use_cuda_graph"]) == (None, None, None)
     assert base["compile"] is False
-    cb = {"continuous_batching": True}
+    seen = set()
     for name, knob in t.knobs.items():
-        values = (False, True) if knob.type == "bool" else knob.choices
-        for v in values:
-            asked = ({} if name == "attn_implementation" and v == "flex_attention" else cb) | {name: v}
-            knobs = t.validate_knobs(asked)
+        for v in (False, True) if knob.type == "bool" else knob.choices:
+            knobs = t.validate_knobs({"continuous_batching": True, name: v})
             p = serve_parser(t.render(knobs, port=8000, model="/m", source="/s"))
             assert p["continuous_batching"] is knobs["continuous_batching"]
-            if name == "attn_implementation":
-                assert p["attn_implementation"] == v
-            elif name == "cb_block_size":
-                assert p["cb_block_size"] == v
-            elif name == "cb_max_batch_tokens":
-                assert p["cb_max_batch_tokens"] == (v or None)  # 0: the server sizes it
-            elif name == "cb_cuda_graph":
-                assert p["cb_use_cuda_graph"] == {"auto": None, "on": True, "off": False}[v]
+            got = {"continuous_batching": p["continuous_batching"], "attn_implementation": p["attn_implementation"],
+                   "cb_block_size": p["cb_block_size"], "cb_max_batch_tokens": p["cb_max_batch_tokens"] or 0,
+                   "cb_cuda_graph": {None: "auto", True: "on", False: "off"}[p["cb_use_cuda_graph"]]}
+            assert got[name] == v, (name, v, p)
+            seen.add((name, v))
+    assert len(seen) == 2 + 2 + 4 + 6 + 3
     # Without continuous batching its knobs do not exist, so they cannot be passed.
     off = t.validate_knobs({"continuous_batching": False, "cb_block_size": 64, "cb_cuda_graph": "on"})
     assert set(off) == {"continuous_batching", "attn_implementation"}
     assert not any(a.startswith("--cb") for a in t.render(off, port=8000, model="/m", source="/s"))
 
 
-def test_gpu_target_refuses_what_the_server_refuses_and_accepts_the_rest() -> None:
+def test_gpu_target_refuses_what_it_leaves_out_and_accepts_every_combination() -> None:
     t = load_target(GPU_TARGET)
-    with pytest.raises(ConstraintViolated, match="flex_attention is refused at start-up"):
-        t.validate_knobs({"continuous_batching": True, "attn_implementation": "flex_attention"})
-    assert t.validate_knobs({"attn_implementation": "flex_attention"})["attn_implementation"] == "flex_attention"
-    for attn in ("sdpa", "eager"):
-        assert t.validate_knobs({"continuous_batching": True, "attn_implementation": attn})["cb_block_size"] == 256
+    # flex_attention is out of the space (continuous batching refuses it; compiled per shape without it).
+    with pytest.raises(TargetError, match="attn_implementation"):
+        t.validate_knobs({"attn_implementation": "flex_attention"})
     with pytest.raises(TargetError, match="cb_block_size"):
         t.validate_knobs({"continuous_batching": True, "cb_block_size": 48})
     with pytest.raises(TargetError, match="unknown knob"):
-        t.validate_knobs({"compile": True})  # left out of the GPU space (minutes of torch.compile at start-up)
+        t.validate_knobs({"compile": True})  # left out of the GPU space (torch.compile at start-up)
+    # No constraint: every combination of the knobs' values is a server that starts.
+    combos = 0
+    for cb in (False, True):
+        for attn in ("sdpa", "eager"):
+            for block in (32, 64, 128, 256):
+                for tokens in (0, 256, 4096):
+                    for graph in ("auto", "on", "off"):
+                        t.validate_knobs({"continuous_batching": cb, "attn_implementation": attn,
+                                          "cb_block_size": block, "cb_max_batch_tokens": tokens, "cb_cuda_graph": graph})
+                        combos += 1
+    assert combos == 144 and not t.constraints
 
 
 def test_grid_points_fold_repeats_list_refusals_and_put_the_goal_best_second(tmp_path: Path) -> None:
     t = load_target(GPU_TARGET)
-    grid = tserve_grid.parse_grid(t, ["continuous_batching=false,true", "attn_implementation=sdpa,flex_attention"])
-    assert grid == {"continuous_batching": [False, True], "attn_implementation": ["sdpa", "flex_attention"]}
+    grid = tserve_grid.parse_grid(t, ["continuous_batching=false,true", "attn_implementation=sdpa,eager"])
+    assert grid == {"continuous_batching": [False, True], "attn_implementation": ["sdpa", "eager"]}
     best = {"trial": 3, "knobs": {"continuous_batching": True, "attn_implementation": "sdpa", "cb_block_size": 64},
             "score": 5.1}
     pts = tserve_grid.points(t, grid, best)
-    assert [p["label"] for p in pts][:2] == ["default", "goal #3"]
+    assert [p["label"] for p in pts] == ["default", "goal #3", *(f"continuous_batching={c} attn_implementation={a}"
+                                         for c in (False, True) for a in ("sdpa", "eager"))]
     by = {p["label"]: p for p in pts}
     assert by["continuous_batching=False attn_implementation=sdpa"]["same_as"] == "default"
-    assert "refused" in by["continuous_batching=True attn_implementation=flex_attention"]
     assert "same_as" not in by["continuous_batching=True attn_implementation=sdpa"]  # block 256, not the best's 64
     assert by["goal #3"]["knobs"]["cb_block_size"] == 64
+    # A combination the target's constraints refuse is listed, not launched (the CPU target's paged cache rule).
+    cpu = load_target(CPU_TARGET)
+    pts = tserve_grid.points(cpu, tserve_grid.parse_grid(cpu, ["continuous_batching=true", "cb_block_size=16,32",
+                                                               "cb_num_blocks=32"]), None)
+    assert ["refused" in p for p in pts] == [False, True, False] and "1024-token" in pts[1]["refused"]
     for bad, said in ((["nope=1"], "a knob of"), (["cb_block_size=48"], "not one of"),
                       (["continuous_batching=maybe"], "not a bool"), (["attn_implementation"], "NAME=V1,V2")):
         with pytest.raises(TargetError, match=said):
@@ -164,3 +176,29 @@ def test_grid_runs_against_real_transformers_serve(tmp_path: Path, tiny_model) -
     assert "--continuous-batching" in on["result"]["command"] and (tmp_path / "grid_logs" / "server_0.log").exists()
     table = r.stdout[r.stdout.index("point "):]
     assert "x default" in table and "refused" in table and "(= default)" in table
+
+
+@pytest.mark.slow
+def test_grid_stopped_by_its_time_limit_still_writes_what_it_measured(tmp_path: Path, tiny_model) -> None:
+    """SIGTERM while a point is measured (the GPU tool's timeout): that server stopped, the rest skipped, the table
+    and grid.json of the points measured before it."""
+    for mod in ("fastapi", "uvicorn", "accelerate"):
+        pytest.importorskip(mod, reason="transformers serve needs fastapi, uvicorn and accelerate")
+    scen = tmp_path / "sc.toml"
+    scen.write_text("[throughput]\nprompt_tokens = 64\noutput_tokens = 64\nnum_requests = 64\nconcurrency = 1\n"
+                    "warmup_requests = 0\nseed = 3\n")
+    out = tmp_path / "grid.json"
+    proc = subprocess.Popen([sys.executable, str(GRID), str(tiny_model), "--target", str(CPU_TARGET), "--scenarios",
+                             str(scen), "--grid", "attn_implementation=eager", "--grid", "continuous_batching=true,false",
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    log = tmp_path / "grid_logs" / "server_0.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "POST /v1/completions" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)  # during the first point's bench (64 requests one at a time)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stdout  # nothing measured but...
+    res = json.loads(out.read_text())
+    assert [p.get("skipped") for p in res["points"]] == ["stopped", "stopped", "stopped"], res["points"]
+    assert "stopped at the command's limit" in stdout and "point " in stdout
+    assert "Application shutdown complete" in log.read_text()  # its server stopped, not left running
