@@ -177,6 +177,9 @@ elif a[:2] == ["-m", "orchestrator.cli"]:
         sys.exit(124 if a[2] == "goal" else int(os.environ.get("STUB_RESUME_RC", "0")))  # goal: stopped at the limit
     else:
         print("trials of", os.getcwd())
+elif a[0].endswith("sol.py"):  # the floors for the model's shape, from the given ceilings
+    json.dump({{"ceilings": json.load(open(a[a.index("--ceilings") + 1]))["ceilings"],
+               "config": a[a.index("--config") + 1]}}, open(a[a.index("--out") + 1], "w"))
 elif a[0].endswith("time_to_best.py"):
     json.dump({{"db": a[1], "kind": a[a.index("--kind") + 1]}}, open(a[a.index("--headline") + 1], "w"))
 '''
@@ -220,7 +223,10 @@ def test_time_to_best_runs_and_the_same_command_continues(tmp_path: Path) -> Non
 
     cfg = Workspace(ws).config
     assert cfg.seed == 3 and cfg.kb_seed is False and cfg.bench.screen_fraction == 0.25
-    assert Path(cfg.bench.floors) == mf.GPU / "results/sol.json"
+    assert Path(cfg.bench.floors) == ws / "floors.json"  # the ceilings of results/sol.json, the forged model's shape
+    floors = json.loads((ws / "floors.json").read_text())
+    assert floors["config"] == "/models/tiny/config.json"
+    assert floors["ceilings"] == json.loads((mf.GPU / "results/sol.json").read_text())["ceilings"]
     target = load_target(ws / "target.toml")
     assert target.model == "forge:tiny" and Path(target.source).is_dir()
     assert "trials = 5" in (ws / "goal.toml").read_text()

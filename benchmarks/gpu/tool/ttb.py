@@ -63,8 +63,10 @@ def _abs_source(text: str, folder: Path) -> str:
                   flags=re.M)
 
 
-def workspace(ws: Path, p: dict[str, Any], *, host_line: str = "", extra_toml: str = "") -> None:
-    """The run's target, goal and infergoal.toml in ``ws`` (rewritten each call: the same parameters)."""
+def workspace(ws: Path, p: dict[str, Any], *, host_line: str = "", extra_toml: str = "",
+              floors: Path | None = None) -> None:
+    """The run's target, goal and infergoal.toml in ``ws`` (rewritten each call: the same parameters); ``floors``:
+    the floors file the run reads (default: ``p["floors"]`` under benchmarks/gpu/)."""
     (ws / ".infergoal").mkdir(parents=True, exist_ok=True)
     target = ROOT / p["target"]
     text = re.sub(r"^model = .*$", f'model = "forge:{p["preset"]}"', target.read_text(), count=1, flags=re.M)
@@ -83,7 +85,7 @@ def workspace(ws: Path, p: dict[str, Any], *, host_line: str = "", extra_toml: s
     if p["scenarios"]:
         lines.append(f'scenarios = "{GPU / p["scenarios"]}"')
     if p["floors"]:
-        lines.append(f'floors = "{GPU / p["floors"]}"')
+        lines.append(f'floors = "{floors or GPU / p["floors"]}"')
     (ws / "infergoal.toml").write_text("\n".join(x for x in lines if x) + "\n" + extra_toml)
 
 
@@ -139,8 +141,9 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
     after = LOOP_MARGIN_S + INT_GRACE_S + p["reserve_s"]  # the reserve: the experiment's steps after this one
     if p["paired_reserve_s"] and not p["wall_s"]:  # end on its own budget, the paired confirmation inside the limit
         p = {**p, "wall_s": max(60, ctx.left(after + p["paired_reserve_s"]))}
+    floors = model_floors(ctx, ws, model, p) if p["floors"] else None
     if not ctx.dry:
-        workspace(ws, p, host_line=host_line, extra_toml=extra_toml)
+        workspace(ws, p, host_line=host_line, extra_toml=extra_toml, floors=floors)
         restore(ctx, ws, name, state, p["kb_from"], p["kind"])
     db = ws / ".infergoal" / "infergoal.db"
     state_now = "none" if ctx.dry else run_state(db)
@@ -175,6 +178,25 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
     ctx.tail(ctx.out / "trials.txt", 30)
     collect(ctx, ws, name, p["kind"], GPU / p["best_known"] if p["best_known"] else None)
     return rc
+
+
+def model_floors(ctx: Ctx, ws: Path, model: str, p: dict[str, Any]) -> Path | None:
+    """``ws/floors.json``: the floors of ``p["floors"]``' ceilings (its card's copy bandwidth and matrix rate) for
+    the forged model's own shape (sol.py --config --ceilings), so the speed-of-light check judges every preset's
+    trials (it checks only a trial whose model has the recorded shape: the 7B's floors never judge the 3B). None,
+    said in one line, when they cannot be made: the run then reads ``p["floors"]`` as given."""
+    out = ws / "floors.json"
+    if not ctx.dry:
+        ws.mkdir(parents=True, exist_ok=True)
+    argv = ["--config", str(Path(model) / "config.json"), "--ceilings", str(GPU / p["floors"]), "--out", str(out)]
+    if p["scenarios"]:
+        argv += ["--scenarios", str(GPU / p["scenarios"])]
+    rc = ctx.py(str((GPU / "sol.py").relative_to(ROOT)), *argv, timeout=60, log=ctx.out / "logs" / "floors.log")
+    if rc != 0 or not (ctx.dry or out.exists()):
+        ctx.log(f"no floors for {p['preset']}'s shape (sol.py exit {rc}; logs/floors.log): the run reads {p['floors']}")
+        return None
+    ctx.log(f"floors for {p['preset']}'s shape from {p['floors']}'s ceilings -> {out}")
+    return out
 
 
 def collect(ctx: Ctx, ws: Path, name: str, kind: str, best_known: Path | None) -> None:
