@@ -33,7 +33,7 @@ def test_every_choice_is_timed_or_refused_and_the_served_one_comes_first(kernels
     from hfserve.fast.model import _SDPA, PREFILL_ATTN
 
     out = tmp_path / "prefill.json"
-    assert prefill_card.main(["--device", "cpu", "--preset", "tiny", "--tokens", "24", "--reps", "1",
+    assert prefill_card.main(["--device", "cpu", "--preset", "tiny", "--tokens", "12", "--reps", "1",
                               "--budget-s", "600", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = res["rows"]
