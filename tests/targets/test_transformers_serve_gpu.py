@@ -8,6 +8,7 @@ what it has is accepted. The grid script's real run against the CPU target is in
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -47,8 +48,8 @@ def test_gpu_target_renders_every_knob_value_as_the_server_parses_it(serve_parse
     t = load_target(GPU_TARGET)
     assert t.engine == "transformers-serve" and t.model == "forge:2b-peaked" and not t.capabilities.ignore_eos
     base = serve_parser(t.render(t.baseline_knobs(), port=8000, model="/m", source="/s"))
-    assert (base["device"], base["dtype"], base["force_model"]) == ("cuda", "bfloat16", t.served_model_name)
-    # The defaults: generate() per request, SDPA; nothing of continuous batching passed.
+    assert (base["device"], base["dtype"], base["force_model"]) == ("cuda", "float32", t.served_model_name)
+    # The defaults: float32 (bfloat16 is a knob), generate() per request, SDPA; nothing of continuous batching passed.
     assert base["continuous_batching"] is False and base["attn_implementation"] == "sdpa"
     assert (base["cb_block_size"], base["cb_max_batch_tokens"], base["cb_use_cuda_graph"]) == (None, None, None)
     assert base["compile"] is False
@@ -58,15 +59,16 @@ def test_gpu_target_renders_every_knob_value_as_the_server_parses_it(serve_parse
             knobs = t.validate_knobs({"continuous_batching": True, name: v})
             p = serve_parser(t.render(knobs, port=8000, model="/m", source="/s"))
             assert p["continuous_batching"] is knobs["continuous_batching"]
-            got = {"continuous_batching": p["continuous_batching"], "attn_implementation": p["attn_implementation"],
+            got = {"dtype": p["dtype"], "continuous_batching": p["continuous_batching"],
+                   "attn_implementation": p["attn_implementation"],
                    "cb_block_size": p["cb_block_size"], "cb_max_batch_tokens": p["cb_max_batch_tokens"] or 0,
                    "cb_cuda_graph": {None: "auto", True: "on", False: "off"}[p["cb_use_cuda_graph"]]}
             assert got[name] == v, (name, v, p)
             seen.add((name, v))
-    assert len(seen) == 2 + 2 + 4 + 6 + 3
+    assert len(seen) == 2 + 2 + 2 + 4 + 6 + 3
     # Without continuous batching its knobs do not exist, so they cannot be passed.
     off = t.validate_knobs({"continuous_batching": False, "cb_block_size": 64, "cb_cuda_graph": "on"})
-    assert set(off) == {"continuous_batching", "attn_implementation"}
+    assert set(off) == {"dtype", "continuous_batching", "attn_implementation"}
     assert not any(a.startswith("--cb") for a in t.render(off, port=8000, model="/m", source="/s"))
 
 
@@ -81,15 +83,13 @@ def test_gpu_target_refuses_what_it_leaves_out_and_accepts_every_combination() -
         t.validate_knobs({"compile": True})  # left out of the GPU space (torch.compile at start-up)
     # No constraint: every combination of the knobs' values is a server that starts.
     combos = 0
-    for cb in (False, True):
-        for attn in ("sdpa", "eager"):
-            for block in (32, 64, 128, 256):
-                for tokens in (0, 256, 4096):
-                    for graph in ("auto", "on", "off"):
-                        t.validate_knobs({"continuous_batching": cb, "attn_implementation": attn,
-                                          "cb_block_size": block, "cb_max_batch_tokens": tokens, "cb_cuda_graph": graph})
-                        combos += 1
-    assert combos == 144 and not t.constraints
+    for dtype, cb, attn, block, tokens, graph in itertools.product(("float32", "bfloat16"), (False, True),
+                                                                   ("sdpa", "eager"), (32, 64, 128, 256),
+                                                                   (0, 256, 4096), ("auto", "on", "off")):
+        t.validate_knobs({"dtype": dtype, "continuous_batching": cb, "attn_implementation": attn,
+                          "cb_block_size": block, "cb_max_batch_tokens": tokens, "cb_cuda_graph": graph})
+        combos += 1
+    assert combos == 288 and not t.constraints
 
 
 def test_grid_points_fold_repeats_list_refusals_and_put_the_goal_best_second(tmp_path: Path) -> None:
