@@ -202,3 +202,30 @@ def test_grid_stopped_by_its_time_limit_still_writes_what_it_measured(tmp_path: 
     assert [p.get("skipped") for p in res["points"]] == ["stopped", "stopped", "stopped"], res["points"]
     assert "stopped at the command's limit" in stdout and "point " in stdout
     assert "Application shutdown complete" in log.read_text()  # its server stopped, not left running
+
+
+def test_grid_table_shows_every_kind_of_point() -> None:
+    from orchestrator.config.goal import load_goal
+
+    goal = load_goal(GRID.parent / "goal_tserve.toml")
+
+    def measured(tok_s: float) -> dict:
+        return {"ready_s": 12.3, "scenarios": {"throughput": {"output_throughput": tok_s, "tpot_ms_p50": 20.0}}}
+
+    rows = [{"label": "default", "knobs": {"dtype": "float32"}, "result": measured(100.0)},
+            {"label": "goal #4", "knobs": {"continuous_batching": True}, "result": measured(520.0),
+             "goal": {"trial": 4, "score": 5.37}},
+            {"label": "a", "knobs": {}, "refused": 'constraint "x" broken by y: the cache is too small'},
+            {"label": "b", "knobs": {}, "skipped": "no time"},
+            {"label": "c", "knobs": {}, "error": "the server exited during start-up (exit 1)"},
+            {"label": "d", "knobs": {"dtype": "float32"}, "result": measured(100.0), "same_as": "default"}]
+    base = rows[0]["result"]["scenarios"]
+    for r in rows:
+        if "result" in r:
+            r["score"] = tserve_grid.score(goal, r["result"]["scenarios"], base)
+    lines = tserve_grid.table(rows, goal).splitlines()
+    assert lines[0].split()[:3] == ["point", "x", "default"] and len(lines) == 7
+    assert "5.20x" in lines[2] and "5.37x (#4)" in lines[2] and "520.0" in lines[2]
+    assert "refused" in lines[3] and "the cache is too small" in lines[3]
+    assert "no time" in lines[4] and "failed" in lines[5] and "exited during start-up" in lines[5]
+    assert lines[6].endswith("(= default)") and "1.00x" in lines[6]
