@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 
 HERE = Path(__file__).resolve().parent
@@ -136,19 +137,39 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "best_median": statistics.median(r.get("best", 0.0) for r in rows)}
 
 
-def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS) -> dict[str, Any]:
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    target = load_target(TARGET)
-    sur = fit(target=target)
+def _replay(sur: Surrogate, target: Any, seeds: int, trials: int, variants: tuple[Variant, ...], tmp: Path,
+            warm: dict[str, Any]) -> dict[str, Any]:
     best, best_knobs = sur.best_known(target)
     top, top_knobs = sur.best(target)
-    warm = target.validate_knobs(warm_knobs())
-    tmp = Path(tempfile.mkdtemp())
-    res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs, "warm": warm, "seeds": seeds, "trials": trials}
+    res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs}
     for v in variants:
         for kind, w in (("cold", None), ("warm", warm)):
             rows = [one_run(s, v, sur, target, best, trials, tmp, w) for s in range(seeds)]
             res[f"{v.name}_{kind}"] = {**_stats(rows), "runs": rows}
+    return res
+
+
+def others(sur: Surrogate, target: Any, draws: int) -> dict[str, Surrogate]:
+    """The surrogates of the robustness table: the fit on the H100 runs alone and on the H200 runs alone (both with
+    the main fit's GPU-seconds per trial: today's code's), and `draws` redraws of every fitted weight from its
+    posterior (`Surrogate.perturbed`, seeded 0..draws-1)."""
+    out = {f"{card} runs only": dataclasses.replace(fit(target=target, card=card), seconds=sur.seconds) for card in ("h100", "h200")}
+    for i in range(draws):
+        out[f"weights redrawn #{i}"] = sur.perturbed(np.random.default_rng(i))
+    return out
+
+
+def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, draws: int = 0) -> dict[str, Any]:
+    """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates (`robustness`)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    target = load_target(TARGET)
+    sur = fit(target=target)
+    warm = target.validate_knobs(warm_knobs())
+    tmp = Path(tempfile.mkdtemp())
+    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm), "warm": warm, "seeds": seeds, "trials": trials}
+    if draws:
+        res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm)
+                             for name, other in others(sur, target, draws).items()}
     return res
 
 
@@ -163,7 +184,7 @@ def _finite(x: Any) -> Any:
 
 def _infinite(res: dict[str, Any]) -> dict[str, Any]:
     """A saved table with its nulls (never reached) back as infinite."""
-    for v in res.values():
+    for v in [*res.values(), *(x for r in res.get("robustness", {}).values() for x in r.values())]:
         if isinstance(v, dict) and "runs" in v:
             for stat in ("median_s", "p90_s"):
                 v[stat] = math.inf if v[stat] is None else v[stat]
@@ -179,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--json", type=Path, help="the whole table with every run (the evidence file)")
+    ap.add_argument("--draws", type=int, default=3, help="the robustness table's redraws of the fitted weights "
+                    "(beside the H100-only and H200-only fits; 0: no robustness table)")
     ap.add_argument("--headline", type=Path, help="write time_to_best_cold_s_median / _p90 (after) into this headline.json")
     ap.add_argument("--from", dest="saved", type=Path, help="print (and --headline) a table saved by --json instead of replaying")
     args = ap.parse_args(argv)
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         res = _infinite(json.loads(args.saved.read_text()))
         args.seeds, args.trials, args.json = res["seeds"], res["trials"], args.json or args.saved
     else:
-        res = table(args.seeds, args.trials)
+        res = table(args.seeds, args.trials, draws=args.draws)
     print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
           f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
     print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
@@ -195,6 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             s = res[f"{v.name}_{kind}"]
             print(f"{v.name:8} {kind:5} {_fmt(s['median_s']):>13} {_fmt(s['p90_s']):>12} {s['reached']:>5}/{s['seeds']:<2} "
                   f"{s['sentinel_share_median']:>14.1%} {s['crashed_trials']:>15} {s['best_median']:>13.2f}x")
+    if res.get("robustness"):
+        print("\nrobustness: the same replay on other surrogates the stored trials fit (median / p90 GPU-s, seeds reached)")
+        print(f"{'surrogate':22} {'best known':>10} " + " ".join(f"{v.name + ' ' + kind:>22}" for v in VARIANTS for kind in ("cold", "warm")))
+        for name, r in res["robustness"].items():
+            cells = [f"{_fmt(r[k]['median_s'])} / {_fmt(r[k]['p90_s'])} ({r[k]['reached']})"
+                     for k in (f"{v.name}_{kind}" for v in VARIANTS for kind in ("cold", "warm"))]
+            print(f"{name:22} {r['best']:>9.2f}x " + " ".join(f"{c:>22}" for c in cells))
     if args.json and not args.saved:
         args.json.write_text(json.dumps(_finite(res), indent=1) + "\n")
     if args.headline:

@@ -25,6 +25,7 @@ The scale of the replay's scores is the H100 cold run's (today's knob space and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shutil
@@ -85,12 +86,12 @@ class StoredTrial:
     error: str
 
 
-def load_trials(results: Path = RESULTS, only: str | None = None) -> list[StoredTrial]:
+def load_trials(results: Path = RESULTS, only: str | None = None, card: str = "") -> list[StoredTrial]:
     """Every search trial (and baseline / sentinel, for their GPU-seconds) of the 7B TPOT + throughput runs
-    (`only`: of that one database, whatever its model)."""
+    (`only`: of that one database, whatever its model; `card`: of the runs on that card alone, `h100` or `h200`)."""
     out = []
     tmp = Path(tempfile.mkdtemp())
-    for db in sorted(results.glob(only or "*.db")):
+    for db in sorted(results.glob(only or f"{card}*.db")):
         # read from a copy: opening a WAL database, even read-only, leaves -wal / -shm files beside it
         shutil.copyfile(db, tmp / "run.db")
         con = sqlite3.connect(tmp / "run.db")
@@ -136,6 +137,14 @@ class Surrogate:
     ridge: float
     rows: int = 0
     runs: list[str] = field(default_factory=list)
+    weight_sd: dict[str, float] = field(default_factory=dict)
+    """Each weight's posterior sd (the fit's residual sd through the ridge normal equations)."""
+
+    def perturbed(self, rng: np.random.Generator) -> Surrogate:
+        """The same surrogate with each fitted weight redrawn from its posterior (`weight_sd`): another space the
+        stored trials fit as well, for a gain that must not hold only for this one fit."""
+        w = {n: float(rng.normal(v, self.weight_sd.get(n, 0.0))) for n, v in self.weights.items()}
+        return dataclasses.replace(self, weights=w)
 
     def predict(self, knobs: dict[str, Any]) -> Prediction:
         f = features(knobs, self.defaults)
@@ -198,10 +207,11 @@ def _loo(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> float:
     return float(np.mean(np.square(err)))
 
 
-def fit(results: Path = RESULTS, target: Any = None) -> Surrogate:
+def fit(results: Path = RESULTS, target: Any = None, card: str = "") -> Surrogate:
+    """The surrogate fitted on every stored 7B run (`card`: on that card's runs alone, `h100` or `h200`)."""
     target = target or load_target(TARGET)
     defaults = {k: v.default for k, v in target.knobs.items()}
-    trials = load_trials(results)
+    trials = load_trials(results, card=card)
     ok = [t for t in trials if t.status in ("kept", "discarded") and t.score and t.knobs.get("engine")]
     runs = sorted({t.run for t in ok})
     rows = [features(t.knobs, defaults) for t in ok]
@@ -215,6 +225,8 @@ def fit(results: Path = RESULTS, target: Any = None) -> Surrogate:
     ridge = min(RIDGES, key=lambda lam: _loo(x, y, len(runs), lam))
     w = _solve(x, y, len(runs), ridge)
     resid = y - x @ w
+    reg = np.diag([1e-6] * len(runs) + [ridge] * len(names))
+    sd = float(np.std(resid)) * np.sqrt(np.diag(np.linalg.inv(x.T @ x + reg)))
     offsets = dict(zip(runs, w[: len(runs)].tolist(), strict=True))
     weights = dict(zip(names, w[len(runs):].tolist(), strict=True))
     # crash levels: carried by every failed trial that crashed or got server errors, and by no trial that served
@@ -239,7 +251,8 @@ def fit(results: Path = RESULTS, target: Any = None) -> Surrogate:
     seconds = {k: statistics.median(v) for k, v in secs.items()}
     seconds["before_first"] = 21.0  # the store, the model check and the first deploy's start (time_to_best.py's split)
     return Surrogate(weights, offsets, offsets.get(SCALE_RUN, statistics.mean(offsets.values())), set(names), crash,
-                     seconds, defaults, float(np.std(resid)), ridge, len(ok), runs)
+                     seconds, defaults, float(np.std(resid)), ridge, len(ok), runs,
+                     dict(zip(names, sd[len(runs):].tolist(), strict=True)))
 
 
 def main(argv: list[str] | None = None) -> int:

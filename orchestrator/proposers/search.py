@@ -18,7 +18,9 @@ trial as a failure of its suspect levels alone (those no served trial carried), 
 suspects is bisected by the next proposals (the crashed set with half of them reset), and a level found
 alone to blame is never proposed again. The covering start-up stakes at most MAX_UNTRIED untried levels
 per trial, so one crash throws away little. After the start-up, TPE's draws are ranked by the run's
-per-knob cost model (`costmodel.CostModel`, refitted from every measured trial): a screening level only.
+per-knob cost model (`costmodel.CostModel`, refitted from every measured trial): a screening level only;
+between them, the model's steps (`modelstep`) propose the best trial with the levels the model predicts
+better, and the walk steps a numeric knob where the model predicts no gain and no loss.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from orchestrator.core.candidate import Candidate, knob_key
 from orchestrator.core.roles import BASELINES
 from orchestrator.proposers import multiobjective
 from orchestrator.proposers.costmodel import CostModel
+from orchestrator.proposers.modelstep import model_step, walk_loses
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.attribution import attribute, bisect
 from orchestrator.targets.failures import refused_values
@@ -75,11 +78,6 @@ ATTRIBUTE_PREFIX = "attribute:"
 # After the start-up, TPE is asked for this many admissible knob sets and the one the run's cost model
 # (`costmodel.CostModel`, refitted from every measured trial) predicts highest is proposed (1: TPE's first).
 RANK_POOL = 8
-# The model step (`SearchProposer._model_step`): the best trial with the levels the cost model predicts
-# better, at least this much in all; TPE's turn after MODEL_STEPS of them in a row that found no new best.
-MODEL_PREFIX = "model step:"
-MODEL_STEP_GAIN = 0.01
-MODEL_STEPS = 2
 # A start-up draw the cost model predicts under this fraction of the best measured score is not proposed
 # while another draw is admissible: its untried levels are not worth a trial the model expects to lose.
 SCREEN_PREDICTED = 0.5
@@ -286,9 +284,11 @@ class SearchProposer:
                         and not _inside(regions, knobs, "swap", skipped)):
                     return _with_skips(Candidate(knobs=knobs, rationale=why, proposer=self.name), skipped)
         if self.walk:
-            step = self._walk(history, target, seen, refused, regions, skipped)
-            if step is None and self.rank > 1:
-                step = self._model_step(history, target, seen, refused, regions, skipped)
+            # With the cost model (rank > 1) its step goes first (`modelstep`: a numeric knob moves as far as the fitted
+            # slope says pays); the walk steps where the model predicts no gain, and only where it predicts no loss.
+            step = model_step(history, target, name=self.name, n_startup=self.n_startup, max_untried=self.max_untried,
+                              seen=seen, refused=refused, regions=regions) if self.rank > 1 else None
+            step = step or self._walk(history, target, seen, refused, regions, skipped)
             if step is not None:
                 return _with_skips(step, skipped)
         # While the priors hold, search first inside the region they support (`prior_region`);
@@ -317,7 +317,8 @@ class SearchProposer:
         becomes the new best, the next proposal steps the same knob the same way again. A step that did
         not improve ends the walk: TPE proposes until another trial becomes the best, so a best that is
         not at an edge costs one trial, not every other one. Never inside a failed region, never a
-        refused value, never a knob set already measured."""
+        refused value, never a knob set already measured; with the cost model (rank > 1), the walk comes after
+        the model's step and never takes a step the model predicts a loss for (`modelstep.walk_loses`)."""
         finished = [t for t in history if t.status in _FINISHED]
         if len(finished) < self.n_startup:
             return None
@@ -343,68 +344,20 @@ class SearchProposer:
                 if prev is not None and name in prev.knobs and prev.knobs[name] != best.knobs[name]:
                     steps.append((name, "up" if best.knobs[name] > prev.knobs[name] else "down", best))
             steps += [(n, d, best) for n in numeric for d in ("up", "down")]
+        model = CostModel(target, history) if self.rank > 1 else None
         for name, direction, src in steps:
             v = src.knobs.get(name)
             for knob_name, value, knobs in neighbours(target, src.knobs):
                 if knob_name != name or (value > v) != (direction == "up"):
                     continue
                 if (knob_key(knobs) in seen or any((k, repr(x)) in refused for k, x in knobs.items())
+                        or (model is not None and walk_loses(model, src.knobs, target.validate_knobs(knobs)))
                         or _inside(regions, knobs, "walk", skipped)):
                     continue
                 return Candidate(knobs=knobs, proposer=self.name,
                                  rationale=f"{WALK_PREFIX} {name} {direction} from #{src.number} "
                                            f"({float(src.score):.3f}x, the best so far): {v} -> {value}")
         return None
-
-    def _model_step(self, history: Sequence[Any], target: TargetSpec, seen: set[str], refused: set[tuple[str, str]],
-                    regions: Sequence[FailedRegion], skipped: list[dict[str, Any]]) -> Candidate | None:
-        """The best trial with the levels the cost model predicts better (coordinate ascent on the model), while
-        it predicts a gain of at least MODEL_STEP_GAIN over the best; None (TPE proposes) otherwise, before the
-        start-up is done, and after MODEL_STEPS steps in a row that did not become the best (TPE's turn between).
-        A step stakes at most `max_untried` levels no served trial carried, as a start-up trial does.
-
-        Why: the best region of an engine's space is often the best trial with a few levels changed that
-        each do a little (a fused kernel, fp8 KV, fewer launches), and TPE's independent draws over a dozen
-        knobs rarely change just those; the model names them from the knobs' priors, corrected by what the
-        run measured, and each step it measures corrects it again."""
-        finished = [t for t in history if t.status in _FINISHED]
-        scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
-        if len(finished) < self.n_startup or not scored:
-            return None
-        best = max(scored, key=lambda t: (float(t.score), -t.number))
-        own = [t for t in history if t.proposer == self.name and t.number > best.number]
-        if len(own) >= MODEL_STEPS and all((t.rationale or "").startswith(MODEL_PREFIX) for t in own[-MODEL_STEPS:]):
-            return None  # the model's last steps did not pay: TPE's turn
-        model = CostModel(target, history)
-        here = model.predict(best.knobs)
-
-        served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
-
-        def ok(k: dict[str, Any]) -> bool:  # and no more untried levels staked than a start-up trial may
-            untried = sum(1 for n, x in k.items() if x != target.knobs[n].default and (n, repr(x)) not in served)
-            return (not any((n, repr(x)) in refused for n, x in k.items()) and region_containing(regions, k) is None
-                    and (self.max_untried is None or untried <= self.max_untried))
-
-        # coordinate ascent on the model from the best trial: each knob in turn to its best predicted level
-        # (a gain of at least MODEL_STEP_GAIN), twice over the knobs; else the best single unmeasured neighbour
-        knobs, pred = dict(best.knobs), here
-        for _ in range(2):
-            for name in target.knobs:
-                steps = [(model.predict(k), k) for n, _, k in _filled(target, neighbours(target, knobs)) if n == name and ok(k)]
-                if steps and max(steps, key=lambda s: s[0])[0] >= pred * (1 + MODEL_STEP_GAIN):
-                    pred, knobs = max(steps, key=lambda s: s[0])
-        if knob_key(knobs) in seen:
-            options = [(model.predict(k), k) for _, _, k in _filled(target, neighbours(target, best.knobs))
-                       if knob_key(k) not in seen and ok(k)]
-            if not options:
-                return None
-            pred, knobs = max(options, key=lambda o: o[0])
-        if pred < here * (1 + MODEL_STEP_GAIN):
-            return None
-        changed = ", ".join(f"{k}={v}" for k, v in knobs.items() if best.knobs.get(k) != v)
-        return Candidate(knobs=knobs, proposer=self.name,
-                         rationale=f"{MODEL_PREFIX} #{best.number} ({float(best.score):.3f}x, the best so far) with "
-                                   f"{changed}: the cost model predicts {pred:.2f}x against {here:.2f}x")
 
     def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
              refused: set[tuple[str, str]], *, priors: bool, regions: Sequence[FailedRegion] = (),
@@ -558,11 +511,6 @@ def _constraints(goal: dict[int, float], number: int | None, inside: bool = Fals
     if goal:
         out[GOAL_CONSTRAINT] = goal[number] if number in goal else 1.0 + max(max(goal.values()), 0.0)
     return out or None
-
-
-def _filled(target: TargetSpec, steps: list[tuple[str, Any, dict[str, Any]]]) -> list[tuple[str, Any, dict[str, Any]]]:
-    """`neighbours`' steps with the knobs a step switched on at their defaults (as the loop records them)."""
-    return [(n, v, target.validate_knobs(k)) for n, v, k in steps]
 
 
 def _capped(target: TargetSpec, knobs: dict[str, Any], served: set[tuple[str, str]], cap: int) -> dict[str, Any]:

@@ -39,13 +39,33 @@ def test_the_surrogate_fits_every_stored_run_and_marks_what_it_never_measured(su
     assert knobs["engine"] == "fast-graphs" and known <= sur.best(TARGET)[0]
 
 
+def test_the_robustness_surrogates_are_other_fits_of_the_same_trials(sur):
+    import numpy as np
+
+    other = sur.perturbed(np.random.default_rng(0))
+    assert other.weights.keys() == sur.weights.keys() and other.weights != sur.weights
+    assert all(sd > 0 for sd in sur.weight_sd.values()) and sur.weight_sd.keys() == sur.weights.keys()
+    # each weight moved by its own posterior sd: not by more than 5 of them
+    assert all(abs(other.weights[n] - sur.weights[n]) <= 5 * sur.weight_sd[n] for n in sur.weights)
+    assert sur.perturbed(np.random.default_rng(0)).weights == other.weights  # seeded
+    h100, h200 = ttb_surrogate.fit(target=TARGET, card="h100"), ttb_surrogate.fit(target=TARGET, card="h200")
+    assert h100.rows + h200.rows == sur.rows and all(r.startswith("h100") for r in h100.runs)
+    assert all(r.startswith("h200") for r in h200.runs)
+    names = ttb_replay.others(sur, TARGET, 2)
+    assert list(names) == ["h100 runs only", "h200 runs only", "weights redrawn #0", "weights redrawn #1"]
+    assert names["h200 runs only"].seconds == sur.seconds  # today's GPU-seconds per trial on every surrogate
+
+
 def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
     out = tmp_path / "replay.json"
-    assert ttb_replay.main(["--seeds", "2", "--trials", "6", "--json", str(out)]) == 0
+    assert ttb_replay.main(["--seeds", "2", "--trials", "6", "--json", str(out), "--draws", "1"]) == 0
     text = capsys.readouterr().out
-    for row in ("before   cold", "before   warm", "after    cold", "after    warm"):
+    for row in ("before   cold", "before   warm", "after    cold", "after    warm", "robustness:", "h100 runs only",
+                "h200 runs only", "weights redrawn #0"):
         assert row in text, text
     res = json.loads(out.read_text())
+    assert list(res["robustness"]) == ["h100 runs only", "h200 runs only", "weights redrawn #0"]
+    assert all(r["after_cold"]["seeds"] == 2 for r in res["robustness"].values())
     for key in ("before_cold", "after_cold", "before_warm", "after_warm"):
         assert res[key]["seeds"] == 2 and len(res[key]["runs"]) == 2
         for r in res[key]["runs"]:  # a run that never reached it is null, not a number

@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 from orchestrator.proposers.costmodel import CostModel, prior_effects
-from orchestrator.proposers.search import MODEL_PREFIX, MODEL_STEPS, SearchProposer
+from orchestrator.proposers.modelstep import MODEL_PREFIX, MODEL_STEPS
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 

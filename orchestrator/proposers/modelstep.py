@@ -1,0 +1,127 @@
+"""The search's model steps: the best trial with the levels the run's cost model (`costmodel.CostModel`) predicts better.
+
+After the start-up, between TPE's proposals, the search proposes the best trial so far with the knob levels the
+cost model predicts better (coordinate ascent on the model over the best trial's served neighbourhood), while
+the model predicts a gain of at least MODEL_STEP_GAIN: the best region of an engine's space is often the best
+trial with a few levels changed that each do a little (a fused kernel, fp8 KV, fewer launches), and TPE's
+independent draws over a dozen knobs rarely change just those; the model names them from the knobs' priors,
+corrected by what the run measured, and each step it measures corrects it again.
+
+An int or float knob moves along its ladder (`ladder`: every doubling and halving within its range, its ends
+included), not one neighbour at a time: the model's effect is a slope on its log2 value, so one step goes as far
+as the fitted slope says pays, where a walk of doublings spends a trial on each. The walk (`SearchProposer`)
+skips a step the model predicts a loss for (`walk_loses`): stepping the batch down from the top of its range
+while the fitted slope is positive measures what the run's evidence already says.
+
+A step stakes at most the proposer's `max_untried` levels no served trial carried, as a start-up trial does, and
+TPE has its turn after MODEL_STEPS steps in a row that did not become the best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.core.candidate import Candidate, knob_key
+from orchestrator.proposers.costmodel import CostModel
+from orchestrator.targets import TargetSpec
+from orchestrator.targets.regions import FailedRegion, region_containing
+from orchestrator.targets.space import active_only, is_active
+
+__all__ = ["MODEL_PREFIX", "MODEL_STEPS", "MODEL_STEP_GAIN", "ladder", "model_step", "walk_loses"]
+
+MODEL_PREFIX = "model step:"
+# A step is proposed while the model predicts at least this gain over the best trial (all its changes together).
+MODEL_STEP_GAIN = 0.01
+# TPE's turn after this many model steps in a row that did not become the best.
+MODEL_STEPS = 2
+# The walk skips a step the model predicts at least this much under the knob set it steps from.
+WALK_LOSS = 0.01
+_FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
+
+
+def ladder(knob: Any, value: Any) -> list[Any]:
+    """The values a model step may move an int or float knob to from `value`: on a log scale every doubling and
+    halving of it within the range and the range's ends; otherwise every tenth of the range from it and the ends."""
+    lo, hi, v = float(knob.low), float(knob.high), float(value)
+    if knob.log and lo > 0:
+        out = [v * 2.0 ** k for k in range(-int(math.log2(hi / lo)) - 1, int(math.log2(hi / lo)) + 2)]
+    else:
+        out = [v + k * (hi - lo) / 10 for k in range(-10, 11)]
+    out = [min(max(x, lo), hi) for x in [*out, lo, hi]]
+    if knob.type == "int":
+        out = [int(round(x)) for x in out]
+    return sorted(set(out) - {value})
+
+
+def _moves(target: TargetSpec, knobs: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """`knobs` with knob `name` at each other value it may take (a numeric knob: its `ladder`), as the loop
+    records them (knobs switched on at their defaults); only knob sets the target's constraints allow."""
+    knob = target.knobs[name]
+    if name not in knobs or not is_active(knob, knobs):
+        return []
+    v = knobs[name]
+    if knob.type == "bool":
+        values: list[Any] = [not v]
+    elif knob.type == "categorical":
+        values = [c for c in knob.choices if c != v]
+    else:
+        values = ladder(knob, v)
+    out = []
+    for value in values:
+        try:
+            out.append(target.validate_knobs(active_only(target, dict(knobs) | {name: value})))
+        except ValueError:
+            continue
+    return out
+
+
+def walk_loses(model: CostModel, src: dict[str, Any], step: dict[str, Any]) -> bool:
+    """Whether the model predicts the walk's `step` at least WALK_LOSS under the knob set `src` it steps from."""
+    return model.predict(step) < model.predict(src) * (1 - WALK_LOSS)
+
+
+def model_step(history: Sequence[Any], target: TargetSpec, *, name: str, n_startup: int, max_untried: int | None,
+               seen: set[str], refused: set[tuple[str, str]], regions: Sequence[FailedRegion]) -> Candidate | None:
+    """The best trial with the levels the cost model predicts better, while it predicts a gain of at least
+    MODEL_STEP_GAIN over the best; None (TPE proposes) otherwise, before `n_startup` trials finished, and after
+    MODEL_STEPS steps in a row that did not become the best. Never a measured knob set (`seen`), a refused level,
+    a knob set inside a failed region, or more than `max_untried` levels no served trial carried."""
+    finished = [t for t in history if t.status in _FINISHED]
+    scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
+    if len(finished) < n_startup or not scored:
+        return None
+    best = max(scored, key=lambda t: (float(t.score), -t.number))
+    own = [t for t in history if t.proposer == name and t.number > best.number]
+    if len(own) >= MODEL_STEPS and all((t.rationale or "").startswith(MODEL_PREFIX) for t in own[-MODEL_STEPS:]):
+        return None  # the model's last steps did not pay: TPE's turn
+    model = CostModel(target, history)
+    here = model.predict(best.knobs)
+    served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
+
+    def ok(k: dict[str, Any]) -> bool:  # and no more untried levels staked than a start-up trial may
+        untried = sum(1 for n, x in k.items() if x != target.knobs[n].default and (n, repr(x)) not in served)
+        return (not any((n, repr(x)) in refused for n, x in k.items()) and region_containing(regions, k) is None
+                and (max_untried is None or untried <= max_untried))
+
+    # coordinate ascent on the model from the best trial: each knob in turn to its best predicted value (a gain
+    # of at least MODEL_STEP_GAIN), twice over the knobs; else the best single unmeasured move
+    knobs, pred = dict(best.knobs), here
+    for _ in range(2):
+        for n in target.knobs:
+            steps = [(model.predict(k), k) for k in _moves(target, knobs, n) if ok(k)]
+            if steps and max(steps, key=lambda s: s[0])[0] >= pred * (1 + MODEL_STEP_GAIN):
+                pred, knobs = max(steps, key=lambda s: s[0])
+    if knob_key(knobs) in seen:
+        options = [(model.predict(k), k) for n in target.knobs for k in _moves(target, best.knobs, n)
+                   if knob_key(k) not in seen and ok(k)]
+        if not options:
+            return None
+        pred, knobs = max(options, key=lambda o: o[0])
+    if pred < here * (1 + MODEL_STEP_GAIN):
+        return None
+    changed = ", ".join(f"{k}={v}" for k, v in knobs.items() if best.knobs.get(k) != v)
+    return Candidate(knobs=knobs, proposer=name,
+                     rationale=f"{MODEL_PREFIX} #{best.number} ({float(best.score):.3f}x, the best so far) with "
+                               f"{changed}: the cost model predicts {pred:.2f}x against {here:.2f}x")
