@@ -105,3 +105,17 @@ def _objective(metric, value):
 
 def b_objectives():
     return [_objective("tpot", 0.5), _objective("throughput", 1.0)]
+
+
+def test_of_the_trials_clearing_every_bar_the_largest_goal_margin_is_confirmed_first_not_the_highest_score():
+    from types import SimpleNamespace
+
+    from orchestrator.trial.goalbars import to_confirm
+    b = Bars({"tpot": 4.0, "thr": 19.0}, noise=0.05)
+    edge = SimpleNamespace(number=8, score=11.8)  # TPOT 4.26x: clears 4.2, the highest score (geomean 11.8x)
+    roomy = SimpleNamespace(number=5, score=10.3)  # TPOT 4.9x, throughput 21.5x: both with room
+    short = SimpleNamespace(number=9, score=12.5)  # throughput 19.5x: under 19x + noise
+    screened = [(edge, {"tpot": 4.26, "thr": 33.0}), (roomy, {"tpot": 4.9, "thr": 21.5}), (short, {"tpot": 8.0, "thr": 19.5})]
+    assert to_confirm(b, screened) is roomy
+    assert to_confirm(b, screened[::2]) is edge
+    assert to_confirm(b, screened[2:]) is None
