@@ -13,6 +13,8 @@ as the fitted slope says pays, where a walk of doublings spends a trial on each.
 skips a step the model predicts a loss for (`walk_loses`): stepping the batch down from the top of its range
 while the fitted slope is positive measures what the run's evidence already says.
 
+The ascent takes the move the model predicts best first (steepest ascent, not the knobs in declaration order:
+under the cap on untried levels, the first knob declared that gains a little would otherwise use up the step).
 A step stakes at most the proposer's `max_untried` levels no served trial carried, as a start-up trial does, and
 TPE has its turn after MODEL_STEPS steps in a row that did not become the best.
 """
@@ -100,19 +102,21 @@ def model_step(history: Sequence[Any], target: TargetSpec, *, name: str, n_start
     here = model.predict(best.knobs)
     served = {(k, repr(v)) for t in history if t.status in ("kept", "discarded", "invalid") for k, v in t.knobs.items()}
 
-    def ok(k: dict[str, Any]) -> bool:  # and no more untried levels staked than a start-up trial may
-        untried = sum(1 for n, x in k.items() if x != target.knobs[n].default and (n, repr(x)) not in served)
-        return (not any((n, repr(x)) in refused for n, x in k.items()) and region_containing(regions, k) is None
-                and (max_untried is None or untried <= max_untried))
+    def untried(k: dict[str, Any]) -> int:
+        return sum(1 for n, x in k.items() if x != target.knobs[n].default and (n, repr(x)) not in served)
 
-    # coordinate ascent on the model from the best trial: each knob in turn to its best predicted value (a gain
-    # of at least MODEL_STEP_GAIN), twice over the knobs; else the best single unmeasured move
+    def ok(k: dict[str, Any]) -> bool:  # and no more untried levels staked than a start-up trial may
+        return (not any((n, repr(x)) in refused for n, x in k.items()) and region_containing(regions, k) is None
+                and (max_untried is None or untried(k) <= max_untried))
+
+    # steepest ascent on the model from the best trial: the one move (a knob to another value) the model predicts
+    # best, while it gains at least MODEL_STEP_GAIN; else the best single unmeasured move
     knobs, pred = dict(best.knobs), here
-    for _ in range(2):
-        for n in target.knobs:
-            steps = [(model.predict(k), k) for k in _moves(target, knobs, n) if ok(k)]
-            if steps and max(steps, key=lambda s: s[0])[0] >= pred * (1 + MODEL_STEP_GAIN):
-                pred, knobs = max(steps, key=lambda s: s[0])
+    for _ in range(2 * len(target.knobs)):
+        steps = [(model.predict(k), k) for n in target.knobs for k in _moves(target, knobs, n) if ok(k)]
+        if not steps or max(steps, key=lambda s: s[0])[0] < pred * (1 + MODEL_STEP_GAIN):
+            break
+        pred, knobs = max(steps, key=lambda s: s[0])
     if knob_key(knobs) in seen:
         options = [(model.predict(k), k) for n in target.knobs for k in _moves(target, best.knobs, n)
                    if knob_key(k) not in seen and ok(k)]

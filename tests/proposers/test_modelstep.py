@@ -71,3 +71,12 @@ def test_the_walk_skips_a_step_down_the_model_predicts_a_loss_for_and_takes_it_w
     assert c.rationale.startswith(f"{WALK_PREFIX} max_batch_size down from #4") and c.knobs["max_batch_size"] == 32
     c = SearchProposer(seed=0).propose(history, GPU)  # the model predicts 32 under 64: no walk step there
     assert not c.rationale.startswith(WALK_PREFIX) and c.knobs.get("max_batch_size") != 32, c
+
+
+def test_the_model_step_takes_the_move_worth_most_not_the_first_knob_that_gains():
+    # from #4 (batch 56) with one untried level allowed: batch 64 (declared before kernels) gains ~3% on the prior's
+    # slope, kernels=triton-mm ~7%: the step takes triton-mm, and the batch stays
+    rows = START + [(FG | {"max_batch_size": 56}, "kept", 7.0)]
+    c = SearchProposer(seed=0, max_untried=1).propose(_run(rows), GPU)
+    assert c.rationale.startswith(MODEL_PREFIX) and c.knobs["kernels"] == "triton-mm", c.rationale
+    assert c.knobs["max_batch_size"] == 56
