@@ -19,8 +19,9 @@ Variants (same seeds): `before`: the search and sentinels as they were (the cove
 every untried level a draw has, a crash is told to TPE as a failure of its whole knob set, the
 baseline re-measured every 4 search trials); `after`: at most `MAX_UNTRIED` untried levels per
 start-up trial, crashes attributed (`orchestrator.targets.attribution`), TPE's draws ranked by the run's
-per-knob cost model (`orchestrator.proposers.costmodel`), and a count-based sentinel
-only while sentinels stay within `SENTINEL_SHARE` of the run's GPU time.
+per-knob cost model (`orchestrator.proposers.costmodel`) and its model steps between them
+(`orchestrator.proposers.modelstep`), and a count-based sentinel only while sentinels stay within
+`SENTINEL_SHARE` of the run's GPU time.
 """
 
 from __future__ import annotations
