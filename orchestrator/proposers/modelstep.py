@@ -31,13 +31,17 @@ from orchestrator.targets import TargetSpec
 from orchestrator.targets.regions import FailedRegion, region_containing
 from orchestrator.targets.space import active_only, is_active
 
-__all__ = ["MODEL_PREFIX", "MODEL_STEPS", "MODEL_STEP_GAIN", "ladder", "model_step", "walk_loses"]
+__all__ = ["MODEL_PREFIX", "MODEL_STARTUP", "MODEL_STEPS", "MODEL_STEP_GAIN", "ladder", "model_step", "walk_loses"]
 
 MODEL_PREFIX = "model step:"
 # A step is proposed while the model predicts at least this gain over the best trial (all its changes together).
 MODEL_STEP_GAIN = 0.01
 # TPE's turn after this many model steps in a row that did not become the best.
 MODEL_STEPS = 2
+# The model steps begin once this many trials finished: the baseline alone, so the first search trial is the
+# target's prior's best guess (a few levels from the baseline), not a random covering draw; the start-up's
+# covering draws come on TPE's turns. A target without priors predicts no gain from the baseline alone: TPE first.
+MODEL_STARTUP = 1
 # The walk skips a step the model predicts at least this much under the knob set it steps from.
 WALK_LOSS = 0.01
 _FINISHED = {"kept", "discarded", "failed", "invalid", "needs_approval", "rejected"}
@@ -84,15 +88,15 @@ def walk_loses(model: CostModel, src: dict[str, Any], step: dict[str, Any]) -> b
     return model.predict(step) < model.predict(src) * (1 - WALK_LOSS)
 
 
-def model_step(history: Sequence[Any], target: TargetSpec, *, name: str, n_startup: int, max_untried: int | None,
+def model_step(history: Sequence[Any], target: TargetSpec, *, name: str, max_untried: int | None,
                seen: set[str], refused: set[tuple[str, str]], regions: Sequence[FailedRegion]) -> Candidate | None:
     """The best trial with the levels the cost model predicts better, while it predicts a gain of at least
-    MODEL_STEP_GAIN over the best; None (TPE proposes) otherwise, before `n_startup` trials finished, and after
+    MODEL_STEP_GAIN over the best; None (TPE proposes) otherwise, before MODEL_STARTUP trials finished, and after
     MODEL_STEPS steps in a row that did not become the best. Never a measured knob set (`seen`), a refused level,
     a knob set inside a failed region, or more than `max_untried` levels no served trial carried."""
     finished = [t for t in history if t.status in _FINISHED]
     scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
-    if len(finished) < n_startup or not scored:
+    if len(finished) < MODEL_STARTUP or not scored:
         return None
     best = max(scored, key=lambda t: (float(t.score), -t.number))
     own = [t for t in history if t.proposer == name and t.number > best.number]

@@ -286,7 +286,7 @@ class SearchProposer:
         if self.walk:
             # With the cost model (rank > 1) its step goes first (`modelstep`: a numeric knob moves as far as the fitted
             # slope says pays); the walk steps where the model predicts no gain, and only where it predicts no loss.
-            step = model_step(history, target, name=self.name, n_startup=self.n_startup, max_untried=self.max_untried,
+            step = model_step(history, target, name=self.name, max_untried=self.max_untried,
                               seen=seen, refused=refused, regions=regions) if self.rank > 1 else None
             step = step or self._walk(history, target, seen, refused, regions, skipped)
             if step is not None:

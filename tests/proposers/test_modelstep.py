@@ -80,3 +80,21 @@ def test_the_model_step_takes_the_move_worth_most_not_the_first_knob_that_gains(
     c = SearchProposer(seed=0, max_untried=1).propose(_run(rows), GPU)
     assert c.rationale.startswith(MODEL_PREFIX) and c.knobs["kernels"] == "triton-mm", c.rationale
     assert c.knobs["max_batch_size"] == 56
+
+
+def test_the_first_search_trial_is_the_priors_best_guess_from_the_baseline(tmp_path):
+    from fake_target import write_fake_target
+
+    # the baseline alone measured: the model step proposes what the target's prior predicts best, within the cap
+    # on untried levels (the engine, batching, the batch: three), not a random covering draw
+    c = SearchProposer(seed=0).propose(_run([]), GPU)
+    assert c.rationale.startswith(f"{MODEL_PREFIX} #0"), c.rationale
+    assert (c.knobs["engine"], c.knobs["batching"], c.knobs["max_batch_size"]) == ("fast-graphs", "on", 64)
+    # a target without priors: the model predicts no gain from the baseline alone, the start-up proposes
+    t = load_target(write_fake_target(tmp_path / "f.toml", choices=(8.0, 6.0, 4.0)))
+    store = Store("sqlite://")
+    run = store.create_run("r", "g", {}, "h", {}, {}, "local", "search")
+    b = store.create_trial(run.id, 0, commit="", knobs=t.baseline_knobs(), rationale="", proposer="baseline")
+    store.finish_trial(b.id, "kept", score=1.0)
+    c = SearchProposer(seed=0).propose(store.list_trials(run.id), t)
+    assert c.rationale.startswith("start-up proposal"), c.rationale

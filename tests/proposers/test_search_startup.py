@@ -30,7 +30,8 @@ def test_the_cost_model_screens_start_up_draws_it_expects_to_lose(tmp_path):
     # The target's prior puts the graphs engine far above the others: the first start-up trial goes there,
     # and once a trial measured, a draw predicted under half the best measured score is not proposed.
     for seed in range(4):
-        props = _startup(Store(f"sqlite:///{tmp_path / f'm{seed}.db'}"), SearchProposer(seed=seed), 3)
+        # walk off: no model steps (they would propose first, from the baseline) nor walk, the start-up alone
+        props = _startup(Store(f"sqlite:///{tmp_path / f'm{seed}.db'}"), SearchProposer(seed=seed, walk=False), 3)
         assert props[0].knobs["engine"] == "fast-graphs" and "cost model's pick" in props[0].rationale, seed
         assert all(c.knobs["engine"] == "fast-graphs" for c in props), [c.knobs["engine"] for c in props]
 
@@ -39,7 +40,7 @@ def test_random_start_up_is_still_there_and_repeats_levels(tmp_path):
     # The old design, kept selectable: over five seeds its first three proposals miss some engine.
     missed = 0
     for seed in range(5):
-        props = _startup(Store(f"sqlite:///{tmp_path / f'r{seed}.db'}"), SearchProposer(seed=seed, startup="random"), 3)
+        props = _startup(Store(f"sqlite:///{tmp_path / f'r{seed}.db'}"), SearchProposer(seed=seed, startup="random", walk=False), 3)
         missed += {c.knobs["engine"] for c in props} != {"hf-manual", "fast-eager", "fast-graphs"}
         assert all(c.rationale.startswith("TPE proposal") for c in props)
     assert missed >= 1
