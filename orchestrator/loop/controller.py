@@ -42,6 +42,7 @@ from orchestrator.core.roles import (
 )
 from orchestrator.hosts.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.proposers.base import Proposer
+from orchestrator.proposers.costmodel import GoalAim
 from orchestrator.proposers.search import neighbours
 from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
@@ -181,8 +182,9 @@ class Controller:
             self.ctx.on_step("propose")
             # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
             search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
-            if hasattr(self.proposer, "goal"):  # the goal's bars as the search's constraints
+            if hasattr(self.proposer, "goal"):  # the goal's bars as the search's constraints, and what its steps climb
                 self.proposer.goal = self._steer()
+                self.proposer.aim = self._aim() if self.proposer.goal else None
             candidate = self.proposer.propose(search, self.ctx.target)
             if candidate is None:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
@@ -363,6 +365,14 @@ class Controller:
         if not self.store.events(self.ctx.run_id, kind=PAIRED):
             return {}
         return goalbars.steer(self._bars(self._baseline()), self._screens())
+
+    def _aim(self) -> GoalAim | None:
+        """The bars and each trial's screening speedups (the baseline's: 1.0 each), for the search's steps to climb."""
+        bars = self._bars(self._baseline())
+        if bars is None:
+            return None
+        ratios = {t.number: got for t, got in self._screens()}
+        return GoalAim({k: bars.bar(k) for k in bars.required}, {0: dict.fromkeys(bars.required, 1.0), **ratios})
 
     def _to_confirm(self, baseline: Baseline) -> Any | None:
         """The unconfirmed trial whose screen clears every bar by the largest goal margin, or None."""

@@ -11,7 +11,8 @@ value > 0, the region in the trial's user attrs), and a hard filter re-asks when
 inside one; warm starts, swaps and transferred priors inside one are skipped too. Every skipped
 proposal travels to the loop in `Candidate.extra["skipped"]`, which records it as `search.skip`.
 Once a paired confirmation missed the goal, TPE also sees each trial's shortfall under the goal's
-bars as a constraint (`SearchProposer.goal`, set by the loop from `orchestrator.trial.goalbars`).
+bars as a constraint (`SearchProposer.goal`, set by the loop from `orchestrator.trial.goalbars`), and the model's
+steps and the walk climb the goal margin instead of the score (`SearchProposer.aim`, `modelstep.Ranker`).
 
 A crash condemns its cause, not its region (`orchestrator.targets.attribution`): TPE is told a crashed
 trial as a failure of its suspect levels alone (those no served trial carried), a crash with several
@@ -36,8 +37,8 @@ import optuna
 from orchestrator.core.candidate import Candidate, knob_key
 from orchestrator.core.roles import BASELINES
 from orchestrator.proposers import multiobjective
-from orchestrator.proposers.costmodel import CostModel
-from orchestrator.proposers.modelstep import model_step, walk_loses
+from orchestrator.proposers.costmodel import CostModel, GoalAim
+from orchestrator.proposers.modelstep import Ranker, model_step, walk_loses
 from orchestrator.targets import TargetSpec
 from orchestrator.targets.attribution import attribute, bisect
 from orchestrator.targets.failures import refused_values
@@ -171,6 +172,9 @@ class SearchProposer:
         > 0 when it misses one), set by the loop once a paired confirmation missed the goal. TPE is told it as the
         GOAL_CONSTRAINT, so trials that meet every bar rank above those that miss, and those by how little they
         miss; a trial it does not name (a failure, a draw told as failed) counts as missing by more than any."""
+        self.aim: GoalAim | None = None
+        """The goal's bars and each trial's screening speedups, set by the loop with `goal` once a paired confirmation
+        missed: the model's steps and the walk then start from the largest goal margin and climb it (`modelstep.Ranker`)."""
 
     def stop_bar(self, history: Sequence[Any], margin: float = SCREEN_MARGIN, startup: int | None = None) -> float | None:
         """The bar of `should_stop_early`: the best kept full measurement's score less `margin`, or None while
@@ -287,7 +291,7 @@ class SearchProposer:
             # With the cost model (rank > 1) its step goes first (`modelstep`: a numeric knob moves as far as the fitted
             # slope says pays); the walk steps where the model predicts no gain, and only where it predicts no loss.
             step = model_step(history, target, name=self.name, max_untried=self.max_untried,
-                              seen=seen, refused=refused, regions=regions) if self.rank > 1 else None
+                              seen=seen, refused=refused, regions=regions, aim=self.aim) if self.rank > 1 else None
             step = step or self._walk(history, target, seen, refused, regions, skipped)
             if step is not None:
                 return _with_skips(step, skipped)
@@ -325,7 +329,8 @@ class SearchProposer:
         scored = [t for t in finished if t.status in ("kept", "discarded") and t.score]
         if not scored:
             return None
-        best = max(scored, key=lambda t: (float(t.score), -t.number))
+        rank = Ranker(target, history, self.aim) if self.rank > 1 else None
+        best = rank.start(scored) if rank is not None else max(scored, key=lambda t: (float(t.score), -t.number))
         own = [t for t in history if t.proposer == self.name]
         last = own[-1] if own else None
         walked = [m for t in own if (m := _WALK_RE.match(t.rationale or ""))]
@@ -337,27 +342,29 @@ class SearchProposer:
             return None  # this best was walked from already (its step did not improve): TPE's turn
         else:
             before = [t for t in scored if t.number < best.number]
-            prev = max(before, key=lambda t: (float(t.score), -t.number)) if before else None
+            prev = (rank.start(before) if rank else max(before, key=lambda t: (float(t.score), -t.number))) if before else None
             numeric = [n for n, k in target.knobs.items()
                        if k.type in ("int", "float") and n in best.knobs and is_active(k, best.knobs)]
             for name in numeric:  # momentum: the way the best moved from the previous best
                 if prev is not None and name in prev.knobs and prev.knobs[name] != best.knobs[name]:
                     steps.append((name, "up" if best.knobs[name] > prev.knobs[name] else "down", best))
             steps += [(n, d, best) for n in numeric for d in ("up", "down")]
-        model = CostModel(target, history) if self.rank > 1 else None
+        options = []  # with a goal, of every admissible step the one the Ranker puts highest
         for name, direction, src in steps:
             v = src.knobs.get(name)
             for knob_name, value, knobs in neighbours(target, src.knobs):
                 if knob_name != name or (value > v) != (direction == "up"):
                     continue
                 if (knob_key(knobs) in seen or any((k, repr(x)) in refused for k, x in knobs.items())
-                        or (model is not None and walk_loses(model, src.knobs, target.validate_knobs(knobs)))
+                        or (rank is not None and walk_loses(rank, src.knobs, target.validate_knobs(knobs)))
                         or _inside(regions, knobs, "walk", skipped)):
                     continue
-                return Candidate(knobs=knobs, proposer=self.name,
-                                 rationale=f"{WALK_PREFIX} {name} {direction} from #{src.number} "
-                                           f"({float(src.score):.3f}x, the best so far): {v} -> {value}")
-        return None
+                options.append(Candidate(knobs=knobs, proposer=self.name, rationale=(
+                    f"{WALK_PREFIX} {name} {direction} from #{src.number} ({float(src.score):.3f}x, the "
+                    f"{'best' if rank is None or rank.goal is None else 'closest to the goal'} so far): {v} -> {value}")))
+                if rank is None or rank.goal is None:
+                    return options[0]
+        return max(options, key=lambda c: rank.key(c.knobs)) if options else None
 
     def _ask(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
              refused: set[tuple[str, str]], *, priors: bool, regions: Sequence[FailedRegion] = (),
@@ -437,11 +444,11 @@ class SearchProposer:
         what = f"{'multi-objective TPE' if self.objectives else 'TPE'} proposal after {len(history)} observed trials"
         if len(pool) == 1:
             return Candidate(knobs=pool[0], rationale=what, proposer=self.name)
-        model = CostModel(target, history)
-        pick = max(pool, key=model.predict)
+        rank = Ranker(target, history, self.aim)  # the predicted score, or after a paired miss the goal margin
+        pick = max(pool, key=rank.key)
         return Candidate(knobs=pick, proposer=self.name,
                          rationale=f"{what}: of {len(pool)} TPE draws, the one the run's per-knob cost model "
-                                   f"predicts highest ({model.predict(pick):.2f}x)")
+                                   f"predicts highest ({rank.words(pick)})")
 
     def _cover(self, history: Sequence[Any], target: TargetSpec, dists: dict[str, Any], seen: set[str],
                refused: set[tuple[str, str]], regions: Sequence[FailedRegion]) -> Candidate | None:
