@@ -143,3 +143,38 @@ def test_the_best_score_clearing_every_bar_with_margin_is_the_one_confirmed(tmp_
     assert out.stop_reason.startswith("GoalMet") and f"#{top.number} " in out.stop_reason, out.stop_reason
     assert _key(STEADY) not in own, "the run stops once the goal is confirmed"
     assert not store.events(out.run_id, kind="goal.bar")
+
+
+@pytest.mark.timeout(600)
+def test_after_a_paired_miss_the_loop_hands_the_search_the_bars_and_each_trials_speedups(tmp_path, tiny_model, monkeypatch):
+    """What the model's steps and the walk climb once a confirmation missed (`SearchProposer.aim`): the bars as the
+    paired rounds raised them and every measured trial's screening speedups, the baseline's 1.0; nothing before."""
+    from orchestrator import runs
+    from orchestrator.proposers.scripted import ScriptedProposer
+
+    told = []
+
+    class Told(ScriptedProposer):  # a proposer that takes the goal's steering, as the search does
+        goal: dict = {}
+        aim = None
+
+        def propose(self, history, target):
+            told.append((dict(self.goal), self.aim, max((t.number for t in history), default=0)))
+            return super().propose(history, target)
+
+    steps = [LUCKY, STEADY]
+    proposer = Told(steps)
+    monkeypatch.setattr(runs, "get_proposer", lambda spec, **kw: proposer)
+    out, store, own, paired = _run(tmp_path, steps)
+    lucky, steady = own[_key(LUCKY)], own[_key(STEADY)]
+    tpot, thr = "decode:tpot_ms_p50", "throughput:output_throughput"
+    assert lucky.id in paired and not paired[lucky.id]["met"], paired
+    assert told[0][:2] == ({}, None), "before a paired miss the search is told nothing"
+    goal, aim, last = told[-1]
+    assert last >= lucky.number and aim is not None and lucky.number in goal, told
+    bar = store.events(out.run_id, kind="goal.bar")[0].data["bars"]
+    assert aim.bars == pytest.approx(bar), (aim.bars, bar)
+    assert aim.ratios[0] == {tpot: 1.0, thr: 1.0}
+    assert aim.ratios[lucky.number] == pytest.approx(why_record(store, out.run_id, lucky.id)["goal"]["ratios"])
+    assert aim.margin(aim.ratios[lucky.number]) < 1.0, "the missed setting no longer clears the raised bars"
+    assert out.stop_reason.startswith("GoalMet") and f"#{steady.number} " in out.stop_reason, out.stop_reason
