@@ -182,7 +182,9 @@ class SearchProposer:
         below its `lower`), which is what lets a screen stop a short pass as soon as its score provably
         ends under it (`orchestrator.trial.fidelity`, `Screen.plan`)."""
         full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
-        best = max((float(t.score) for t in full if t.status == "kept"), default=None)
+        # after a paired miss (`goal`) a kept score that misses the goal's bars sets no bar: a candidate under it may be
+        # the one that meets the goal, and a short pass would keep it from its paired confirmation
+        best = max((float(t.score) for t in full if t.status == "kept" and self.goal.get(t.number, 0.0) <= 0), default=None)
         if len(full) < (SCREEN_STARTUP if startup is None else startup) or best is None:
             return None
         return best * (1 - margin)
@@ -211,7 +213,7 @@ class SearchProposer:
         if bar is None:
             return None
         full = [t for t in history if t.status in ("kept", "discarded") and t.score and not is_screened(t)]
-        best = max(float(t.score) for t in full if t.status == "kept")
+        best = max(float(t.score) for t in full if t.status == "kept" and self.goal.get(t.number, 0.0) <= 0)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=bar),
                                     sampler=optuna.samplers.RandomSampler(seed=self.seed))

@@ -66,7 +66,7 @@ def _proposer(history, bars, walk_only=False):
     """The search as the loop leaves it after a paired miss: `goal` (its constraints) and `aim` set from `bars`."""
     p = SearchProposer(seed=0, n_startup=2)
     aim = GoalAim(bars, {t.number: _speedups(t.knobs) for t in history})
-    p.goal = {t.number: 1.0 - aim.margin(_speedups(t.knobs)) for t in history}
+    p.goal = {t.number: 1.0 - aim.margin(_speedups(t.knobs)) for t in history if t.number}  # as `goalbars.steer`
     p.aim = aim
     return p
 
@@ -121,3 +121,24 @@ def test_where_the_largest_batch_clears_every_bar_the_steps_are_the_scores(tmp_p
     assert f"#{BATCHES.index(64) + 1 + len(SLOW)} " in c.rationale
     walked = _proposer(history, low)._walk(history, target, set(), set(), [], [])
     assert walked.knobs == SearchProposer(seed=0, n_startup=2)._walk(history, target, set(), set(), [], []).knobs
+
+
+def test_after_a_paired_miss_only_a_kept_score_that_clears_the_bars_sets_the_short_benchs_bar(tmp_path, target):
+    """A candidate scoring under the best kept score is screened out on its short bench; after a paired miss the best
+    kept score may be the one that missed (the largest batch), and a lower score that clears every bar is the one the
+    goal needs confirmed, which a short pass would keep from its paired A/B: such a score sets no bar."""
+    history = _history(tmp_path, target, BATCHES)
+    top = max(t.score for t in history)
+    assert SearchProposer(seed=0).stop_bar(history, 0.1, startup=0) == pytest.approx(top * 0.9)
+    assert SearchProposer(seed=0).should_stop_early(history, 5.0, 0.1, startup=0), "5x is under the best score's bar"
+    p = _proposer(history, BARS)  # every trial misses one of the bars: the baseline's 1.0 is the best that does not
+    assert p.stop_bar(history, 0.1, startup=0) == pytest.approx(0.9)
+    assert p.should_stop_early(history, 5.0, 0.1, startup=0) is None
+    low = _proposer(history, {TPOT: 3.0, THR: 4.2})  # batches 16 and 32 (5.8x) clear both; 64 (6.3x) misses TPOT's
+    assert low.stop_bar(history, 0.1, startup=0) == pytest.approx(_score(32) * 0.9)
+    assert low.should_stop_early(history, 5.0, 0.1, startup=0) and low.should_stop_early(history, 5.5, 0.1, startup=0) is None
+
+
+def _score(batch):
+    s = _speedups({"engine": "fast", "batch": batch})
+    return (s[TPOT] * s[THR]) ** 0.5
