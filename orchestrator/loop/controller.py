@@ -183,8 +183,7 @@ class Controller:
             # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
             search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
             if hasattr(self.proposer, "goal"):  # the goal's bars as the search's constraints, and what its steps climb
-                self.proposer.goal = self._steer()
-                self.proposer.aim = self._aim() if self.proposer.goal else None
+                self.proposer.goal, self.proposer.aim = self._steer()
             candidate = self.proposer.propose(search, self.ctx.target)
             if candidate is None:
                 raise ProposerExhausted(f"the {self.proposer.name} proposer has nothing left to try")
@@ -360,19 +359,18 @@ class Controller:
             trials = [t for t in trials if not fidelity.is_screened(t) and latest_paired(self.store, self.ctx.run_id, t.id) is None]
         return goalbars.screens(self.store, self.ctx.run_id, trials)
 
-    def _steer(self) -> dict[int, float]:
-        """Trial number -> its goal constraint for the search, once a paired confirmation missed (`goalbars.steer`)."""
+    def _steer(self) -> tuple[dict[int, float], GoalAim | None]:
+        """Once a paired confirmation missed: trial number -> its goal constraint for the search (`goalbars.steer`),
+        and the bars with each trial's screening speedups (the baseline's: 1.0 each) for the search's steps to
+        climb; ({}, None) before, and for a goal without bars."""
         if not self.store.events(self.ctx.run_id, kind=PAIRED):
-            return {}
-        return goalbars.steer(self._bars(self._baseline()), self._screens())
-
-    def _aim(self) -> GoalAim | None:
-        """The bars and each trial's screening speedups (the baseline's: 1.0 each), for the search's steps to climb."""
-        bars = self._bars(self._baseline())
-        if bars is None:
-            return None
-        ratios = {t.number: got for t, got in self._screens()}
-        return GoalAim({k: bars.bar(k) for k in bars.required}, {0: dict.fromkeys(bars.required, 1.0), **ratios})
+            return {}, None
+        bars, screened = self._bars(self._baseline()), self._screens()
+        steer = goalbars.steer(bars, screened)
+        if not steer:
+            return {}, None
+        ratios = {t.number: got for t, got in screened}
+        return steer, GoalAim({k: bars.bar(k) for k in bars.required}, {0: dict.fromkeys(bars.required, 1.0), **ratios})
 
     def _to_confirm(self, baseline: Baseline) -> Any | None:
         """The unconfirmed trial whose screen clears every bar by the largest goal margin, or None."""
@@ -448,18 +446,18 @@ class Controller:
     def _confirm_paired(self, trial: Any, candidate: Candidate) -> dict[str, Any]:
         """Paired A/B of `trial` against the baseline; its score becomes the paired ratio.
         Its re-told why keeps what the screen said of it (a winner confirmed at the stop may have missed)."""
-        screen_met = bool(verdict.why_record(self.store, self.ctx.run_id, trial.id).get("screen_met"))
+        why = verdict.why_record(self.store, self.ctx.run_id, trial.id)
+        screen_met = bool(why.get("screen_met"))
         bars_before = self._bars(self._baseline())
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
                          on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
         # what its screen said, per objective: a miss raises that objective's bar for later screens (`goalbars.raised`)
-        out["screen"] = (verdict.why_record(self.store, self.ctx.run_id, trial.id).get("goal") or {}).get("ratios") or {}
+        out["screen"] = (why.get("goal") or {}).get("ratios") or {}
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",
                              data=out, trial_id=trial.id)
-        for label, said in goalbars.raised_words(bars_before, self._bars(self._baseline()), trial.number, out["screen"],
-                                                 self.ctx.goal.objectives):
-            self.store.add_event(self.ctx.run_id, "goal.bar", said, trial_id=trial.id,
-                                 data={"objective": label, **self._bars(self._baseline()).to_dict()})
+        bars_after = self._bars(self._baseline())
+        for label, said in goalbars.raised_words(bars_before, bars_after, trial.number, out["screen"], self.ctx.goal.objectives):
+            self.store.add_event(self.ctx.run_id, "goal.bar", said, trial_id=trial.id, data={"objective": label, **bars_after.to_dict()})
         if out["score"]:  # the trial's number becomes the paired one: it is the better estimate
             self.store.finish_trial(trial.id, trial.status, score=out["score"], objective=trial.objective,
                                     error=trial.error, timings=trial.timings)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.trial.goalbars import goal_margin
+
 __all__ = ["RIDGE", "CostModel", "GoalAim", "GoalModel", "prior_effects"]
 
 # How many trials' worth of evidence the prior counts as, per effect.
@@ -118,10 +120,8 @@ class GoalAim:
     """Trial number -> its screening speedups per objective label (the baseline, trial 0: 1.0 each)."""
 
     def margin(self, speedups: Mapping[str, float]) -> float | None:
-        """min over the objectives of speedup / bar (>= 1: clears every bar); None when one is unmeasured."""
-        if any(label not in speedups for label in self.bars):
-            return None
-        return min(float(speedups[k]) / b for k, b in self.bars.items())
+        """The goal margin of `speedups` against these bars (`goalbars.goal_margin`)."""
+        return goal_margin(speedups, self.bars)
 
 
 class GoalModel:

@@ -176,9 +176,10 @@ def model_step(history: Sequence[Any], target: TargetSpec, *, name: str, max_unt
     knobs, pred = dict(best.knobs), here
     for _ in range(2 * len(target.knobs)):
         steps = [(rank.key(k), k) for n in target.knobs for k in _moves(target, knobs, n) if ok(k)]
-        if not steps or not gains(max(steps, key=lambda s: s[0])[0], pred, MODEL_STEP_GAIN):
+        top = max(steps, key=lambda s: s[0], default=None)
+        if top is None or not gains(top[0], pred, MODEL_STEP_GAIN):
             break
-        pred, knobs = max(steps, key=lambda s: s[0])
+        pred, knobs = top
     if knob_key(knobs) in seen:
         options = [(rank.key(k), k) for n in target.knobs for k in _moves(target, best.knobs, n)
                    if knob_key(k) not in seen and ok(k)]

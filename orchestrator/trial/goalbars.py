@@ -29,7 +29,7 @@ from typing import Any
 from orchestrator.trial.run import objective_label
 from orchestrator.trial.verdict import why_record
 
-__all__ = ["Bars", "bars", "names", "raised", "raised_words", "ratios", "screen", "steer", "to_confirm", "words"]
+__all__ = ["Bars", "bars", "goal_margin", "names", "raised", "raised_words", "ratios", "screen", "steer", "to_confirm", "words"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,8 @@ class Bars:
         return self.required[label] * (1.0 + self.margin_of(label))
 
     def margin(self, speedups: Mapping[str, float]) -> float | None:
-        """The goal margin: min over objectives of speedup / bar (>= 1: clears every bar); None when one is unmeasured."""
-        if any(label not in speedups for label in self.required):
-            return None
-        return min(float(speedups[label]) / self.bar(label) for label in self.required)
+        """The goal margin of `speedups` against these bars (`goal_margin`)."""
+        return goal_margin(speedups, {label: self.bar(label) for label in self.required})
 
     def clears(self, speedups: Mapping[str, float]) -> bool:
         m = self.margin(speedups)
@@ -70,6 +68,13 @@ class Bars:
         return {"required": dict(self.required), "noise": self.noise,
                 "raised": {k: list(v) for k, v in self.raised.items()},
                 "bars": {k: self.bar(k) for k in self.required}}
+
+
+def goal_margin(speedups: Mapping[str, float], bar: Mapping[str, float]) -> float | None:
+    """min over the objectives of speedup / bar (>= 1: clears every bar); None when one is unmeasured."""
+    if any(label not in speedups for label in bar):
+        return None
+    return min(float(speedups[label]) / b for label, b in bar.items())
 
 
 def ratios(values: Mapping[str, float], baseline: Mapping[str, float], objectives: Sequence[Any]) -> dict[str, float]:
