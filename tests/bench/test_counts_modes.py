@@ -50,3 +50,24 @@ def test_text_counts_agree_within_the_tolerance_and_a_usage_lie_does_not() -> No
     assert m["osl_mismatch"] == 1 and "usage.completion_tokens" in (count_violation(m, "s") or "")
     m = metrics([rec(20, 19, from_text=True)])  # ids are exact: one token off is a mismatch
     assert m["osl_mismatch"] == 1
+
+
+def test_one_text_reply_merging_past_the_tolerance_is_judged_with_the_scenarios_totals() -> None:
+    # transformers serve's replies from the tiny model: "-1', '%s', '%s', '%s', '" is 16 generated
+    # tokens that re-tokenize to 13; the 23 others of its scenario agreed (15 or 16).
+    honest = [rec(16, 13, out=16, from_text=True)] + [rec(16, 16 - i % 2, out=16, from_text=True) for i in range(23)]
+    m = metrics(honest, TEXT_ONLY)
+    assert m["osl_mismatch"] == 0 and m["osl_short"] == 0 and count_violation(m, "s") is None
+    # Alone, the same reply is judged by itself: 3 of 16 is past the tolerance.
+    m = metrics(honest[:1], TEXT_ONLY)
+    assert m["osl_mismatch"] == 1 and m["osl_short"] == 1
+    # Every reply three short while usage bills 16: the totals disagree, and each reply counts.
+    shorted = [rec(16, 13, out=16, from_text=True) for _ in range(24)]
+    m = metrics(shorted, TEXT_ONLY)
+    assert m["osl_mismatch"] == 24 and m["osl_short"] == 24
+    # One reply with half its text missing fails even when the totals agree.
+    m = metrics([rec(16, 7, out=16, from_text=True)] + honest[1:], TEXT_ONLY)
+    assert m["osl_mismatch"] == 1 and m["osl_short"] == 1 and "usage.completion_tokens" in (count_violation(m, "s") or "")
+    # With token ids nothing is forgiven: one token off is off.
+    m = metrics([rec(16, 15, out=16)] + [rec(16, 16, out=16) for _ in range(23)])
+    assert m["osl_mismatch"] == 1 and m["osl_short"] == 1
