@@ -180,7 +180,7 @@ def probe_winner(score: Any, target: Any, store: Store, run_id: int, limit: int)
     observations by the write-back, and used by the next model's search to rank swaps. Returns how many."""
     from orchestrator.core.candidate import knob_key
     from orchestrator.core.roles import PROBE
-    from orchestrator.proposers.search import neighbours
+    from orchestrator.proposers.optspace import neighbours
     from orchestrator.targets import load_target
 
     trials = store.list_trials(run_id)

@@ -32,7 +32,7 @@ Models (stated, not measured end to end):
 pass ends once all its tokens over the time elapsed fall under the bar's throughput (bar x the baseline's
 tok/s: the table's single throughput objective), at `short requests x tokens / (bar x baseline tok/s)`
 seconds, and its stored score is that bound, ~the bar, not its short score (TPE is told it as pruned:
-`search._told`); the decision is the same (the short score is under the bar either way), later
+`optspace.told`); the decision is the same (the short score is under the bar either way), later
 proposals may differ.
 `--keep P` replays Optuna's PercentilePruner (top P% of the run's trials) instead of the bar.
 `--startup N[,M...]`: full measurements (the baseline counted) before the pruner judges; the product's

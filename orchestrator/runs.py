@@ -306,7 +306,7 @@ def _drive(
                         data={"knobs": warm, "entries": warm_from})
     priors = kb.prior_observations(engine=target.engine, model=target.model, hardware=fingerprint, workload=workload)
     if priors and not store.list_trials(run_id):
-        from orchestrator.proposers.search import prior_weight
+        from orchestrator.proposers.priors import prior_weight
 
         own = [p for p in priors if not p.get("probe")]
         store.add_event(run_id, "kb.priors", f"{len(own)} knob set(s) measured on similar settings steer the search"

@@ -163,10 +163,10 @@ def test_a_slow_candidates_screen_is_stopped_early_and_ends_as_it_would_have(tmp
     assert {SLOW} == {o["knobs"]["tpot_ms"] for o in distill(ustore, urun_id).observations}
     assert not distill(store, run_id).observations
     # TPE is told it as pruned at its bound (under every measured trial), and proposes on from such a history.
-    from orchestrator.proposers.search import _told
+    from orchestrator.proposers.optspace import told
 
-    assert _told(cut, (), 0.0) == {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: cut.score}}
-    assert _told(uncut, (), 0.0) == {"value": uncut.score}
+    assert told(cut, (), 0.0) == {"state": optuna.trial.TrialState.PRUNED, "intermediate_values": {0: cut.score}}
+    assert told(uncut, (), 0.0) == {"value": uncut.score}
     target = load_target(tmp_path / "cut" / "fake.toml")
     assert SearchProposer(seed=0, n_startup=1).propose(store.list_trials(run_id), target).knobs == {"tpot_ms": FAST}
 

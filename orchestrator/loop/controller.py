@@ -43,7 +43,7 @@ from orchestrator.core.roles import (
 from orchestrator.hosts.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.proposers.base import Proposer
 from orchestrator.proposers.costmodel import GoalAim
-from orchestrator.proposers.search import neighbours
+from orchestrator.proposers.optspace import neighbours
 from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import fidelity, goalbars, verdict

@@ -68,7 +68,7 @@ def _ensure_schema(store_url: str) -> None:
 
 
 def _study_trials(run: Any, trials: list[Any]) -> list[optuna.trial.FrozenTrial]:
-    from orchestrator.proposers.search import distributions
+    from orchestrator.proposers.optspace import distributions
     from orchestrator.targets import TargetSpec
     from orchestrator.targets.space import active_only
 

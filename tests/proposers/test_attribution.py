@@ -15,7 +15,8 @@ from fake_target import write_fake_target
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
-from orchestrator.proposers.search import ATTRIBUTE_PREFIX, MAX_UNTRIED, SearchProposer, _capped
+from orchestrator.proposers.cover import capped
+from orchestrator.proposers.search import ATTRIBUTE_PREFIX, MAX_UNTRIED, SearchProposer
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.targets import load_target
@@ -132,6 +133,6 @@ def test_a_start_up_trial_stakes_at_most_a_few_untried_levels():
     # uncapped, the covering start-up stakes many more (what the cap is for)
     many = SearchProposer(seed=1, max_untried=None).propose(history, target)
     assert sum(1 for k, v in many.knobs.items() if v != target.knobs[k].default) > MAX_UNTRIED
-    capped = _capped(target, many.knobs, served, 2)
-    assert sum(1 for k, v in capped.items() if v != target.knobs[k].default) == 2
-    assert target.validate_knobs(capped) == capped
+    two = capped(target, many.knobs, served, 2)
+    assert sum(1 for k, v in two.items() if v != target.knobs[k].default) == 2
+    assert target.validate_knobs(two) == two

@@ -12,7 +12,8 @@ import pytest
 
 from orchestrator.core.candidate import knob_key
 from orchestrator.loop.controller import Controller
-from orchestrator.proposers.search import REGION_CONSTRAINT, SearchProposer
+from orchestrator.proposers.optspace import REGION_CONSTRAINT, distributions
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.review.why import explain_run, explain_trial
 from orchestrator.store import Store
 from orchestrator.targets import load_target
@@ -158,7 +159,7 @@ def test_tpe_sees_the_region_as_infeasible_and_warm_starts_inside_it_are_skipped
     assert frozen.constraints == {REGION_CONSTRAINT: 1.0}
     # priors (the knowledge base) inside the region do not enter the model
     p = SearchProposer(priors=[{"knobs": bigger, "score": 3.0, "weight": 0.9, "entry": "a"}])
-    dists = __import__("orchestrator.proposers.search", fromlist=["distributions"]).distributions(target)
+    dists = distributions(target)
     assert p._prior_trials(history, target, dists, failed_regions(target, history)) == []
 
 

@@ -5,7 +5,9 @@ import statistics
 import kb_table as T  # noqa: E402
 import optuna
 
-from orchestrator.proposers.search import PRIOR_HORIZON, SearchProposer, distributions
+from orchestrator.proposers.optspace import distributions
+from orchestrator.proposers.priors import PRIOR_HORIZON
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.store import Store
 
 TARGET = T.grid_target()

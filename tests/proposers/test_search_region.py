@@ -7,7 +7,8 @@ it searches the whole space."""
 import kb_table as T  # noqa: E402
 import optuna
 
-from orchestrator.proposers.search import SearchProposer, prior_region, prior_weight
+from orchestrator.proposers.priors import prior_region, prior_weight
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.store import Store
 
 TARGET = T.grid_target()

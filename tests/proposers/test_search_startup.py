@@ -4,7 +4,9 @@
 import pytest
 import startup_hit  # noqa: E402
 
-from orchestrator.proposers.search import STARTUP_POOL, SearchProposer, _coverage, _level, distributions
+from orchestrator.proposers.cover import STARTUP_POOL, coverage, level
+from orchestrator.proposers.optspace import distributions
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.store import Store
 
 GPU = startup_hit.GPU
@@ -54,11 +56,11 @@ def test_after_the_start_up_tpe_proposes(tmp_path):
 
 def test_levels_and_coverage():
     d = distributions(GPU)
-    assert [_level(d["max_batch_size"], v) for v in (2, 6, 8, 24, 64)] == [0, 0, 1, 2, 2]  # log range 2..64 in thirds
+    assert [level(d["max_batch_size"], v) for v in (2, 6, 8, 24, 64)] == [0, 0, 1, 2, 2]  # log range 2..64 in thirds
     tried = {("engine", repr("hf-generate")), ("batching", repr("off"))}
-    assert _coverage({"engine": "hf-generate", "batching": "off"}, tried, d) == (0, 0)
-    assert _coverage({"engine": "fast-graphs", "batching": "on", "max_batch_size": 40}, tried, d,
-                     frozenset({"max_batch_size"})) == (2, 1)
+    assert coverage({"engine": "hf-generate", "batching": "off"}, tried, d) == (0, 0)
+    assert coverage({"engine": "fast-graphs", "batching": "on", "max_batch_size": 40}, tried, d,
+                    frozenset({"max_batch_size"})) == (2, 1)
     assert STARTUP_POOL > 1
 
 

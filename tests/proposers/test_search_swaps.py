@@ -6,7 +6,9 @@ The probes never enter the TPE prior or the region."""
 
 import kb_table as T  # noqa: E402
 
-from orchestrator.proposers.search import SearchProposer, neighbours, prior_weight, swaps
+from orchestrator.proposers.optspace import neighbours
+from orchestrator.proposers.priors import prior_weight, swaps
+from orchestrator.proposers.search import SearchProposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target
 
@@ -101,7 +103,7 @@ def test_swaps_stop_once_the_priors_stop_holding():
 
 
 def _dists():
-    from orchestrator.proposers.search import distributions
+    from orchestrator.proposers.optspace import distributions
 
     return distributions(GRID)
 
@@ -109,7 +111,7 @@ def _dists():
 def test_the_swaps_do_not_use_up_the_trials_the_priors_hold_for():
     """The priors hold for PRIOR_HORIZON x weight of the run's own scored trials; a swap is an extra
     trial, not one of them, so the region still gets its trials after the swaps."""
-    from orchestrator.proposers.search import PRIOR_HORIZON
+    from orchestrator.proposers.priors import PRIOR_HORIZON
 
     store = Store("sqlite://")
     run, hist = _history(store, [(WC, 4.4), (WA, 3.0)])
