@@ -31,7 +31,10 @@ prompt whose ids the server reports differently is a failure outright (:class:`G
 
 An engine without ``ignore_eos``, token ids or id prompts (:mod:`gates.api`) is asked without
 them: its text is spelled back into ids with the reference's help (:mod:`gates.textalign`) and
-scored the same way; counts agree
+scored the same way, or by the tokenizer's own spelling where that one leaves fewer tokens off the
+reference's top (the aligner takes the reference's top token whenever it fits the text, which can
+strand the rest: a newline and 3 spaces where the server sent a newline and 7 left 4 single spaces
+at gaps of 2-4 nats; the plain spelling scored them all on top); counts agree
 within ``retokenize_tolerance``; a reply that stops early has its EOS scored as one more served
 token, and an EOS more than ``eos_gap_limit`` below the reference's top-1 fails outright.
 """
@@ -50,7 +53,7 @@ from gates.api import ApiMode
 from gates.reference import reference_greedy, reference_greedy_many, score_many
 from gates.textalign import align_text
 
-__all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "reference_greedy", "reference_greedy_many",
+__all__ = ["GenerationError", "Probe", "check_generation", "draw_probes", "fewer_off_top", "reference_greedy", "reference_greedy_many",
            "score_many", "summarize_generation"]
 
 SHAPES = (("completions", False), ("completions", True), ("chat", True), ("chat", False))
@@ -210,21 +213,27 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
     # Every reply's counts first, in probe order, up to the first that is wrong; then the replies
     # before it are scored together (one batched reference forward) and judged in the same order,
     # so the error raised is the one a probe-by-probe pass would raise first.
-    checked: list[tuple[Probe, list[int], list[int], bool, str]] = []
+    checked: list[tuple[Probe, list[int], list[int], bool, str, list[int] | None]] = []
     wrong: Exception | None = None
     for probe, (_, prompt_ids), reply in zip(probes, prompts, replies, strict=True):
         assert reply is not None
         shape = f"{probe.api}{' stream' if probe.stream else ''}{' concurrent' if probe.concurrent else ''}"
         try:
-            served, stopped = _checked_counts(reply, probe, shape, n, prompt_ids, (model, tok), mode, cfg)
+            served, stopped, plain = _checked_counts(reply, probe, shape, n, prompt_ids, (model, tok), mode, cfg)
         except Exception as exc:  # noqa: BLE001 - raised below, after the probes before it are judged
             wrong = exc
             break
         # An early stop is one more generated token, EOS, judged like the others (gates.api).
-        checked.append((probe, prompt_ids, served + [tok.eos_token_id] if stopped else served, stopped, shape))
+        eos = [tok.eos_token_id] if stopped else []
+        checked.append((probe, prompt_ids, served + eos, stopped, shape, plain + eos if plain is not None else None))
     records: list[dict[str, Any]] = []
-    scores = score_many(model, [(prompt_ids, scored) for _, prompt_ids, scored, _, _ in checked])
-    for (probe, prompt_ids, scored, stopped, shape), (gaps, nll) in zip(checked, scores, strict=True):
+    scores = score_many(model, [(prompt_ids, scored) for _, prompt_ids, scored, _, _, _ in checked])
+    others = iter(score_many(model, [(c[1], c[5]) for c in checked if c[5] is not None]))
+    for (probe, prompt_ids, scored, stopped, shape, plain), (gaps, nll) in zip(checked, scores, strict=True):
+        if plain is not None:  # the spelling that leaves fewer tokens off the top (then the smaller gaps)
+            other = next(others)
+            if fewer_off_top(gaps, other[0], margin):
+                scored, (gaps, nll) = plain, other
         served = scored[:-1] if stopped else scored
         greedy, nll_ref = reference_greedy(model, prompt_ids, n)
         if stopped and gaps[-1] > float(cfg["eos_gap_limit"]):
@@ -240,12 +249,18 @@ def check_generation(base_url: str, served_model: str, model: Any, tok: Any, pro
     return summarize_generation(records, n), records
 
 
+def fewer_off_top(gaps: Sequence[float], other: Sequence[float], margin: float) -> bool:
+    """Does the spelling scored ``other`` leave fewer tokens more than ``margin`` below the reference's top than
+    the one scored ``gaps`` (and, as many, smaller gaps in all)? Two spellings of one text: the kinder is judged."""
+    return (sum(g > margin for g in other), sum(other)) < (sum(g > margin for g in gaps), sum(gaps))
+
+
 def _checked_counts(reply: _Reply, probe: Probe, shape: str, n: int, prompt_ids: list[int], ref: tuple[Any, Any],
-                    mode: ApiMode, cfg: Mapping[str, Any]) -> tuple[list[int], bool]:
-    """(the served ids to score, stopped early at EOS) of one reply whose counts and usage agree
-    with its request; raises :class:`GenerationError` where they do not."""
+                    mode: ApiMode, cfg: Mapping[str, Any]) -> tuple[list[int], bool, list[int] | None]:
+    """(the served ids to score, stopped early at EOS, another spelling of them to score or None) of one
+    reply whose counts and usage agree with its request; raises :class:`GenerationError` where they do not."""
     served, usage = reply.ids, reply.usage
-    stopped = False
+    stopped, plain = False, None
     if mode.ignore_eos and mode.token_ids:
         if len(served) != n:
             raise GenerationError(f"{shape}: {len(served)} token ids delivered for max_tokens={n} with ignore_eos")
@@ -253,17 +268,18 @@ def _checked_counts(reply: _Reply, probe: Probe, shape: str, n: int, prompt_ids:
             raise GenerationError(f"{shape}: usage completion_tokens={(usage or {}).get('completion_tokens')} "
                                   f"but {n} token ids delivered")
     else:
-        served, stopped = _counted(reply, shape, n, (*ref, prompt_ids), mode, float(cfg["retokenize_tolerance"]))
+        served, stopped, plain = _counted(reply, shape, n, (*ref, prompt_ids), mode, float(cfg["retokenize_tolerance"]))
     if probe.api == "completions" and usage.get("prompt_tokens") != len(prompt_ids):
         raise GenerationError(f"{shape}: usage prompt_tokens={usage.get('prompt_tokens')} for a prompt "
                               f"of {len(prompt_ids)} ids")
-    return served, stopped
+    return served, stopped, plain
 
 
 def _counted(reply: _Reply, shape: str, n: int, ref: tuple[Any, Any, list[int]], mode: ApiMode,
-             tolerance: float) -> tuple[list[int], bool]:
-    """(the served ids to score, stopped early at EOS) for an engine judged without exact ids or
-    pinned lengths; ``ref`` is (reference model, tokenizer, prompt ids) for spelling out text."""
+             tolerance: float) -> tuple[list[int], bool, list[int] | None]:
+    """(the served ids to score, stopped early at EOS, the tokenizer's own spelling of a text reply where it
+    differs, else None) for an engine judged without exact ids or pinned lengths; ``ref`` is (reference
+    model, tokenizer, prompt ids) for spelling out text."""
     usage = reply.usage or {}
     done = usage.get("completion_tokens")
     model, tok, prompt_ids = ref
@@ -278,13 +294,14 @@ def _counted(reply: _Reply, shape: str, n: int, ref: tuple[Any, Any, list[int]],
     # Text has no one true split: the spelling that follows the reference, or the tokenizer's own.
     # An honest bf16 server's 32 tokens spelled 37 the reference's way (it picks tokens the float32
     # reference would not); a server that lies about its count is off by as much both ways.
-    counts = [len(served)] if mode.token_ids else [len(served), len(tok.encode(reply.text, add_special_tokens=False))]
+    plain = None if mode.token_ids else list(tok.encode(reply.text, add_special_tokens=False))
+    counts = [len(served)] if plain is None else [len(served), len(plain)]
     if not any(mode.agree(c, billed, tolerance) for c in counts):
         raise GenerationError(f"{shape}: usage completion_tokens={done} but the client counted "
                               f"{' or '.join(map(str, counts))} ({mode.describe()['counts']})")
     if not stopped and not any(mode.agree(c, n, tolerance) for c in counts):
         raise GenerationError(f"{shape}: {len(served)} tokens for max_tokens={n}, finish_reason {reply.finish!r}")
-    return served[:n], stopped
+    return served[:n], stopped, (plain[:n] if plain is not None and plain[:n] != served[:n] else None)
 
 
 def summarize_generation(records: Sequence[Mapping[str, Any]], n: int) -> dict[str, float]:

@@ -109,3 +109,41 @@ def test_a_text_only_non_streamed_reply_equal_to_the_stream_is_counted_by_its_ch
     # With token ids the ids decide, whatever the text.
     ids_mode = ApiMode()
     assert _nonstream_count({"text": same["text"], "logprobs": {"tokens": [1, 2, 3]}}, chunks, 9, ids_mode, tok) == 3
+
+
+# A bfloat16 `transformers serve` reply on the forged model (its accuracy gate, seed 6): where the reference's
+# top is a newline and 7 spaces, the server sent a newline and 11 (a near-tie, 0.02 nats). The aligner takes the
+# reference's top token whenever it fits the text ("\n   ", a newline and 3), which leaves four single spaces at
+# 2-4 nats each: 6 of 32 tokens off the top, and the honest server failed the gate. The tokenizer's own spelling
+# of the same text has every token on the top.
+STRANDED_PROMPT = [0, 1552, 325, 270, 351, 86, 298, 292, 1140, 71, 949, 90, 86, 702, 521, 1527, 570, 436, 1224, 917,
+                   674, 415, 271, 302, 72, 326, 917, 674, 15, 368, 472, 989, 90]
+STRANDED_TEXT = ("ing the\n        #\n    #  #  The the the the the the the the the\n        #\n        # the the file.\n"
+                 "        # be the file is")
+
+
+def test_a_text_reply_the_aligner_strands_is_judged_by_the_spelling_with_fewer_tokens_off_the_top(reference) -> None:
+    from gates.generation import _counted, _Reply, fewer_off_top
+    from gates.reference import score_many
+    from gates.thresholds import load_thresholds
+
+    model, tok = reference
+    margin = float(load_thresholds()["accuracy"]["generation"]["margin"])
+    aligned = align_text(model, tok, STRANDED_PROMPT, STRANDED_TEXT, 32)[:32]
+    plain = list(tok(STRANDED_TEXT, add_special_tokens=False)["input_ids"])[:32]
+    (gaps, _), (other, _) = score_many(model, [(STRANDED_PROMPT, aligned), (STRANDED_PROMPT, plain)])
+    assert sum(g > margin for g in gaps) >= 4, gaps  # the trap, as the gate scored it before
+    assert sum(g > margin for g in other) == 0, other
+    # The gate's count step hands both spellings on; the scoring judges the one with fewer tokens off the top.
+    reply = _Reply(ids=[], usage={"completion_tokens": 32, "prompt_tokens": len(STRANDED_PROMPT)}, finish="length",
+                   text=STRANDED_TEXT)
+    served, stopped, alt = _counted(reply, "completions", 32, (model, tok, STRANDED_PROMPT), ApiMode.of(TEXT_ONLY), 0.1)
+    assert served == aligned and alt == plain and not stopped
+    assert fewer_off_top(gaps, other, margin) and not fewer_off_top(other, gaps, margin)
+    # A reply the aligner spells as the reference would (its greedy text) has no other spelling to weigh.
+    greedy, _ = reference_greedy(model, STRANDED_PROMPT, 32)
+    ok = _Reply(ids=[], usage={"completion_tokens": 32, "prompt_tokens": len(STRANDED_PROMPT)}, finish="length",
+                text=tok.decode(greedy, skip_special_tokens=True))
+    served, _, alt = _counted(ok, "completions", 32, (model, tok, STRANDED_PROMPT), ApiMode.of(TEXT_ONLY), 0.1)
+    assert served == greedy and (alt is None or not fewer_off_top(score_many(model, [(STRANDED_PROMPT, served)])[0][0],
+                                                                  score_many(model, [(STRANDED_PROMPT, alt)])[0][0], margin))

@@ -95,10 +95,8 @@ def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
         {"knobs": {"continuous_batching": False}, "rationale": "generate() per request"},
         # Refused before launch: a paged KV cache of 16 x 32 tokens cannot hold one 1024-token sequence.
         {"knobs": {"continuous_batching": True, "cb_block_size": 16, "cb_num_blocks": 32}, "rationale": "impossible"},
-        # float32, not bfloat16: a bfloat16 run's greedy path leaves the reference's, and in text-only
-        # mode one such prompt was judged off-top (7 of 32 tokens) though the reference found its text
-        # *more* likely than its own greedy text: a re-alignment artefact of the generation check,
-        # still open. This test is about the engine adapter.
+        # float32: this test is about the engine adapter; how a bfloat16 text-only server is judged is
+        # tests/gates/test_gates_textonly.py's and test_gates_api.py's.
         {"knobs": {"continuous_batching": False, "attn_implementation": "eager"}, "rationale": "eager attention"},
     ]
     f = tmp_path / "steps.json"
