@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from burners import Burners
 from fake_target import write_fake_target
+from own_trials import candidates
 
 import gates.lock
 from gates.lock import GateTampered
@@ -43,22 +44,8 @@ def fake_ws(tmp_path, tiny_model):
 
 
 def _trials(ws, run_id):
-    """The baseline and the proposer's candidates, in order (0 = baseline, 1 = first candidate).
-
-    The loop's own trials (baseline sentinels when the shared host's load moved, paired A/B
-    rounds) are left out: how many there are depends on the machine. A candidate measured while the
-    host stayed busier than at the baseline is re-run against a fresh one (a `retry` of the same
-    knobs): the re-run takes its place."""
-    own = ("sentinel", "paired")
-    out: list = []
-    for t in Store(ws.db_url).list_trials(run_id):
-        if t.proposer in own:
-            continue
-        if t.proposer == "retry" and out and out[-1].status == "invalid" and out[-1].knobs == t.knobs:
-            out[-1] = t
-            continue
-        out.append(t)
-    return dict(enumerate(out))
+    """The baseline and the proposer's candidates, in order (0 = baseline, 1 = first candidate): `own_trials`."""
+    return dict(enumerate(candidates(Store(ws.db_url), run_id)))
 
 
 def test_goal_met_is_confirmed_by_paired_ab_on_fresh_servers(fake_ws):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_target import target_head
+from own_trials import candidates
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -83,7 +84,7 @@ def test_accuracy_breaking_winner_is_never_best(tmp_path, tiny_model):
     outcome = start_run(ws, parse_goal("improve throughput by 1.5x within 8 trials"))
     store = Store(ws.db_url)
     # The proposer's trials by position (baseline sentinels and paired rounds are the loop's own).
-    t = dict(enumerate(x for x in store.list_trials(outcome.run_id) if x.proposer not in ("sentinel", "paired", "retry")))
+    t = dict(enumerate(candidates(store, outcome.run_id)))
 
     assert t[1].status == "invalid" and "accuracy gate" in t[1].error
     acc = [g for g in store.gate_results(t[1].id) if g.gate == "accuracy"]

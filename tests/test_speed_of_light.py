@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from fake_target import write_fake_target
+from own_trials import candidates
 from typer.testing import CliRunner
 
 from gates.plausible import model_numbers
@@ -48,7 +49,7 @@ def _run(tmp_path, floors, steps):
     out = start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 3 trials"))
     store = Store(ws.db_url)
     # The baseline and the script's candidates in order (the loop's own sentinels left out: their number depends on the host).
-    own = dict(enumerate(t for t in store.list_trials(out.run_id) if t.proposer not in ("sentinel", "paired", "retry")))
+    own = dict(enumerate(candidates(store, out.run_id)))
     return ws, store, out, own
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import git
 import pytest
 from messages_api import API_KEY, MessagesAPI, tool_use, turn
+from own_trials import candidates
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import PACKAGE_ROOT, Workspace
@@ -73,7 +74,7 @@ def test_a_cheating_commit_is_rejected_by_the_gates_and_the_agent_recovers(tmp_p
         assert api.errors == [], api.errors
     store = Store(ws.db_url)
     # The proposers' own trials by position: baseline sentinels and paired rounds are the loop's.
-    t = dict(enumerate(x for x in store.list_trials(out.run_id) if x.proposer not in ("sentinel", "paired", "retry")))
+    t = dict(enumerate(candidates(store, out.run_id)))
     assert t[1].status == "invalid" and "integrity gate" in t[1].error and "response_cache" in t[1].error
     assert not store.measurements(t[1].id), "a rejected candidate is never benchmarked"
     assert "invalid" in seen["cheat"] and "response_cache" in seen["cheat"], "the agent is told why"

@@ -11,6 +11,7 @@ import git
 import pytest
 from agent_env import FAST_LINE, SLOW_LINE, make_engine_repo, write_target
 from messages_api import API_KEY, MessagesAPI, tool_use, turn
+from own_trials import candidates
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -35,7 +36,7 @@ def setup(tmp_path, tiny_model, monkeypatch):
 
 def _search_trials(store, run_id):
     """The proposers' own trials by position: baseline sentinels and paired rounds are the loop's."""
-    own = [x for x in store.list_trials(run_id) if x.proposer not in ("sentinel", "paired", "retry")]
+    own = candidates(store, run_id)
     return dict(enumerate(own))
 
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from fake_target import write_fake_target
+from own_trials import candidates
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -33,7 +34,7 @@ def test_bad_flag_and_constraint_in_a_run(tmp_path, tiny_model):
     store = Store(ws.db_url)
     # The proposer's trials by position: on a busy host the loop adds its own (a baseline sentinel
     # when the host's state changed, a `retry`), which shift the trial numbers.
-    t = dict(enumerate(x for x in store.list_trials(out.run_id) if x.proposer not in ("sentinel", "paired", "retry")))
+    t = dict(enumerate(candidates(store, out.run_id)))
     # fakeserver's argparse refuses --turbo: the log line says so, and so does the trial.
     assert t[1].status == "failed" and t[1].error.startswith("start-up failure (bad_flag): ")
     assert "unrecognized arguments: --turbo" in t[1].error and "ServerCrashed" in t[1].error

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from own_trials import candidates
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -106,7 +107,7 @@ def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
     # Out of reach on purpose: every scripted step runs.
     outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 4 trials"))
     store = Store(ws.db_url)
-    trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
+    trials = candidates(store, outcome.run_id)
     summary = [(t.number, t.status, t.score, (t.error or "")[:200]) for t in trials]
     assert len(trials) == 4 and trials[0].status == "kept", summary
     assert trials[2].status == "failed" and "constraint_violated, not launched" in trials[2].error, summary

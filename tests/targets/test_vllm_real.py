@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from own_trials import candidates
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
@@ -109,7 +110,7 @@ def test_short_goal_run_over_vllm_knobs(goal_run):
     ws, outcome, _ = goal_run
     store = Store(ws.db_url)
     # The search's own trials: baseline sentinels and paired rounds are the loop's (orchestrator/loop/controller.py).
-    trials = [t for t in store.list_trials(outcome.run_id) if t.proposer not in ("sentinel", "paired", "retry")]
+    trials = candidates(store, outcome.run_id)
     summary = [(t.number, t.proposer, t.status, t.score, (t.error or "")[:200]) for t in trials]
     assert [t.status for t in trials[:2]] == ["kept", "failed"], summary
     assert "constraint_violated, not launched" in trials[1].error and not trials[1].launch_cmd
