@@ -39,8 +39,8 @@ from orchestrator.config.workspace import Workspace  # noqa: E402
 from orchestrator.core.roles import PAIRED, SENTINEL  # noqa: E402
 from orchestrator.runs import start_run  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
+from orchestrator.trial.context import objective_label  # noqa: E402
 from orchestrator.trial.paired import latest_paired  # noqa: E402
-from orchestrator.trial.run import objective_label  # noqa: E402
 
 DEMO_GOAL = "improve throughput by 2.5x without accuracy loss within 12 trials"
 

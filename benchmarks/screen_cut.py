@@ -47,8 +47,8 @@ from orchestrator.loop.controller import Controller  # noqa: E402
 from orchestrator.proposers import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
+from orchestrator.trial.context import TrialContext  # noqa: E402
 from orchestrator.trial.fidelity import is_screened  # noqa: E402
-from orchestrator.trial.run import TrialContext  # noqa: E402
 
 SERVER_DIR = ROOT / "tests" / "bench"
 PROFILES = {

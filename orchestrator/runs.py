@@ -45,7 +45,7 @@ from orchestrator.store import Store, StoreError
 from orchestrator.targets import TargetError, TargetSpec, load_target
 from orchestrator.targets.parallel import ModelShape, check_fit
 from orchestrator.targets.spec import check_paths
-from orchestrator.trial.run import TrialContext
+from orchestrator.trial.context import TrialContext
 
 __all__ = ["RunOutcome", "open_store", "resolve_model", "resume_run", "start_run"]
 

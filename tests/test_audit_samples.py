@@ -1,9 +1,9 @@
-"""Which measured requests the bench audit scores (`orchestrator.trial.run.audit_samples`)."""
+"""Which measured requests the bench audit scores (`orchestrator.trial.gating.audit_samples`)."""
 
 from orchestrator.bench import builtin_scenarios
 from orchestrator.bench.prompts import PromptFactory, load_tokenizer
 from orchestrator.bench.timeline import RequestRecord
-from orchestrator.trial.run import audit_samples
+from orchestrator.trial.gating import audit_samples
 
 
 def _requests(sc, tok, n, *, ids=20, counted=None):

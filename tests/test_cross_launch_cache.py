@@ -26,7 +26,7 @@ from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
-from orchestrator.trial.run import seen_requests
+from orchestrator.trial.gating import seen_requests
 
 DECODE = Scenario(name="decode", prompt_tokens=32, output_tokens=32, num_requests=4, warmup_requests=1, seed=2)
 

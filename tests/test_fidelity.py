@@ -27,6 +27,7 @@ from orchestrator.proposers import ScriptedProposer, SearchProposer
 from orchestrator.proposers.search import SCREEN_STARTUP
 from orchestrator.store import Store
 from orchestrator.targets import load_target
+from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fidelity import (
     MAX_REPEAT_SHARE,
     SCREENED,
@@ -35,7 +36,6 @@ from orchestrator.trial.fidelity import (
     screen_for,
     short_scenario,
 )
-from orchestrator.trial.run import TrialContext
 
 
 def _t(number, score, status="discarded", error=None, proposer="search"):
@@ -350,7 +350,7 @@ def test_the_gates_run_only_for_candidates_the_screen_passes(tmp_path, monkeypat
         return None, False, None
 
     monkeypatch.setattr(trial_mod, "capability_verdict", lambda *a, **k: None)
-    monkeypatch.setattr(trial_mod, "_run_gates", fake_gates)
+    monkeypatch.setattr(trial_mod, "run_gates", fake_gates)
     store, run_id, host, _ = _run(tmp_path, 0.25, gates=True)
     trials = store.list_trials(run_id)
     screens = {e.trial_id: e.data for e in store.events(run_id, kind="screen")}

@@ -11,7 +11,7 @@ from seeded_run import TPOT, add_trial, controller_on, seeded_store
 from gates.accuracy import judge
 from gates.result import GateResult
 from gates.thresholds import load_thresholds
-from orchestrator.trial.run import _run_gates, accuracy_reference
+from orchestrator.trial.gating import accuracy_reference, run_gates
 from orchestrator.trial.verdict import ASSUMED_NOISE, baseline_noise, why_data
 
 CFG = load_thresholds()["accuracy"]
@@ -74,10 +74,10 @@ def test_a_trial_is_gated_against_the_recorded_baseline_figures(tmp_path):
 
     ctx = SimpleNamespace(store=store, run_id=run_id, integrity_gate=False, accuracy_gate=True, reference_dir="ref",
                           target=SimpleNamespace(served_model_name="m", api="completions"))
-    assert _run_gates(ctx, Site(BF16), cand, None, "http://x", 1, None) == (None, False, None)  # no drift: no approval
-    assert _run_gates(ctx, Site(BF16), t0, None, "http://x", 1, None)[1] is False  # the baseline never drifts from itself
-    assert _run_gates(ctx, Site(WORSE), cand, None, "http://x", 1, None)[1] is True  # clearly worse: needs approval
-    assert _run_gates(ctx, Site({**BF16, "kl_mean": 0.004}), cand, None, "http://x", 1, None)[0].startswith("accuracy gate:")
+    assert run_gates(ctx, Site(BF16), cand, None, "http://x", 1, None) == (None, False, None)  # no drift: no approval
+    assert run_gates(ctx, Site(BF16), t0, None, "http://x", 1, None)[1] is False  # the baseline never drifts from itself
+    assert run_gates(ctx, Site(WORSE), cand, None, "http://x", 1, None)[1] is True  # clearly worse: needs approval
+    assert run_gates(ctx, Site({**BF16, "kl_mean": 0.004}), cand, None, "http://x", 1, None)[0].startswith("accuracy gate:")
 
 
 def test_noise_of_a_baseline_measured_once_comes_from_its_sentinels_or_is_assumed_and_said():

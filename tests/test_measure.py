@@ -163,7 +163,7 @@ def _paired_with_ratios(tmp_path, monkeypatch, ratios):
     """`run_paired` with `run_trial` replaced: round i's candidate measures ratios[i] x the baseline's 100."""
     from orchestrator.core.candidate import Candidate
     from orchestrator.trial import paired
-    from orchestrator.trial.run import TrialContext, TrialResult
+    from orchestrator.trial.context import TrialContext, TrialResult
 
     goal = parse_goal("improve throughput by 2x")
     label = f"{goal.objectives[0].scenario}:{goal.objectives[0].key}"

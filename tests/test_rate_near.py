@@ -1,9 +1,9 @@
-"""Which rate a trial's SLO search starts near (`orchestrator.trial.run.reached_rate`): the newest rate
+"""Which rate a trial's SLO search starts near (`orchestrator.trial.bench.reached_rate`): the newest rate
 the same knob set and commit reached in this run, so a paired half, a sentinel or a retry brackets
 around it instead of climbing from the scenario's start rate (orchestrator/bench/rate.py)."""
 
 from orchestrator.store import Store
-from orchestrator.trial.run import reached_rate
+from orchestrator.trial.bench import reached_rate
 
 
 def test_a_trial_starts_near_the_newest_rate_its_own_knob_set_and_commit_reached(tmp_path):

@@ -25,8 +25,8 @@ from orchestrator.loop.controller import Controller
 from orchestrator.proposers import SearchProposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target
+from orchestrator.trial.context import TrialContext
 from orchestrator.trial.fidelity import is_screened, is_stopped, out_of_reach
-from orchestrator.trial.run import TrialContext
 
 BASE, SLOW, FAST = 4.0, 40.0, 3.8  # ms a token: the baseline's, a candidate 10x slower, one a little faster
 SCENARIOS = {

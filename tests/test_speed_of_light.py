@@ -22,7 +22,7 @@ from orchestrator.config.workspace import ConfigError, Workspace
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 from orchestrator.trial import verdict
-from orchestrator.trial.run import TrialResult
+from orchestrator.trial.context import TrialResult
 from orchestrator.trial.verdict import Baseline
 
 pytestmark = pytest.mark.slow  # launches (fake) servers

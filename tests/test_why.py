@@ -108,7 +108,7 @@ def _keep_line_run(tmp_path, *, paired_confirms: bool, noisy: bool = False):
     from orchestrator.loop.controller import Controller
     from orchestrator.proposers import ScriptedProposer
     from orchestrator.targets import load_target
-    from orchestrator.trial.run import TrialContext
+    from orchestrator.trial.context import TrialContext
 
     class LuckySite(FakeSite):
         def bench(self, base_url, model, scenario, **kw):

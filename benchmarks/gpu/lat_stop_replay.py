@@ -40,8 +40,8 @@ from orchestrator.bench.scenarios import load_scenarios_file  # noqa: E402
 from orchestrator.config.goal import GoalSpec  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.trial import verdict  # noqa: E402
+from orchestrator.trial.context import objective_label  # noqa: E402
 from orchestrator.trial.fidelity import Screen, is_screened, short_order, short_scenario, throughput_floor  # noqa: E402
-from orchestrator.trial.run import objective_label  # noqa: E402
 
 
 def decode_stop_s(rule, ttft_ms: float, tpot_ms: float, n: int, tokens: int) -> float | None:

@@ -52,7 +52,7 @@ from orchestrator.config.goal.spec import Objective  # noqa: E402
 from orchestrator.core.roles import NOT_SEARCH, SENTINEL  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402
 from orchestrator.review.trials import shown_status  # noqa: E402
-from orchestrator.trial.run import objective_label  # noqa: E402
+from orchestrator.trial.context import objective_label  # noqa: E402
 
 __all__ = ["analyse", "closeness", "entry_for", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
 

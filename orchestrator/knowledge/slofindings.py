@@ -19,7 +19,7 @@ from orchestrator.config.goal import GoalSpec, SloGoal
 from orchestrator.core.roles import LOOP_ADDED, RETIRED
 from orchestrator.knowledge.entries import Entry, demote, parse_entry, promote
 from orchestrator.knowledge.writeback import _has_run, _today, _write, digest
-from orchestrator.trial.run import objective_label
+from orchestrator.trial.context import objective_label
 
 __all__ = ["limits_fit", "rate_moves", "slo_findings", "slo_key", "write_slo_finding"]
 

@@ -47,8 +47,9 @@ from orchestrator.proposers.optspace import neighbours
 from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import fidelity, goalbars, verdict
+from orchestrator.trial.context import TrialContext, TrialResult, objective_label
 from orchestrator.trial.paired import describe, latest_paired, run_paired
-from orchestrator.trial.run import TrialContext, TrialResult, objective_label, run_trial
+from orchestrator.trial.run import run_trial
 from orchestrator.trial.verdict import Baseline
 
 # The stop exceptions live in `orchestrator.core.roles`; importing them from here keeps working.

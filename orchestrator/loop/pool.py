@@ -28,7 +28,7 @@ from orchestrator.hosts import Host, HostError
 from orchestrator.hosts.gpus import GpuPool, GpusBusy, Slot
 from orchestrator.loop.controller import Controller, _now
 from orchestrator.targets.parallel import gpus_needed
-from orchestrator.trial.run import TrialResult
+from orchestrator.trial.context import TrialResult
 from orchestrator.trial.verdict import Baseline
 
 __all__ = ["GpusHeld", "HostPool", "NoHostsLeft", "PoolController"]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.config.goal import Objective
-from orchestrator.trial.run import objective_label
+from orchestrator.trial.context import objective_label
 
 __all__ = ["FAILED_FACTOR", "directions", "failed_values", "sampler_options", "values_of"]
 

@@ -62,7 +62,7 @@ class ReportData:
 
 def build_report_data(store: Any, run_id: int) -> ReportData:
     from orchestrator.config.goal import GoalSpec
-    from orchestrator.trial.run import objective_label
+    from orchestrator.trial.context import objective_label
 
     run = store.get_run(run_id)
     if run is None:

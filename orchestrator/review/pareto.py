@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator.config.goal import GoalSpec, Objective
 from orchestrator.core.roles import PROBE
 from orchestrator.review.trials import is_measurement
-from orchestrator.trial.run import objective_label
+from orchestrator.trial.context import objective_label
 
 __all__ = ["Front", "front_of", "measured", "non_dominated", "run_front"]
 

@@ -94,7 +94,7 @@ def baseline_noise(store: Any, run: Any, number: int = 0) -> tuple[float, dict[s
     noise the controller used); with them, only the samples are shown.
     """
     from orchestrator.config.goal import GoalSpec
-    from orchestrator.trial.run import objective_label
+    from orchestrator.trial.context import objective_label
 
     t0 = store.get_trial_by_number(run.id, number)
     if t0 is None:

@@ -48,7 +48,7 @@ from orchestrator.bench.passes import rest_of
 from orchestrator.bench.scenarios import StopRule
 from orchestrator.config.goal import SLO_SCENARIO
 from orchestrator.core.roles import BASELINES, NOT_SEARCH, RETRY
-from orchestrator.trial.run import objective_label
+from orchestrator.trial.context import objective_label
 
 __all__ = ["FULL_FIDELITY", "KNOWN_NOISE_STARTUP", "MAX_REPEAT_SHARE", "MIN_MARGIN", "NOT_RUN", "SCREENED", "STOP_SLACK", "Z",
            "Screen", "STOPPED_EARLY", "continues", "is_screened", "is_stopped", "margin", "out_of_reach", "screen_for",

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.trial.run import objective_label
+from orchestrator.trial.context import objective_label
 from orchestrator.trial.verdict import why_record
 
 __all__ = ["Bars", "bars", "goal_margin", "names", "raised", "raised_words", "ratios", "screen", "steer", "to_confirm", "words"]

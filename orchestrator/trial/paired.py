@@ -34,7 +34,8 @@ from orchestrator.bench.prompts import fresh_seed
 from orchestrator.core.candidate import Candidate
 from orchestrator.core.roles import PAIRED
 from orchestrator.hosts.measure import idle_state, slowdown
-from orchestrator.trial.run import TrialContext, objective_label, run_trial
+from orchestrator.trial.context import TrialContext, objective_label
+from orchestrator.trial.run import run_trial
 
 __all__ = ["PairedOutcome", "beat_baseline", "describe", "latest_paired", "run_paired"]
 

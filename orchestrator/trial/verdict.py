@@ -18,8 +18,8 @@ from gates import GateResult, performance, plausible
 from gates.thresholds import section
 from orchestrator.config.goal import SLO_SCENARIO
 from orchestrator.core.roles import BASELINES
+from orchestrator.trial.context import TrialResult, objective_label
 from orchestrator.trial.paired import describe
-from orchestrator.trial.run import TrialResult, objective_label
 
 __all__ = [
     "ASSUMED_NOISE", "NOISE_HIGH", "noise_warning", "Baseline", "baseline_noise", "borderline", "needed_gain", "no_target", "noise_of", "noise_words", "perf_gate", "score",

@@ -15,7 +15,7 @@ from gate_servers import Served, start_fleet, stop_fleet
 
 from gates import accuracy, audit, integrity, load_thresholds
 from orchestrator.bench import builtin_scenarios, run_scenario_sync
-from orchestrator.trial.run import audit_samples
+from orchestrator.trial.gating import audit_samples
 
 pytestmark = pytest.mark.slow
 

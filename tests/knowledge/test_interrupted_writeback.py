@@ -22,7 +22,7 @@ from orchestrator.loop.controller import Controller
 from orchestrator.proposers import ScriptedProposer
 from orchestrator.store import Store
 from orchestrator.targets import load_target
-from orchestrator.trial.run import TrialContext
+from orchestrator.trial.context import TrialContext
 
 CPU2 = {"machine": "x86_64", "cpu_count": 2, "gpus": []}
 STOPPED = "the run was interrupted (SIGINT/SIGTERM) before its stop"

@@ -19,7 +19,7 @@ from orchestrator.config.workspace import PACKAGE_ROOT
 from orchestrator.hosts import get_host
 from orchestrator.knowledge import KnowledgeBase
 from orchestrator.targets import load_target
-from orchestrator.trial.run import TrialContext
+from orchestrator.trial.context import TrialContext
 
 FAKESERVER = Path(__file__).resolve().parents[1] / "bench" / "fakeserver.py"
 SLOW_LINE = "self.tpot_s = tpot_ms / 1000.0"
