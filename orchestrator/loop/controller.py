@@ -15,6 +15,7 @@ After the stop, `probe` > 0 measures the winner's one-knob neighbours for the kn
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from typing import Any
@@ -39,6 +40,8 @@ from orchestrator.core.roles import (
     Refused,
     Stalled,
     StopRun,
+    retried,
+    search_history,
 )
 from orchestrator.hosts.measure import host_during, idle_state, scale_refusal, state_change
 from orchestrator.proposers.base import Proposer
@@ -181,8 +184,9 @@ class Controller:
         target's constraints is recorded as a failed trial, never launched, and the proposer asked again."""
         while True:
             self.ctx.on_step("propose")
-            # The proposer sees the search's own trials; sentinels and paired rounds are the loop's.
-            search = [t for t in self._history() if t.proposer not in LOOP_ADDED]
+            # The proposer sees the search's own trials; sentinels and paired rounds are the loop's, and a
+            # trial re-run on a busy host reads as its re-run measured it.
+            search = search_history(self._history())
             if hasattr(self.proposer, "goal"):  # the goal's bars as the search's constraints, and what its steps climb
                 self.proposer.goal, self.proposer.aim = self._steer()
             candidate = self.proposer.propose(search, self.ctx.target)
@@ -367,6 +371,9 @@ class Controller:
         if not self.store.events(self.ctx.run_id, kind=PAIRED):
             return {}, None
         bars, screened = self._bars(self._baseline()), self._screens()
+        # A re-run's screen stands for the trial it re-ran: the search knows that trial's number.
+        redone = {n: t.number for n, t in retried(self._history()).items()}
+        screened = [(dataclasses.replace(t, number=redone[t.number]) if t.number in redone else t, got) for t, got in screened]
         steer = goalbars.steer(bars, screened)
         if not steer:
             return {}, None
