@@ -25,7 +25,7 @@ def test_a_trial_re_run_on_a_busy_host_reads_as_its_re_run_under_its_own_number(
               _t(2, "search", "invalid", None, {"b": 4}, busy), _t(3, "sentinel", "kept", 1.0, {"b": 1}),
               _t(4, "retry", "kept", 2.4, {"b": 4}), _t(5, "paired", "kept", 2.3, {"b": 4}),
               _t(6, "search", "discarded", 1.1, {"b": 8})]
-    assert {n: t.number for n, t in retried(trials).items()} == {4: 2}
+    assert [(rerun.number, first.number) for rerun, first in retried(trials)] == [(4, 2)]
     shown = search_history(trials)
     assert [t.number for t in shown] == [0, 1, 2, 6]  # no sentinel, paired half or retry row
     two = shown[2]
@@ -39,5 +39,5 @@ def test_a_retry_stands_only_for_an_invalid_trial_of_its_own_knobs() -> None:
     trials = [_t(0, "baseline", "kept", 1.0, {"b": 1}), _t(1, "search", "invalid", None, {"b": 2}, "untrusted"),
               _t(2, "retry", "kept", 2.0, {"b": 3}), _t(3, "search", "kept", 1.5, {"b": 4}),
               _t(4, "retry", "kept", 2.0, {"b": 4})]
-    assert retried(trials) == {}
+    assert retried(trials) == []
     assert [(t.number, t.status) for t in search_history(trials)] == [(0, "kept"), (1, "invalid"), (3, "kept")]

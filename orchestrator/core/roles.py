@@ -49,15 +49,15 @@ LOOP_ADDED = (*NOT_SEARCH, RETRY)
 """Trials the loop adds itself: not counted in the trial budget, not shown to the proposer (a retry may set the best)."""
 
 
-def retried(trials: Sequence[Any]) -> dict[int, Any]:
-    """Retry trial number -> the search trial it re-ran: the latest earlier trial the loop did not add, with the
-    same knobs, left invalid (the re-run follows it, after the baseline's sentinel)."""
-    out: dict[int, Any] = {}
+def retried(trials: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """(retry, the search trial it re-ran) pairs, in order: the trial re-run is the latest earlier one the loop did
+    not add, with the same knobs, left invalid (the re-run follows it, after the baseline's sentinel)."""
+    out: list[tuple[Any, Any]] = []
     last: Any = None
     for t in trials:
         if t.proposer == RETRY:
             if last is not None and last.status == "invalid" and last.knobs == t.knobs:
-                out[t.number] = last
+                out.append((t, last))
         elif t.proposer not in LOOP_ADDED:
             last = t
     return out
@@ -66,13 +66,12 @@ def retried(trials: Sequence[Any]) -> dict[int, Any]:
 def search_history(trials: Sequence[Any]) -> list[Any]:
     """The trials a proposer is shown: its own and the baseline, in order, not the loop's. A trial re-run on a busy
     host reads as its re-run measured it (status, score, objective, error, timings), under its own number."""
-    re_run = {orig.id: number for number, orig in retried(trials).items()}  # the first trial's id -> its re-run's number
-    runs = {t.number: t for t in trials if t.proposer == RETRY}
+    redone = {first.id: rerun for rerun, first in retried(trials)}
     shown = []
     for t in trials:
         if t.proposer in LOOP_ADDED:
             continue
-        r = runs[re_run[t.id]] if t.id in re_run else None
+        r = redone.get(t.id)
         shown.append(t if r is None else dataclasses.replace(
             t, status=r.status, score=r.score, objective=r.objective, error=r.error, timings=r.timings))
     return shown

@@ -372,7 +372,7 @@ class Controller:
             return {}, None
         bars, screened = self._bars(self._baseline()), self._screens()
         # A re-run's screen stands for the trial it re-ran: the search knows that trial's number.
-        redone = {n: t.number for n, t in retried(self._history()).items()}
+        redone = {rerun.number: first.number for rerun, first in retried(self._history())}
         screened = [(dataclasses.replace(t, number=redone[t.number]) if t.number in redone else t, got) for t, got in screened]
         steer = goalbars.steer(bars, screened)
         if not steer:
