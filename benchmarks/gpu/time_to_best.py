@@ -53,6 +53,7 @@ from orchestrator.core.roles import NOT_SEARCH, SENTINEL  # noqa: E402
 from orchestrator.report.svg import trial_timeline  # noqa: E402
 from orchestrator.review.trials import shown_status  # noqa: E402
 from orchestrator.trial.context import objective_label  # noqa: E402
+from orchestrator.trial.goalbars import ratios  # noqa: E402
 
 __all__ = ["analyse", "closeness", "entry_for", "gpu_seconds", "main", "sessions", "target_score", "update_headline"]
 
@@ -176,14 +177,15 @@ def target_score(best: dict[str, Any], metrics: list[str]) -> tuple[float | None
     return None, f"the best known setting has no score for the objectives {metrics}"
 
 
-def closeness(measured: dict[str, float], known: dict[str, float], directions: dict[str, str]) -> float | None:
-    """How close a trial's measured objective values come to the best known setting's: the geometric mean over
-    ``directions`` (label -> minimize / maximize) of value / known (known / value where lower is better);
+def closeness(measured: dict[str, float], known: dict[str, float], objectives: list[Objective]) -> float | None:
+    """How close a trial's measured objective values come to the best known setting's: the loop's score of them
+    with the best known as the baseline (the geometric mean of `goalbars.ratios`, each speedup > 1 where better);
     None when the trial lacks one of them."""
-    if not directions or any(not measured.get(k) or not known.get(k) for k in directions):
+    labels = [objective_label(o.scenario, o.key) for o in objectives]
+    if not labels or any(not measured.get(k) or not known.get(k) for k in labels):
         return None
-    logs = [math.log(known[k] / measured[k] if d == "minimize" else measured[k] / known[k]) for k, d in directions.items()]
-    return math.exp(sum(logs) / len(logs))
+    speedups = ratios(measured, known, objectives).values()
+    return math.exp(sum(math.log(s) for s in speedups) / len(labels))
 
 
 def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[str, Any]:
@@ -209,11 +211,11 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
     entry, which = entry_for(best, card, preset)
     target, basis = target_score(entry, metrics) if entry is not None else (None, which)
     objs = [Objective(**o) for o in goal.get("objectives", [])]
-    directions = {objective_label(o.scenario, o.key): o.info.direction for o in objs}
+    labels = [objective_label(o.scenario, o.key) for o in objs]
     known = (entry or {}).get("objectives") or {}
-    absolute = bool(directions) and all(k in known for k in directions)
+    absolute = bool(labels) and all(k in known for k in labels)
     if absolute:
-        basis = ("measured values " + ", ".join(f"{k} {known[k]:g}" for k in directions)
+        basis = ("measured values " + ", ".join(f"{k} {known[k]:g}" for k in labels)
                  + "; each trial judged on its own measured values, not on its ratio to the run's baseline")
     by_id = {t.id: t for t in trials}
     warm = any(k in ("kb.warm_start", "kb.priors") for _, k, _, _ in events)
@@ -227,7 +229,7 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
                   if by_id[tid].status == "kept" and by_id[tid].proposer not in NOT_SEARCH
                   and by_id[tid].number > 0)
     best_seen = max(kept, key=lambda k: k[1], default=None)
-    near = {t.id: closeness(t.objective or {}, known, directions) for _, _, t in kept} if absolute else {}
+    near = {t.id: closeness(t.objective or {}, known, objs) for _, _, t in kept} if absolute else {}
     closest = max(((near[t.id], t, ts) for ts, _, t in kept if near.get(t.id) is not None), key=lambda c: c[0], default=None)
     if absolute:
         hit = next((k for k in kept if (near[k[2].id] or 0.0) >= 1 - WITHIN), None)
@@ -276,7 +278,7 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
             "best_known": {"entry": which, "label": (entry.get("label") or _label(entry.get("knobs", {})))
                            if entry is not None else None, "evidence": (entry or {}).get("evidence"),
                            "screen_score": None if absolute else target, "basis": basis, "within": WITHIN,
-                           **({"objectives": {k: known[k] for k in directions}} if absolute else {})},
+                           **({"objectives": {k: known[k] for k in labels}} if absolute else {})},
             "best_reached": ({"number": best_seen[2].number, "score": round(best_seen[1], 3),
                               "at_s": round(gpu_seconds(spans, best_seen[0]), 1), "knobs": _label(best_seen[2].knobs)}
                              if best_seen else None),

@@ -7,6 +7,7 @@ import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from orchestrator.config.goal.spec import Objective
 from orchestrator.store import Store
 
 GPU = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"
@@ -146,6 +147,7 @@ def test_a_card_with_no_entry_says_so_and_reports_the_runs_own_best(tmp_path: Pa
 
 
 TPOT, THROUGHPUT = "decode:tpot_ms_p50", "throughput:output_throughput"
+OBJECTIVES = [Objective(**o) for o in GOAL["objectives"]]  # TPOT (lower is better) and throughput, as labelled above
 
 
 def _measured(db: Path, values: dict[int, tuple[float, float]]) -> None:
@@ -186,19 +188,17 @@ def test_an_entry_with_measured_values_judges_each_trial_on_its_own_values_not_i
 
 
 def test_closeness_inverts_what_is_better_lower() -> None:
-    dirs = {TPOT: "minimize", THROUGHPUT: "maximize"}
     known = {TPOT: 4.0, THROUGHPUT: 1000.0}
-    assert time_to_best.closeness({TPOT: 4.0, THROUGHPUT: 1000.0}, known, dirs) == 1.0
-    assert abs(time_to_best.closeness({TPOT: 8.0, THROUGHPUT: 1000.0}, known, dirs) - 0.5 ** 0.5) < 1e-12
-    assert abs(time_to_best.closeness({TPOT: 4.0, THROUGHPUT: 2000.0}, known, dirs) - 2 ** 0.5) < 1e-12
-    assert time_to_best.closeness({TPOT: 4.0}, known, dirs) is None
+    assert time_to_best.closeness({TPOT: 4.0, THROUGHPUT: 1000.0}, known, OBJECTIVES) == 1.0
+    assert abs(time_to_best.closeness({TPOT: 8.0, THROUGHPUT: 1000.0}, known, OBJECTIVES) - 0.5 ** 0.5) < 1e-12
+    assert abs(time_to_best.closeness({TPOT: 4.0, THROUGHPUT: 2000.0}, known, OBJECTIVES) - 2 ** 0.5) < 1e-12
+    assert time_to_best.closeness({TPOT: 4.0}, known, OBJECTIVES) is None
 
 
 def test_each_shipped_entry_is_the_best_measured_search_trial_of_the_runs_it_names() -> None:
     """best_known.json's entries: the trial each names holds the entry's values, and no search trial measured in
     full in the card's runs the entry names comes closer than 100% to them (none has better values)."""
     best = json.loads((GPU / "best_known.json").read_text())
-    dirs = {TPOT: "minimize", THROUGHPUT: "maximize"}
     for e in best["entries"]:
         ev = e["evidence"]
         res = time_to_best.analyse(GPU / ev["db"], best)
@@ -209,7 +209,7 @@ def test_each_shipped_entry_is_the_best_measured_search_trial_of_the_runs_it_nam
             rows = con.execute("select number, objective_json, coalesce(error, '') from trials where proposer = 'search' "
                                "and status in ('kept', 'discarded') and objective_json is not null").fetchall()
             con.close()
-            full = {n: time_to_best.closeness(json.loads(o), e["objectives"], dirs) or 0.0
+            full = {n: time_to_best.closeness(json.loads(o), e["objectives"], OBJECTIVES) or 0.0
                     for n, o, err in rows if not err.startswith("screened out")}
             assert full and max(full.values()) <= 1.0 + 1e-4, db  # the entry's values are rounded to 4 decimals
             if db == ev["db"]:
