@@ -112,7 +112,7 @@ def test_a_text_only_non_streamed_reply_equal_to_the_stream_is_counted_by_its_ch
 
 
 # A bfloat16 `transformers serve` reply on the forged model (its accuracy gate, seed 6): where the reference's
-# top is a newline and 7 spaces, the server sent a newline and 11 (a near-tie, 0.02 nats). The aligner takes the
+# top is a newline and 3 spaces, the server wrote a newline and 7 (a near-tie, 0.02 nats). The aligner takes the
 # reference's top token whenever it fits the text ("\n   ", a newline and 3), which leaves four single spaces at
 # 2-4 nats each: 6 of 32 tokens off the top, and the honest server failed the gate. The tokenizer's own spelling
 # of the same text has every token on the top.
