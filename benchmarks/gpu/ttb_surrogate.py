@@ -96,9 +96,10 @@ def load_trials(results: Path = RESULTS, only: str | None = None, card: str = ""
         shutil.copyfile(db, tmp / "run.db")
         con = sqlite3.connect(tmp / "run.db")
         try:
-            goal = json.loads(con.execute("select goal_json from runs order by id limit 1").fetchone()[0])
-            metrics = sorted(o["metric"] for o in goal.get("objectives", []))
-            if metrics != ["throughput", "tpot"] or ("_2b" in db.name and only is None):
+            goal_json, target_json = con.execute("select goal_json, target_json from runs order by id limit 1").fetchone()
+            metrics = sorted(o["metric"] for o in json.loads(goal_json).get("objectives", []))
+            model = json.loads(target_json or "{}").get("model")
+            if metrics != ["throughput", "tpot"] or (model != "forge:7b-peaked" and only is None):
                 continue
             why = {}
             for tid, data in con.execute("select trial_id, data_json from events where kind='trial.why' order by id"):

@@ -39,6 +39,16 @@ def test_the_surrogate_fits_every_stored_run_and_marks_what_it_never_measured(su
     assert knobs["engine"] == "fast-graphs" and known <= sur.best(TARGET)[0]
 
 
+def test_the_surrogate_reads_the_7b_runs_alone(sur):
+    """Other shapes' runs (the 2B's, the 3B's) score on another scale: the 7B's surrogate leaves them out."""
+    runs = {t.run for t in ttb_surrogate.load_trials()}
+    assert "h200_ttb_cold_7b_seed71_2026-12-07.db" in runs and "h100_ttb_cold_7b_seed23_2026-12-06.db" in runs
+    assert not {r for r in runs if "_3b_" in r or "_2b" in r}
+    assert (GPU / "results" / "h200_ttb_cold_3b_seed71_2026-12-07.db").exists()  # present, and read only on request:
+    only = ttb_surrogate.load_trials(only="h200_ttb_cold_3b_seed71_2026-12-07.db")
+    assert only and {t.run for t in only} == {"h200_ttb_cold_3b_seed71_2026-12-07.db"}
+
+
 def test_the_robustness_surrogates_are_other_fits_of_the_same_trials(sur):
     import numpy as np
 
