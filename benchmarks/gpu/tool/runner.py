@@ -130,6 +130,7 @@ class Ctx:
                 if rc != 0:
                     raise Failed("the carried wheels did not install (pip's message above)")
                 if not self.dry:
+                    SITE.mkdir(parents=True, exist_ok=True)
                     stamp.write_text(want)
             path.insert(0, str(SITE))
         self.env["PYTHONPATH"] = ":".join(path)
