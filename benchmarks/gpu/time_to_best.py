@@ -285,6 +285,8 @@ def analyse(db: Path, best: dict[str, Any], run_id: int | None = None) -> dict[s
             **({"closest": {"number": closest[1].number, "closeness": round(closest[0], 3),
                             "at_s": round(gpu_seconds(spans, closest[2]), 1), "knobs": _label(closest[1].knobs)}}
                if closest else {}),
+            "kept": [{"number": t.number, "at_s": round(gpu_seconds(spans, ts), 1), "score": round(score, 3),
+                      "closeness": None if near.get(t.id) is None else round(near[t.id], 4)} for ts, score, t in kept],
             "kept_within_5pct": a, "paired_goal_met": b, "median_trial": median}
 
 
