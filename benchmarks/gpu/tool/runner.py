@@ -166,6 +166,13 @@ class Ctx:
             self.log(f"model {self._model}")
         return self._model
 
+    def gpu_name(self) -> str:
+        """The first GPU's name as nvidia-smi gives it (best_known.json's `card`); '' without one or in a dry run."""
+        if self.dry or not shutil.which("nvidia-smi"):
+            return ""
+        lines = self.capture(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).strip().splitlines()
+        return lines[0].strip() if lines else ""
+
     def gate_batch(self) -> int:
         """The server batch the accuracy gate runs at: 64, or 32 on a card under 100 GB (the float32 reference,
         28 GB, does not fit beside a batch-64 server on an H100)."""
