@@ -1,6 +1,6 @@
 """Time to best over many seeds: the real search replayed on a surrogate of the GPU space, before and after.
 
-    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--json out.json]
+    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--warm-db RUN_DB] [--json out.json]
 
 A prediction, not a measurement. The real `SearchProposer` proposes on examples/targets/hfserve_gpu.toml
 as `infergoal goal` runs it (seeded 0..N-1); each proposal is scored by `ttb_surrogate.py`'s fit of
@@ -12,8 +12,8 @@ on its short bench: Optuna's ThresholdPruner, from the first search trial), the 
 the best kept), sentinels; each trial costs the fitted GPU-seconds of its engine family and outcome.
 
 Time to best: GPU-seconds from the run's start to the first kept search trial whose score is within
-5% of the surrogate's best (`time_to_best.py`'s rule), cold (no knowledge base) and warm (the 2B's
-best from the H200 as the warm start). A run that does not reach it in `--trials` counts as infinite.
+5% of the surrogate's best (`time_to_best.py`'s rule), cold (no knowledge base) and warm (another model's
+best as the warm start: the H200 2B run's by default, `--warm-db` another run's). A run that does not reach it in `--trials` counts as infinite.
 
 Variants (same seeds): `before`: the search and sentinels as they were (the covering start-up stakes
 every untried level a draw has, a crash is told to TPE as a failure of its whole knob set, the
@@ -32,6 +32,7 @@ import json
 import math
 import random
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +72,10 @@ class Variant:
 VARIANTS = (Variant("before", None, False, None, 1), Variant("after", 3, True, SENTINEL_SHARE, 8))
 
 
-def warm_knobs() -> dict[str, Any]:
-    """The 2B run's best kept search trial (its knowledge-base finding's knob set)."""
-    best = max((t for t in load_trials(WARM_DB.parent, WARM_DB.name) if t.status == "kept" and t.score), key=lambda t: t.score)
+def warm_knobs(db: Path = WARM_DB) -> dict[str, Any]:
+    """The best kept search trial of another model's run (its knowledge-base finding's knob set): by default
+    the 2B's."""
+    best = max((t for t in load_trials(db.parent, db.name) if t.status == "kept" and t.score), key=lambda t: t.score)
     return best.knobs
 
 
@@ -160,14 +162,17 @@ def others(sur: Surrogate, target: Any, draws: int) -> dict[str, Surrogate]:
     return out
 
 
-def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, draws: int = 0) -> dict[str, Any]:
-    """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates (`robustness`)."""
+def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, draws: int = 0,
+          warm_db: Path = WARM_DB) -> dict[str, Any]:
+    """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates (`robustness`);
+    the warm runs start from `warm_db`'s best kept trial."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     target = load_target(TARGET)
     sur = fit(target=target)
-    warm = target.validate_knobs(warm_knobs())
+    warm = target.validate_knobs(warm_knobs(warm_db))
     tmp = Path(tempfile.mkdtemp())
-    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm), "warm": warm, "seeds": seeds, "trials": trials}
+    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm), "warm": warm,
+                           "warm_from": warm_db.name, "seeds": seeds, "trials": trials}
     if draws:
         res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm)
                              for name, other in others(sur, target, draws).items()}
@@ -204,15 +209,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=3, help="the robustness table's redraws of the fitted weights "
                     "(beside the H100-only and H200-only fits; 0: no robustness table)")
     ap.add_argument("--headline", type=Path, help="write time_to_best_cold_s_median / _p90 (after) into this headline.json")
+    ap.add_argument("--warm-db", type=Path, default=WARM_DB,
+                    help="the run whose best kept trial the warm runs start from (default: the 2B's explore run)")
     ap.add_argument("--from", dest="saved", type=Path, help="print (and --headline) a table saved by --json instead of replaying")
     args = ap.parse_args(argv)
     if args.saved:
         res = _infinite(json.loads(args.saved.read_text()))
         args.seeds, args.trials, args.json = res["seeds"], res["trials"], args.json or args.saved
     else:
-        res = table(args.seeds, args.trials, draws=args.draws)
+        if not args.warm_db.is_file():
+            print(f"ttb_replay: --warm-db {args.warm_db}: no such run database", file=sys.stderr)
+            return 2
+        res = table(args.seeds, args.trials, draws=args.draws, warm_db=args.warm_db)
     print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
           f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
+    print(f"warm runs start from the best kept trial of {res.get('warm_from', WARM_DB.name)}: "
+          + " ".join(f"{k}={v}" for k, v in res["warm"].items()))
     print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
     for v in VARIANTS:
         for kind in ("cold", "warm"):

@@ -93,3 +93,19 @@ def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
         e = h[key]
         assert e["seeds"] == 2 and e["source"] == str(out) and "--seeds 2 --trials 6" in e["command"]
         assert (e["value"] is None) == ("why" in e) and (e["before"] is None) == ("why_before" in e)
+
+
+def test_the_warm_start_is_another_runs_best_kept_trial(tmp_path, capsys):
+    """By default the 2B's (batch 3, the plain Triton kernels); --warm-db another run's, the 3B's included (a model the
+    7B's surrogate is not fitted on: only its finding is read)."""
+    assert ttb_replay.warm_knobs()["max_batch_size"] == 3
+    three = GPU / "results" / "h200_ttb_explore_3b_seed11_2026-12-07.db"
+    k = ttb_replay.warm_knobs(three)
+    assert (k["kernels"], k["max_batch_size"], k["decode_attn"], k["mm_glu"]) == ("triton-mm", 64, "lowp", "on")  # #4
+    out = tmp_path / "replay.json"
+    assert ttb_replay.main(["--seeds", "1", "--trials", "3", "--draws", "0", "--warm-db", str(three),
+                            "--json", str(out)]) == 0
+    assert "warm runs start from the best kept trial of h200_ttb_explore_3b_seed11_2026-12-07.db" in capsys.readouterr().out
+    assert json.loads(out.read_text())["warm_from"] == three.name
+    assert ttb_replay.main(["--warm-db", str(tmp_path / "none.db")]) == 2
+    assert capsys.readouterr().err.strip() == f"ttb_replay: --warm-db {tmp_path / 'none.db'}: no such run database"
