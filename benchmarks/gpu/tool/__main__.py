@@ -188,10 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                      name=a.name, kb_from=a.kb_from, host=a.host, scenarios=a.scenarios, floors=a.floors,
                      screen_fraction=a.screen_fraction, repeats=a.repeats, target=a.target,
                      paired_reserve_s=a.paired_reserve, best_known=a.best_known)
-            for key, under in (("goal", mf.GPU), ("target", mf.ROOT), ("scenarios", mf.GPU), ("floors", mf.GPU),
-                               ("best_known", mf.GPU)):
-                if p[key] and not (key == "goal" and p[key] == "best-known") and not (under / p[key]).is_file():
-                    raise mf.ManifestError(f"--{key} {p[key]}: no such file under {under}")
+            if (miss := mf.missing_file(p)) is not None:
+                key, value, under = miss
+                raise mf.ManifestError(f"--{key} {value}: no such file under {under}")
             return run_steps(_ctx(a, a.limit, a.preset), m, [_step("ttb", **p)], a)
     except (mf.ManifestError, Failed) as exc:
         print(f"gpu tool: {exc}", file=sys.stderr)

@@ -40,6 +40,10 @@ SPEC: dict[str, dict[str, Any]] = {
             "paired_reserve_s": 0, "best_known": "best_known.json", "reserve_s": 0},
 }
 KINDS = tuple(SPEC)
+# The parameters that name a file, and the folder each is under.
+FILE_PARAMS = (("scenarios", GPU), ("goal", GPU), ("target", ROOT), ("script", ROOT), ("floors", GPU),
+               ("best_known", GPU))
+BEST_GOAL = "best-known"  # a ttb step's goal made from best_known.json for the machine's card (ttb.py)
 EXPERIMENT_KEYS = {"about", "card", "limit_s", "steps"}
 VARIANT_KEYS = {"flags", "from", "add", "env", "step", "about"}
 
@@ -172,13 +176,20 @@ def _step(exp: str, i: int, raw: dict[str, Any], variants: dict[str, Variant]) -
         raise ManifestError(f"{where}: `kind` must be cold or warm")
     if do == "ttb" and params["host"] not in ("local", "ssh"):
         raise ManifestError(f"{where}: `host` must be local or ssh")
-    for key, under in (("scenarios", GPU), ("goal", GPU), ("target", ROOT), ("script", ROOT),
-                       ("floors", GPU), ("best_known", GPU)):
-        if key == "goal" and params.get(key) == "best-known":  # made on the machine from best_known.json (ttb.py)
-            continue
-        if key in params and params[key] and not (under / params[key]).is_file():
-            raise ManifestError(f"{where}: `{key}` {params[key]!r}: no such file under {under.relative_to(ROOT) or '.'}")
+    if (miss := missing_file(params)) is not None:
+        key, value, under = miss
+        raise ManifestError(f"{where}: `{key}` {value!r}: no such file under {under.relative_to(ROOT) or '.'}")
     return step
+
+
+def missing_file(params: dict[str, Any]) -> tuple[str, str, Path] | None:
+    """The first of a step's file parameters (FILE_PARAMS) naming no file: (key, value, the folder it is under);
+    None when each names one. ``goal = "best-known"`` names none: ttb.py makes that goal on the machine."""
+    for key, under in FILE_PARAMS:
+        value = params.get(key)
+        if value and not (key == "goal" and value == BEST_GOAL) and not (under / value).is_file():
+            return key, value, under
+    return None
 
 
 def load(path: Path = MANIFEST) -> Manifest:

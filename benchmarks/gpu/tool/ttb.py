@@ -32,10 +32,9 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.tool.manifest import GPU, ROOT
+from benchmarks.gpu.tool.manifest import BEST_GOAL, GPU, ROOT
 from benchmarks.gpu.tool.runner import Ctx, Failed
 
-BEST_GOAL = "best-known"  # --goal value: the goal made from best_known.json for the machine's card (module docstring)
 BEST_GOAL_FALLBACK = "goal_best.toml"
 # Each bar: the best known value less 8%. The H200's best known setting's own paired rounds measured down to 5.5%
 # under its screened throughput (1432 against 1515.8 tok/s), and GoalMet wants the bar met in every round.
