@@ -417,3 +417,12 @@ def test_a_best_known_goal_run_writes_the_cards_goal_and_falls_back_to_goal_best
             assert goal.split("trials = ")[0] == (mf.GPU / ttb.BEST_GOAL_FALLBACK).read_text().split("trials = ")[0]
             assert "no best known setting for NVIDIA H200 / tiny in best_known.json: the run's goal is goal_best.toml" \
                 in r.stdout
+
+
+def test_a_file_parameter_naming_no_file_is_refused_in_one_line_but_the_best_known_goal_is_not_a_file() -> None:
+    assert mf.missing_file({"goal": "best-known", "floors": "results/sol.json"}) is None
+    assert mf.missing_file({"goal": "nope.toml"}) == ("goal", "nope.toml", mf.GPU)
+    assert mf.missing_file({"goal": "best-known", "best_known": "nope.json"}) == ("best_known", "nope.json", mf.GPU)
+    r = tool("ttb", "--goal", "nope.toml", "--dry-run")
+    assert r.returncode == 2 and r.stderr.strip() == f"gpu tool: --goal nope.toml: no such file under {mf.GPU}"
+    assert tool("ttb", "--goal", "best-known", "--dry-run").returncode == 0
