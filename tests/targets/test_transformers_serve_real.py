@@ -102,13 +102,17 @@ def test_short_goal_run_over_transformers_serve_knobs(tmp_path, tiny_model):
     ]
     f = tmp_path / "steps.json"
     f.write_text(json.dumps(steps))
-    ws = Workspace(tmp_path, ["bench.scale=0.5", "bench.baseline_repeats=1", f'target="{target}"',
+    # bench.scale 1: the batched baseline's 24 requests took 0.35 s at 0.5, next to the 0.3 s floor.
+    ws = Workspace(tmp_path, ["bench.scale=1", "bench.baseline_repeats=1", f'target="{target}"',
                               f'proposer="scripted:{f}"'])
     # Out of reach on purpose: every scripted step runs.
     outcome = start_run(ws, parse_goal("improve throughput by 500x without accuracy loss within 4 trials"))
     store = Store(ws.db_url)
     trials = candidates(store, outcome.run_id)
-    summary = [(t.number, t.status, t.score, (t.error or "")[:200]) for t in trials]
+    summary = [outcome.stop_reason] + [(t.number, t.status, t.score, (t.error or "")[:200]) for t in trials]
+    # Every scripted step runs to the trial budget; a baseline shorter than a trusted measurement
+    # (`hosts.measure.scale_refusal`: 0.3 s) would refuse the run after it instead.
+    assert outcome.stop_reason.startswith("BudgetExhausted"), summary
     assert len(trials) == 4 and trials[0].status == "kept", summary
     assert trials[2].status == "failed" and "constraint_violated, not launched" in trials[2].error, summary
     for t in (trials[0], trials[1], trials[3]):
