@@ -15,12 +15,16 @@ import pytest
 
 from orchestrator.config.goal import parse_goal
 from orchestrator.config.workspace import Workspace
+from orchestrator.hosts.measure import host_during
 from orchestrator.remote.procs import listening_pids
 from orchestrator.runs import start_run
 from orchestrator.store import Store
 
 pytestmark = pytest.mark.slow
 
+# Others' runnable work per CPU, the mean over the run's trials, under which the host counts as quiet
+# (`hosts.measure.host_during`): 0.0-0.25 per trial on the idle 2-core machine, 1.0 beside two busy loops.
+QUIET = 0.25
 # Scale 0.5 keeps concurrency 4 in the throughput scenario: enough for batching to show.
 FAST = ["bench.scale=0.5", "bench.baseline_repeats=1"]
 # The first candidate is slower than the baseline (bfloat16 on this CPU, as SLOWER below): discarded on
@@ -75,8 +79,17 @@ def test_loop_end_to_end(tmp_path, tiny_model):
         assert {m.scenario for m in store.measurements(t.id)} == {"throughput"}
     best = store.get_trial(store.get_run(outcome.run_id).best_trial_id)
     assert best.number > 0 and best.score > 1.2, [(t.number, t.status, t.score, t.objective) for t in trials]
-    assert best.knobs["batching"] == "on", "batching is what multiplies throughput on this CPU"
     assert outcome.stop_reason.startswith(("GoalMet", "BudgetExhausted", "ProposerExhausted"))
+    if outcome.stop_reason.startswith("GoalMet"):
+        assert f"#{best.number} meets every objective: paired speedup" in outcome.stop_reason, outcome.stop_reason
+    # Batching is what multiplies throughput on this CPU while nothing else runs on it. With other work on
+    # the cores (others' runnable work, as the loop measured it during each bench) the float32 baseline's
+    # threads lose far more than the candidates', and which one wins varies: beside two busy loops on the two
+    # cores the manual loop in bfloat16 won in one run (paired 16.2x [14.1, 18.7]), batching in another (50.2x).
+    # Which setting wins is then the host's; the claim is still a paired one.
+    others = [h["foreign_load"] for t in store.list_trials(outcome.run_id) if (h := host_during(store, outcome.run_id, t.id))]
+    if others and sum(others) / len(others) < QUIET:
+        assert best.knobs["batching"] == "on", ("batching is what multiplies throughput on this CPU", others)
 
 
 def _wait_for(cond, timeout, what):
