@@ -266,10 +266,24 @@ def _held_out(x: np.ndarray, n_runs: int) -> list[int]:
     return out or list(range(len(x)))
 
 
-def _loo(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> float:
-    """Mean squared leave-one-out error of the fit (log score) over `_held_out`."""
-    err = [float(y[i] - x[i] @ _solve(np.delete(x, i, 0), np.delete(y, i), n_runs, ridge)) for i in _held_out(x, n_runs)]
+def _loo(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float, held: list[int] | None = None) -> float:
+    """Mean squared leave-one-out error of the fit (log score) over `held` (default `_held_out`)."""
+    err = [float(y[i] - x[i] @ _solve(np.delete(x, i, 0), np.delete(y, i), n_runs, ridge))
+           for i in (_held_out(x, n_runs) if held is None else held)]
     return float(np.mean(np.square(err)))
+
+
+def _design(ok: list[StoredTrial], defaults: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """The fit's design matrix (one column per run's offset, then per feature), log scores, runs and feature names."""
+    runs = sorted({t.run for t in ok})
+    rows = [features(t.knobs, defaults) for t in ok]
+    names = sorted({n for r in rows for n in r})
+    x = np.zeros((len(ok), len(runs) + len(names)))
+    for i, (t, r) in enumerate(zip(ok, rows, strict=True)):
+        x[i, runs.index(t.run)] = 1.0
+        for n, v in r.items():
+            x[i, len(runs) + names.index(n)] = v
+    return x, np.log([t.score for t in ok]), runs, names
 
 
 def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_kernel: bool = False,
@@ -280,15 +294,7 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
     defaults = {k: v.default for k, v in target.knobs.items()}
     trials = load_trials(results, card=card)
     ok = [t for t in trials if _scored(t, screened)]
-    runs = sorted({t.run for t in ok})
-    rows = [features(t.knobs, defaults) for t in ok]
-    names = sorted({n for r in rows for n in r})
-    x = np.zeros((len(ok), len(runs) + len(names)))
-    for i, (t, r) in enumerate(zip(ok, rows, strict=True)):
-        x[i, runs.index(t.run)] = 1.0
-        for n, v in r.items():
-            x[i, len(runs) + names.index(n)] = v
-    y = np.log([t.score for t in ok])
+    x, y, runs, names = _design(ok, defaults)
     loo = {lam: _loo(x, y, len(runs), lam) for lam in RIDGES}
     ridge = min(RIDGES, key=loo.__getitem__)
     w = _solve(x, y, len(runs), ridge)
@@ -354,18 +360,9 @@ def full_bench_loo(results: Path = RESULTS, target: Any = None, screened: bool =
     defaults = {k: v.default for k, v in target.knobs.items()}
     ok = [t for t in load_trials(results) if _scored(t, screened)]
     full = np.array([not t.error.startswith("screened out at") for t in ok])
-    runs = sorted({t.run for t in ok})
-    rows = [features(t.knobs, defaults) for t in ok]
-    names = sorted({n for r in rows for n in r})
-    x = np.zeros((len(ok), len(runs) + len(names)))
-    for i, (t, r) in enumerate(zip(ok, rows, strict=True)):
-        x[i, runs.index(t.run)] = 1.0
-        for n, v in r.items():
-            x[i, len(runs) + names.index(n)] = v
-    y = np.log([t.score for t in ok])
+    x, y, runs, names = _design(ok, defaults)
     held = [int(np.flatnonzero(full)[j]) for j in _held_out(x[full], len(runs))]
-    err = [float(y[i] - x[i] @ _solve(np.delete(x, i, 0), np.delete(y, i), len(runs), ridge)) for i in held]
-    return float(np.sqrt(np.mean(np.square(err))))
+    return math.sqrt(_loo(x, y, len(runs), ridge, held))
 
 
 def main(argv: list[str] | None = None) -> int:
