@@ -426,3 +426,27 @@ def test_a_file_parameter_naming_no_file_is_refused_in_one_line_but_the_best_kno
     r = tool("ttb", "--goal", "nope.toml", "--dry-run")
     assert r.returncode == 2 and r.stderr.strip() == f"gpu tool: --goal nope.toml: no such file under {mf.GPU}"
     assert tool("ttb", "--goal", "best-known", "--dry-run").returncode == 0
+
+
+def test_the_floors_come_from_the_ceilings_of_the_machines_own_card(tmp_path: Path) -> None:
+    """results/sol.json holds the H200's ceilings: on an H100 the floors come from the newest results/sol*.json
+    measured on an H100 (its copy bandwidth is 3.04 TB/s, not 4.27), on a card none was measured on from sol.json,
+    said in one line; on the H200 from sol.json itself."""
+    stub = tmp_path / "python3"
+    stub.write_text(STUB.format(python=sys.executable))
+    stub.chmod(0o755)
+    h100 = json.loads((mf.GPU / "results/sol_h100_2026-12-07.json").read_text())["ceilings"]
+    h200 = json.loads((mf.GPU / "results/sol.json").read_text())["ceilings"]
+    assert h200["gpu"] == "NVIDIA H200" and h100["gpu"] == "NVIDIA H100 80GB HBM3"
+    for card, want, line in (("NVIDIA H100 80GB HBM3", h100, "this NVIDIA H100 80GB HBM3's are results/sol_h100_2026-12-07.json"),
+                             ("NVIDIA A100-SXM4-80GB", h200, "no results/sol*.json holds this NVIDIA A100-SXM4-80GB's"),
+                             ("NVIDIA H200", h200, "from results/sol.json's ceilings")):
+        env = _with_gpu(tmp_path)
+        (tmp_path / "bin" / "nvidia-smi").write_text(NVIDIA_SMI.replace("NVIDIA H200", card))
+        ws_root, out = tmp_path / f"root-{card}", tmp_path / f"out-{card}"
+        r = tool("ttb", "--preset", "tiny", "--goal", "goal_4x.toml", "--seed", "5", "--limit", "300",
+                 "--python", str(stub), "--out", str(out), "--ws-root", str(ws_root), "--state", str(tmp_path / "st"),
+                 env={**env, "STUB_LOG": str(tmp_path / "calls.jsonl")})
+        assert r.returncode == 0, r.stdout + r.stderr
+        floors = json.loads((ws_root / "ttb-cold-tiny-4x-s5" / "floors.json").read_text())
+        assert floors["ceilings"] == want and line in r.stdout, (card, r.stdout)

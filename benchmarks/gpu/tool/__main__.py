@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kb-from", default="", help="warm: a kb folder or kb.tgz to start from")
     p.add_argument("--host", choices=("local", "ssh"), default="local", help="ssh: through the carried sshd")
     p.add_argument("--scenarios", default="scenarios.toml")
-    p.add_argument("--floors", default="results/sol.json", help="sol.json under benchmarks/gpu/ ('' : none)")
+    p.add_argument("--floors", default="results/sol.json", help="the ceilings under benchmarks/gpu/ ('': none); where they are another card's, this card's newest results/sol*.json")
     p.add_argument("--screen-fraction", type=float, default=0.25)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--target", default="examples/targets/hfserve_gpu.toml")

@@ -226,22 +226,50 @@ def ttb(ctx: Ctx, p: dict[str, Any], *, ws_root: Path, state: Path, extra_toml: 
     return rc
 
 
+def _ceilings_card(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text())["ceilings"].get("gpu", ""))
+    except (OSError, ValueError, KeyError, AttributeError):
+        return ""
+
+
+def card_ceilings(ctx: Ctx, given: str) -> Path:
+    """The ceilings the floors are made from: ``given`` (under benchmarks/gpu/) where they were measured on this
+    machine's card (or its card is unknown); else the newest ``results/sol*.json`` measured on this card (what
+    `tool run floors` writes), said in one line; else ``given``, with a line saying whose ceilings they are."""
+    path, card = GPU / given, ctx.gpu_name()
+    theirs = _ceilings_card(path)
+    if not card or not theirs or theirs == card:
+        return path
+    mine = [f for f in (GPU / "results").glob("sol*.json") if _ceilings_card(f) == card]
+    if mine:
+        newest = max(mine, key=lambda f: (re.findall(r"\d{4}-\d\d-\d\d\w?", f.name) or [""])[0])
+        ctx.log(f"{given} holds the {theirs}'s ceilings: this {card}'s are {newest.relative_to(GPU)}")
+        return newest
+    ctx.log(f"{given} holds the {theirs}'s ceilings and no results/sol*.json holds this {card}'s: the floors are the "
+            f"{theirs}'s (`tool run floors` on this card measures its own)")
+    return path
+
+
 def model_floors(ctx: Ctx, ws: Path, model: str, p: dict[str, Any]) -> Path | None:
-    """``ws/floors.json``: the floors of ``p["floors"]``' ceilings (its card's copy bandwidth and matrix rate) for
-    the forged model's own shape (sol.py --config --ceilings), so the speed-of-light check judges every preset's
-    trials (it checks only a trial whose model has the recorded shape: the 7B's floors never judge the 3B). None,
-    said in one line, when they cannot be made: the run then reads ``p["floors"]`` as given."""
+    """``ws/floors.json``: the floors of this card's ceilings (copy bandwidth and matrix rate; ``card_ceilings``:
+    ``p["floors"]``'s where they are this card's) for the forged model's own shape (sol.py --config --ceilings), so
+    the speed-of-light check judges every preset's trials (it checks only a trial whose model has the recorded
+    shape: the 7B's floors never judge the 3B). None, said in one line, when they cannot be made: the run then
+    reads ``p["floors"]`` as given."""
     out = ws / "floors.json"
     if not ctx.dry:
         ws.mkdir(parents=True, exist_ok=True)
-    argv = ["--config", str(Path(model) / "config.json"), "--ceilings", str(GPU / p["floors"]), "--out", str(out)]
+    ceilings = card_ceilings(ctx, p["floors"])
+    argv = ["--config", str(Path(model) / "config.json"), "--ceilings", str(ceilings), "--out", str(out)]
     if p["scenarios"]:
         argv += ["--scenarios", str(GPU / p["scenarios"])]
     rc = ctx.py(str((GPU / "sol.py").relative_to(ROOT)), *argv, timeout=60, log=ctx.out / "logs" / "floors.log")
     if rc != 0 or not (ctx.dry or out.exists()):
         ctx.log(f"no floors for {p['preset']}'s shape (sol.py exit {rc}; logs/floors.log): the run reads {p['floors']}")
         return None
-    ctx.log(f"floors for {p['preset']}'s shape from {p['floors']}'s ceilings -> {out}")
+    shown = ceilings.relative_to(GPU) if ceilings.is_relative_to(GPU) else ceilings
+    ctx.log(f"floors for {p['preset']}'s shape from {shown}'s ceilings -> {out}")
     return out
 
 
