@@ -1,15 +1,19 @@
 """Time to best over many seeds: the real search replayed on a surrogate of the GPU space, before and after.
 
-    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--warm-db RUN_DB] [--json out.json]
+    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--warm-db RUN_DB] [--noise SD] [--keep-gain G]
+                                       [--json out.json]
 
 A prediction, not a measurement. The real `SearchProposer` proposes on examples/targets/hfserve_gpu.toml
 as `infergoal goal` runs it (seeded 0..N-1); each proposal is scored by `ttb_surrogate.py`'s fit of
 every stored 7B GPU trial's full-bench score (H200 and H100 runs; failures mark crash levels: a knob set
-holding one fails with server errors) times a log-normal per-trial noise (sigma 0.08: the baseline's throughput
-moved 45-53 tok/s between runs). The loop's parts that set the clock are modelled as the controller
-runs them: the baseline, the short-pass screen (a score under the best kept less a 12% margin ends
-on its short bench: Optuna's ThresholdPruner, from the first search trial), the keep rule (5% over
-the best kept), sentinels; each trial costs the fitted GPU-seconds of its engine family and outcome.
+holding one fails with server errors) times a log-normal per-trial noise: by default the launch noise the
+stored runs measured (`ttb_surrogate.launch_noise`: a knob set's score between its launches within a run,
+log sd 0.027), `--noise` another (the robustness table also replays 0.08, how far the baseline's throughput
+moved between runs). The loop's parts that set the clock are modelled as the controller runs them: the
+baseline, the short-pass screen (a score under the best kept less a 12% margin ends on its short bench:
+Optuna's ThresholdPruner, from the first search trial), the keep rule (`--keep-gain` over the best kept:
+by default the loop's while its baseline was measured once, `verdict.ASSUMED_NOISE`, 5%), sentinels;
+each trial costs the fitted GPU-seconds of its engine family and outcome.
 
 Time to best: GPU-seconds from the run's start to the first kept search trial whose score is within
 5% of the surrogate's best (`time_to_best.py`'s rule), cold (no knowledge base) and warm (another model's
@@ -43,17 +47,18 @@ import optuna
 
 HERE = Path(__file__).resolve().parent
 
-from ttb_surrogate import TARGET, Surrogate, fit, load_trials  # noqa: E402  (beside this script)
+from ttb_surrogate import TARGET, Surrogate, fit, launch_noise, load_trials  # noqa: E402  (beside this script)
 
 from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
+from orchestrator.trial.verdict import ASSUMED_NOISE  # noqa: E402
 
 __all__ = ["VARIANTS", "Variant", "main", "one_run", "table"]
 
-NOISE = 0.08
+BETWEEN_RUNS_NOISE = 0.08  # the robustness table's per-trial noise: the baseline's throughput between runs
 SCREEN_MARGIN = 0.12
-KEEP_GAIN = 0.05
+KEEP_GAIN = ASSUMED_NOISE
 WITHIN = 0.05
 SENTINEL_EVERY = 4
 SENTINEL_SHARE = 0.08
@@ -80,7 +85,8 @@ def warm_knobs(db: Path = WARM_DB) -> dict[str, Any]:
 
 
 def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: float, trials: int, tmp: Path,
-            warm: dict[str, Any] | None = None) -> dict[str, Any]:
+            warm: dict[str, Any] | None = None, noise: float = BETWEEN_RUNS_NOISE, keep_gain: float = KEEP_GAIN
+            ) -> dict[str, Any]:
     """One replayed run: when (GPU-s, trial) it first kept a trial within 5% of `best`, and its sentinel share."""
     rng = random.Random(seed)
     store = Store(f"sqlite:///{tmp / f'{variant.name}{seed}{int(bool(warm))}.db'}")
@@ -111,14 +117,14 @@ def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: floa
             store.finish_trial(t.id, "failed", error="16 of 16 requests failed in throughput@0.25 (server_error: 16)")
             out["failed"] += 1
             continue
-        score = p.score * math.exp(rng.gauss(0, NOISE))
+        score = p.score * math.exp(rng.gauss(0, noise))
         bar = proposer.stop_bar(store.list_trials(run.id), SCREEN_MARGIN, startup=0)
         if bar is not None and score < bar:
             clock += sur.cost(c.knobs, "screened")
             store.finish_trial(t.id, "discarded", score=score, error="screened out at 25% fidelity: under the bar")
             continue
         clock += sur.cost(c.knobs, "full")
-        kept = score >= kept_best * (1 + KEEP_GAIN)
+        kept = score >= kept_best * (1 + keep_gain)
         store.finish_trial(t.id, "kept" if kept else "discarded", score=score)
         out["best"] = max(out.get("best", 0.0), score)
         if kept:
@@ -130,10 +136,23 @@ def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: floa
     return out
 
 
+def _p90(secs: list[float]) -> float:
+    secs = sorted(secs)
+    return secs[min(len(secs) - 1, math.ceil(0.9 * len(secs)) - 1)]
+
+
+def _ci(secs: list[float], stat: Any, draws: int = 2000) -> list[float]:
+    """A 90% bootstrap interval of `stat` over the seeds (resampled with replacement, seeded): how far another
+    30 seeds could move the figure."""
+    rng = random.Random(0)
+    vals = sorted(stat([rng.choice(secs) for _ in secs]) for _ in range(draws))
+    return [vals[int(0.05 * draws)], vals[int(0.95 * draws) - 1]]
+
+
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     secs = sorted(r["ttb_s"] for r in rows)
-    p90 = secs[min(len(secs) - 1, math.ceil(0.9 * len(secs)) - 1)]
-    return {"seeds": len(rows), "median_s": statistics.median(secs), "p90_s": p90,
+    return {"seeds": len(rows), "median_s": statistics.median(secs), "p90_s": _p90(secs),
+            "median_ci": _ci(secs, statistics.median), "p90_ci": _ci(secs, _p90),
             "reached": sum(math.isfinite(s) for s in secs),
             "sentinel_share_median": statistics.median(r["sentinel_share"] for r in rows),
             "crashed_trials": sum(r["failed"] for r in rows),
@@ -141,13 +160,13 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _replay(sur: Surrogate, target: Any, seeds: int, trials: int, variants: tuple[Variant, ...], tmp: Path,
-            warm: dict[str, Any]) -> dict[str, Any]:
+            warm: dict[str, Any], noise: float, keep_gain: float) -> dict[str, Any]:
     best, best_knobs = sur.best_known(target)
     top, top_knobs = sur.best(target)
     res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs}
     for v in variants:
         for kind, w in (("cold", None), ("warm", warm)):
-            rows = [one_run(s, v, sur, target, best, trials, tmp, w) for s in range(seeds)]
+            rows = [one_run(s, v, sur, target, best, trials, tmp, w, noise, keep_gain) for s in range(seeds)]
             res[f"{v.name}_{kind}"] = {**_stats(rows), "runs": rows}
     return res
 
@@ -165,20 +184,33 @@ def others(sur: Surrogate, target: Any, draws: int) -> dict[str, Surrogate]:
     return out
 
 
+NOISE_ROW = f"per-trial noise {BETWEEN_RUNS_NOISE:g} (between runs)"
+
+
 def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, draws: int = 0,
-          warm_db: Path = WARM_DB) -> dict[str, Any]:
-    """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates (`robustness`);
-    the warm runs start from `warm_db`'s best kept trial."""
+          warm_db: Path = WARM_DB, noise: float | None = None, keep_gain: float = KEEP_GAIN) -> dict[str, Any]:
+    """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates and with the
+    between-runs noise (`robustness`); the warm runs start from `warm_db`'s best kept trial; `noise`: the per-trial
+    noise (None: the stored runs' launch noise)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     target = load_target(TARGET)
     sur = fit(target=target)
     warm = target.validate_knobs(warm_knobs(warm_db))
     tmp = Path(tempfile.mkdtemp())
-    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm), "warm": warm,
-                           "warm_from": warm_db.name, "seeds": seeds, "trials": trials}
+    if noise is None:
+        ln = launch_noise()
+        noise, basis = ln.sd, (f"launch noise of the stored runs: {ln.sets} knob sets launched again in {len(ln.runs)} "
+                               f"runs, {ln.df} degrees of freedom")
+    else:
+        basis = "given (--noise)"
+    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm, noise, keep_gain), "warm": warm,
+                           "warm_from": warm_db.name, "seeds": seeds, "trials": trials, "noise": noise,
+                           "noise_basis": basis, "keep_gain": keep_gain}
     if draws:
-        res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm)
+        res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm, noise, keep_gain)
                              for name, other in others(sur, target, draws).items()}
+        res["robustness"][NOISE_ROW] = _replay(sur, target, seeds, trials, variants, tmp, warm, BETWEEN_RUNS_NOISE,
+                                               keep_gain)
     return res
 
 
@@ -197,6 +229,9 @@ def _infinite(res: dict[str, Any]) -> dict[str, Any]:
         if isinstance(v, dict) and "runs" in v:
             for stat in ("median_s", "p90_s"):
                 v[stat] = math.inf if v[stat] is None else v[stat]
+            for ci in ("median_ci", "p90_ci"):
+                if ci in v:
+                    v[ci] = [math.inf if x is None else x for x in v[ci]]
     return res
 
 
@@ -214,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headline", type=Path, help="write time_to_best_cold_s_median / _p90 (after) into this headline.json")
     ap.add_argument("--warm-db", type=Path, default=WARM_DB,
                     help="the run whose best kept trial the warm runs start from (default: the 2B's explore run)")
+    ap.add_argument("--noise", type=float, help="the per-trial noise, log sd (default: the stored runs' launch noise)")
+    ap.add_argument("--keep-gain", type=float, default=KEEP_GAIN,
+                    help=f"the gain over the best kept a trial needs to be kept (default {KEEP_GAIN:g}: the loop's while "
+                         "its baseline was measured once)")
     ap.add_argument("--from", dest="saved", type=Path, help="print (and --headline) a table saved by --json instead of replaying")
     args = ap.parse_args(argv)
     if args.saved:
@@ -223,9 +262,19 @@ def main(argv: list[str] | None = None) -> int:
         if not args.warm_db.is_file():
             print(f"ttb_replay: --warm-db {args.warm_db}: no such run database", file=sys.stderr)
             return 2
-        res = table(args.seeds, args.trials, draws=args.draws, warm_db=args.warm_db)
+        if args.noise is not None and not 0 <= args.noise < 1:
+            print(f"ttb_replay: --noise {args.noise:g}: a log standard deviation from 0 to 1", file=sys.stderr)
+            return 2
+        if not 0 <= args.keep_gain < 1:
+            print(f"ttb_replay: --keep-gain {args.keep_gain:g}: a fraction from 0 to 1 (0.05: 5% over the best kept)",
+                  file=sys.stderr)
+            return 2
+        res = table(args.seeds, args.trials, draws=args.draws, warm_db=args.warm_db, noise=args.noise,
+                    keep_gain=args.keep_gain)
     print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
           f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
+    if "noise" in res:
+        print(f"per-trial noise: log sd {res['noise']:.4f} ({res['noise_basis']}); kept at {res['keep_gain']:.0%} over the best kept")
     print(f"warm runs start from the best kept trial of {res.get('warm_from', WARM_DB.name)}: "
           + " ".join(f"{k}={v}" for k, v in res["warm"].items()))
     print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
@@ -234,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             s = res[f"{v.name}_{kind}"]
             print(f"{v.name:8} {kind:5} {_fmt(s['median_s']):>13} {_fmt(s['p90_s']):>12} {s['reached']:>5}/{s['seeds']:<2} "
                   f"{s['sentinel_share_median']:>14.1%} {s['crashed_trials']:>15} {s['best_median']:>13.2f}x")
+    for kind in ("cold", "warm"):
+        s = res[f"after_{kind}"]
+        if "median_ci" in s:
+            print(f"after {kind}: 90% bootstrap interval over the seeds: median {_fmt(s['median_ci'][0])}-{_fmt(s['median_ci'][1])}, "
+                  f"p90 {_fmt(s['p90_ci'][0])}-{_fmt(s['p90_ci'][1])} GPU-s")
     if res.get("robustness"):
         print("\nrobustness: the same replay on other surrogates the stored trials fit (median / p90 GPU-s, seeds reached)")
         print(f"{'surrogate':22} {'best known':>10} " + " ".join(f"{v.name + ' ' + kind:>22}" for v in VARIANTS for kind in ("cold", "warm")))
@@ -269,10 +323,13 @@ def update_headline(path: Path, res: dict[str, Any], source: str | None, command
         after, before = res["after_cold"], res["before_cold"]
         entry: dict[str, Any] = {
             "value": _round(after[f"{stat}_s"]), "before": _round(before[f"{stat}_s"]), "seeds": after["seeds"],
+            "interval_90": [_round(x) for x in after.get(f"{stat}_ci", [])] or None,
             "reached": after["reached"], "reached_before": before["reached"], "trials": res["trials"],
             "warm_median": _round(res["after_warm"]["median_s"]),
             "basis": "predicted, not measured: the real search replayed on a surrogate fitted from every stored 7B GPU "
-                     "trial's full-bench score (ttb_surrogate.py); GPU-seconds to a kept trial within 5% of the best known setting",
+                     "trial's full-bench score (ttb_surrogate.py); GPU-seconds to a kept trial within 5% of the best known setting"
+                     + (f"; per-trial noise log sd {res['noise']:.3f} ({res['noise_basis']}), kept at {res['keep_gain']:.0%} "
+                        "over the best kept" if "noise" in res else ""),
             "source": source, "command": command}
         short = f"fewer than {'half' if stat == 'median' else '90%'} of the seeds reached it within {res['trials']} trials"
         if entry["value"] is None:

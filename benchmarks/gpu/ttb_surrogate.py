@@ -15,18 +15,21 @@ GPU-seconds (`timings.trial`).
   level (the knob's default is 0). A level no stored trial carried is predicted as its default and
   *marked* (`Prediction.unmeasured`).
 - Full-bench scores only (`_scored`): a screened-out trial's short-bench score is a bound, not a value.
-  Read as a value it made the full-bench trials' leave-one-out error worse (RMS 0.196 in log score
-  against 0.128); that fit (`fit(screened=True)`) stays in the replay's robustness table.
+  Read as a value it makes the full-bench trials' leave-one-out error worse (RMS 0.184 in log score
+  against 0.122); that fit (`fit(screened=True)`) stays in the replay's robustness table.
 - Interactions (`fit(residual_kernel=True)`, in the robustness table): the additive fit's residuals
   smoothed over the knob space by a Gaussian process (`Residuals`: a Laplacian kernel on the L1 distance
   between feature vectors; variance, length and noise with the least leave-one-out error). It lowers the
-  leave-one-out error only to 0.121: 61 full-bench trials do not resolve interactions beyond the noise.
+  leave-one-out error only to 0.114: 72 full-bench trials do not resolve interactions beyond the noise.
   The first lines of the output and `--json` give the three errors.
 - Failures: a level every failed trial of its kind carried (server errors at the bench, a start-up crash)
   and no trial that served carried is a crash level (`Surrogate.crash_levels`); a knob set holding one
   fails. Invalid trials (the accuracy gate) are left out: the runs' own gate decided on noise there.
 - GPU-seconds per trial: the median `timings.trial` per engine family and outcome (full bench, screened
   out, failed), per baseline / sentinel measurement, and before the first trial.
+- Launch noise (`launch_noise`): how far one knob set's score moves between launches within a run (its
+  search trial and the paired rounds that launched it again against the same run's baseline), pooled over
+  the runs: the replay's per-trial noise.
 The scale of the replay's scores is the H100 cold run's (today's knob space and code): `offset`.
 """
 
@@ -50,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from orchestrator.targets import load_target  # noqa: E402
 
-__all__ = ["RESULTS", "Prediction", "Surrogate", "features", "fit", "load_trials"]
+__all__ = ["RESULTS", "LaunchNoise", "Prediction", "Surrogate", "features", "fit", "launch_noise", "load_trials"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = ROOT / "examples" / "targets" / "hfserve_gpu.toml"
@@ -124,6 +127,58 @@ def load_trials(results: Path = RESULTS, only: str | None = None, card: str = ""
             con.close()
     shutil.rmtree(tmp)
     return out
+
+
+@dataclass(frozen=True)
+class LaunchNoise:
+    sd: float  # pooled standard deviation of log(score) between launches of one knob set within a run
+    sets: int  # knob sets launched more than once
+    df: int  # degrees of freedom (launches less one per knob set)
+    runs: tuple[str, ...]
+
+
+TPOT, THROUGHPUT = "decode:tpot_ms_p50", "throughput:output_throughput"
+
+
+def launch_noise(results: Path = RESULTS, card: str = "") -> LaunchNoise:
+    """How much one knob set's score moves from launch to launch within a 7B run: its search trial's measured
+    TPOT p50 and throughput and those of every later launch of the same knob set in the run (the paired rounds'
+    candidate halves, retries), as log(score) against the run's one baseline (half the log of throughput over
+    TPOT: the geometric mean of the two speedups, up to the run's constant); the standard deviation within each
+    knob set, pooled over knob sets and runs. The baseline's own spread is not in it: within a run every trial
+    divides by the same baseline measurement, so it moves the run's offset, not one trial against another."""
+    num, df, sets, runs = 0.0, 0, 0, []
+    tmp = Path(tempfile.mkdtemp())
+    for db in sorted(results.glob(f"{card}*.db")):
+        shutil.copyfile(db, tmp / "run.db")  # read from a copy: a WAL database leaves -wal / -shm files beside it
+        con = sqlite3.connect(tmp / "run.db")
+        try:
+            goal_json, target_json = con.execute("select goal_json, target_json from runs order by id limit 1").fetchone()
+            metrics = sorted(o["metric"] for o in json.loads(goal_json).get("objectives", []))
+            if metrics != ["throughput", "tpot"] or json.loads(target_json or "{}").get("model") != "forge:7b-peaked":
+                continue
+            groups: dict[str, list[float]] = {}
+            for number, knobs, obj in con.execute("select number, knobs_json, objective_json from trials order by number"):
+                o = json.loads(obj or "{}")
+                if number == 0 or not o.get(TPOT) or not o.get(THROUGHPUT):
+                    continue
+                groups.setdefault(json.dumps(json.loads(knobs), sort_keys=True), []).append(
+                    0.5 * (math.log(o[THROUGHPUT]) - math.log(o[TPOT])))
+            baseline = json.dumps(json.loads(con.execute("select knobs_json from trials where number = 0").fetchone()[0]),
+                                  sort_keys=True)
+            for key, v in groups.items():
+                if key != baseline and len(v) > 1:
+                    num += statistics.variance(v) * (len(v) - 1)
+                    df += len(v) - 1
+                    sets += 1
+                    if db.name not in runs:
+                        runs.append(db.name)
+        except (sqlite3.Error, TypeError):
+            continue
+        finally:
+            con.close()
+    shutil.rmtree(tmp)
+    return LaunchNoise(math.sqrt(num / df) if df else math.nan, sets, df, tuple(runs))
 
 
 # The residual kernel's grid (`Residuals.fit`): signal variance, length (L1 feature distance), noise variance (log score).
@@ -380,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{r.loo['with_residuals']:.3f} (variance {k.var:g}, length {k.length:g}, noise {k.noise:g}); fitted with the "
           f"screened-out short-bench scores as values {with_short:.3f}")
     print(f"crash levels: {sorted(s.crash_levels)}")
+    ln = launch_noise()
+    print(f"launch noise: log sd {ln.sd:.4f} of a knob set's score between launches within a run ({ln.sets} knob sets "
+          f"launched again in {len(ln.runs)} runs, {ln.df} degrees of freedom)")
     print("GPU-s per trial: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(s.seconds.items())))
     for n, w in sorted(s.weights.items(), key=lambda x: -abs(x[1])):
         print(f"  {n:32s} x{math.exp(w):6.2f}")
@@ -389,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"weights": s.weights, "offsets": s.offsets, "crash_levels": sorted(s.crash_levels),
                                          "seconds": s.seconds, "best": best, "best_knobs": knobs,
+                                         "launch_noise": dataclasses.asdict(ln),
                                          "loo_rms": {"additive": s.loo["additive"], "with_residual_kernel": r.loo["with_residuals"],
                                                      "with_screened_scores": with_short},
                                          "residual_kernel": {"variance": k.var, "length": k.length, "noise": k.noise}},

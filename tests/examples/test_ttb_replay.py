@@ -105,7 +105,10 @@ def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
         assert row in text, text
     res = json.loads(out.read_text())
     assert list(res["robustness"]) == ["h100 runs only", "h200 runs only", "with a residual kernel",
-                                       "screened scores as values", "weights redrawn #0"]
+                                       "screened scores as values", "weights redrawn #0", "per-trial noise 0.08 (between runs)"]
+    # the per-trial noise is the stored runs' launch noise, and the keep gain the loop's with one baseline measurement
+    assert res["noise"] == pytest.approx(ttb_surrogate.launch_noise().sd) and "launch noise" in res["noise_basis"]
+    assert res["keep_gain"] == 0.05 and "per-trial noise: log sd" in text
     assert all(r["after_cold"]["seeds"] == 2 for r in res["robustness"].values())
     for key in ("before_cold", "after_cold", "before_warm", "after_warm"):
         assert res[key]["seeds"] == 2 and len(res[key]["runs"]) == 2
@@ -140,3 +143,23 @@ def test_the_warm_start_is_another_runs_best_kept_trial(tmp_path, capsys):
     assert json.loads(out.read_text())["warm_from"] == three.name
     assert ttb_replay.main(["--warm-db", str(tmp_path / "none.db")]) == 2
     assert capsys.readouterr().err.strip() == f"ttb_replay: --warm-db {tmp_path / 'none.db'}: no such run database"
+
+
+def test_the_launch_noise_is_one_knob_sets_spread_between_its_launches_in_a_run():
+    """Seed 97's #10 on the H100 was launched four times in its run (its search trial and three paired rounds):
+    its scores' spread is in the pooled figure, the baseline's launches are not."""
+    ln = ttb_surrogate.launch_noise()
+    assert ln.sets >= 10 and ln.df >= 30 and "h100_ttb_known_7b_seed97_2026-12-07.db" in ln.runs
+    assert 0.005 < ln.sd < 0.08  # under the baseline's moves between runs
+    h100, h200 = ttb_surrogate.launch_noise(card="h100"), ttb_surrogate.launch_noise(card="h200")
+    assert h100.df + h200.df == ln.df and h100.sets + h200.sets == ln.sets
+    # a pooled variance: between the two cards' own
+    assert min(h100.sd, h200.sd) <= ln.sd <= max(h100.sd, h200.sd)
+
+
+@pytest.mark.parametrize("args, words", [(["--noise", "-0.1"], "--noise -0.1: a log standard deviation"),
+                                         (["--keep-gain", "5"], "--keep-gain 5: a fraction from 0 to 1")])
+def test_a_noise_or_keep_gain_out_of_range_is_refused_in_one_line(args, words, capsys):
+    assert ttb_replay.main(["--seeds", "1", "--trials", "2", *args]) == 2
+    err = capsys.readouterr().err
+    assert words in err and len(err.strip().splitlines()) == 1, err
