@@ -43,6 +43,7 @@ import shutil
 import sqlite3
 import statistics
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,35 +98,43 @@ class StoredTrial:
     error: str
 
 
+def _runs(results: Path, only: str | None = None, card: str = "") -> Iterator[tuple[str, sqlite3.Connection]]:
+    """(database name, connection) of each 7B TPOT + throughput run under `results` (`only`: that one database,
+    whatever its model; `card`: the runs on that card alone, `h100` or `h200`), each read from a copy: opening a WAL
+    database, even read-only, leaves -wal / -shm files beside it."""
+    tmp = Path(tempfile.mkdtemp())
+    try:
+        for db in sorted(results.glob(only or f"{card}*.db")):
+            shutil.copyfile(db, tmp / "run.db")
+            con = sqlite3.connect(tmp / "run.db")
+            try:
+                goal_json, target_json = con.execute("select goal_json, target_json from runs order by id limit 1").fetchone()
+                metrics = sorted(o["metric"] for o in json.loads(goal_json).get("objectives", []))
+                model = json.loads(target_json or "{}").get("model")
+                if metrics == ["throughput", "tpot"] and (model == "forge:7b-peaked" or only is not None):
+                    yield db.name, con
+            finally:
+                con.close()
+    finally:
+        shutil.rmtree(tmp)
+
+
 def load_trials(results: Path = RESULTS, only: str | None = None, card: str = "") -> list[StoredTrial]:
     """Every search trial (and baseline / sentinel, for their GPU-seconds) of the 7B TPOT + throughput runs
     (`only`: of that one database, whatever its model; `card`: of the runs on that card alone, `h100` or `h200`)."""
     out = []
-    tmp = Path(tempfile.mkdtemp())
-    for db in sorted(results.glob(only or f"{card}*.db")):
-        # read from a copy: opening a WAL database, even read-only, leaves -wal / -shm files beside it
-        shutil.copyfile(db, tmp / "run.db")
-        con = sqlite3.connect(tmp / "run.db")
-        try:
-            goal_json, target_json = con.execute("select goal_json, target_json from runs order by id limit 1").fetchone()
-            metrics = sorted(o["metric"] for o in json.loads(goal_json).get("objectives", []))
-            model = json.loads(target_json or "{}").get("model")
-            if metrics != ["throughput", "tpot"] or (model != "forge:7b-peaked" and only is None):
+    for name, con in _runs(results, only, card):
+        why = {}
+        for tid, data in con.execute("select trial_id, data_json from events where kind='trial.why' order by id"):
+            why.setdefault(tid, json.loads(data).get("score"))
+        for tid, number, status, proposer, knobs, timings, error in con.execute(
+                "select id, number, status, proposer, knobs_json, timings_json, error from trials order by number"):
+            t = json.loads(timings) if timings else {}
+            role = proposer if proposer in ("baseline", "sentinel") or number == 0 else "search"
+            if proposer not in ("search", "baseline", "sentinel") and number != 0:
                 continue
-            why = {}
-            for tid, data in con.execute("select trial_id, data_json from events where kind='trial.why' order by id"):
-                why.setdefault(tid, json.loads(data).get("score"))
-            for tid, number, status, proposer, knobs, timings, error in con.execute(
-                    "select id, number, status, proposer, knobs_json, timings_json, error from trials order by number"):
-                t = json.loads(timings) if timings else {}
-                role = proposer if proposer in ("baseline", "sentinel") or number == 0 else "search"
-                if proposer not in ("search", "baseline", "sentinel") and number != 0:
-                    continue
-                out.append(StoredTrial(db.name, number, status if role == "search" else role, json.loads(knobs or "{}"),
-                                       why.get(tid), t.get("trial"), error or ""))
-        finally:
-            con.close()
-    shutil.rmtree(tmp)
+            out.append(StoredTrial(name, number, status if role == "search" else role, json.loads(knobs or "{}"),
+                                   why.get(tid), t.get("trial"), error or ""))
     return out
 
 
@@ -148,36 +157,23 @@ def launch_noise(results: Path = RESULTS, card: str = "") -> LaunchNoise:
     knob set, pooled over knob sets and runs. The baseline's own spread is not in it: within a run every trial
     divides by the same baseline measurement, so it moves the run's offset, not one trial against another."""
     num, df, sets, runs = 0.0, 0, 0, []
-    tmp = Path(tempfile.mkdtemp())
-    for db in sorted(results.glob(f"{card}*.db")):
-        shutil.copyfile(db, tmp / "run.db")  # read from a copy: a WAL database leaves -wal / -shm files beside it
-        con = sqlite3.connect(tmp / "run.db")
-        try:
-            goal_json, target_json = con.execute("select goal_json, target_json from runs order by id limit 1").fetchone()
-            metrics = sorted(o["metric"] for o in json.loads(goal_json).get("objectives", []))
-            if metrics != ["throughput", "tpot"] or json.loads(target_json or "{}").get("model") != "forge:7b-peaked":
+    for name, con in _runs(results, card=card):
+        groups: dict[str, list[float]] = {}
+        for number, knobs, obj in con.execute("select number, knobs_json, objective_json from trials order by number"):
+            o = json.loads(obj or "{}")
+            if number == 0 or not o.get(TPOT) or not o.get(THROUGHPUT):
                 continue
-            groups: dict[str, list[float]] = {}
-            for number, knobs, obj in con.execute("select number, knobs_json, objective_json from trials order by number"):
-                o = json.loads(obj or "{}")
-                if number == 0 or not o.get(TPOT) or not o.get(THROUGHPUT):
-                    continue
-                groups.setdefault(json.dumps(json.loads(knobs), sort_keys=True), []).append(
-                    0.5 * (math.log(o[THROUGHPUT]) - math.log(o[TPOT])))
-            baseline = json.dumps(json.loads(con.execute("select knobs_json from trials where number = 0").fetchone()[0]),
-                                  sort_keys=True)
-            for key, v in groups.items():
-                if key != baseline and len(v) > 1:
-                    num += statistics.variance(v) * (len(v) - 1)
-                    df += len(v) - 1
-                    sets += 1
-                    if db.name not in runs:
-                        runs.append(db.name)
-        except (sqlite3.Error, TypeError):
-            continue
-        finally:
-            con.close()
-    shutil.rmtree(tmp)
+            groups.setdefault(json.dumps(json.loads(knobs), sort_keys=True), []).append(
+                0.5 * (math.log(o[THROUGHPUT]) - math.log(o[TPOT])))
+        baseline = json.dumps(json.loads(con.execute("select knobs_json from trials where number = 0").fetchone()[0]),
+                              sort_keys=True)
+        for key, v in groups.items():
+            if key != baseline and len(v) > 1:
+                num += statistics.variance(v) * (len(v) - 1)
+                df += len(v) - 1
+                sets += 1
+                if name not in runs:
+                    runs.append(name)
     return LaunchNoise(math.sqrt(num / df) if df else math.nan, sets, df, tuple(runs))
 
 
