@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+ROOT = Path(__file__).resolve().parents[2]  # paths in the output are relative to the repository
 SERVED = ("triton", "fused-batched", "auto")  # engine step 14's prefill (--kernels triton-mm prefills as triton)
 BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
@@ -188,7 +189,8 @@ def card_tables(fm: Any, tokens: int, device: str | None) -> dict[str, Any]:
     for name, w in (("qkv", L["qkv"]), ("o", L["o"]), ("gate_up", L["gu"]), ("down", L["down"])):
         cfg = K.mm_config(tokens, w.shape[0], w.shape[1])
         launches[name] = cfg.label() if cfg else f"cuBLAS (the tables' skinny GEMM serves 1..{K.MM_ROWS[-1]} rows)"
-    return {"device": device, "file": str(path) if path else None, "file_exists": bool(path and path.exists()),
+    shown = path.resolve().relative_to(ROOT) if path and path.resolve().is_relative_to(ROOT) else path
+    return {"device": device, "file": str(shown) if path else None, "file_exists": bool(path and path.exists()),
             "entries": {name: len(t) for name, t in found.items()}, "sources": sources, "prefill_gemms": launches,
             "sdpa_auto_one_prompt": sdpa_backends("auto", False, fm.device.type) or "torch's own choice",
             "sdpa_auto_batched": sdpa_backends("auto", True, fm.device.type) or "torch's own choice"}
