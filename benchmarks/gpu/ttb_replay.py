@@ -85,8 +85,7 @@ def warm_knobs(db: Path = WARM_DB) -> dict[str, Any]:
 
 
 def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: float, trials: int, tmp: Path,
-            warm: dict[str, Any] | None = None, noise: float = BETWEEN_RUNS_NOISE, keep_gain: float = KEEP_GAIN
-            ) -> dict[str, Any]:
+            warm: dict[str, Any] | None = None, *, noise: float, keep_gain: float = KEEP_GAIN) -> dict[str, Any]:
     """One replayed run: when (GPU-s, trial) it first kept a trial within 5% of `best`, and its sentinel share."""
     rng = random.Random(seed)
     store = Store(f"sqlite:///{tmp / f'{variant.name}{seed}{int(bool(warm))}.db'}")
@@ -166,7 +165,7 @@ def _replay(sur: Surrogate, target: Any, seeds: int, trials: int, variants: tupl
     res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs}
     for v in variants:
         for kind, w in (("cold", None), ("warm", warm)):
-            rows = [one_run(s, v, sur, target, best, trials, tmp, w, noise, keep_gain) for s in range(seeds)]
+            rows = [one_run(s, v, sur, target, best, trials, tmp, w, noise=noise, keep_gain=keep_gain) for s in range(seeds)]
             res[f"{v.name}_{kind}"] = {**_stats(rows), "runs": rows}
     return res
 
