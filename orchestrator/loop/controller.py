@@ -51,7 +51,7 @@ from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import fidelity, goalbars, verdict
 from orchestrator.trial.context import TrialContext, TrialResult, objective_label
-from orchestrator.trial.paired import describe, latest_paired, run_paired
+from orchestrator.trial.paired import describe, interrupted, latest_paired, measured_rounds, run_paired
 from orchestrator.trial.run import run_trial
 from orchestrator.trial.verdict import Baseline
 
@@ -152,17 +152,22 @@ class Controller:
             self._execute(self._create(c), c)
 
     def _start(self) -> None:
-        """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here."""
+        """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here. A paired
+        confirmation the kill cut short continues first, from its whole rounds (`paired.measured_rounds`)."""
         self._redo_unfinished()
         if not self.store.list_trials(self.ctx.run_id):
             baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer=BASELINE)
             self._execute(self._create(baseline), baseline)
-        self._baseline()  # raises if the baseline failed, before a trial is created that never runs
+        baseline = self._baseline()  # raises if the baseline failed, before a trial is created that never runs
+        if (n := interrupted(self.store, self.ctx.run_id)) is not None:
+            trial = self.store.get_trial_by_number(self.ctx.run_id, n)
+            if trial is not None and trial.status in ("kept", "discarded") and latest_paired(self.store, self.ctx.run_id, trial.id) is None:
+                self._confirm_goal(trial, _candidate_of(trial), baseline)
 
     def _redo_unfinished(self) -> None:
         for trial in self.store.unfinished_trials(self.ctx.run_id):  # resume: redo what a kill interrupted
-            said = (f"interrupted trial #{trial.number} is a paired round: marked invalid, not re-run (a paired "
-                    "confirmation is only used whole; one still needed runs again, on new trials)"
+            said = (f"interrupted trial #{trial.number} is a paired round: marked invalid, not re-run (its "
+                    "confirmation continues from its whole rounds, on new trials)"
                     if trial.proposer == PAIRED else f"re-running interrupted trial #{trial.number}")
             self.store.add_event(self.ctx.run_id, "resume", said, trial_id=trial.id)
             self.store.reset_trial(trial.id)
@@ -220,7 +225,7 @@ class Controller:
         )
 
     def _execute(self, trial: Any, candidate: Candidate, propose_s: float = 0.0) -> None:
-        if trial.proposer == PAIRED:  # an interrupted paired round: the confirmation restarts whole
+        if trial.proposer == PAIRED:  # a paired round cut in half: not used; its confirmation continues from its whole rounds
             self.store.finish_trial(trial.id, "invalid", error="interrupted paired round; not used")
             return
         is_baseline = trial.number == 0 or trial.proposer in BASELINES
@@ -457,8 +462,10 @@ class Controller:
         why = verdict.why_record(self.store, self.ctx.run_id, trial.id)
         screen_met = bool(why.get("screen_met"))
         bars_before = self._bars(self._baseline())
+        labels = [objective_label(o.scenario, o.key) for o in self.ctx.goal.objectives]
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
-                         on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
+                         on_trial=self.on_trial, host_ref=self._baseline().host,
+                         resumed=measured_rounds(self.store, self.ctx.run_id, trial.number, labels)).to_dict()
         # what its screen said, per objective: a miss raises that objective's bar for later screens (`goalbars.raised`)
         out["screen"] = (why.get("goal") or {}).get("ratios") or {}
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",

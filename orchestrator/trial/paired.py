@@ -17,12 +17,16 @@ Both halves of a round ask the same prompts, a draw no earlier launch, trial or 
 it answered across launches has nothing to replay.
 
 Each half is a trial row (proposer `paired`) with its own measurements and host state, so the
-evidence is auditable; the outcome is a `paired` event on the candidate's trial.
+evidence is auditable; the outcome is a `paired` event on the candidate's trial. A confirmation that
+was interrupted (a kill, a command's wall limit) continues where it stopped: its whole rounds, both
+halves measured, count again when the same candidate is confirmed (`measured_rounds`), and only the
+rounds still needed run; a round cut in half is not used.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from statistics import median
@@ -37,7 +41,7 @@ from orchestrator.hosts.measure import idle_state, slowdown
 from orchestrator.trial.context import TrialContext, objective_label
 from orchestrator.trial.run import run_trial
 
-__all__ = ["PairedOutcome", "beat_baseline", "describe", "latest_paired", "run_paired"]
+__all__ = ["PairedOutcome", "beat_baseline", "describe", "interrupted", "latest_paired", "measured_rounds", "run_paired"]
 
 
 @dataclass(frozen=True)
@@ -88,77 +92,128 @@ def latest_paired(store: Any, run_id: int, trial_id: int | None = None) -> dict[
     return dict(found[-1].data) if found else None
 
 
+_ROUND = re.compile(r"^paired A/B of #(\d+), round \d+: (baseline|candidate)$")
+
+
+def _rationale(n: int, rnd: int, role: str) -> str:
+    return f"paired A/B of #{n}, round {rnd}: {role}"  # `_ROUND` reads it back
+
+
+def measured_rounds(store: Any, run_id: int, trial_number: int, labels: Any = ()) -> list[tuple[Any, Any]]:
+    """(baseline row, candidate row) of each whole round of an interrupted confirmation of trial `trial_number`:
+    both halves measured (`kept`), one after the other, and used by no paired outcome of the run (a `paired`
+    event's `pair_trials`). A round redone, abandoned or cut in half is `invalid` and never counts; `labels`:
+    the objectives both halves must have measured."""
+    used = {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+    rows = [t for t in store.list_trials(run_id) if t.proposer == PAIRED and t.number not in used]
+    rows.sort(key=lambda t: t.number)
+    out: list[tuple[Any, Any]] = []
+    for a, b in zip(rows, rows[1:], strict=False):
+        ma, mb = _ROUND.match(a.rationale or ""), _ROUND.match(b.rationale or "")
+        if (ma and mb and b.number == a.number + 1 and int(ma.group(1)) == int(mb.group(1)) == trial_number
+                and (ma.group(2), mb.group(2)) == ("baseline", "candidate") and a.status == b.status == "kept"
+                and all(k in (a.objective or {}) and k in (b.objective or {}) for k in labels)):
+            out.append((a, b))
+    return out
+
+
+def interrupted(store: Any, run_id: int) -> int | None:
+    """The number of the trial whose paired confirmation an interruption cut short after at least one whole
+    round (`measured_rounds`), the newest such; None when there is none."""
+    used = {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+    named = [int(m.group(1)) for t in sorted(store.list_trials(run_id), key=lambda t: -t.number)
+             if t.proposer == PAIRED and t.status == "kept" and t.number not in used and (m := _ROUND.match(t.rationale or ""))]
+    return next((n for n in named if measured_rounds(store, run_id, n)), None)
+
+
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
                create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None,
-               host_ref: dict[str, Any] | None = None) -> PairedOutcome:
+               host_ref: dict[str, Any] | None = None, resumed: Any = ()) -> PairedOutcome:
     """Measure A B A B ... on fresh servers and judge the goal on the paired ratios.
 
     `create(Candidate) -> trial row` makes the store rows (the controller numbers them);
     `on_trial(record)` is told of each finished row, like every other trial of the run;
-    `host_ref`: the host's state during the reference baseline (None: halves judged only against each other)."""
+    `host_ref`: the host's state during the reference baseline (None: halves judged only against each other);
+    `resumed`: the whole rounds an interrupted confirmation of this candidate measured (`measured_rounds`),
+    counted as its first rounds (the candidate's gates ran in the first of them)."""
     cfg = section(thresholds, "performance")
     first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
     store, n = ctx.store, candidate_trial.number
     base_vals: dict[str, list[float]] = {}
     cand_vals: dict[str, list[float]] = {}
     pair_trials: list[list[int]] = []
-    rnd = redo = 0
+    labels = [objective_label(o.scenario, o.key) for o in ctx.goal.objectives]
+    for a_row, b_row in list(resumed)[:most]:
+        for label in labels:
+            base_vals.setdefault(label, []).append(float(a_row.objective[label]))
+            cand_vals.setdefault(label, []).append(float(b_row.objective[label]))
+        pair_trials.append([a_row.number, b_row.number])
+    if pair_trials:
+        store.add_event(ctx.run_id, "resume", f"paired A/B of #{n} continues from its {len(pair_trials)} whole "
+                        f"round{'s' if len(pair_trials) != 1 else ''} measured before the interruption ("
+                        + ", ".join(f"#{a}/#{b}" for a, b in pair_trials) + ")",
+                        data={"pair_trials": pair_trials}, trial_id=candidate_trial.id)
+    rnd, redo = len(pair_trials), 0
     redone: list[float] = []  # log ratios of the rounds redone as outliers
     # The round after a settle wait the host stayed busy through measures each half once: an attempt
     # redone at once mostly meets the same tenant (`TrustPolicy.settle_s`), and an untrusted half
     # brings the round back to wait for the host again before the next try.
     next_ctx = ctx
+    judge_first = rnd >= first  # resumed with enough whole rounds: judge them before measuring another
     while True:
-        half_ctx, next_ctx = next_ctx, ctx
-        ctx.on_step(f"paired round {rnd + 1}")
-        halves = []
-        drawn = fresh_seed()  # one fresh set of prompts for both halves (a fair A/B); the next round gets another
-        for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
-            c = Candidate(dict(knobs), commit=commit, rationale=f"paired A/B of #{n}, round {rnd + 1}: {role}", proposer=PAIRED)
-            row = create(c)
-            res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref,
-                            prompts=drawn)
-            halves.append((row, res))
-            if res.error:
-                break
-        bad = next(((row, res) for row, res in halves if res.error), None)
-        if bad is not None:
-            row, res = bad
-            for other, r in halves:
-                if other.id != row.id:
-                    on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
-                                                timings=_timings(r)))
-            on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
-            untrusted = (res.error or "").startswith("untrusted")
-            if untrusted and redo < ctx.trust.max_redo * first:
-                redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
-                waited, calm = _settle(ctx, host_ref)
-                next_ctx = ctx if calm else replace(ctx, trust=replace(ctx.trust, max_redo=0))
-                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=candidate_trial.id)
+        if judge_first:
+            judge_first = False
+        else:
+            half_ctx, next_ctx = next_ctx, ctx
+            ctx.on_step(f"paired round {rnd + 1}")
+            halves = []
+            drawn = fresh_seed()  # one fresh set of prompts for both halves (a fair A/B); the next round gets another
+            for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
+                c = Candidate(dict(knobs), commit=commit, rationale=_rationale(n, rnd + 1, role), proposer=PAIRED)
+                row = create(c)
+                res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref,
+                                prompts=drawn)
+                halves.append((row, res))
+                if res.error:
+                    break
+            bad = next(((row, res) for row, res in halves if res.error), None)
+            if bad is not None:
+                row, res = bad
+                for other, r in halves:
+                    if other.id != row.id:
+                        on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
+                                                    timings=_timings(r)))
+                on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
+                untrusted = (res.error or "").startswith("untrusted")
+                if untrusted and redo < ctx.trust.max_redo * first:
+                    redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
+                    waited, calm = _settle(ctx, host_ref)
+                    next_ctx = ctx if calm else replace(ctx, trust=replace(ctx.trust, max_redo=0))
+                    store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=candidate_trial.id)
+                    continue
+                busy = "the host is too busy to measure: " if untrusted else ""
+                return _failed(n, rnd, f"{busy}round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
+            (a_row, a), (b_row, b) = halves
+            ha, hb = _host(a), _host(b)
+            x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
+            if max(x, 1 / x) > 1 + ctx.trust.max_slowdown and redo < ctx.trust.max_redo * first:
+                # One half ran beside another tenant, the other did not: this pair measures the tenant.
+                why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
+                       f"{hb['foreign_load']:.2f}/CPU during the candidate's")
+                for row, res in halves:
+                    on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
+                store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=candidate_trial.id)
+                redo += 1
                 continue
-            busy = "the host is too busy to measure: " if untrusted else ""
-            return _failed(n, rnd, f"{busy}round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
-        (a_row, a), (b_row, b) = halves
-        ha, hb = _host(a), _host(b)
-        x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
-        if max(x, 1 / x) > 1 + ctx.trust.max_slowdown and redo < ctx.trust.max_redo * first:
-            # One half ran beside another tenant, the other did not: this pair measures the tenant.
-            why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
-                   f"{hb['foreign_load']:.2f}/CPU during the candidate's")
             for row, res in halves:
-                on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
-            store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=candidate_trial.id)
-            redo += 1
-            continue
-        for row, res in halves:
-            on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
-        for label in a.samples:
-            base_vals.setdefault(label, []).append(a.mean(label))
-            cand_vals.setdefault(label, []).append(b.mean(label))
-        pair_trials.append([a_row.number, b_row.number])
-        rnd += 1
-        if rnd < first:
-            continue
+                on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
+            for label in a.samples:
+                base_vals.setdefault(label, []).append(a.mean(label))
+                cand_vals.setdefault(label, []).append(b.mean(label))
+            pair_trials.append([a_row.number, b_row.number])
+            rnd += 1
+            if rnd < first:
+                continue
         logs = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
         odd = _outlier(logs)
         if odd is not None and any(abs(logs[odd] - r) <= math.log(OUTLIER_FACTOR) for r in redone):
