@@ -280,3 +280,35 @@ def test_an_absolute_goal_is_met_by_the_setting_under_its_bar_and_confirmed_in_e
     assert len(paired) == 1 and paired[0]["met"]
     assert out.stop_reason.startswith("GoalMet") and f"#{t[2].number} " in out.stop_reason
     assert not [x for x in store.list_trials(out.run_id) if x.knobs.get("tpot_ms") == 7.9]
+
+
+def test_a_run_interrupted_in_its_paired_rounds_resumes_them_where_they_stopped(fake_ws):
+    """Cut after two whole paired rounds of a winner (a command's wall limit, as on the H200's transformers serve
+    run): the resumed run continues that confirmation before proposing, its two rounds count, and only the rounds
+    still needed are measured."""
+    from orchestrator.runs import resume_run
+
+    ws = fake_ws([{"tpot_ms": 2.0}])
+    halves: list[int] = []
+
+    def stop_after_two_rounds(trial):
+        if trial.proposer == "paired" and trial.status == "kept":
+            halves.append(trial.number)
+            if len(halves) == 4:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_run(ws, parse_goal("beat the baseline by 40% on TPOT within 2 trials"), on_trial=stop_after_two_rounds)
+    store = Store(ws.db_url)
+    run = store.latest_run()
+    assert run.status == "stopped" and not store.events(run.id, kind="paired")
+    out = resume_run(ws, run.id)
+    assert out.stop_reason.startswith("GoalMet"), out.stop_reason
+    [paired] = store.events(run.id, kind="paired")
+    assert paired.data["met"] and paired.data["pair_trials"][:2] == [halves[:2], halves[2:]]
+    said = [e.message for e in store.events(run.id, kind="resume")]
+    assert any("continues from its 2 whole rounds" in m for m in said), said
+    after = [t for t in store.list_trials(run.id) if t.number > halves[-1]]
+    assert all(t.proposer == "paired" for t in after), [(t.number, t.proposer) for t in after]  # nothing proposed first
+    used = [t for t in after if t.status == "kept"]
+    assert len(used) == 2 * (paired.data["rounds"] - 2)

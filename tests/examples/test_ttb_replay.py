@@ -109,6 +109,7 @@ def test_the_replay_prints_before_and_after_over_seeds(tmp_path, capsys):
     # the per-trial noise is the stored runs' launch noise, and the keep gain the loop's with one baseline measurement
     assert res["noise"] == pytest.approx(ttb_surrogate.launch_noise().sd) and "launch noise" in res["noise_basis"]
     assert res["keep_gain"] == 0.05 and "per-trial noise: log sd" in text
+    assert res["goal"] == "best-known" and "goal: best-known (each objective 8% short of it" in text
     assert all(r["after_cold"]["seeds"] == 2 for r in res["robustness"].values())
     for key in ("before_cold", "after_cold", "before_warm", "after_warm"):
         assert res[key]["seeds"] == 2 and len(res[key]["runs"]) == 2
@@ -163,3 +164,36 @@ def test_a_noise_or_keep_gain_out_of_range_is_refused_in_one_line(args, words, c
     assert ttb_replay.main(["--seeds", "1", "--trials", "2", *args]) == 2
     err = capsys.readouterr().err
     assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("goal", ["best-known", "none"])
+def test_a_trial_under_the_keep_line_that_clears_the_goal_is_confirmed_and_counts_at_its_own_time(goal, tmp_path):
+    """As the real best-known runs: #1 kept at 9.1x (not within 5% of 9.8x), #2 measures 9.5x, under the keep line
+    (9.1 x 1.05) but over the goal's bar (9.8 x 0.92 x 1.05): its paired rounds meet the goal, so it is kept, counted
+    when it was measured; the keep rule alone never keeps it."""
+    from types import SimpleNamespace
+    scores = iter([9.1, 9.5])
+    sur = SimpleNamespace(predict=lambda knobs: SimpleNamespace(score=next(scores, 1.0), fails=False),
+                          cost=lambda knobs, outcome: 10.0, seconds={"before_first": 1.0, "baseline": 1.0, "sentinel": 5.0})
+    out = ttb_replay.one_run(0, ttb_replay.VARIANTS[1], sur, TARGET, 9.8, 4, tmp_path, noise=0.0, goal=goal)
+    if goal == "best-known":
+        assert (out["ttb_s"], out["trial"], out["paired"]) == (22.0, 2, 1)
+        assert out["goal_met_s"] == 22.0 + ttb_replay.PAIRED_ROUNDS * (5.0 + 10.0)
+    else:
+        assert math.isinf(out["ttb_s"]) and out["paired"] == 0 and "goal_met_s" not in out
+
+
+def test_a_confirmation_that_misses_raises_the_bar_for_later_screens(tmp_path, monkeypatch):
+    """#1 kept at 9.2x; #2 screens at 9.8x (over the goal's bar 9.2 x 1.05, under the keep line 9.2 x 1.1) but one
+    of its rounds measures 8.9x, under the goal: no stop, and the bar rises by how far the rounds fell (9.8 / 8.9),
+    so #3 at 10.0x is not confirmed again (it would be at the first bar, 9.66x)."""
+    from types import SimpleNamespace
+    preds = iter([9.2, 9.8, 10.0])
+    sur = SimpleNamespace(predict=lambda knobs: SimpleNamespace(score=next(preds, 1.0), fails=False),
+                          cost=lambda knobs, outcome: 10.0, seconds={"before_first": 1.0, "baseline": 1.0, "sentinel": 5.0})
+    # each trial's noise, then #2's three rounds (two at its 9.8x, one at 8.9x)
+    draws = iter([0.0, 0.0, 0.0, 0.0, math.log(8.9 / 9.8), 0.0, 0.0])
+    monkeypatch.setattr(ttb_replay.random, "Random", lambda seed: SimpleNamespace(gauss=lambda mu, sd: next(draws)))
+    out = ttb_replay.one_run(0, ttb_replay.VARIANTS[1], sur, TARGET, 10.0, 3, tmp_path, noise=0.01,
+                             keep_gain=0.1, goal="best-known")
+    assert out["paired"] == 1 and "goal_met_s" not in out and math.isinf(out["ttb_s"]) and out["best"] == 10.0
