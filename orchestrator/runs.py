@@ -25,7 +25,7 @@ from orchestrator.core.exitcodes import classify_stop
 from orchestrator.core.oneline import one_line
 from orchestrator.core.tomlfile import validation_message
 from orchestrator.hosts import HostError, LocalHost, get_hosts, on_gpus
-from orchestrator.hosts.gpus import GpuPlan, GpuPool, gpu_memory_bytes, plan_gpus
+from orchestrator.hosts.gpus import GpuPlan, GpuPool, gpu_memory_bytes, gpu_names, plan_gpus
 from orchestrator.hosts.measure import TrustPolicy
 from orchestrator.hosts.runlease import (
     SHARE_HINT,
@@ -180,6 +180,7 @@ def resume_run(
         raise
     hosts = get_hosts(config.host, state_dir=ws.state_dir, model_cache=config.model_cache, standby=config.standby,
                       standby_idle_s=config.standby_idle_s)
+    _same_gpus(store, run.id, hosts[0].fingerprint())
     share = share_host or config.allow_concurrent_runs
     gpus = _gpu_plan(config, hosts)
     _gpu_free(ws, config, gpus, hosts, share, run.id)
@@ -194,6 +195,22 @@ def resume_run(
         if on_run:
             on_run(run.id)
         return _drive(ws, store, run.id, goal, target, config, hosts, on_step, on_trial)
+
+
+def _same_gpus(store: Store, run_id: int, now: dict[str, Any]) -> None:
+    """A run continues only on the GPU models it started on: its baseline, trials and paired rounds measured
+    there do not compare with another card's (the 7B's best known setting: 3.99 ms TPOT on an H200, 5.27 ms on an
+    H100). A run whose start recorded no fingerprint continues as before."""
+    started = store.events(run_id, kind="run.start")
+    fp = (started[0].data or {}).get("fingerprint") if started else None
+    if not isinstance(fp, dict):
+        return
+    before, after = sorted(gpu_names(fp)), sorted(gpu_names(now))
+    if before != after:
+        said = lambda names: ", ".join(names) or "no GPU"  # noqa: E731
+        raise HostError(f"run {run_id} was measured on {said(before)}; this host has {said(after)}, so what it measures "
+                        "would not compare with the run's baseline and trials: resume it on a host with the same GPUs, "
+                        "or start a new run here with `infergoal goal`")
 
 
 def _note_leases(store: Store, run_id: int, leases: HostLeases) -> None:

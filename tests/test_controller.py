@@ -312,3 +312,38 @@ def test_a_run_interrupted_in_its_paired_rounds_resumes_them_where_they_stopped(
     assert all(t.proposer == "paired" for t in after), [(t.number, t.proposer) for t in after]  # nothing proposed first
     used = [t for t in after if t.status == "kept"]
     assert len(used) == 2 * (paired.data["rounds"] - 2)
+
+
+def test_a_run_resumed_on_other_gpus_is_refused_and_keeps_everything(fake_ws):
+    """A run continues only on the GPU models it started on: one started on an H200 (its `run.start` fingerprint)
+    resumed on this host (other GPUs, or none) is refused in one line that says what to do, before anything runs."""
+    import sqlite3
+
+    from orchestrator.hosts import HostError
+    from orchestrator.runs import resume_run
+
+    ws = fake_ws([{"tpot_ms": 6.0}])
+
+    def stop_at_the_first_trial(trial):
+        if trial.number == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        start_run(ws, parse_goal("beat the baseline by 80% on TPOT within 3 trials"), on_trial=stop_at_the_first_trial)
+    store = Store(ws.db_url)
+    run = store.latest_run()
+    [start] = store.events(run.id, kind="run.start")
+    here = start.data["fingerprint"].get("gpus") or []
+    card = "NVIDIA H200, 143771 MiB, 580.159.04" if not here else "NVIDIA A100-SXM4-80GB, 81920 MiB, 550.54"
+    with sqlite3.connect(ws.db_url.removeprefix("sqlite:///")) as db:
+        db.execute("update events set data_json = ? where id = ?",
+                   (json.dumps({"fingerprint": {**start.data["fingerprint"], "gpus": [card]}}), start.id))
+    before = [(t.number, t.status) for t in store.list_trials(run.id)]
+    with pytest.raises(HostError) as e:
+        resume_run(ws, run.id)
+    said = str(e.value)
+    assert f"run {run.id} was measured on {card.split(',')[0]}; this host has " in said and "`infergoal goal`" in said, said
+    assert "\n" not in said
+    assert [(t.number, t.status) for t in store.list_trials(run.id)] == before
+    assert store.get_run(run.id).status == run.status
+    assert [e.message for e in store.events(run.id, kind="resume")] == []

@@ -29,7 +29,7 @@ from orchestrator.hosts.base import Host, HostError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.remote import hostlock
 
-__all__ = ["GpuPlan", "GpuPool", "GpusBusy", "Slot", "detect_local", "gpu_memory_bytes", "host_gpus", "plan_gpus",
+__all__ = ["GpuPlan", "GpuPool", "GpusBusy", "Slot", "detect_local", "gpu_memory_bytes", "gpu_names", "host_gpus", "plan_gpus",
            "resolve_gpus"]
 
 _LINE = re.compile(r"^GPU (\d+): (.+?)(?: \(UUID: [^)]*\))?$")
@@ -65,6 +65,12 @@ def gpu_memory_bytes(fingerprint: dict[str, Any]) -> int | None:
     return int(m.group(1)) * 1024**2 if m else None
 
 
+def gpu_names(fingerprint: dict[str, Any]) -> list[str]:
+    """The GPU model of each of a host fingerprint's `gpus` lines (`NVIDIA H200, 143771 MiB, 580.159.04` ->
+    `NVIDIA H200`), in the fingerprint's order."""
+    return [str(line).split(",")[0].strip() for line in fingerprint.get("gpus") or []]
+
+
 def resolve_gpus(setting: Any, found: dict[str, str]) -> dict[str, str]:
     """The GPUs a run uses, id -> model name ('' when not known): `auto` = `found` (the host's);
     an int N = ids 0..N-1; a list = those ids. Ids the host does not have, or a mix of GPU models
@@ -95,7 +101,7 @@ def host_gpus(host: Host) -> dict[str, str]:
     an SSH host's from its fingerprint (its `--gpus` where set); {} where there is none."""
     if isinstance(host, LocalHost):
         return detect_local()
-    names = [str(line).split(",")[0].strip() for line in host.fingerprint().get("gpus") or []]
+    names = gpu_names(host.fingerprint())
     ids = [g.strip() for g in str(getattr(host, "gpus", "") or "").split(",") if g.strip()] or [str(i) for i in range(len(names))]
     return {g: names[int(g)] if g.isdigit() and int(g) < len(names) else "" for g in ids}
 
