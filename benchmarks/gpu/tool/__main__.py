@@ -14,7 +14,8 @@ Results go to $OUT (default /tmp/out): at most 8 files, the logs packed into log
 (benchmarks/gpu/wheels.py) on a bare machine; ``--limit`` is the command's own wall limit (default: the
 experiment's ``limit_s``), kept inside the device's 600 s per command. A time-to-best run continues when
 the same command runs again: on the same machine from its workspace (--ws-root), on a fresh one from the last
-call's $OUT files put in .gpu-state/ (--state) and carried with the tree.
+call's $OUT files put in .gpu-state/ (--state) and carried with the tree; a run continues only on the card it
+started on (`infergoal resume` refuses other GPUs).
 """
 
 from __future__ import annotations
