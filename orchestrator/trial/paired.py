@@ -99,12 +99,17 @@ def _rationale(n: int, rnd: int, role: str) -> str:
     return f"paired A/B of #{n}, round {rnd}: {role}"  # `_ROUND` reads it back
 
 
+def _used(store: Any, run_id: int) -> set[int]:
+    """The numbers of the paired rows some paired outcome of the run used (its `pair_trials`)."""
+    return {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+
+
 def measured_rounds(store: Any, run_id: int, trial_number: int, labels: Any = ()) -> list[tuple[Any, Any]]:
     """(baseline row, candidate row) of each whole round of an interrupted confirmation of trial `trial_number`:
     both halves measured (`kept`), one after the other, and used by no paired outcome of the run (a `paired`
     event's `pair_trials`). A round redone, abandoned or cut in half is `invalid` and never counts; `labels`:
     the objectives both halves must have measured."""
-    used = {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+    used = _used(store, run_id)
     rows = [t for t in store.list_trials(run_id) if t.proposer == PAIRED and t.number not in used]
     rows.sort(key=lambda t: t.number)
     out: list[tuple[Any, Any]] = []
@@ -120,7 +125,7 @@ def measured_rounds(store: Any, run_id: int, trial_number: int, labels: Any = ()
 def interrupted(store: Any, run_id: int) -> int | None:
     """The number of the trial whose paired confirmation an interruption cut short after at least one whole
     round (`measured_rounds`), the newest such; None when there is none."""
-    used = {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+    used = _used(store, run_id)
     named = [int(m.group(1)) for t in sorted(store.list_trials(run_id), key=lambda t: -t.number)
              if t.proposer == PAIRED and t.status == "kept" and t.number not in used and (m := _ROUND.match(t.rationale or ""))]
     return next((n for n in named if measured_rounds(store, run_id, n)), None)
