@@ -99,36 +99,34 @@ def _rationale(n: int, rnd: int, role: str) -> str:
     return f"paired A/B of #{n}, round {rnd}: {role}"  # `_ROUND` reads it back
 
 
-def _used(store: Any, run_id: int) -> set[int]:
-    """The numbers of the paired rows some paired outcome of the run used (its `pair_trials`)."""
-    return {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+def _whole_rounds(store: Any, run_id: int) -> dict[int, list[tuple[Any, Any]]]:
+    """Candidate trial number -> (baseline row, candidate row) of each whole round no paired outcome of the run
+    used (a `paired` event's `pair_trials`): both halves measured (`kept`), one right after the other."""
+    used = {num for e in store.events(run_id, kind=PAIRED) for pair in (e.data or {}).get("pair_trials") or () for num in pair}
+    rows = sorted((t for t in store.list_trials(run_id) if t.proposer == PAIRED and t.status == "kept" and t.number not in used),
+                  key=lambda t: t.number)
+    out: dict[int, list[tuple[Any, Any]]] = {}
+    for a, b in zip(rows, rows[1:], strict=False):
+        ma, mb = _ROUND.match(a.rationale or ""), _ROUND.match(b.rationale or "")
+        if (ma and mb and b.number == a.number + 1 and ma.group(1) == mb.group(1)
+                and (ma.group(2), mb.group(2)) == ("baseline", "candidate")):
+            out.setdefault(int(ma.group(1)), []).append((a, b))
+    return out
 
 
 def measured_rounds(store: Any, run_id: int, trial_number: int, labels: Any = ()) -> list[tuple[Any, Any]]:
-    """(baseline row, candidate row) of each whole round of an interrupted confirmation of trial `trial_number`:
-    both halves measured (`kept`), one after the other, and used by no paired outcome of the run (a `paired`
-    event's `pair_trials`). A round redone, abandoned or cut in half is `invalid` and never counts; `labels`:
-    the objectives both halves must have measured."""
-    used = _used(store, run_id)
-    rows = [t for t in store.list_trials(run_id) if t.proposer == PAIRED and t.number not in used]
-    rows.sort(key=lambda t: t.number)
-    out: list[tuple[Any, Any]] = []
-    for a, b in zip(rows, rows[1:], strict=False):
-        ma, mb = _ROUND.match(a.rationale or ""), _ROUND.match(b.rationale or "")
-        if (ma and mb and b.number == a.number + 1 and int(ma.group(1)) == int(mb.group(1)) == trial_number
-                and (ma.group(2), mb.group(2)) == ("baseline", "candidate") and a.status == b.status == "kept"
-                and all(k in (a.objective or {}) and k in (b.objective or {}) for k in labels)):
-            out.append((a, b))
-    return out
+    """(baseline row, candidate row) of each whole round of an interrupted confirmation of trial `trial_number`
+    (`_whole_rounds`). A round redone, abandoned or cut in half is `invalid` and never counts; `labels`: the
+    objectives both halves must have measured."""
+    return [(a, b) for a, b in _whole_rounds(store, run_id).get(trial_number, [])
+            if all(k in (a.objective or {}) and k in (b.objective or {}) for k in labels)]
 
 
 def interrupted(store: Any, run_id: int) -> int | None:
     """The number of the trial whose paired confirmation an interruption cut short after at least one whole
-    round (`measured_rounds`), the newest such; None when there is none."""
-    used = _used(store, run_id)
-    named = [int(m.group(1)) for t in sorted(store.list_trials(run_id), key=lambda t: -t.number)
-             if t.proposer == PAIRED and t.status == "kept" and t.number not in used and (m := _ROUND.match(t.rationale or ""))]
-    return next((n for n in named if measured_rounds(store, run_id, n)), None)
+    round (`measured_rounds`), the one with the newest such round; None when there is none."""
+    rounds = _whole_rounds(store, run_id)
+    return max(rounds, key=lambda n: rounds[n][-1][1].number, default=None)
 
 
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
