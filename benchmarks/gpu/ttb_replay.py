@@ -1,12 +1,12 @@
 """Time to best over many seeds: the real search replayed on a surrogate of the GPU space, before and after.
 
-    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--warm-db RUN_DB] [--noise SD] [--keep-gain G]
+    python benchmarks/gpu/ttb_replay.py [--seeds 30] [--trials 30] [--warm-kb KB_DIR] [--noise SD] [--keep-gain G]
                                        [--goal best-known|none] [--json out.json]
 
 A prediction, not a measurement. The real `SearchProposer` proposes on examples/targets/hfserve_gpu.toml
 as `infergoal goal` runs it (seeded 0..N-1); each proposal is scored by `ttb_surrogate.py`'s fit of
-every stored 7B GPU trial's full-bench score (H200 and H100 runs; failures mark crash levels: a knob set
-holding one fails with server errors) times a log-normal per-trial noise: by default the launch noise the
+every stored 7B GPU trial's measured values (H200 and H100 runs, today's sharing their card's offset; failures mark
+crash levels: a knob set holding one fails with server errors) times a log-normal per-trial noise: by default the launch noise the
 stored runs measured (`ttb_surrogate.launch_noise`: a knob set's score between its launches within a run,
 log sd 0.027), `--noise` another (the robustness table also replays 0.08, how far the baseline's throughput
 moved between runs). The loop's parts that set the clock are modelled as the controller runs them: the
@@ -21,8 +21,10 @@ baseline re-measure and a full trial.
 
 Time to best: GPU-seconds from the run's start to the first kept search trial whose score is within
 5% of the surrogate's best (`time_to_best.py`'s rule: a trial kept by its paired rounds counts when it was
-measured), cold (no knowledge base) and warm (another model's
-best as the warm start: the H200 2B run's by default, `--warm-db` another run's). A run that does not reach it in `--trials` counts as infinite.
+measured), cold (no knowledge base) and warm (what a warm run of the loop reads from the shipped seed and another
+model's knowledge base, `--warm-kb`: `KnowledgeBase.priors` and `prior_observations` for the 7B on the H100, the
+card of the surrogate's scale, so the warm starts are translated to the 7B as the loop translates them). A run that
+does not reach it in `--trials` counts as infinite.
 
 Variants (same seeds): `before`: the search and sentinels as they were (the covering start-up stakes
 every untried level a draw has, a crash is told to TPE as a failure of its whole knob set, the
@@ -52,19 +54,20 @@ import optuna
 
 HERE = Path(__file__).resolve().parent
 
-from ttb_surrogate import ROOT, TARGET, Surrogate, fit, launch_noise, load_trials  # noqa: E402  (beside this script)
+from ttb_surrogate import ROOT, TARGET, Surrogate, fit, launch_noise, scale_fingerprint  # noqa: E402  (beside this script)
 
 if str(ROOT) not in sys.path:  # the GPU tool's goal constants (benchmarks.gpu.tool), from the repository root
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu.tool.ttb import BEST_GOAL_SLACK  # noqa: E402
 from gates.thresholds import section  # noqa: E402
+from orchestrator.knowledge.kb import KnowledgeBase  # noqa: E402
 from orchestrator.proposers.search import SearchProposer  # noqa: E402
 from orchestrator.store import Store  # noqa: E402
 from orchestrator.targets import load_target  # noqa: E402
 from orchestrator.trial.verdict import ASSUMED_NOISE  # noqa: E402
 
-__all__ = ["VARIANTS", "Variant", "main", "one_run", "table"]
+__all__ = ["VARIANTS", "Variant", "WarmPlan", "main", "one_run", "table", "warm_plan"]
 
 BETWEEN_RUNS_NOISE = 0.08  # the robustness table's per-trial noise: the baseline's throughput between runs
 GOAL_SLACK = BEST_GOAL_SLACK  # `--goal best-known`'s bars: each objective this much short of the best known
@@ -75,7 +78,9 @@ KEEP_GAIN = ASSUMED_NOISE
 WITHIN = 0.05
 SENTINEL_EVERY = 4
 SENTINEL_SHARE = 0.08
-WARM_DB = HERE / "results" / "h200_ttb_small_2b_explore_2026-12-03c.db"
+WARM_KB = HERE / "results" / "kb_2b_explore"
+SEED_KB = ROOT / "knowledge_base"
+WORKLOAD = "decode+throughput@1"  # the GPU runs' workload key (their scenarios at scale 1)
 
 
 @dataclass(frozen=True)
@@ -90,15 +95,27 @@ class Variant:
 VARIANTS = (Variant("before", None, False, None, 1), Variant("after", 3, True, SENTINEL_SHARE, 8))
 
 
-def warm_knobs(db: Path = WARM_DB) -> dict[str, Any]:
-    """The best kept search trial of another model's run (its knowledge-base finding's knob set): by default
-    the 2B's."""
-    best = max((t for t in load_trials(db.parent, db.name) if t.status == "kept" and t.score), key=lambda t: t.score)
-    return best.knobs
+@dataclass(frozen=True)
+class WarmPlan:
+    """What a warm run of the loop hands its search from the knowledge base (`orchestrator.runs`)."""
+
+    knobs: list[dict[str, Any]]  # the warm starts, translated to this setting, in the order the loop tries them
+    entries: list[str]  # the entry each comes from
+    priors: list[dict[str, Any]]  # `KnowledgeBase.prior_observations`
+
+
+def warm_plan(kb_dir: Path = WARM_KB, target: Any = None) -> WarmPlan:
+    """The warm plan a 7B run on the H100 (the scale run's fingerprint) reads from the shipped seed and `kb_dir`."""
+    target = target or load_target(TARGET)
+    kb = KnowledgeBase([SEED_KB, kb_dir], write_dir=Path(tempfile.mkdtemp()))
+    here = {"engine": target.engine, "model": "forge:7b-peaked", "hardware": scale_fingerprint(), "workload": WORKLOAD}
+    plan = kb.priors(**here)
+    return WarmPlan([target.validate_knobs(p["knobs"]) for p in plan], [p["entry"] for p in plan],
+                    kb.prior_observations(**here))
 
 
 def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: float, trials: int, tmp: Path,
-            warm: dict[str, Any] | None = None, *, noise: float, keep_gain: float = KEEP_GAIN,
+            warm: WarmPlan | None = None, *, noise: float, keep_gain: float = KEEP_GAIN,
             goal: str = "best-known") -> dict[str, Any]:
     """One replayed run: when (GPU-s, trial) it first kept a trial within 5% of `best`, and its sentinel share.
 
@@ -110,7 +127,8 @@ def one_run(seed: int, variant: Variant, sur: Surrogate, target: Any, best: floa
     (at its own decision time) and ends the run. `goal="none"`: the keep rule alone."""
     rng = random.Random(seed)
     store = Store(f"sqlite:///{tmp / f'{variant.name}{seed}{int(bool(warm))}.db'}")
-    proposer = SearchProposer(seed=seed, warm_start=[warm] if warm else (), max_untried=variant.max_untried,
+    proposer = SearchProposer(seed=seed, warm_start=warm.knobs if warm else (), warm_from=warm.entries if warm else (),
+                              priors=warm.priors if warm else (), max_untried=variant.max_untried,
                               attribute=variant.attribute, rank=variant.rank)
     run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
     t0 = store.create_trial(run.id, 0, commit="", knobs=target.baseline_knobs(), rationale="", proposer="baseline")
@@ -194,7 +212,7 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _replay(sur: Surrogate, target: Any, seeds: int, trials: int, variants: tuple[Variant, ...], tmp: Path,
-            warm: dict[str, Any], noise: float, keep_gain: float, goal: str = "best-known") -> dict[str, Any]:
+            warm: WarmPlan, noise: float, keep_gain: float, goal: str = "best-known") -> dict[str, Any]:
     best, best_knobs = sur.best_known(target)
     top, top_knobs = sur.best(target)
     res: dict[str, Any] = {"best": best, "best_knobs": best_knobs, "top_predicted": top, "top_knobs": top_knobs}
@@ -208,10 +226,12 @@ def _replay(sur: Surrogate, target: Any, seeds: int, trials: int, variants: tupl
 
 def others(sur: Surrogate, target: Any, draws: int) -> dict[str, Surrogate]:
     """The surrogates of the robustness table: the fit on the H100 runs alone and on the H200 runs alone (both with
-    the main fit's GPU-seconds per trial: today's code's), the fit with a residual kernel (interactions), the fit that
-    reads screened-out short-bench scores as values, and `draws` redraws of every fitted weight from its
+    the main fit's GPU-seconds per trial: today's code's), the fit on each trial's score with an offset per run (the
+    run's baseline divides it), the fit with a residual kernel (interactions), the fit that reads screened-out
+    short-bench values as values, and `draws` redraws of every fitted weight from its
     posterior (`Surrogate.perturbed`, seeded 0..draws-1)."""
     out = {f"{card} runs only": dataclasses.replace(fit(target=target, card=card), seconds=sur.seconds) for card in ("h100", "h200")}
+    out["scores, an offset per run"] = fit(target=target, values=False)
     out["with a residual kernel"] = fit(target=target, residual_kernel=True)
     out["screened scores as values"] = fit(target=target, screened=True)
     for i in range(draws):
@@ -223,15 +243,15 @@ NOISE_ROW = f"per-trial noise {BETWEEN_RUNS_NOISE:g} (between runs)"
 
 
 def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, draws: int = 0,
-          warm_db: Path = WARM_DB, noise: float | None = None, keep_gain: float = KEEP_GAIN,
+          warm_kb: Path = WARM_KB, noise: float | None = None, keep_gain: float = KEEP_GAIN,
           goal: str = "best-known") -> dict[str, Any]:
     """The before/after table on the surrogate, and (`draws` > 0) the same over `others`' surrogates and with the
-    between-runs noise (`robustness`); the warm runs start from `warm_db`'s best kept trial; `noise`: the per-trial
+    between-runs noise (`robustness`); the warm runs read `warm_kb` (`warm_plan`); `noise`: the per-trial
     noise (None: the stored runs' launch noise); `goal`: the runs' goal (`one_run`)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     target = load_target(TARGET)
     sur = fit(target=target)
-    warm = target.validate_knobs(warm_knobs(warm_db))
+    warm = warm_plan(warm_kb, target)
     tmp = Path(tempfile.mkdtemp())
     if noise is None:
         ln = launch_noise()
@@ -239,8 +259,8 @@ def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, dra
                                f"runs, {ln.df} degrees of freedom")
     else:
         basis = "given (--noise)"
-    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal), "warm": warm,
-                           "warm_from": warm_db.name, "seeds": seeds, "trials": trials, "noise": noise,
+    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal), "warm": warm.knobs,
+                           "warm_entries": warm.entries, "warm_priors": len(warm.priors), "warm_from": _rel(warm_kb), "seeds": seeds, "trials": trials, "noise": noise,
                            "noise_basis": basis, "keep_gain": keep_gain, "goal": goal}
     if draws:
         res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal)
@@ -283,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=3, help="the robustness table's redraws of the fitted weights "
                     "(beside the H100-only and H200-only fits; 0: no robustness table)")
     ap.add_argument("--headline", type=Path, help="write time_to_best_cold_s_median / _p90 (after) into this headline.json")
-    ap.add_argument("--warm-db", type=Path, default=WARM_DB,
-                    help="the run whose best kept trial the warm runs start from (default: the 2B's explore run)")
+    ap.add_argument("--warm-kb", type=Path, default=WARM_KB,
+                    help="the knowledge base the warm runs read beside the shipped seed (default: the 2B's explore run's)")
     ap.add_argument("--noise", type=float, help="the per-trial noise, log sd (default: the stored runs' launch noise)")
     ap.add_argument("--keep-gain", type=float, default=KEEP_GAIN,
                     help=f"the gain over the best kept a trial needs to be kept (default {KEEP_GAIN:g}: the loop's while "
@@ -298,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         res = _infinite(json.loads(args.saved.read_text()))
         args.seeds, args.trials, args.json = res["seeds"], res["trials"], args.json or args.saved
     else:
-        if not args.warm_db.is_file():
-            print(f"ttb_replay: --warm-db {args.warm_db}: no such run database", file=sys.stderr)
+        if not args.warm_kb.is_dir():
+            print(f"ttb_replay: --warm-kb {args.warm_kb}: no such knowledge-base folder (a run's kb/, or its "
+                  "NAME.kb.tgz unpacked)", file=sys.stderr)
             return 2
         if args.noise is not None and not 0 <= args.noise < 1:
             print(f"ttb_replay: --noise {args.noise:g}: a log standard deviation from 0 to 1", file=sys.stderr)
@@ -308,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ttb_replay: --keep-gain {args.keep_gain:g}: a fraction from 0 to 1 (0.05: 5% over the best kept)",
                   file=sys.stderr)
             return 2
-        res = table(args.seeds, args.trials, draws=args.draws, warm_db=args.warm_db, noise=args.noise,
+        res = table(args.seeds, args.trials, draws=args.draws, warm_kb=args.warm_kb, noise=args.noise,
                     keep_gain=args.keep_gain, goal=args.goal)
     print(f"best known setting on the surrogate {res['best']:.2f}x ({' '.join(f'{k}={v}' for k, v in res['best_knobs'].items())}); "
           f"within 5% >= {0.95 * res['best']:.2f}x (the surrogate's top, never measured: {res['top_predicted']:.2f}x); {args.seeds} seeds, at most {args.trials} trials")
@@ -316,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per-trial noise: log sd {res['noise']:.4f} ({res['noise_basis']}); kept at {res['keep_gain']:.0%} over the best kept; "
               + ("goal: none (the keep rule alone)" if res.get("goal") == "none" else
                  f"goal: best-known (each objective {GOAL_SLACK:.0%} short of it; {PAIRED_ROUNDS} paired rounds decide)"))
-    print(f"warm runs start from the best kept trial of {res.get('warm_from', WARM_DB.name)}: "
-          + " ".join(f"{k}={v}" for k, v in res["warm"].items()))
+    warm = res["warm"] if isinstance(res["warm"], list) else [res["warm"]]
+    print(f"warm runs read {res.get('warm_from', _rel(WARM_KB))} and the shipped seed: {len(warm)} warm start(s)"
+          + (f", {res['warm_priors']} prior observation(s)" if res.get("warm_priors") else "") + "; first: "
+          + " ".join(f"{k}={v}" for k, v in (warm[0] if warm else {}).items()))
     print(f"{'variant':8} {'start':5} {'median GPU-s':>13} {'p90 GPU-s':>12} {'reached':>8} {'sentinel share':>15} {'crashed trials':>15} {'best (median)':>14}")
     for v in VARIANTS:
         for kind in ("cold", "warm"):
@@ -368,9 +391,9 @@ def update_headline(path: Path, res: dict[str, Any], source: str | None, command
             "value": _round(after[f"{stat}_s"]), "before": _round(before[f"{stat}_s"]), "seeds": after["seeds"],
             "interval_90": [_round(x) for x in after.get(f"{stat}_ci", [])] or None,
             "reached": after["reached"], "reached_before": before["reached"], "trials": res["trials"],
-            "warm_median": _round(res["after_warm"]["median_s"]),
+            "warm_median": _round(res["after_warm"]["median_s"]), "warm_from": res.get("warm_from"),
             "basis": "predicted, not measured: the real search replayed on a surrogate fitted from every stored 7B GPU "
-                     "trial's full-bench score (ttb_surrogate.py); GPU-seconds to a kept trial within 5% of the best known setting"
+                     "trial's measured values (ttb_surrogate.py); GPU-seconds to a kept trial within 5% of the best known setting"
                      + (f"; per-trial noise log sd {res['noise']:.3f} ({res['noise_basis']}), kept at {res['keep_gain']:.0%} "
                         "over the best kept" if "noise" in res else "")
                      + ("; the keep rule alone (no goal)" if res.get("goal") == "none" else

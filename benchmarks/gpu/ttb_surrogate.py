@@ -3,34 +3,45 @@
     python benchmarks/gpu/ttb_surrogate.py [--json out.json]     # prints each knob level's fitted effect
 
 Read by `ttb_replay.py`, which replays the search on it. What it is fitted from: every search trial of
-the run databases under benchmarks/gpu/results/ whose goal is TPOT + throughput on the 7B (the H200 runs
-and the H100 cold run), its screening score (the first `trial.why` of the trial), its status and its
+the run databases under benchmarks/gpu/results/ whose goal is TPOT + throughput on the 7B (H200 and H100 runs),
+its measured objective values, its screening score (the first `trial.why` of the trial), its status and its
 GPU-seconds (`timings.trial`).
 
-- Score: log(score) = the run's own offset (each run's baseline measured its own TPOT and throughput) +
-  the sum of the trial's knob effects, fitted by ridge least squares (the penalty with the least
-  leave-one-out error over the trials whose run keeps two others: a level few trials carried stays near its
-  default's effect). Effects: each engine; batching on per engine family; log2 of the batch per engine
-  family, in two pieces (up to 16, then 16..64: the waves of a burst of 16 and of 64); every other knob
-  level (the knob's default is 0). A level no stored trial carried is predicted as its default and
-  *marked* (`Prediction.unmeasured`).
-- Full-bench scores only (`_scored`): a screened-out trial's short-bench score is a bound, not a value.
-  Read as a value it makes the full-bench trials' leave-one-out error worse (RMS 0.184 in log score
-  against 0.122); that fit (`fit(screened=True)`) stays in the replay's robustness table.
+- Response: each trial's measured value, log sqrt(throughput / TPOT p50) (`StoredTrial.value`: its score's
+  numerator; the score divides it by the run's baseline, which moved 0.76-1.8 in the same units between runs) =
+  an offset + the sum of the trial's knob effects, fitted by ridge least squares (the penalty with the least
+  leave-one-out error over the trials whose offset keeps two others: a level few trials carried stays near its
+  default's effect). Offsets (`_group`): one per card for the runs of today's space and code (`todays_runs`: one
+  engine on one card measures a knob set alike in every run, as `time_to_best.py` and best_known.json assume), one
+  per run for the earlier runs (their engine code moved between runs). Effects: each engine; batching on per
+  engine family; log2 of the batch per engine family, in two pieces (up to 16, then 16..64: the waves of a burst
+  of 16 and of 64); every other knob level (the knob's default is 0). A level no stored trial carried is predicted
+  as its default and *marked* (`Prediction.unmeasured`).
+- Why values, not scores: time to best is judged on a trial's closeness to its card's best known setting (measured
+  values). Predicting that closeness for each trial of today's runs from the fit made without it, the values fit
+  errs RMS 0.160 (log), the fit on scores with an offset per run 0.334 (`closeness_error`): that fit cannot place a
+  run whose trials share few levels with the others (it put the H100's seed-1 #23, 70% of the best known, measured,
+  above every setting the cards measured within 5% of their best) and learns nothing from a one-trial run. It stays
+  in the replay's robustness table (`fit(values=False)`).
+- Full-bench trials only (`_scored`): a screened-out trial's short-bench values are a bound, not a value.
+  Read as values they make the full-bench trials' leave-one-out error worse (RMS 0.343 in log against 0.151);
+  that fit (`fit(screened=True)`) stays in the replay's robustness table.
 - Interactions (`fit(residual_kernel=True)`, in the robustness table): the additive fit's residuals
   smoothed over the knob space by a Gaussian process (`Residuals`: a Laplacian kernel on the L1 distance
   between feature vectors; variance, length and noise with the least leave-one-out error). It lowers the
-  leave-one-out error only to 0.114: 72 full-bench trials do not resolve interactions beyond the noise.
+  leave-one-out error only to 0.145: 72 full-bench trials do not resolve interactions beyond the noise.
   The first lines of the output and `--json` give the three errors.
 - Failures: a level every failed trial of its kind carried (server errors at the bench, a start-up crash)
   and no trial that served carried is a crash level (`Surrogate.crash_levels`); a knob set holding one
   fails. Invalid trials (the accuracy gate) are left out: the runs' own gate decided on noise there.
 - GPU-seconds per trial: the median `timings.trial` per engine family and outcome (full bench, screened
-  out, failed), per baseline / sentinel measurement, and before the first trial.
+  out, failed), per baseline / sentinel measurement, and before the first trial, over the runs of today's
+  space and code (`todays_runs`; every run's where none of them measured one: eager and hf trials screened out).
 - Launch noise (`launch_noise`): how far one knob set's score moves between launches within a run (its
   search trial and the paired rounds that launched it again against the same run's baseline), pooled over
   the runs: the replay's per-trial noise.
-The scale of the replay's scores is the H100 cold run's (today's knob space and code): `offset`.
+The scale of the replay's scores is the H100's: its offset less the median measured value of its runs' baselines
+(`offset`), so a score reads as the loop's ratio to an H100 run's baseline.
 """
 
 from __future__ import annotations
@@ -54,7 +65,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from orchestrator.targets import load_target  # noqa: E402
 
-__all__ = ["RESULTS", "LaunchNoise", "Prediction", "Surrogate", "features", "fit", "launch_noise", "load_trials"]
+__all__ = ["RESULTS", "LaunchNoise", "Prediction", "Surrogate", "features", "fit", "launch_noise", "load_trials",
+           "scale_fingerprint"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = ROOT / "examples" / "targets" / "hfserve_gpu.toml"
@@ -96,6 +108,35 @@ class StoredTrial:
     score: float | None
     seconds: float | None
     error: str
+    value: float | None = None
+    """log of the geometric mean of its measured objectives, throughput / TPOT (`_log_value`); None without them."""
+
+
+# The knobs of engine steps 10-14: a run whose trials carry one searched today's space with today's engine code.
+TODAYS_KNOBS = frozenset({"decode_attn", "mm_glu", "mm_norm", "pdl", "gc_freeze", "prefill_rounds", "kv_cache_dtype"})
+
+
+def todays_runs(trials: list[StoredTrial]) -> set[str]:
+    """The runs of today's space and code (a trial of theirs carries a knob of `TODAYS_KNOBS`)."""
+    return {t.run for t in trials if TODAYS_KNOBS & set(t.knobs)}
+
+
+def _log_value(objective_json: str | None) -> float | None:
+    """log sqrt(throughput / TPOT p50) of a trial's measured objectives: the score's numerator, the same on a card
+    whatever its run's baseline measured."""
+    o = json.loads(objective_json or "{}")
+    if not o.get(TPOT) or not o.get(THROUGHPUT):
+        return None
+    return 0.5 * (math.log(o[THROUGHPUT]) - math.log(o[TPOT]))
+
+
+def scale_fingerprint(results: Path = RESULTS) -> dict[str, Any]:
+    """The host fingerprint (`run.start`) of the run whose offset sets the replay's scale: the H100 a warm replay
+    reads its knowledge base as."""
+    for _, con in _runs(results, SCALE_RUN):
+        row = con.execute("select data_json from events where kind = 'run.start' order by id limit 1").fetchone()
+        return dict(json.loads(row[0])["fingerprint"])
+    raise FileNotFoundError(f"{results / SCALE_RUN}: the scale run's database is missing")
 
 
 def _runs(results: Path, only: str | None = None, card: str = "") -> Iterator[tuple[str, sqlite3.Connection]]:
@@ -127,14 +168,15 @@ def load_trials(results: Path = RESULTS, only: str | None = None, card: str = ""
         why = {}
         for tid, data in con.execute("select trial_id, data_json from events where kind='trial.why' order by id"):
             why.setdefault(tid, json.loads(data).get("score"))
-        for tid, number, status, proposer, knobs, timings, error in con.execute(
-                "select id, number, status, proposer, knobs_json, timings_json, error from trials order by number"):
+        for tid, number, status, proposer, knobs, timings, error, objective in con.execute(
+                "select id, number, status, proposer, knobs_json, timings_json, error, objective_json from trials "
+                "order by number"):
             t = json.loads(timings) if timings else {}
             role = proposer if proposer in ("baseline", "sentinel") or number == 0 else "search"
             if proposer not in ("search", "baseline", "sentinel") and number != 0:
                 continue
             out.append(StoredTrial(name, number, status if role == "search" else role, json.loads(knobs or "{}"),
-                                   why.get(tid), t.get("trial"), error or ""))
+                                   why.get(tid), t.get("trial"), error or "", _log_value(objective)))
     return out
 
 
@@ -177,13 +219,13 @@ def launch_noise(results: Path = RESULTS, card: str = "") -> LaunchNoise:
     return LaunchNoise(math.sqrt(num / df) if df else math.nan, sets, df, tuple(runs))
 
 
-# The residual kernel's grid (`Residuals.fit`): signal variance, length (L1 feature distance), noise variance (log score).
+# The residual kernel's grid (`Residuals.fit`): signal variance, length (L1 feature distance), noise variance (log, the fit's response).
 GP_GRID = ((0.005, 0.01, 0.02, 0.04, 0.08), (0.5, 1.0, 2.0, 4.0), (0.004, 0.0064, 0.01, 0.02))
 
 
 @dataclass
 class Residuals:
-    """A Gaussian process over the additive fit's residuals (log score): the interactions it cannot hold."""
+    """A Gaussian process over the additive fit's residuals (log, the fit's response): the interactions it cannot hold."""
 
     names: list[str]
     x: np.ndarray  # the measured trials' feature vectors, columns `names`
@@ -233,9 +275,12 @@ class Surrogate:
     residuals: Residuals | None = None
     """The interactions (`Residuals`); None: the additive fit alone."""
     loo: dict[str, float] = field(default_factory=dict)
-    """Leave-one-out RMS error (log score): `additive`, and `with_residuals` where `residuals` is fitted."""
+    """Leave-one-out RMS error (log, the fit's response): `additive`, and `with_residuals` where `residuals` is fitted."""
     screened: bool = False
     """Fitted with the screened-out trials' short-bench scores read as values (`_scored`)."""
+    values: bool = True
+    """Fitted on measured values, today's runs sharing their card's offset (`_group`); False: on each trial's score,
+    one offset per run."""
 
     def perturbed(self, rng: np.random.Generator) -> Surrogate:
         """The same surrogate with each fitted weight redrawn from its posterior (`weight_sd`): another space the
@@ -298,8 +343,7 @@ class Surrogate:
 
 def _scored(t: StoredTrial, screened: bool = False) -> bool:
     """A search trial whose full bench scored it: what the fit reads (`screened`: a screened-out trial's short-bench
-    score too, read as a value, as the fit did before: its full-bench trials' leave-one-out RMS error was 0.19 in log
-    score with them, 0.13 without)."""
+    values too, read as values: its full-bench trials' leave-one-out error is far worse with them, module docstring)."""
     return (t.status in ("kept", "discarded") and bool(t.score) and bool(t.knobs.get("engine"))
             and (screened or not t.error.startswith("screened out at")))
 
@@ -310,42 +354,54 @@ def _solve(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> np.ndarra
 
 
 def _held_out(x: np.ndarray, n_runs: int) -> list[int]:
-    """The trials leave-one-out predicts: those whose run keeps at least two other scored trials (without them
-    nothing measured the run's own offset, and the error says nothing about the knobs); all when none does."""
+    """The trials leave-one-out predicts: those whose offset (`_group`) keeps at least two other scored trials
+    (without them nothing measured the offset, and the error says nothing about the knobs); all when none does."""
     per_run = x[:, :n_runs].sum(axis=0)
     out = [i for i in range(len(x)) if per_run[int(np.argmax(x[i, :n_runs]))] >= 3]
     return out or list(range(len(x)))
 
 
 def _loo(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float, held: list[int] | None = None) -> float:
-    """Mean squared leave-one-out error of the fit (log score) over `held` (default `_held_out`)."""
+    """Mean squared leave-one-out error of the fit (log, the fit's response) over `held` (default `_held_out`)."""
     err = [float(y[i] - x[i] @ _solve(np.delete(x, i, 0), np.delete(y, i), n_runs, ridge))
            for i in (_held_out(x, n_runs) if held is None else held)]
     return float(np.mean(np.square(err)))
 
 
-def _design(ok: list[StoredTrial], defaults: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
-    """The fit's design matrix (one column per run's offset, then per feature), log scores, runs and feature names."""
-    runs = sorted({t.run for t in ok})
+def _group(t: StoredTrial, now: set[str], values: bool) -> str:
+    """The offset a trial shares: its card's for a run of today's space and code read on measured values (one engine
+    and one card measure alike whatever the run's baseline), else its run's (a ratio to that run's baseline, or
+    earlier engine code)."""
+    return f"{t.run.split('_')[0]} today" if values and t.run in now else t.run
+
+
+def _design(ok: list[StoredTrial], defaults: dict[str, Any], values: bool = False,
+            now: set[str] = frozenset()) -> tuple[np.ndarray, np.ndarray, list[str], list[str]]:
+    """The fit's design matrix (one column per offset, `_group`, then per feature), the responses (log measured
+    value with `values`, else log score), the offsets' names and the feature names."""
+    runs = sorted({_group(t, now, values) for t in ok})
     rows = [features(t.knobs, defaults) for t in ok]
     names = sorted({n for r in rows for n in r})
     x = np.zeros((len(ok), len(runs) + len(names)))
     for i, (t, r) in enumerate(zip(ok, rows, strict=True)):
-        x[i, runs.index(t.run)] = 1.0
+        x[i, runs.index(_group(t, now, values))] = 1.0
         for n, v in r.items():
             x[i, len(runs) + names.index(n)] = v
-    return x, np.log([t.score for t in ok]), runs, names
+    y = np.array([t.value for t in ok]) if values else np.log([t.score for t in ok])
+    return x, y, runs, names
 
 
 def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_kernel: bool = False,
-        screened: bool = False) -> Surrogate:
+        screened: bool = False, values: bool = True) -> Surrogate:
     """The surrogate fitted on every stored 7B run (`card`: on that card's runs alone, `h100` or `h200`;
-    `residual_kernel`: with the interactions `Residuals` holds; `screened`: reading screened-out scores as values)."""
+    `residual_kernel`: with the interactions `Residuals` holds; `screened`: reading screened-out scores as values;
+    `values`: on measured values with one offset per card for today's runs, else on scores with one per run)."""
     target = target or load_target(TARGET)
     defaults = {k: v.default for k, v in target.knobs.items()}
     trials = load_trials(results, card=card)
-    ok = [t for t in trials if _scored(t, screened)]
-    x, y, runs, names = _design(ok, defaults)
+    now = todays_runs(trials)
+    ok = [t for t in trials if _scored(t, screened) and (t.value is not None or not values)]
+    x, y, runs, names = _design(ok, defaults, values, now)
     loo = {lam: _loo(x, y, len(runs), lam) for lam in RIDGES}
     ridge = min(RIDGES, key=loo.__getitem__)
     w = _solve(x, y, len(runs), ridge)
@@ -364,7 +420,8 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
     crashed = [t for t in trials if t.status == "failed" and ("server_error" in t.error or "start-up failure (crash" in t.error)]
     crash = set.intersection(*[{f"{k}={v}" for k, v in t.knobs.items()} for t in crashed]) - served if crashed else set()
     secs: dict[str, list[float]] = {}
-    for t in trials:
+    now = todays_runs(trials)
+    for t in sorted(trials, key=lambda t: t.run not in now):  # today's code's runs first: their keys win
         if t.seconds is None:
             continue
         if t.status in ("baseline", "sentinel"):
@@ -377,12 +434,23 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
         else:
             continue
         for k in key:
-            secs.setdefault(k, []).append(t.seconds)
-    seconds = {k: statistics.median(v) for k, v in secs.items()}
+            secs.setdefault(k, []).append((t.seconds, t.run))
+    seconds = {}
+    for k, v in secs.items():  # today's code's runs where they measured the key, every run's where they did not
+        own = [x for x, run in v if run in now]
+        seconds[k] = statistics.median(own or [x for x, _ in v])
     seconds["before_first"] = 21.0  # the store, the model check and the first deploy's start (time_to_best.py's split)
-    return Surrogate(weights, offsets, offsets.get(SCALE_RUN, statistics.mean(offsets.values())), set(names), crash,
-                     seconds, defaults, float(np.std(resid)), ridge, len(ok), runs,
-                     dict(zip(names, sd[len(runs):].tolist(), strict=True)), residuals, errors, screened)
+    scale = next((_group(t, now, values) for t in ok if t.run == SCALE_RUN),  # the H100's; a card-only fit: its own
+                 next((g for g in runs if g.endswith(" today")), None))
+    if values and scale:  # the scores' scale: the card's offset less its runs' baselines' measured value (median)
+        base = statistics.median(statistics.median(t.value - math.log(t.score) for t in ok if t.run == r)
+                                 for r in {t.run for t in ok if _group(t, now, values) == scale})
+        offset = offsets[scale] - base
+    else:
+        offset = offsets.get(SCALE_RUN, statistics.mean(offsets.values()))
+    return Surrogate(weights, offsets, offset, set(names), crash,
+                     seconds, defaults, float(np.std(resid)), ridge, len(ok), sorted({t.run for t in ok}),
+                     dict(zip(names, sd[len(runs):].tolist(), strict=True)), residuals, errors, screened, values)
 
 
 def _residual_kernel(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> tuple[tuple[float, float, float], float]:
@@ -404,14 +472,47 @@ def _residual_kernel(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) ->
     return best, float(np.sqrt(np.mean(np.square(err[best]))))
 
 
-def full_bench_loo(results: Path = RESULTS, target: Any = None, screened: bool = False, ridge: float = 0.3) -> float:
-    """Leave-one-out RMS error (log score) on the full-bench trials `_held_out` picks, the fit made from the rest
-    of them (`screened`: and from every screened-out trial's short-bench score, read as a value)."""
+BEST_KNOWN = Path(__file__).resolve().parent / "best_known.json"
+
+
+def closeness_error(results: Path = RESULTS, target: Any = None, values: bool = True,
+                    best_known: Path = BEST_KNOWN) -> tuple[float, int]:
+    """How well the fit predicts what time to best is judged on: each scored trial of today's runs, its closeness to
+    its card's best known 7B setting (best_known.json: the geometric mean of its measured objectives against the
+    best's) predicted by the fit made without it, against the measured one. (RMS error in log, trials.)"""
     target = target or load_target(TARGET)
     defaults = {k: v.default for k, v in target.knobs.items()}
-    ok = [t for t in load_trials(results) if _scored(t, screened)]
+    trials = load_trials(results)
+    now = todays_runs(trials)
+    ok = [t for t in trials if _scored(t) and t.value is not None]
+    x, y, groups, names = _design(ok, defaults, values, now)
+    n = len(groups)
+    entries = [e for e in json.loads(best_known.read_text())["entries"] if e["preset"] == "7b-peaked"]
+    best: dict[str, tuple[StoredTrial, np.ndarray]] = {}
+    for e in entries:
+        db, number = Path(e["evidence"]["db"]).name, int(e["evidence"]["trial"])
+        i = next(i for i, t in enumerate(ok) if (t.run, t.number) == (db, number))
+        best[db.split("_")[0]] = (ok[i], x[i, n:])
+    err = []
+    for i, t in enumerate(ok):
+        card = t.run.split("_")[0]
+        if t.run not in now or card not in best:
+            continue
+        w = _solve(np.delete(x, i, 0), np.delete(y, i), n, RIDGES[2])
+        b, bx = best[card]
+        err.append(float((x[i, n:] - bx) @ w[n:]) - (t.value - b.value))
+    return math.sqrt(float(np.mean(np.square(err)))), len(err)
+
+
+def full_bench_loo(results: Path = RESULTS, target: Any = None, screened: bool = False, ridge: float = 0.3) -> float:
+    """Leave-one-out RMS error (log measured value) on the full-bench trials `_held_out` picks, the fit made from the
+    rest of them (`screened`: and from every screened-out trial's short-bench values, read as values)."""
+    target = target or load_target(TARGET)
+    defaults = {k: v.default for k, v in target.knobs.items()}
+    trials = load_trials(results)
+    ok = [t for t in trials if _scored(t, screened) and t.value is not None]
     full = np.array([not t.error.startswith("screened out at") for t in ok])
-    x, y, runs, names = _design(ok, defaults)
+    x, y, runs, names = _design(ok, defaults, True, todays_runs(trials))
     held = [int(np.flatnonzero(full)[j]) for j in _held_out(x[full], len(runs))]
     return math.sqrt(_loo(x, y, len(runs), ridge, held))
 
@@ -423,13 +524,17 @@ def main(argv: list[str] | None = None) -> int:
     target = load_target(TARGET)
     s = fit(target=target)
     best, knobs = s.best(target)
-    print(f"fitted on {s.rows} scored trials of {len(s.runs)} runs; residual sd {s.residual_sd:.3f} (log score), ridge {s.ridge:g}")
+    print(f"fitted on {s.rows} scored trials of {len(s.runs)} runs ({len(s.offsets)} offsets); residual sd {s.residual_sd:.3f} "
+          f"(log measured value), ridge {s.ridge:g}")
     r = fit(target=target, residual_kernel=True)
     k = r.residuals
     with_short = full_bench_loo(target=target, screened=True, ridge=s.ridge)
-    print(f"leave-one-out RMS error (log score) on the full-bench trials: {s.loo['additive']:.3f}; with a residual kernel "
+    print(f"leave-one-out RMS error (log measured value) on the full-bench trials: {s.loo['additive']:.3f}; with a residual kernel "
           f"{r.loo['with_residuals']:.3f} (variance {k.var:g}, length {k.length:g}, noise {k.noise:g}); fitted with the "
           f"screened-out short-bench scores as values {with_short:.3f}")
+    close, close_ratio = closeness_error(target=target), closeness_error(target=target, values=False)
+    print(f"closeness to the card's best known setting (what time to best is judged on), leave-one-out RMS error (log) "
+          f"over {close[1]} trials of today's runs: {close[0]:.3f}; fitted on scores with an offset per run {close_ratio[0]:.3f}")
     print(f"crash levels: {sorted(s.crash_levels)}")
     ln = launch_noise()
     print(f"launch noise: log sd {ln.sd:.4f} of a knob set's score between launches within a run ({ln.sets} knob sets "
@@ -446,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
                                          "launch_noise": dataclasses.asdict(ln),
                                          "loo_rms": {"additive": s.loo["additive"], "with_residual_kernel": r.loo["with_residuals"],
                                                      "with_screened_scores": with_short},
+                                         "closeness_loo_rms": {"values": close[0], "scores_per_run": close_ratio[0],
+                                                               "trials": close[1]},
                                          "residual_kernel": {"variance": k.var, "length": k.length, "noise": k.noise}},
                                         indent=1) + "\n")
     return 0
