@@ -78,7 +78,7 @@ KEEP_GAIN = ASSUMED_NOISE
 WITHIN = 0.05
 SENTINEL_EVERY = 4
 SENTINEL_SHARE = 0.08
-WARM_KB = HERE / "results" / "kb_2b_explore"
+WARM_KB = HERE / "results" / "kb_2b_explore_h100"
 SEED_KB = ROOT / "knowledge_base"
 WORKLOAD = "decode+throughput@1"  # the GPU runs' workload key (their scenarios at scale 1)
 

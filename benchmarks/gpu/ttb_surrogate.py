@@ -8,7 +8,7 @@ its measured objective values, its screening score (the first `trial.why` of the
 GPU-seconds (`timings.trial`).
 
 - Response: each trial's measured value, log sqrt(throughput / TPOT p50) (`StoredTrial.value`: its score's
-  numerator; the score divides it by the run's baseline, which moved 0.76-1.8 in the same units between runs) =
+  numerator; the score divides it by the run's baseline, whose own value ranged a factor of 2.4 over the stored runs) =
   an offset + the sum of the trial's knob effects, fitted by ridge least squares (the penalty with the least
   leave-one-out error over the trials whose offset keeps two others: a level few trials carried stays near its
   default's effect). Offsets (`_group`): one per card for the runs of today's space and code (`todays_runs`: one
@@ -19,17 +19,17 @@ GPU-seconds (`timings.trial`).
   as its default and *marked* (`Prediction.unmeasured`).
 - Why values, not scores: time to best is judged on a trial's closeness to its card's best known setting (measured
   values). Predicting that closeness for each trial of today's runs from the fit made without it, the values fit
-  errs RMS 0.160 (log), the fit on scores with an offset per run 0.334 (`closeness_error`): that fit cannot place a
+  errs RMS 0.140 (log), the fit on scores with an offset per run 0.277 (`closeness_error`): that fit cannot place a
   run whose trials share few levels with the others (it put the H100's seed-1 #23, 70% of the best known, measured,
   above every setting the cards measured within 5% of their best) and learns nothing from a one-trial run. It stays
   in the replay's robustness table (`fit(values=False)`).
 - Full-bench trials only (`_scored`): a screened-out trial's short-bench values are a bound, not a value.
-  Read as values they make the full-bench trials' leave-one-out error worse (RMS 0.343 in log against 0.151);
+  Read as values they make the full-bench trials' leave-one-out error worse (RMS 0.249 in log against 0.138);
   that fit (`fit(screened=True)`) stays in the replay's robustness table.
 - Interactions (`fit(residual_kernel=True)`, in the robustness table): the additive fit's residuals
   smoothed over the knob space by a Gaussian process (`Residuals`: a Laplacian kernel on the L1 distance
   between feature vectors; variance, length and noise with the least leave-one-out error). It lowers the
-  leave-one-out error only to 0.145: 72 full-bench trials do not resolve interactions beyond the noise.
+  leave-one-out error only to 0.132: 79 full-bench trials do not resolve interactions beyond the noise.
   The first lines of the output and `--json` give the three errors.
 - Failures: a level every failed trial of its kind carried (server errors at the bench, a start-up crash)
   and no trial that served carried is a crash level (`Surrogate.crash_levels`); a knob set holding one
