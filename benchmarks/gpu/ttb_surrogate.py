@@ -72,7 +72,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = ROOT / "examples" / "targets" / "hfserve_gpu.toml"
 # The ridge penalty is the one of these with the least leave-one-out error (`_loo`).
 RIDGES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
-# The run whose offset sets the replay's scale: today's space and code, cold.
+# A run of the card whose offset sets the replay's scale (its card's, on measured values; its own, on scores) and whose
+# host a warm replay reads its knowledge base as.
 SCALE_RUN = "h100_ttb_cold_7b_seed1_2026-12-06.db"
 
 
