@@ -119,8 +119,9 @@ def workspace(ws: Path, p: dict[str, Any], *, host_line: str = "", extra_toml: s
     text = re.sub(r'^name = "(.*)"$', rf'name = "\1-{p["preset"]}"', text, count=1, flags=re.M)
     (ws / "target.toml").write_text(_abs_source(text, target.parent))
     goal = goal if goal is not None else (GPU / p["goal"]).read_text()
-    if p["trials"]:
+    if p["trials"]:  # the budget, and the goal's text where it names one (the run's records and findings quote it)
         goal = re.sub(r"^trials = .*$", f"trials = {p['trials']}", goal, flags=re.M)
+        goal = re.sub(r'^(text = ".*?within )\d+ trials', rf"\g<1>{p['trials']} trials", goal, count=1, flags=re.M)
     if p["wall_s"]:
         goal = re.sub(r"^wall = .*$", f'wall = "{p["wall_s"]}s"', goal, flags=re.M)
     (ws / "goal.toml").write_text(goal)
