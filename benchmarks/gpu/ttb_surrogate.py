@@ -402,27 +402,26 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
     trials = load_trials(results, card=card)
     now = todays_runs(trials)
     ok = [t for t in trials if _scored(t, screened) and (t.value is not None or not values)]
-    x, y, runs, names = _design(ok, defaults, values, now)
-    loo = {lam: _loo(x, y, len(runs), lam) for lam in RIDGES}
+    x, y, groups, names = _design(ok, defaults, values, now)
+    loo = {lam: _loo(x, y, len(groups), lam) for lam in RIDGES}
     ridge = min(RIDGES, key=loo.__getitem__)
-    w = _solve(x, y, len(runs), ridge)
+    w = _solve(x, y, len(groups), ridge)
     resid = y - x @ w
-    reg = np.diag([1e-6] * len(runs) + [ridge] * len(names))
+    reg = np.diag([1e-6] * len(groups) + [ridge] * len(names))
     sd = float(np.std(resid)) * np.sqrt(np.diag(np.linalg.inv(x.T @ x + reg)))
     errors = {"additive": math.sqrt(loo[ridge])}
     residuals = None
     if residual_kernel:
-        (var, length, noise), errors["with_residuals"] = _residual_kernel(x, y, len(runs), ridge)
-        residuals = Residuals.fit(names, x[:, len(runs):], resid, var, length, noise)
-    offsets = dict(zip(runs, w[: len(runs)].tolist(), strict=True))
-    weights = dict(zip(names, w[len(runs):].tolist(), strict=True))
+        (var, length, noise), errors["with_residuals"] = _residual_kernel(x, y, len(groups), ridge)
+        residuals = Residuals.fit(names, x[:, len(groups):], resid, var, length, noise)
+    offsets = dict(zip(groups, w[: len(groups)].tolist(), strict=True))
+    weights = dict(zip(names, w[len(groups):].tolist(), strict=True))
     # crash levels: carried by every failed trial that crashed or got server errors, and by no trial that served
     served = {f"{k}={v}" for t in ok for k, v in t.knobs.items()}
     crashed = [t for t in trials if t.status == "failed" and ("server_error" in t.error or "start-up failure (crash" in t.error)]
     crash = set.intersection(*[{f"{k}={v}" for k, v in t.knobs.items()} for t in crashed]) - served if crashed else set()
-    secs: dict[str, list[float]] = {}
-    now = todays_runs(trials)
-    for t in sorted(trials, key=lambda t: t.run not in now):  # today's code's runs first: their keys win
+    secs: dict[str, list[tuple[float, str]]] = {}
+    for t in trials:
         if t.seconds is None:
             continue
         if t.status in ("baseline", "sentinel"):
@@ -442,7 +441,7 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
         seconds[k] = statistics.median(own or [x for x, _ in v])
     seconds["before_first"] = 21.0  # the store, the model check and the first deploy's start (time_to_best.py's split)
     scale = next((_group(t, now, values) for t in ok if t.run == SCALE_RUN),  # the H100's; a card-only fit: its own
-                 next((g for g in runs if g.endswith(" today")), None))
+                 next((g for g in groups if g.endswith(" today")), None))
     if values and scale:  # the scores' scale: the card's offset less its runs' baselines' measured value (median)
         base = statistics.median(statistics.median(t.value - math.log(t.score) for t in ok if t.run == r)
                                  for r in {t.run for t in ok if _group(t, now, values) == scale})
@@ -451,7 +450,7 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
         offset = offsets.get(SCALE_RUN, statistics.mean(offsets.values()))
     return Surrogate(weights, offsets, offset, set(names), crash,
                      seconds, defaults, float(np.std(resid)), ridge, len(ok), sorted({t.run for t in ok}),
-                     dict(zip(names, sd[len(runs):].tolist(), strict=True)), residuals, errors, screened, values)
+                     dict(zip(names, sd[len(groups):].tolist(), strict=True)), residuals, errors, screened, values)
 
 
 def _residual_kernel(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> tuple[tuple[float, float, float], float]:
