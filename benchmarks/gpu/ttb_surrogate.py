@@ -19,7 +19,7 @@ GPU-seconds (`timings.trial`).
   as its default and *marked* (`Prediction.unmeasured`).
 - Why values, not scores: time to best is judged on a trial's closeness to its card's best known setting (measured
   values). Predicting that closeness for each trial of today's runs from the fit made without it, the values fit
-  errs RMS 0.140 (log), the fit on scores with an offset per run 0.277 (`closeness_error`): that fit cannot place a
+  errs RMS 0.140 (log), the fit on scores with an offset per run 0.271 (`closeness_error`): that fit cannot place a
   run whose trials share few levels with the others (it put the H100's seed-1 #23, 70% of the best known, measured,
   above every setting the cards measured within 5% of their best) and learns nothing from a one-trial run. It stays
   in the replay's robustness table (`fit(values=False)`).
@@ -203,11 +203,10 @@ def launch_noise(results: Path = RESULTS, card: str = "") -> LaunchNoise:
     for name, con in _runs(results, card=card):
         groups: dict[str, list[float]] = {}
         for number, knobs, obj in con.execute("select number, knobs_json, objective_json from trials order by number"):
-            o = json.loads(obj or "{}")
-            if number == 0 or not o.get(TPOT) or not o.get(THROUGHPUT):
+            value = _log_value(obj)
+            if number == 0 or value is None:
                 continue
-            groups.setdefault(json.dumps(json.loads(knobs), sort_keys=True), []).append(
-                0.5 * (math.log(o[THROUGHPUT]) - math.log(o[TPOT])))
+            groups.setdefault(json.dumps(json.loads(knobs), sort_keys=True), []).append(value)
         baseline = json.dumps(json.loads(con.execute("select knobs_json from trials where number = 0").fetchone()[0]),
                               sort_keys=True)
         for key, v in groups.items():
@@ -222,6 +221,11 @@ def launch_noise(results: Path = RESULTS, card: str = "") -> LaunchNoise:
 
 # The residual kernel's grid (`Residuals.fit`): signal variance, length (L1 feature distance), noise variance (log, the fit's response).
 GP_GRID = ((0.005, 0.01, 0.02, 0.04, 0.08), (0.5, 1.0, 2.0, 4.0), (0.004, 0.0064, 0.01, 0.02))
+
+
+def _l1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The L1 distance between each row of `a` and each row of `b` (feature vectors)."""
+    return np.abs(a[:, None, :] - b[None, :, :]).sum(axis=2)
 
 
 @dataclass
@@ -243,7 +247,7 @@ class Residuals:
 
     @staticmethod
     def kernel(x: np.ndarray, var: float, length: float) -> np.ndarray:
-        return var * np.exp(-np.abs(x[:, None, :] - x[None, :, :]).sum(axis=2) / length)
+        return var * np.exp(-_l1(x, x) / length)
 
     @classmethod
     def fit(cls, names: list[str], x: np.ndarray, resid: np.ndarray, var: float, length: float, noise: float) -> Residuals:
@@ -456,8 +460,7 @@ def fit(results: Path = RESULTS, target: Any = None, card: str = "", residual_ke
 def _residual_kernel(x: np.ndarray, y: np.ndarray, n_runs: int, ridge: float) -> tuple[tuple[float, float, float], float]:
     """The residual kernel's (variance, length, noise) from `GP_GRID` with the least leave-one-out error over
     `_held_out` (each trial predicted by the additive fit and the kernel both made without it), and that error (RMS)."""
-    feats = x[:, n_runs:]
-    dist = np.abs(feats[:, None, :] - feats[None, :, :]).sum(axis=2)
+    dist = _l1(x[:, n_runs:], x[:, n_runs:])
     grid = [(v, ell, nz) for v in GP_GRID[0] for ell in GP_GRID[1] for nz in GP_GRID[2]]
     err: dict[tuple[float, float, float], list[float]] = {g: [] for g in grid}
     for i in _held_out(x, n_runs):
