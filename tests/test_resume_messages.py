@@ -9,6 +9,7 @@ from seeded_run import add_trial, controller_on, seeded_store
 from orchestrator.cli.live import _Progress, resume_progress
 from orchestrator.core.candidate import Candidate
 from orchestrator.core.roles import GoalMet
+from orchestrator.trial.context import objective_label
 from orchestrator.trial.paired import PairedOutcome
 from orchestrator.trial.verdict import why_of, why_record
 
@@ -88,8 +89,8 @@ def _pairs(tmp_path, monkeypatch, ratios, stop_at=None):
         number = max(t.number for t in store.list_trials(run.id)) + 1
         return store.create_trial(run.id, number, commit="", knobs=c.knobs, rationale=c.rationale, proposer="paired")
 
-    resumed = paired.measured_rounds(store, run.id, 1, [label])
-    out = paired.run_paired(ctx, cand, Candidate({"n": 2}), {"n": 1}, create, resumed=resumed)
+    resumed = paired.measured_rounds(store, run.id, 1, [label])  # what run_paired reads and continues from
+    out = paired.run_paired(ctx, cand, Candidate({"n": 2}), {"n": 1}, create)
     return out, store, run.id, calls, resumed
 
 
@@ -161,7 +162,10 @@ def test_resume_continues_the_cut_confirmation_before_proposing(tmp_path, monkey
     seen = {}
 
     def fake_run_paired(ctx, trial, candidate, base, create, **kw):
-        seen.update(trial=trial.number, resumed=[(a.number, b.number) for a, b in kw["resumed"]])
+        from orchestrator.trial import paired  # the whole rounds run_paired continues from, as it is called
+        labels = [objective_label(o.scenario, o.key) for o in ctx.goal.objectives]
+        seen.update(trial=trial.number,
+                    resumed=[(a.number, b.number) for a, b in paired.measured_rounds(ctx.store, ctx.run_id, trial.number, labels)])
         return PairedOutcome(trial=trial.number, rounds=3, score=3.0, lo=2.8, hi=3.2, confidence=0.9, met=True, why="met",
                              pair_trials=[[2, 3], [5, 6], [7, 8]])
 

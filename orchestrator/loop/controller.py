@@ -51,7 +51,7 @@ from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import fidelity, goalbars, verdict
 from orchestrator.trial.context import TrialContext, TrialResult, objective_label
-from orchestrator.trial.paired import describe, interrupted, latest_paired, measured_rounds, run_paired
+from orchestrator.trial.paired import describe, interrupted, latest_paired, run_paired
 from orchestrator.trial.run import run_trial
 from orchestrator.trial.verdict import Baseline
 
@@ -153,7 +153,7 @@ class Controller:
 
     def _start(self) -> None:
         """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here. A paired
-        confirmation the kill cut short continues first, from its whole rounds (`paired.measured_rounds`)."""
+        confirmation the kill cut short continues first, from its whole rounds (`paired.run_paired` reads them)."""
         self._redo_unfinished()
         if not self.store.list_trials(self.ctx.run_id):
             baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer=BASELINE)
@@ -462,10 +462,8 @@ class Controller:
         why = verdict.why_record(self.store, self.ctx.run_id, trial.id)
         screen_met = bool(why.get("screen_met"))
         bars_before = self._bars(self._baseline())
-        labels = [objective_label(o.scenario, o.key) for o in self.ctx.goal.objectives]
         out = run_paired(self.ctx, trial, candidate, self.ctx.target.baseline_knobs(), self._create,
-                         on_trial=self.on_trial, host_ref=self._baseline().host,
-                         resumed=measured_rounds(self.store, self.ctx.run_id, trial.number, labels)).to_dict()
+                         on_trial=self.on_trial, host_ref=self._baseline().host).to_dict()
         # what its screen said, per objective: a miss raises that objective's bar for later screens (`goalbars.raised`)
         out["screen"] = (why.get("goal") or {}).get("ratios") or {}
         self.store.add_event(self.ctx.run_id, PAIRED, f"#{trial.number}: {describe(out)}; goal {'met' if out['met'] else 'not met'}",

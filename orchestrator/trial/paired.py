@@ -131,14 +131,14 @@ def interrupted(store: Any, run_id: int) -> int | None:
 
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
                create: Any, *, thresholds: dict[str, Any] | None = None, on_trial: Any = lambda t: None,
-               host_ref: dict[str, Any] | None = None, resumed: Any = ()) -> PairedOutcome:
+               host_ref: dict[str, Any] | None = None) -> PairedOutcome:
     """Measure A B A B ... on fresh servers and judge the goal on the paired ratios.
 
     `create(Candidate) -> trial row` makes the store rows (the controller numbers them);
     `on_trial(record)` is told of each finished row, like every other trial of the run;
-    `host_ref`: the host's state during the reference baseline (None: halves judged only against each other);
-    `resumed`: the whole rounds an interrupted confirmation of this candidate measured (`measured_rounds`),
-    counted as its first rounds (the candidate's gates ran in the first of them)."""
+    `host_ref`: the host's state during the reference baseline (None: halves judged only against each other).
+    The whole rounds an interrupted confirmation of this candidate measured (`measured_rounds`) count as its
+    first rounds (the candidate's gates ran in the first of them)."""
     cfg = section(thresholds, "performance")
     first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
     store, n = ctx.store, candidate_trial.number
@@ -146,7 +146,7 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
     cand_vals: dict[str, list[float]] = {}
     pair_trials: list[list[int]] = []
     labels = [objective_label(o.scenario, o.key) for o in ctx.goal.objectives]
-    for a_row, b_row in list(resumed)[:most]:
+    for a_row, b_row in measured_rounds(store, ctx.run_id, n, labels)[:most]:
         for label in labels:
             base_vals.setdefault(label, []).append(float(a_row.objective[label]))
             cand_vals.setdefault(label, []).append(float(b_row.objective[label]))
