@@ -259,8 +259,9 @@ def table(seeds: int, trials: int, variants: tuple[Variant, ...] = VARIANTS, dra
                                f"runs, {ln.df} degrees of freedom")
     else:
         basis = "given (--noise)"
-    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal), "warm": warm.knobs,
-                           "warm_entries": warm.entries, "warm_priors": len(warm.priors), "warm_from": _rel(warm_kb), "seeds": seeds, "trials": trials, "noise": noise,
+    res: dict[str, Any] = {**_replay(sur, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal),
+                           "warm": warm.knobs, "warm_entries": warm.entries, "warm_priors": len(warm.priors),
+                           "warm_from": _rel(warm_kb), "seeds": seeds, "trials": trials, "noise": noise,
                            "noise_basis": basis, "keep_gain": keep_gain, "goal": goal}
     if draws:
         res["robustness"] = {name: _replay(other, target, seeds, trials, variants, tmp, warm, noise, keep_gain, goal)
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per-trial noise: log sd {res['noise']:.4f} ({res['noise_basis']}); kept at {res['keep_gain']:.0%} over the best kept; "
               + ("goal: none (the keep rule alone)" if res.get("goal") == "none" else
                  f"goal: best-known (each objective {GOAL_SLACK:.0%} short of it; {PAIRED_ROUNDS} paired rounds decide)"))
-    warm = res["warm"] if isinstance(res["warm"], list) else [res["warm"]]
+    warm = res["warm"]
     print(f"warm runs read {res.get('warm_from', _rel(WARM_KB))} and the shipped seed: {len(warm)} warm start(s)"
           + (f", {res['warm_priors']} prior observation(s)" if res.get("warm_priors") else "") + "; first: "
           + " ".join(f"{k}={v}" for k, v in (warm[0] if warm else {}).items()))
