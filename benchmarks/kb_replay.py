@@ -114,7 +114,8 @@ def numeric_batch(target: Any, ratio: Any) -> tuple[Any, Any]:
 
     shipped = load_target(TARGET).knobs["max_batch_size"]
     knobs = dict(target.knobs)
-    knobs["max_batch_size"] = shipped.model_copy(update={"when": target.knobs["max_batch_size"].when,
+    mine = target.knobs["max_batch_size"]
+    knobs["max_batch_size"] = shipped.model_copy(update={"when": mine.when, "prior": mine.prior,
                                                          "low": min(BATCH_GRID), "high": max(BATCH_GRID)})
 
     def snapped(k: dict[str, Any]) -> float | None:
@@ -190,7 +191,10 @@ def probe_winner(score: Any, target: Any, store: Store, run_id: int, limit: int)
     seen, n, added = {knob_key(t.knobs) for t in trials}, max(t.number for t in trials), 0
     # The shipped target's neighbours (its max_batch_size is an int knob on a log scale: x2 and /2),
     # as the product computes them, inside the replayed space.
-    for name, value, k in neighbours(load_target(TARGET), dict(best.knobs)):
+    shipped = load_target(TARGET)
+    if not any(k.when for k in target.knobs.values()):  # a replay of the flat space: every knob active there too
+        shipped = shipped.model_copy(update={"knobs": {n: shipped.knobs[n].model_copy(update={"when": {}}) for n in target.knobs}})
+    for name, value, k in neighbours(shipped, dict(best.knobs)):
         if added >= limit or knob_key(k) in seen or any(k[x] not in target.knobs[x].choices for x in k):
             continue
         seen.add(knob_key(k))
@@ -321,8 +325,8 @@ def main() -> None:
     ap.add_argument("--fix", action="append", default=[], metavar="KNOB=VALUE",
                     help="pin a knob (a smaller space, e.g. when only part of the table could be measured)")
     ap.add_argument("--conditional", action="store_true",
-                    help="declare the knobs server.py ignores inactive (`when`): decode_loop and kv_cache with batching on, "
-                    "max_batch_size with it off (an experiment on the space, not the shipped target)")
+                    help="the shipped target's space: the knobs server.py ignores are inactive (`when`): decode_loop and "
+                    "kv_cache with batching on, max_batch_size with it off (default: every knob active)")
     ap.add_argument("--probe-winner", type=int, default=0, metavar="N", help="each source run ends by measuring up to N "
                     "one-knob neighbours of its winner, like `infergoal goal --probe-winner N` (0: off)")
     ap.add_argument("--target", default="B", choices=["B", "C", "D"], help="the model replayed on: B (forge:small); "

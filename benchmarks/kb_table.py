@@ -8,11 +8,13 @@ of tabular HPO benchmarks (HPOBench, NAS-Bench): every knob set of a fixed space
 then search strategies replayed against the table over many seeds.
 
 The space is the shipped hfserve target (`examples/targets/hfserve.toml`) with `max_batch_size`
-on the grid 1, 2, 4, ..., 32: 576 knob sets. Several of them launch a server that behaves the
-same, because the server ignores a knob under another (`behaviour_key`, from server.py: batching
-uses the manual loop and its own cache, so `decode_loop` and `kv_cache` do nothing with batching
-on; `max_batch_size` does nothing with batching off; `kv_cache` only acts on `generate()`). Each
-distinct behaviour (56 for the throughput scenario, 32 for decode) is measured once, on a fresh server launched from the target's
+on the grid 1, 2, 4, ..., 32, every knob active: 576 knob sets (the target itself declares the knobs the
+server ignores under another inactive, `when`: 108 sets of active knobs, `grid_target(conditional=True)`).
+Several of them launch a server that behaves the same, because the server ignores a knob under another
+(`behaviour_key`, from server.py: batching uses the manual loop and its own cache, so `decode_loop` and
+`kv_cache` do nothing with batching on; `max_batch_size` does nothing with batching off; `kv_cache` only
+acts on `generate()`; the batch cannot exceed the requests in flight). Each distinct behaviour
+(56 for the throughput scenario, 32 for decode) is measured once, on a fresh server launched from the target's
 own launch template, with a scenario of `orchestrator.bench` (sized down, see WORKLOADS).
 
 Against load (the dev host is shared): a baseline server stays up; each candidate's fresh server
@@ -74,15 +76,15 @@ METRICS = ("output_throughput", "request_throughput", "tpot_ms_mean", "ttft_ms_m
 __all__ = ["BATCH_GRID", "Measurer", "quiet_blocks", "trusted", "behaviour_key", "grid_target", "knob_grid", "scenario"]
 
 
-# `grid_target(conditional=True)`: the knobs server.py ignores declared inactive (`when`), in an order
-# where each knob's parent comes first. An experiment (kb_replay.py --conditional), not the shipped target.
-CONDITIONAL = {"decode_loop": {"batching": "off"}, "max_batch_size": {"batching": "on"}, "kv_cache": {"decode_loop": "generate"}}
-CONDITIONAL_ORDER = ("dtype", "batching", "decode_loop", "max_batch_size", "kv_cache", "attn", "threads")
+FLAT_ORDER = ("dtype", "decode_loop", "batching", "max_batch_size", "kv_cache", "attn", "threads")
 
 
 def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None, conditional: bool = False) -> Any:
     """The shipped hfserve target with `max_batch_size` categorical on BATCH_GRID (same default);
-    `fixed` pins knobs to one value (a smaller space, the launch template unchanged)."""
+    `fixed` pins knobs to one value (a smaller space, the launch template unchanged). Every knob is
+    active, the ones server.py ignores included, and the cost model has no prior (576 knob sets: the
+    space the replays and the proposer tests run on), unless `conditional`: then the target's own `when`
+    and `prior` hold (108 sets of active knobs, the shipped space; kb_replay.py --conditional)."""
     from orchestrator.targets import load_target
 
     t = load_target(path)
@@ -92,8 +94,8 @@ def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None, condit
     for name, value in (fixed or {}).items():
         knobs[name] = knobs[name].model_copy(update={"type": "categorical", "choices": [value], "default": value,
                                                      "low": None, "high": None, "log": False})
-    if conditional:
-        knobs = {n: knobs[n].model_copy(update={"when": CONDITIONAL.get(n, {})}) for n in CONDITIONAL_ORDER}
+    if not conditional:  # in the order the replays and tests were made in (Optuna draws knobs in this order)
+        knobs = {n: knobs[n].model_copy(update={"when": {}, "prior": None}) for n in FLAT_ORDER}
     return t.model_copy(update={"knobs": knobs})
 
 

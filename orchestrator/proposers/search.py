@@ -210,6 +210,8 @@ class SearchProposer:
         out = []
         for p in self.priors:
             knobs = p["knobs"]
+            if set(knobs) <= set(target.knobs):  # written before some knobs became conditional: its active part
+                knobs = active_only(target, knobs)
             if not fits(knobs, dists) or active_only(target, knobs) != knobs or region_containing(regions, knobs):
                 continue
             out.append(optuna.trial.create_trial(params=knobs, distributions={k: dists[k] for k in knobs},

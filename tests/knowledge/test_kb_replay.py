@@ -115,8 +115,9 @@ def test_stopping_once_the_reported_numbers_are_known_changes_none_of_them(tmp_p
 
 
 def test_the_conditional_space_holds_each_behaviour_once_per_active_knob_set():
-    """`--conditional`: decode_loop and kv_cache exist only with batching off (kv_cache only with
-    generate), max_batch_size only with batching on; a knob set scores as the full one it stands for."""
+    """The shipped target: decode_loop and kv_cache exist only with batching off (kv_cache only with
+    generate), max_batch_size only with batching on; a knob set scores as the full one it stands for,
+    and the server is launched without the flags of the knobs it would ignore."""
     full, cond = T.grid_target(), T.grid_target(conditional=True)
     grid = T.knob_grid(cond)
     assert len(grid) == 2 * 3 * 2 * 3 + 2 * 6 * 2 * 3 == 108  # batching off: 36; on: 72
@@ -124,8 +125,11 @@ def test_the_conditional_space_holds_each_behaviour_once_per_active_knob_set():
     assert "decode_loop" not in on and "kv_cache" not in on
     assert T.behaviour_key(on, "throughput") == T.behaviour_key(full.baseline_knobs() | on, "throughput")
     assert {T.behaviour_key(k, "throughput") for k in grid} == {T.behaviour_key(k, "throughput") for k in T.knob_grid(full)}
-    argv = cond.render(T._with_defaults(on), port=1, model="M", source="S", python="py")
-    assert "--max-batch-size" in argv and argv[argv.index("--decode-loop") + 1] == "generate"
+    argv = cond.render(on, port=1, model="M", source="S", python="py")
+    assert argv[argv.index("--max-batch-size") + 1] == "16" and "--decode-loop" not in argv and "--kv-cache" not in argv
+    off = next(k for k in grid if k["batching"] == "off" and k["decode_loop"] == "generate" and k["kv_cache"] == "static")
+    argv = cond.render(off, port=1, model="M", source="S", python="py")
+    assert argv[argv.index("--kv-cache") + 1] == "static" and "--max-batch-size" not in argv
 
 
 def test_probe_winner_measures_the_one_knob_neighbours_as_the_product_does(tmp_path):

@@ -46,7 +46,7 @@ def test_search_learns_from_scores(target, store):
     results = [({}, "kept", 1.0)]
     for i in range(8):
         on = i % 2 == 0
-        knobs = {"batching": "on" if on else "off", "max_batch_size": 1 + i, "decode_loop": "manual" if i % 4 < 2 else "generate"}
+        knobs = {"batching": "on" if on else "off", "max_batch_size": 2 + i, "decode_loop": "manual" if i % 4 < 2 else "generate"}
         results.append((knobs, "kept" if on else "discarded", 3.0 if on else 0.9))
     history = _history(store, target, results)
     picks = [SearchProposer(seed=s, n_startup=4).propose(history, target).knobs["batching"] for s in range(10)]

@@ -67,3 +67,15 @@ def test_a_warm_start_names_the_knowledge_base_entry_it_took_its_knobs_from():
     assert c.rationale == "warm start: the best knob set of knowledge-base entry finding-hfserve-0123456789"
     plain = SearchProposer(warm_start=[knobs]).propose([], TARGET)  # provenance unknown: said so plainly
     assert plain.rationale == "warm start: a prior best from the knowledge base"
+
+
+def test_a_prior_written_with_every_knob_active_counts_as_its_active_part():
+    """A knowledge base written before some knobs became conditional (`when`) still steers the search:
+    each prior knob set counts as the knobs active under it (the server ignored the others)."""
+    flat = [k for k in T.knob_grid(TARGET) if k["batching"] == "on" and k["max_batch_size"] >= 2][:5]
+    assert all("decode_loop" in k and "kv_cache" in k for k in flat)
+    cond = T.grid_target(conditional=True)
+    p = SearchProposer(priors=[{"knobs": k, "score": _score(k), "weight": 1.0} for k in flat])
+    trials = p._prior_trials(_history(Store("sqlite://"), []), cond, distributions(cond))
+    assert len(trials) == 5 and all("decode_loop" not in t.params and "kv_cache" not in t.params for t in trials)
+    assert {t.params["max_batch_size"] for t in trials} == {k["max_batch_size"] for k in flat}

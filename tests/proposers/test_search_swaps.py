@@ -27,10 +27,13 @@ def test_neighbours_change_one_knob_each_every_other_choice_or_the_adjacent_size
     assert by["dtype"] == ["bfloat16"] and by["attn"] == ["sdpa"] and by["threads"] == [1, 2]  # 0 is "all cores"
     assert [n for n, _, _ in got] == [n for n in GRID.knobs for _ in by.get(n, [])]  # the target's order
     # an int knob on a log scale: x2 and /2, clamped to its range
-    ints = {v for n, v, _ in neighbours(SHIPPED, SHIPPED.baseline_knobs() | {"max_batch_size": 32}) if n == "max_batch_size"}
+    on = SHIPPED.validate_knobs({"batching": "on"})
+    ints = {v for n, v, _ in neighbours(SHIPPED, on | {"max_batch_size": 32}) if n == "max_batch_size"}
     assert ints == {16}
-    ints = {v for n, v, _ in neighbours(SHIPPED, SHIPPED.baseline_knobs()) if n == "max_batch_size"}
+    ints = {v for n, v, _ in neighbours(SHIPPED, on) if n == "max_batch_size"}
     assert ints == {4, 16}
+    # batching off: the batch size does not exist (`when`), so it has no neighbours
+    assert not any(n == "max_batch_size" for n, _, _ in neighbours(SHIPPED, SHIPPED.baseline_knobs()))
 
 
 def _obs(entry, knobs, score, probe=False):

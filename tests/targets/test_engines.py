@@ -124,7 +124,7 @@ def test_inferencebench_yaml_import():
 def test_engine_as_a_knob_dispatches_to_each_engines_own_launch():
     t = load_target(EX / "any-engine.toml")
     assert t.knobs["engine"].choices == ("hfserve", "vllm") and t.baseline_knobs()["engine"] == "hfserve"
-    assert set(t.baseline_knobs()) == {"engine"} | {f"hfserve.{k}" for k in load_target(EX / "hfserve.toml").knobs}
+    assert set(t.baseline_knobs()) == {"engine"} | {f"hfserve.{k}" for k in load_target(EX / "hfserve.toml").baseline_knobs()}
     hf = t.render(t.baseline_knobs(), port=1, model="/m", source=t.source, python=PY)
     assert hf[1:3] == ["-m", "hfserve"]  # run in its tree (the trial's working directory)
     v = t.validate_knobs({"engine": "vllm", "vllm.max_num_seqs": 16})

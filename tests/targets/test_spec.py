@@ -28,7 +28,9 @@ def test_knob_validation():
     with pytest.raises(TargetError, match="not one of"):
         t.validate_knobs({"dtype": "int1"})
     with pytest.raises(TargetError, match="outside"):
-        t.validate_knobs({"max_batch_size": 4096})
+        t.validate_knobs({"batching": "on", "max_batch_size": 4096})
+    # a knob inactive under the others (`when`) is left out, whatever its value
+    assert "max_batch_size" not in t.validate_knobs({"batching": "off", "max_batch_size": 16})
 
 
 @pytest.mark.parametrize(("text", "match", "loads"), [
