@@ -41,7 +41,7 @@ STEPS = [
 # and the resume, not the confirmation (tests/test_controller.py and test_loop_end_to_end judge it).
 SLOWER = [
     {"knobs": {"decode_loop": "manual", "dtype": "bfloat16"}, "rationale": "own decode loop"},
-    {"knobs": {"decode_loop": "manual", "dtype": "bfloat16", "batching": "on", "max_batch_size": 1}, "rationale": "batch of one"},
+    {"knobs": {"decode_loop": "manual", "dtype": "bfloat16", "batching": "on", "max_batch_size": 2}, "rationale": "batch of two"},
     {"knobs": {"dtype": "bfloat16"}, "rationale": "half the bytes"},
 ]
 
