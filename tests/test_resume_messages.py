@@ -128,6 +128,49 @@ def test_a_resumed_confirmation_with_enough_whole_rounds_is_judged_before_measur
     assert out.pair_trials == [[2, 3], [4, 5], [6, 7]]
 
 
+def test_a_confirmation_cut_before_its_first_whole_round_starts_again_before_proposing(tmp_path, monkeypatch):
+    store, run_id = seeded_store(tmp_path)
+    add_trial(store, run_id, 0, "baseline", tpot=30.0)
+    t1 = add_trial(store, run_id, 1, "search", tpot=10.0)
+    base_half = store.create_trial(run_id, 2, commit="", knobs={"n": 0}, rationale="paired A/B of #1, round 1: baseline",
+                                   proposer="paired")
+    store.finish_trial(base_half.id, "kept", objective={"decode:tpot_ms_p50": 30.0})
+    cut = store.create_trial(run_id, 3, commit="", knobs={"n": 1}, rationale="paired A/B of #1, round 1: candidate",
+                             proposer="paired")  # the kill came while its candidate half ran
+    seen = {}
+
+    def fake_run_paired(ctx, trial, candidate, base, create, **kw):
+        from orchestrator.trial import paired
+        seen.update(trial=trial.number, resumed=paired.measured_rounds(ctx.store, ctx.run_id, trial.number))
+        return PairedOutcome(trial=trial.number, rounds=3, score=3.0, lo=2.8, hi=3.2, confidence=0.9, met=True, why="met",
+                             pair_trials=[[4, 5], [6, 7], [8, 9]])
+
+    monkeypatch.setattr("orchestrator.loop.controller.run_paired", fake_run_paired)
+    c = controller_on(store, run_id)
+    with pytest.raises(GoalMet):
+        c._start()  # before any proposal: the search does not go on while #1's screen says it may meet the goal
+    assert seen == {"trial": 1, "resumed": []}
+    assert store.get_trial(cut.id).status == "invalid"
+    said = [e.message for e in store.events(run_id, kind="resume")]
+    assert any("paired A/B of #1 starts again" in m for m in said), said
+    assert store.get_run(run_id).best_trial_id == t1.id
+
+
+def test_a_confirmed_trial_is_never_taken_for_an_interrupted_one(tmp_path):
+    from orchestrator.store import Store
+    from orchestrator.trial import paired
+    store = Store(f"sqlite:///{tmp_path / 'p.db'}")
+    run = store.create_run("r", "g", {}, "d", {}, {}, "local", "search")
+    t1 = store.create_trial(run.id, 1, commit="", knobs={}, rationale="", proposer="search")
+    for number, role, status in ((2, "baseline", "kept"), (3, "candidate", "failed")):  # abandoned: its candidate failed
+        t = store.create_trial(run.id, number, commit="", knobs={}, rationale=f"paired A/B of #1, round 1: {role}",
+                               proposer="paired")
+        store.finish_trial(t.id, status, objective={"c:x": 1.0})
+    assert paired.interrupted(store, run.id) == 1
+    store.add_event(run.id, "paired", "#1: not confirmed", data={"pair_trials": []}, trial_id=t1.id)
+    assert paired.interrupted(store, run.id) is None
+
+
 def test_a_redone_or_abandoned_round_never_counts_on_resume(tmp_path):
     from orchestrator.store import Store
     from orchestrator.trial import paired

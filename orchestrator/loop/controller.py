@@ -51,7 +51,7 @@ from orchestrator.targets.regions import region_of
 from orchestrator.targets.spec import ConstraintViolated
 from orchestrator.trial import fidelity, goalbars, verdict
 from orchestrator.trial.context import TrialContext, TrialResult, objective_label
-from orchestrator.trial.paired import describe, interrupted, latest_paired, run_paired
+from orchestrator.trial.paired import describe, interrupted, latest_paired, measured_rounds, run_paired
 from orchestrator.trial.run import run_trial
 from orchestrator.trial.verdict import Baseline
 
@@ -153,7 +153,8 @@ class Controller:
 
     def _start(self) -> None:
         """Redo what a kill interrupted, then run the baseline; a failed baseline stops the run here. A paired
-        confirmation the kill cut short continues first, from its whole rounds (`paired.run_paired` reads them)."""
+        confirmation the kill cut short continues first, from its whole rounds (`paired.run_paired` reads them),
+        or starts again when the kill came before its first whole round."""
         self._redo_unfinished()
         if not self.store.list_trials(self.ctx.run_id):
             baseline = Candidate(self.ctx.target.baseline_knobs(), rationale="baseline: the target's defaults", proposer=BASELINE)
@@ -162,6 +163,9 @@ class Controller:
         if (n := interrupted(self.store, self.ctx.run_id)) is not None:
             trial = self.store.get_trial_by_number(self.ctx.run_id, n)
             if trial is not None and trial.status in ("kept", "discarded") and latest_paired(self.store, self.ctx.run_id, trial.id) is None:
+                if not measured_rounds(self.store, self.ctx.run_id, n):
+                    self.store.add_event(self.ctx.run_id, "resume", f"paired A/B of #{n} starts again: the interruption "
+                                         "came before its first whole round", trial_id=trial.id)
                 self._confirm_goal(trial, _candidate_of(trial), baseline)
 
     def _redo_unfinished(self) -> None:

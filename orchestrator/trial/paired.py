@@ -20,7 +20,8 @@ Each half is a trial row (proposer `paired`) with its own measurements and host 
 evidence is auditable; the outcome is a `paired` event on the candidate's trial. A confirmation that
 was interrupted (a kill, a command's wall limit) continues where it stopped: its whole rounds, both
 halves measured, count again when the same candidate is confirmed (`measured_rounds`), and only the
-rounds still needed run; a round cut in half is not used.
+rounds still needed run; a round cut in half is not used. A confirmation cut before its first whole
+round starts again (`interrupted` finds it either way).
 """
 
 from __future__ import annotations
@@ -123,10 +124,17 @@ def measured_rounds(store: Any, run_id: int, trial_number: int, labels: Any = ()
 
 
 def interrupted(store: Any, run_id: int) -> int | None:
-    """The number of the trial whose paired confirmation an interruption cut short after at least one whole
-    round (`measured_rounds`), the one with the newest such round; None when there is none."""
-    rounds = _whole_rounds(store, run_id)
-    return max(rounds, key=lambda n: rounds[n][-1][1].number, default=None)
+    """The number of the trial whose paired confirmation an interruption cut short: it has paired rows (whole
+    rounds or only a half, measured or cut) and no paired outcome, since a trial is confirmed once. The one with
+    the newest row; None when there is none. Its whole rounds (`measured_rounds`) count when it continues."""
+    trials = store.list_trials(run_id)
+    judged = {e.trial_id for e in store.events(run_id, kind=PAIRED)}
+    ids = {t.number: t.id for t in trials}
+    newest: dict[int, int] = {}
+    for t in trials:
+        if t.proposer == PAIRED and (m := _ROUND.match(t.rationale or "")) and ids.get(int(m.group(1))) not in judged:
+            newest[int(m.group(1))] = max(newest.get(int(m.group(1)), -1), t.number)
+    return max(newest, key=newest.__getitem__, default=None)
 
 
 def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
