@@ -45,6 +45,7 @@ from kb_table import (  # noqa: E402
     TARGET,
     Measurer,
     behaviour_key,
+    flat,
     grid_target,
     knob_grid,
     quiet_blocks,
@@ -193,7 +194,7 @@ def probe_winner(score: Any, target: Any, store: Store, run_id: int, limit: int)
     # as the product computes them, inside the replayed space.
     shipped = load_target(TARGET)
     if not any(k.when for k in target.knobs.values()):  # a replay of the flat space: every knob active there too
-        shipped = shipped.model_copy(update={"knobs": {n: shipped.knobs[n].model_copy(update={"when": {}}) for n in target.knobs}})
+        shipped = flat(shipped, target.knobs)
     for name, value, k in neighbours(shipped, dict(best.knobs)):
         if added >= limit or knob_key(k) in seen or any(k[x] not in target.knobs[x].choices for x in k):
             continue

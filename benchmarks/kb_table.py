@@ -94,9 +94,16 @@ def grid_target(path: Path = TARGET, fixed: dict[str, Any] | None = None, condit
     for name, value in (fixed or {}).items():
         knobs[name] = knobs[name].model_copy(update={"type": "categorical", "choices": [value], "default": value,
                                                      "low": None, "high": None, "log": False})
-    if not conditional:  # in the order the replays and tests were made in (Optuna draws knobs in this order)
-        knobs = {n: knobs[n].model_copy(update={"when": {}, "prior": None}) for n in FLAT_ORDER}
-    return t.model_copy(update={"knobs": knobs})
+    t = t.model_copy(update={"knobs": knobs})
+    # flat: in the order the replays and tests were made in (Optuna draws knobs in this order)
+    return t if conditional else flat(t, FLAT_ORDER)
+
+
+def flat(target: Any, names: Any = None) -> Any:
+    """`target` with every knob active (no `when`) and no cost-model prior: the flat space. `names`: these
+    knobs, in this order (default: all of them, in the target's order)."""
+    return target.model_copy(update={"knobs": {n: target.knobs[n].model_copy(update={"when": {}, "prior": None})
+                                               for n in (names or target.knobs)}})
 
 
 def knob_grid(target: Any) -> list[dict[str, Any]]:
@@ -189,13 +196,21 @@ def _with_defaults(knobs: dict[str, Any]) -> dict[str, Any]:
     return _defaults() | dict(knobs)
 
 
+def launch_argv(target: Any, knobs: dict[str, Any], port: int, model_dir: str) -> list[str]:
+    """The server's argv: the knobs left out are at their defaults, and in a conditional space the inactive
+    ones get no flag, as in a run (the server ignores them)."""
+    from orchestrator.targets.space import active_only
+
+    return target.render(active_only(target, _with_defaults(knobs)), port=port, model=model_dir,
+                         source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
+
+
 class Server:
     """One hfserve server launched from the target's template; stopped with its process group."""
 
     def __init__(self, target: Any, knobs: dict[str, Any], model_dir: str, log: Path) -> None:
         self.port = _free_port()
-        # a conditional space leaves inactive knobs out: the server gets their defaults (it ignores them)
-        argv = target.render(_with_defaults(knobs), port=self.port, model=model_dir, source=str(ROOT / "examples" / "hfserve"), python=sys.executable)
+        argv = launch_argv(target, knobs, self.port, model_dir)
         t0 = time.time()
         with open(log, "ab") as fh:
             self.proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,

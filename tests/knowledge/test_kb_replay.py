@@ -130,6 +130,10 @@ def test_the_conditional_space_holds_each_behaviour_once_per_active_knob_set():
     off = next(k for k in grid if k["batching"] == "off" and k["decode_loop"] == "generate" and k["kv_cache"] == "static")
     argv = cond.render(off, port=1, model="M", source="S", python="py")
     assert argv[argv.index("--kv-cache") + 1] == "static" and "--max-batch-size" not in argv
+    # the table's servers get the same flags: the left-out knobs at their defaults, the inactive ones left out
+    argv = T.launch_argv(cond, {"batching": "on", "max_batch_size": 16}, 1, "M")
+    assert argv[argv.index("--max-batch-size") + 1] == "16" and "--decode-loop" not in argv and "--kv-cache" not in argv
+    assert "--decode-loop" in T.launch_argv(full, {"batching": "on"}, 1, "M")  # the flat space: every knob active
 
 
 def test_probe_winner_measures_the_one_knob_neighbours_as_the_product_does(tmp_path):
