@@ -149,112 +149,149 @@ def run_paired(ctx: TrialContext, candidate_trial: Any, candidate: Candidate, ba
     first rounds (the candidate's gates ran in the first of them)."""
     cfg = section(thresholds, "performance")
     first, most = int(cfg.get("paired_rounds", 3)), int(cfg.get("paired_max_rounds", 5))
-    store, n = ctx.store, candidate_trial.number
-    base_vals: dict[str, list[float]] = {}
-    cand_vals: dict[str, list[float]] = {}
-    pair_trials: list[list[int]] = []
-    labels = [objective_label(o.scenario, o.key) for o in ctx.goal.objectives]
-    for a_row, b_row in measured_rounds(store, ctx.run_id, n, labels)[:most]:
-        for label in labels:
-            base_vals.setdefault(label, []).append(float(a_row.objective[label]))
-            cand_vals.setdefault(label, []).append(float(b_row.objective[label]))
-        pair_trials.append([a_row.number, b_row.number])
-    if pair_trials:
-        store.add_event(ctx.run_id, "resume", f"paired A/B of #{n} continues from its {len(pair_trials)} whole "
-                        f"round{'s' if len(pair_trials) != 1 else ''} measured before the interruption ("
-                        + ", ".join(f"#{a}/#{b}" for a, b in pair_trials) + ")",
-                        data={"pair_trials": pair_trials}, trial_id=candidate_trial.id)
-    rnd, redo = len(pair_trials), 0
-    redone: list[float] = []  # log ratios of the rounds redone as outliers
-    # The round after a settle wait the host stayed busy through measures each half once: an attempt
-    # redone at once mostly meets the same tenant (`TrustPolicy.settle_s`), and an untrusted half
-    # brings the round back to wait for the host again before the next try.
-    next_ctx = ctx
-    judge_first = rnd >= first  # resumed with enough whole rounds: judge them before measuring another
+    rounds = _Rounds(ctx, candidate_trial, candidate, baseline_knobs, create, on_trial, host_ref, max_redo=ctx.trust.max_redo * first)
+    rounds.resume(most)
+    measure = rounds.count < first  # resumed with enough whole rounds: they are judged before another is measured
     while True:
-        if judge_first:
-            judge_first = False
-        else:
-            half_ctx, next_ctx = next_ctx, ctx
-            ctx.on_step(f"paired round {rnd + 1}")
-            halves = []
-            drawn = fresh_seed()  # one fresh set of prompts for both halves (a fair A/B); the next round gets another
-            for role, knobs, commit in (("baseline", baseline_knobs, ctx.base_commit), ("candidate", candidate.knobs, candidate.commit)):
-                c = Candidate(dict(knobs), commit=commit, rationale=_rationale(n, rnd + 1, role), proposer=PAIRED)
-                row = create(c)
-                res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=host_ref,
-                                prompts=drawn)
-                halves.append((row, res))
-                if res.error:
-                    break
-            bad = next(((row, res) for row, res in halves if res.error), None)
-            if bad is not None:
-                row, res = bad
-                for other, r in halves:
-                    if other.id != row.id:
-                        on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
-                                                    timings=_timings(r)))
-                on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
-                untrusted = (res.error or "").startswith("untrusted")
-                if untrusted and redo < ctx.trust.max_redo * first:
-                    redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
-                    waited, calm = _settle(ctx, host_ref)
-                    next_ctx = ctx if calm else replace(ctx, trust=replace(ctx.trust, max_redo=0))
-                    store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=candidate_trial.id)
-                    continue
-                busy = "the host is too busy to measure: " if untrusted else ""
-                return _failed(n, rnd, f"{busy}round {rnd + 1} (#{row.number}): {res.error}", pair_trials)
-            (a_row, a), (b_row, b) = halves
-            ha, hb = _host(a), _host(b)
-            x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
-            if max(x, 1 / x) > 1 + ctx.trust.max_slowdown and redo < ctx.trust.max_redo * first:
-                # One half ran beside another tenant, the other did not: this pair measures the tenant.
-                why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
-                       f"{hb['foreign_load']:.2f}/CPU during the candidate's")
-                for row, res in halves:
-                    on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
-                store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=candidate_trial.id)
-                redo += 1
+        if measure:
+            got = rounds.measure()
+            if isinstance(got, PairedOutcome):
+                return got
+            if not got or rounds.count < first:
                 continue
+        measure = True
+        if rounds.drop_outlier():
+            continue
+        out = _judge(ctx, candidate_trial.number, rounds.base_vals, rounds.cand_vals, rounds.pair_trials,
+                     can_add=rounds.count < most, thresholds=thresholds)
+        if out is not None:
+            return out
+
+
+class _Rounds:
+    """A confirmation's whole rounds (each objective's baseline and candidate values, the trial numbers of each
+    round) and its redo budget, shared by rounds redone for the host and rounds dropped as outliers."""
+
+    def __init__(self, ctx: TrialContext, candidate_trial: Any, candidate: Candidate, baseline_knobs: dict[str, Any],
+                 create: Any, on_trial: Any, host_ref: dict[str, Any] | None, *, max_redo: int) -> None:
+        self.ctx, self.trial, self.candidate, self.baseline_knobs = ctx, candidate_trial, candidate, baseline_knobs
+        self.create, self.on_trial, self.host_ref, self.max_redo = create, on_trial, host_ref, max_redo
+        self.n, self.store = candidate_trial.number, ctx.store
+        self.base_vals: dict[str, list[float]] = {}
+        self.cand_vals: dict[str, list[float]] = {}
+        self.pair_trials: list[list[int]] = []
+        self.redo = 0
+        self.redone: list[float] = []  # log ratios of the rounds redone as outliers
+        # The round after a settle wait the host stayed busy through measures each half once: an attempt
+        # redone at once mostly meets the same tenant (`TrustPolicy.settle_s`), and an untrusted half
+        # brings the round back to wait for the host again before the next try.
+        self.next_ctx = ctx
+
+    @property
+    def count(self) -> int:
+        return len(self.pair_trials)
+
+    def _add(self, a_row: Any, b_row: Any, a: dict[str, float], b: dict[str, float]) -> None:
+        for label in a:
+            self.base_vals.setdefault(label, []).append(a[label])
+            self.cand_vals.setdefault(label, []).append(b[label])
+        self.pair_trials.append([a_row.number, b_row.number])
+
+    def resume(self, most: int) -> None:
+        """Count the whole rounds an interrupted confirmation of this candidate measured (`measured_rounds`)."""
+        ctx = self.ctx
+        labels = [objective_label(o.scenario, o.key) for o in ctx.goal.objectives]
+        for a_row, b_row in measured_rounds(self.store, ctx.run_id, self.n, labels)[:most]:
+            self._add(a_row, b_row, {k: float(a_row.objective[k]) for k in labels}, {k: float(b_row.objective[k]) for k in labels})
+        if self.pair_trials:
+            self.store.add_event(ctx.run_id, "resume", f"paired A/B of #{self.n} continues from its {self.count} whole "
+                                 f"round{'s' if self.count != 1 else ''} measured before the interruption ("
+                                 + ", ".join(f"#{a}/#{b}" for a, b in self.pair_trials) + ")",
+                                 data={"pair_trials": self.pair_trials}, trial_id=self.trial.id)
+
+    def measure(self) -> PairedOutcome | bool:
+        """Measure one round: True when it is whole and counted, False when it is to be measured again (a half the
+        host made untrusted, halves beside different loads), or the failed outcome (a half failed; the host stayed
+        too busy past the redo budget)."""
+        ctx, store, rnd = self.ctx, self.store, self.count
+        half_ctx, self.next_ctx = self.next_ctx, ctx
+        ctx.on_step(f"paired round {rnd + 1}")
+        halves = []
+        drawn = fresh_seed()  # one fresh set of prompts for both halves (a fair A/B); the next round gets another
+        for role, knobs, commit in (("baseline", self.baseline_knobs, ctx.base_commit),
+                                    ("candidate", self.candidate.knobs, self.candidate.commit)):
+            c = Candidate(dict(knobs), commit=commit, rationale=_rationale(self.n, rnd + 1, role), proposer=PAIRED)
+            row = self.create(c)
+            res = run_trial(half_ctx, row, c, repeats=1, gates=(role == "candidate" and rnd == 0), host_ref=self.host_ref,
+                            prompts=drawn)
+            halves.append((row, res))
+            if res.error:
+                break
+        bad = next(((row, res) for row, res in halves if res.error), None)
+        if bad is not None:
+            row, res = bad
+            for other, r in halves:
+                if other.id != row.id:
+                    self.on_trial(store.finish_trial(other.id, "invalid", objective=_obj(r), error="round abandoned: its other half failed",
+                                                     timings=_timings(r)))
+            self.on_trial(store.finish_trial(row.id, res.status_hint, error=res.error, timings=_timings(res)))
+            untrusted = (res.error or "").startswith("untrusted")
+            if untrusted and self.redo < self.max_redo:
+                self.redo += 1  # the host, not the candidate: measure the round again, once the host has calmed down
+                waited, calm = _settle(ctx, self.host_ref)
+                self.next_ctx = ctx if calm else replace(ctx, trust=replace(ctx.trust, max_redo=0))
+                store.add_event(ctx.run_id, "measure.redo", f"round {rnd + 1} redone{waited}: {res.error}", trial_id=self.trial.id)
+                return False
+            busy = "the host is too busy to measure: " if untrusted else ""
+            return _failed(self.n, rnd, f"{busy}round {rnd + 1} (#{row.number}): {res.error}", self.pair_trials)
+        (a_row, a), (b_row, b) = halves
+        ha, hb = _host(a), _host(b)
+        x = slowdown(ha, hb, own_load=max(ha.get("own_load", 0.0), hb.get("own_load", 0.0))) if ha and hb else 1.0
+        if max(x, 1 / x) > 1 + ctx.trust.max_slowdown and self.redo < self.max_redo:
+            # One half ran beside another tenant, the other did not: this pair measures the tenant.
+            why = (f"round redone: others' runnable tasks {ha['foreign_load']:.2f}/CPU during the baseline half, "
+                   f"{hb['foreign_load']:.2f}/CPU during the candidate's")
             for row, res in halves:
-                on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
-            for label in a.samples:
-                base_vals.setdefault(label, []).append(a.mean(label))
-                cand_vals.setdefault(label, []).append(b.mean(label))
-            pair_trials.append([a_row.number, b_row.number])
-            rnd += 1
-            if rnd < first:
-                continue
-        logs = _pair_logs(ctx, base_vals, cand_vals, len(pair_trials))
+                self.on_trial(store.finish_trial(row.id, "invalid", objective=_obj(res), error=why, timings=_timings(res)))
+            store.add_event(ctx.run_id, "measure.redo", why, data={"round": rnd + 1, "hosts": [ha, hb]}, trial_id=self.trial.id)
+            self.redo += 1
+            return False
+        for row, res in halves:
+            self.on_trial(store.finish_trial(row.id, "kept", objective=_obj(res), timings=_timings(res)))
+        self._add(a_row, b_row, {k: a.mean(k) for k in a.samples}, {k: b.mean(k) for k in a.samples})
+        return True
+
+    def drop_outlier(self) -> bool:
+        """Drop a round far from the others (its rows invalid) so that another is measured in its place; True when
+        one was dropped. An outlier that a redone round reproduces stays: the servers vary that much."""
+        ctx = self.ctx
+        logs = _pair_logs(ctx, self.base_vals, self.cand_vals, self.count)
         odd = _outlier(logs)
-        if odd is not None and any(abs(logs[odd] - r) <= math.log(OUTLIER_FACTOR) for r in redone):
+        if odd is not None and any(abs(logs[odd] - r) <= math.log(OUTLIER_FACTOR) for r in self.redone):
             # The outlier came back: a stall does not repeat itself, a server (or baseline) that varies
             # this much between launches does. Judged with it (a wider interval, more rounds if it
             # straddles the goal) instead of redone until the budget runs out (the H200 2B run of
             # 2026-12-02: rounds of 22x, 19.5x, 11.4x, 11.4x, 11.4x ... redone until the run was stopped).
-            store.add_event(ctx.run_id, "measure.spread",
-                            f"round {odd + 1}'s ratio {math.exp(logs[odd]):.2f}x reproduces a redone round's: kept, "
-                            f"the rounds' spread is the servers'", data={"round": odd + 1}, trial_id=candidate_trial.id)
-            odd = None
-        if odd is not None and redo < ctx.trust.max_redo * first:
-            redone.append(logs[odd])
-            # A stall in one half that the run-queue samples did not see (a page-cache miss, a burst
-            # between two samples): one round far from all the others. Either direction is redone.
-            why = (f"round redone: its ratio {math.exp(logs[odd]):.2f}x is far from the other rounds' median "
-                   f"{math.exp(median(logs[:odd] + logs[odd + 1:])):.2f}x")
-            for num in pair_trials[odd]:
-                row = store.get_trial_by_number(ctx.run_id, num)
-                on_trial(store.finish_trial(row.id, "invalid", objective=row.objective, error=why, timings=row.timings))
-            for vals in (*base_vals.values(), *cand_vals.values()):
-                del vals[odd]
-            del pair_trials[odd]
-            store.add_event(ctx.run_id, "measure.redo", why, data={"round": odd + 1}, trial_id=candidate_trial.id)
-            rnd -= 1
-            redo += 1
-            continue
-        out = _judge(ctx, n, base_vals, cand_vals, pair_trials, can_add=rnd < most, thresholds=thresholds)
-        if out is not None:
-            return out
+            self.store.add_event(ctx.run_id, "measure.spread",
+                                 f"round {odd + 1}'s ratio {math.exp(logs[odd]):.2f}x reproduces a redone round's: kept, "
+                                 f"the rounds' spread is the servers'", data={"round": odd + 1}, trial_id=self.trial.id)
+            return False
+        if odd is None or self.redo >= self.max_redo:
+            return False
+        self.redone.append(logs[odd])
+        # A stall in one half that the run-queue samples did not see (a page-cache miss, a burst
+        # between two samples): one round far from all the others. Either direction is redone.
+        why = (f"round redone: its ratio {math.exp(logs[odd]):.2f}x is far from the other rounds' median "
+               f"{math.exp(median(logs[:odd] + logs[odd + 1:])):.2f}x")
+        for num in self.pair_trials[odd]:
+            row = self.store.get_trial_by_number(ctx.run_id, num)
+            self.on_trial(self.store.finish_trial(row.id, "invalid", objective=row.objective, error=why, timings=row.timings))
+        for vals in (*self.base_vals.values(), *self.cand_vals.values()):
+            del vals[odd]
+        del self.pair_trials[odd]
+        self.store.add_event(ctx.run_id, "measure.redo", why, data={"round": odd + 1}, trial_id=self.trial.id)
+        self.redo += 1
+        return True
 
 
 def _judge(ctx: TrialContext, n: int, base_vals: dict[str, list[float]], cand_vals: dict[str, list[float]],
