@@ -73,8 +73,17 @@ class Stopped(Exception):
     """SIGTERM (the command's time limit): the points measured so far are written and shown."""
 
 
+_SIGNALLED: list[int] = []
+"""The SIGTERMs received. Between points the loop reads this; while a point is measured the handler also raises
+`Stopped`, which can land inside an asyncio callback of the bench client that logs it and carries on: the point
+then looks measured, so the loop reads this after it too."""
+_MEASURING: list[bool] = [False]
+
+
 def _stopped(signum: int, frame: Any) -> None:
-    raise Stopped
+    _SIGNALLED.append(signum)
+    if _MEASURING[0]:
+        raise Stopped
 
 
 def goal_best(db: Path) -> dict[str, Any] | None:
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped = False
     signal.signal(signal.SIGTERM, _stopped)
     for i, p in enumerate(rows):
+        stopped = stopped or bool(_SIGNALLED)
         if stopped and "knobs" in p:
             p["skipped"] = "stopped"
             continue
@@ -243,10 +253,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.monotonic()
         try:
-            p["result"] = measure(host, target, a.model, p["knobs"], scenarios, logs / f"server_{i}.log", a.timeout_s)
+            _MEASURING[0] = True
+            try:
+                p["result"] = measure(host, target, a.model, p["knobs"], scenarios, logs / f"server_{i}.log", a.timeout_s)
+            finally:
+                _MEASURING[0] = False
+            if _SIGNALLED:  # stopped inside the bench client, which went on: this point's numbers are not whole
+                raise Stopped
         except (HostError, OSError) as e:
             p["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
         except Stopped:
+            p.pop("result", None)
             p["skipped"], stopped = "stopped", True
             print(f"{p['label']}: stopped at the command's limit; the rest skipped", flush=True)
             continue

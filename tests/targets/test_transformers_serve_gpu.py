@@ -204,6 +204,35 @@ def test_grid_stopped_by_its_time_limit_still_writes_what_it_measured(tmp_path: 
     assert "Application shutdown complete" in log.read_text()  # its server stopped, not left running
 
 
+def test_a_sigterm_the_bench_client_swallowed_still_stops_the_grid(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM raised inside an asyncio callback of the bench client is logged there and the bench goes on (CI saw a
+    stopped grid measure every point and exit 0): the point it came during is still stopped, the rest skipped."""
+    import os
+
+    def measured(host, target, model, knobs, scenarios, log, timeout_s):
+        try:  # what asyncio's transport does with an exception raised in its callback: log it, carry on
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)
+        except tserve_grid.Stopped:
+            pass
+        return {"ready_s": 1.0, "scenarios": {"throughput": {"output_throughput": 100.0}}, "command": "serve"}
+
+    monkeypatch.setattr(tserve_grid, "measure", measured)
+    monkeypatch.setattr(tserve_grid, "_SIGNALLED", [])
+    scen = tmp_path / "sc.toml"
+    scen.write_text("[throughput]\nprompt_tokens = 8\noutput_tokens = 8\nnum_requests = 1\nconcurrency = 1\n")
+    out = tmp_path / "grid.json"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = tserve_grid.main(["MODEL", "--target", str(CPU_TARGET), "--scenarios", str(scen), "--out", str(out),
+                               "--grid", "continuous_batching=true,false"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    points = json.loads(out.read_text())["points"]
+    assert rc == 1 and [p.get("skipped") for p in points] == ["stopped", "stopped", "stopped"], points
+    assert not any(p.get("result") for p in points)
+
+
 def test_grid_table_shows_every_kind_of_point() -> None:
     from orchestrator.config.goal import load_goal
 
