@@ -231,11 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     host = LocalHost(logs / "state", standby=False)
     took: list[float] = []
     by_label: dict[str, dict[str, Any]] = {}
-    stopped = False
     signal.signal(signal.SIGTERM, _stopped)
     for i, p in enumerate(rows):
-        stopped = stopped or bool(_SIGNALLED)
-        if stopped and "knobs" in p:
+        if _SIGNALLED and "knobs" in p:  # stopped: the rest skipped
             p["skipped"] = "stopped"
             continue
         if "knobs" not in p:
@@ -264,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             p["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
         except Stopped:
             p.pop("result", None)
-            p["skipped"], stopped = "stopped", True
+            p["skipped"] = "stopped"
             print(f"{p['label']}: stopped at the command's limit; the rest skipped", flush=True)
             continue
         took.append(time.monotonic() - t0)
